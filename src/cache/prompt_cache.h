@@ -1,0 +1,70 @@
+/*
+ * prompt_cache.h — the RAM tier: a byte-capped, LRU, leaf-first cache of sealed KV blocks (and
+ * frozen tails and recurrent snapshots) indexed by chain hash, serving longest-usable-prefix reuse.
+ *
+ * take() builds a new sequence that shares cached blocks (refcount) and copies at most one partial
+ * block; the cached donor is never modified or consumed. put() registers a finished (or
+ * prompt-boundary) sequence's blocks; identical blocks dedup by construction.
+ *
+ * Ownership: the cache holds one reference to every block/snapshot it indexes; the pool must outlive
+ * the cache. Thread-safe (one internal mutex); take/put may be called from any thread. The spill
+ * callback is called with the cache lock NOT held, with a block reference that the callee must
+ * retain if it keeps the block beyond the call.
+ */
+#ifndef KVT_PROMPT_CACHE_H
+#define KVT_PROMPT_CACHE_H
+
+#include "../kv/kv.h"
+
+typedef struct kvt_prompt_cache kvt_prompt_cache;
+
+typedef enum kvt_reuse_reason {
+    KVT_REUSE_IMPOSSIBLE_UNTRIMMABLE = 0, /* a longer match existed but a layer cannot be cut there */
+    KVT_REUSE_IMPOSSIBLE_NAMESPACE = 1,   /* tokens matched only under another namespace */
+    KVT_REUSE_IMPOSSIBLE_BUDGET = 2,      /* entry not stored / evicted for the byte cap */
+    KVT_REUSE_IMPOSSIBLE_N = 3,
+} kvt_reuse_reason;
+
+typedef struct kvt_prompt_cache_stats {
+    uint64_t entries;       /* distinct registered prefixes (leaves: tails, snapshots, last blocks) */
+    uint64_t blocks;        /* blocks held (each counted once) */
+    uint64_t bytes;         /* payload bytes held (shared blocks once) */
+    uint64_t max_bytes;
+    uint64_t hits, misses;
+    uint64_t reused_tokens;
+    uint64_t evictions;
+    uint64_t spills;
+    uint64_t reuse_impossible[KVT_REUSE_IMPOSSIBLE_N];
+} kvt_prompt_cache_stats;
+
+/* Spill sink (cold tier). Called for every block/snapshot leaving RAM by eviction or demotion,
+ * before it is released. Returns true if the cold tier accepted it. */
+typedef bool (*kvt_spill_block_fn)(void *ctx, kvt_block *b);
+typedef bool (*kvt_spill_snapshot_fn)(void *ctx, kvt_snapshot *s);
+
+kvt_prompt_cache *kvt_prompt_cache_create(kvt_block_pool *pool, uint64_t max_bytes);
+void kvt_prompt_cache_free(kvt_prompt_cache *pc);
+void kvt_prompt_cache_set_spill(kvt_prompt_cache *pc, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx);
+
+/* Longest usable cached prefix of prompt[0..n) under root (= kvt_root_hash(compat, ns)), capped at
+ * n-1. On a hit *out is a new sequence of length *n_reused (> 0); on a miss *out = NULL and
+ * *n_reused = 0. Errors only for allocation/pool failure. */
+kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root,
+                                 kvt_seq **out, uint32_t *n_reused);
+/* Length of the usable prefix take() would return, without building a sequence (no side effects). */
+uint32_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root);
+/* Register the sequence's blocks, frozen tail and (if it has recurrent layers) a snapshot at its
+ * end. Freezes the sequence's tail (see kvt_seq_freeze_tail). */
+kvt_status kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_seq *seq);
+/* Evict cache-only data (LRU, leaf-first, spilling first) until at least `bytes` were freed from the
+ * pool or nothing evictable remains. Returns bytes freed. Used as the pool pressure callback. */
+uint64_t kvt_prompt_cache_evict_bytes(kvt_prompt_cache *pc, uint64_t bytes);
+/* Spill entries idle for >= seconds to the cold tier and drop them from RAM. No-op (returns 0)
+ * without a spill sink. Returns the number of blocks demoted. */
+uint64_t kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, double seconds);
+/* Drop everything without spilling. */
+void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
+void kvt_prompt_cache_note_impossible(kvt_prompt_cache *pc, kvt_reuse_reason r);
+void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
+
+#endif

@@ -1,0 +1,74 @@
+/*
+ * quant.h — ggml tensor types: block layouts, scalar reference dequantization and quantization,
+ * and the dot/matmul kernels (scalar, AVX2, AVX-512) chosen at run time.
+ *
+ * Every SIMD kernel has a scalar reference here (the *_ref functions) and a test comparing them.
+ * Numerics contract (batch invariance): kvt_matmul_rows computes every output element with the same
+ * instruction sequence whatever n_rows, the [o0,o1) split or the thread count, so chunked prefill,
+ * unchunked prefill and single-token decode give bit-identical rows.
+ *
+ * Ownership: stateless; all buffers are caller-owned. kvt_kernels_init() must be called once (it is
+ * idempotent and thread-safe) before the dispatched functions are used.
+ */
+#ifndef KVT_QUANT_H
+#define KVT_QUANT_H
+
+#include "../util/common.h"
+
+typedef enum kvt_type {
+    KVT_TYPE_F32 = 0, KVT_TYPE_F16 = 1, KVT_TYPE_Q4_0 = 2, KVT_TYPE_Q4_1 = 3, KVT_TYPE_Q5_0 = 6,
+    KVT_TYPE_Q5_1 = 7, KVT_TYPE_Q8_0 = 8, KVT_TYPE_Q8_1 = 9, KVT_TYPE_Q2_K = 10, KVT_TYPE_Q3_K = 11,
+    KVT_TYPE_Q4_K = 12, KVT_TYPE_Q5_K = 13, KVT_TYPE_Q6_K = 14, KVT_TYPE_Q8_K = 15,
+    KVT_TYPE_BF16 = 30,
+    KVT_TYPE_COUNT = 40,
+} kvt_type;
+
+/* true for the weight types we load: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K */
+bool kvt_type_supported(uint32_t t);
+/* true for any id ggml defines (for "unsupported type X" vs "invalid type id X" messages) */
+bool kvt_type_known(uint32_t t);
+const char *kvt_type_name(uint32_t t);          /* "q4_K", "f16"; "?" if unknown */
+int kvt_type_from_name(const char *name);       /* -1 if unknown */
+uint32_t kvt_type_block_elems(uint32_t t);      /* 0 if unknown */
+uint32_t kvt_type_block_bytes(uint32_t t);      /* 0 if unknown */
+/* bytes of a row of n elements; 0 if n is not a multiple of the block size */
+uint64_t kvt_type_row_bytes(uint32_t t, uint64_t n);
+
+/* Scalar reference dequantization of n elements (n multiple of the block size). */
+void kvt_dequant_ref(uint32_t t, const void *src, float *dst, int64_t n);
+/* Reference quantization (ggml's reference quantizers), used by gen-model and tests. */
+void kvt_quantize_ref(uint32_t t, const float *src, void *dst, int64_t n);
+/* Dispatched dequantization (SIMD where available). */
+void kvt_dequant_row(uint32_t t, const void *src, float *dst, int64_t n);
+
+/* ---- matmul: y[r*ldy + o] = dot(W row o, x row r) ---- */
+/* The activation type a weight type is multiplied with (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1,
+ * Q8_K for K-quants, F32 for F32/F16/BF16). */
+uint32_t kvt_vec_dot_type(uint32_t wtype);
+/* Bytes needed to hold n_rows activation rows of n_in elements converted for wtype. */
+size_t kvt_act_bytes(uint32_t wtype, int64_t n_in, int64_t n_rows);
+/* Convert activation rows [r0, r1) (row stride n_in floats) into buf (laid out as returned by
+ * kvt_act_bytes for all rows). Threads may convert disjoint row ranges. */
+void kvt_act_quantize(uint32_t wtype, const float *x, int64_t n_in, int64_t r0, int64_t r1, void *buf);
+/* Output columns [o0, o1) for all n_rows rows. W has n_out rows of n_in elements of wtype. */
+void kvt_matmul_rows(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1);
+/* Reference (scalar) version of the same, for tests. */
+void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows,
+                         float *y, int64_t ldy, int64_t o0, int64_t o1);
+
+/* ---- dispatch ---- */
+typedef enum kvt_isa { KVT_ISA_SCALAR = 0, KVT_ISA_AVX2 = 1, KVT_ISA_AVX512 = 2 } kvt_isa;
+void kvt_kernels_init(void);
+kvt_isa kvt_kernels_best_isa(void);     /* what the CPU supports */
+kvt_isa kvt_kernels_isa(void);          /* what is in use */
+/* Force an ISA (tests, benchmarks; env KVT_ISA=scalar|avx2|avx512 does the same at init). Returns
+ * false if the CPU lacks it. Not thread-safe against concurrent kernel use. */
+bool kvt_kernels_force_isa(kvt_isa isa);
+const char *kvt_isa_name(kvt_isa isa);
+
+/* Small f32 helpers used by the forward pass (dispatched). */
+float kvt_dot_f32(const float *a, const float *b, int64_t n);
+void kvt_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a*x */
+
+#endif

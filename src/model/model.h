@@ -1,0 +1,68 @@
+/*
+ * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3) and the CPU forward
+ * pass over a block-based KV sequence (kv/kv.h).
+ *
+ * Ownership: kvt_model borrows tensor data from the kvt_gguf mapping (the GGUF must outlive the
+ * model) and owns only small derived tables (RoPE frequencies, per-layer pointers). kvt_ctx owns
+ * all scratch memory and a thread pool; it is allocated once and the forward pass allocates nothing
+ * in the token loop. One kvt_ctx is used by one thread at a time; many sequences can go through the
+ * same ctx one after another.
+ *
+ * Numerics: every row of a batch is computed exactly as it would be alone (kernels/quant.h batch
+ * invariance, attention per query row), so chunked prefill == unchunked == token-by-token decode
+ * bit for bit, and a cache hit continues exactly as a cold prefill would.
+ */
+#ifndef KVT_MODEL_H
+#define KVT_MODEL_H
+
+#include "../gguf/gguf.h"
+#include "../kv/kv.h"
+
+typedef enum kvt_arch { KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4 } kvt_arch;
+const char *kvt_arch_name(kvt_arch a);
+int kvt_arch_from_name(const char *s); /* -1 if unsupported */
+
+typedef struct kvt_hparams {
+    kvt_arch arch;
+    uint32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    uint32_t n_swa;            /* gemma3 sliding window; 0 = none */
+    float rope_base;           /* global layers */
+    float rope_base_swa;       /* gemma3 local layers (10000) */
+    float rope_freq_scale;     /* 1/factor for linear scaling (global layers) */
+    float norm_eps;
+    float attn_scale;          /* softmax scale (gemma3: applied as query pre-scale) */
+    bool rope_neox;
+    bool tied_output;
+    bool has_rope_freqs;       /* llama3 rope_freqs.weight present */
+    char name[128];            /* general.name or "" */
+} kvt_hparams;
+
+typedef struct kvt_model kvt_model;
+
+/* Validates architecture, hyperparameters (bounded), and every tensor's presence, type and shape. */
+kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t errlen);
+void kvt_model_free(kvt_model *m);
+const kvt_hparams *kvt_model_hparams(const kvt_model *m);
+/* True if layer il is a sliding-window layer (gemma3: il % 6 < 5). */
+bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il);
+/* Fill n_layer layer descs (kind, window, heads, dims) using codecs[il] for each layer. */
+void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out);
+/* Bytes of weights (sum of tensor sizes). */
+uint64_t kvt_model_weight_bytes(const kvt_model *m);
+
+typedef struct kvt_ctx kvt_ctx;
+/* n_threads: 0 = cores. ubatch: max tokens per forward chunk. */
+kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out);
+void kvt_ctx_free(kvt_ctx *c);
+int kvt_ctx_n_threads(const kvt_ctx *c);
+
+/* Run tokens[0..n) at positions kvt_seq_len(seq) .. +n-1: prepares, writes KV, commits the tokens
+ * to seq. Splits into ubatch chunks internally. Returns logits of the last token (n_vocab floats,
+ * owned by ctx, valid until the next call), or, if all_logits (requires n <= ubatch), n rows.
+ * Errors: KVT_ERR_POOL_EXHAUSTED from the pool (the sequence keeps the chunks committed so far),
+ * KVT_ERR_INVALID_ARG for a token id out of range, KVT_ERR_CANCELLED if *cancel became non-zero
+ * between chunks. */
+kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, uint32_t n,
+                             bool all_logits, const volatile int *cancel, float **logits);
+
+#endif

@@ -1,0 +1,63 @@
+/*
+ * tokenizer.h — tokenizers built from GGUF metadata only: byte-level BPE (tokenizer.ggml.model =
+ * gpt2, pre-tokenizer from tokenizer.ggml.pre via PCRE2) and SentencePiece-style BPE (llama), plus
+ * UTF-8-safe incremental detokenization.
+ *
+ * Ownership: kvt_tokenizer copies everything it needs out of the kvt_gguf, so the GGUF may be freed
+ * after kvt_tokenizer_create. A tokenizer is immutable after creation and safe to use from many
+ * threads at once. kvt_detok is a small per-stream state owned by the caller.
+ */
+#ifndef KVT_TOKENIZER_H
+#define KVT_TOKENIZER_H
+
+#include "../gguf/gguf.h"
+
+typedef struct kvt_tokenizer kvt_tokenizer;
+
+kvt_status kvt_tokenizer_create(const kvt_gguf *g, kvt_tokenizer **out, char *err, size_t errlen);
+void kvt_tokenizer_free(kvt_tokenizer *t);
+
+uint32_t kvt_tokenizer_n_vocab(const kvt_tokenizer *t);
+int32_t kvt_tokenizer_bos(const kvt_tokenizer *t); /* -1 if none */
+int32_t kvt_tokenizer_eos(const kvt_tokenizer *t);
+bool kvt_tokenizer_add_bos(const kvt_tokenizer *t); /* per metadata flags and defaults */
+/* End-of-generation set: eos, eot, eom plus tokens whose text is <|eot_id|>, <|im_end|>, <|end|>,
+ * <end_of_turn>, <|endoftext|>, <|eom_id|>, <EOT>. */
+bool kvt_tokenizer_is_eog(const kvt_tokenizer *t, int32_t id);
+/* Token id of an exact token text, -1 if absent. */
+int32_t kvt_tokenizer_find(const kvt_tokenizer *t, const char *text);
+/* Raw token text as stored in the vocabulary (borrowed). */
+const char *kvt_tokenizer_token_text(const kvt_tokenizer *t, int32_t id);
+/* A stable hash of the vocabulary, merges/scores, pre-type and flags (enters the SSD compat key). */
+uint64_t kvt_tokenizer_hash(const kvt_tokenizer *t);
+const char *kvt_tokenizer_model_name(const kvt_tokenizer *t); /* "gpt2" / "llama" */
+const char *kvt_tokenizer_pre_name(const kvt_tokenizer *t);   /* resolved pre-tokenizer */
+
+/* Encode text (len bytes, may contain invalid UTF-8, which is handled byte-wise, never rejected).
+ * add_bos: prepend BOS when the model wants it (caller passes kvt_tokenizer_add_bos(t) normally).
+ * parse_special: recognise control tokens written as text (chat templates: true; user text: false).
+ * Writes up to cap ids; returns the total number needed (call again with a bigger buffer if > cap),
+ * or -1 on allocation failure. */
+int64_t kvt_tokenize(const kvt_tokenizer *t, const char *text, size_t len, bool add_bos,
+                     bool parse_special, int32_t *ids, int64_t cap);
+
+/* Bytes of one token's text as it appears in output (byte-level mapping undone, ▁ -> space,
+ * <0xXX> -> byte). Control tokens render as their text only if render_special. Returns the number
+ * of bytes (may exceed cap; then call again). */
+int32_t kvt_token_to_bytes(const kvt_tokenizer *t, int32_t id, bool render_special, char *buf, int32_t cap);
+
+/* Whole-sequence decode into a malloc'd NUL-terminated string (caller frees). Applies the SPM
+ * leading-space strip when add_space_prefix is set and the first token is not special. */
+char *kvt_detokenize(const kvt_tokenizer *t, const int32_t *ids, int64_t n, bool render_special, size_t *out_len);
+
+/* Incremental, UTF-8-safe streaming detokenizer: push ids one at a time; each push returns the
+ * bytes that are now complete code points (never half a code point). Flush returns whatever is left
+ * (invalid trailing bytes are emitted as U+FFFD). Concatenating all outputs equals kvt_detokenize. */
+typedef struct kvt_detok kvt_detok;
+kvt_detok *kvt_detok_create(const kvt_tokenizer *t, bool render_special);
+void kvt_detok_free(kvt_detok *d);
+/* Returns a pointer to the new text (borrowed, valid until next call) and its length in *len. */
+const char *kvt_detok_push(kvt_detok *d, int32_t id, size_t *len);
+const char *kvt_detok_flush(kvt_detok *d, size_t *len);
+
+#endif
