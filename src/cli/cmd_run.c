@@ -1,0 +1,202 @@
+/* cmd_run.c — `kvtier run`: one generation from text (-p, optionally through the chat template) or
+ * token ids (--tokens), printing the continuation and timings, or one JSON object with --json. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "engine_flags.h"
+
+static void usage(void) {
+    printf("usage: kvtier run -m MODEL (-p TEXT | --tokens 1,2,3) [-n N] [options]\n\n"
+           "Generates a continuation and prints it with timings (prefill tok/s, decode tok/s, peak KV bytes).\n\n"
+           "  -p, --prompt TEXT         prompt text\n"
+           "      --tokens IDS          prompt as comma-separated token ids\n"
+           "      --chat                apply the model's chat template to the prompt as one user message\n"
+           "      --system TEXT         system message for --chat\n"
+           "      --special             parse control-token text in -p (off by default)\n"
+           "  -n, --n-predict N         tokens to generate (default 64)\n"
+           "      --ignore-eos          keep generating past end-of-generation tokens\n"
+           "      --no-cache            bypass the RAM/SSD tiers for this run\n"
+           "      --repeat N            run the same request N times (shows cache reuse), default 1\n"
+           "      --json                print one JSON object per run\n\n%s\n%s",
+           kvt_engine_flags_help, kvt_sampling_flags_help);
+}
+
+typedef struct out_ctx {
+    bool json;
+} out_ctx;
+
+static bool on_token(void *ctx, int32_t id, const char *text, size_t len) {
+    out_ctx *o = ctx;
+    if (!o->json && len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return true;
+}
+
+static int32_t *parse_ids(const char *s, uint32_t *n_out) {
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    const char *p = s;
+    while (ids && *p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return NULL;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *q = realloc(ids, cap * sizeof *ids);
+            if (!q) {
+                free(ids);
+                return NULL;
+            }
+            ids = q;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    *n_out = (uint32_t)n;
+    return ids;
+}
+
+int cmd_run(int argc, char **argv) {
+    kvt_engine_opts eo;
+    kvt_engine_opts_default(&eo);
+    kvt_sampling sp;
+    kvt_sampling_default(&sp);
+    const char *prompt = NULL, *tokens = NULL, *system = NULL;
+    bool chat = false, special = false, json = false, ignore_eos = false, no_cache = false;
+    uint32_t n_predict = 64, repeat = 1;
+    kvt_args a;
+    kvt_args_init(&a, argc, argv, "run", usage);
+    while (kvt_args_next(&a)) {
+        if (kvt_parse_engine_flag(&a, &eo) || kvt_parse_sampling_flag(&a, &sp)) continue;
+        if (kvt_args_is(&a, "-p", "--prompt")) prompt = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--tokens")) tokens = kvt_args_str(&a);
+        else if (kvt_args_flag(&a, NULL, "--chat")) chat = true;
+        else if (kvt_args_is(&a, NULL, "--system")) system = kvt_args_str(&a);
+        else if (kvt_args_flag(&a, NULL, "--special")) special = true;
+        else if (kvt_args_is(&a, "-n", "--n-predict")) n_predict = kvt_args_u32(&a, 0, 1u << 24);
+        else if (kvt_args_flag(&a, NULL, "--ignore-eos")) ignore_eos = true;
+        else if (kvt_args_flag(&a, NULL, "--no-cache")) no_cache = true;
+        else if (kvt_args_is(&a, NULL, "--repeat")) repeat = kvt_args_u32(&a, 1, 1000);
+        else if (kvt_args_flag(&a, NULL, "--json")) json = true;
+        else kvt_args_unknown(&a);
+    }
+    if (a.help) return 0;
+    if (a.failed) return 2;
+    if (a.n_positional) {
+        fprintf(stderr, "kvtier run: unexpected argument '%s' (see kvtier run --help)\n", a.positional[0]);
+        return 2;
+    }
+    if (!prompt == !tokens) {
+        fprintf(stderr, "kvtier run: give exactly one of -p TEXT or --tokens IDS (see kvtier run --help)\n");
+        return 2;
+    }
+    if (chat && !prompt) {
+        fprintf(stderr, "kvtier run: --chat needs -p TEXT\n");
+        return 2;
+    }
+    if (!kvt_engine_flags_check("run", &eo)) return 2;
+
+    char err[512] = "";
+    kvt_engine *e = NULL;
+    if (kvt_engine_create(&eo, &e, err, sizeof err) != KVT_OK) {
+        fprintf(stderr, "kvtier run: %s\n", err);
+        return 1;
+    }
+    const kvt_tokenizer *tok = kvt_engine_tokenizer(e);
+    int32_t *ids = NULL;
+    uint32_t n_ids = 0;
+    if (tokens) {
+        ids = parse_ids(tokens, &n_ids);
+        if (!ids || n_ids == 0) {
+            fprintf(stderr, "kvtier run: --tokens must be a comma-separated list of non-negative integers\n");
+            kvt_engine_free(e);
+            return 2;
+        }
+    } else if (chat) {
+        kvt_chat_msg msgs[2];
+        size_t nm = 0;
+        if (system) msgs[nm++] = (kvt_chat_msg){.role = "system", .content = system, .content_len = strlen(system)};
+        msgs[nm++] = (kvt_chat_msg){.role = "user", .content = prompt, .content_len = strlen(prompt)};
+        int64_t n64 = 0;
+        if (kvt_chat_tokenize(kvt_engine_chat(e), tok, msgs, nm, true, &ids, &n64, err, sizeof err) != KVT_OK) {
+            fprintf(stderr, "kvtier run: %s\n", err);
+            kvt_engine_free(e);
+            return 1;
+        }
+        n_ids = (uint32_t)n64;
+    } else {
+        size_t len = strlen(prompt);
+        int64_t need = kvt_tokenize(tok, prompt, len, kvt_tokenizer_add_bos(tok), special, NULL, 0);
+        ids = malloc(sizeof(int32_t) * (size_t)(need > 0 ? need : 1));
+        if (need < 0 || !ids) {
+            fprintf(stderr, "kvtier run: out of memory while tokenizing\n");
+            kvt_engine_free(e);
+            return 1;
+        }
+        n_ids = (uint32_t)kvt_tokenize(tok, prompt, len, kvt_tokenizer_add_bos(tok), special, ids, need);
+    }
+
+    int rc = 0;
+    for (uint32_t r = 0; r < repeat; r++) {
+        out_ctx oc = {.json = json};
+        kvt_gen_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_predict, .sampling = sp,
+                               .ignore_eog = ignore_eos, .no_cache = no_cache, .on_token = on_token, .cb_ctx = &oc};
+        kvt_gen_result res;
+        err[0] = 0;
+        if (n_predict == 0) req.max_tokens = 1;
+        kvt_status st = kvt_engine_generate(e, &req, &res, err, sizeof err);
+        if (st != KVT_OK) {
+            fprintf(stderr, "kvtier run: %s\n", err[0] ? err : kvt_status_str(st));
+            rc = 1;
+            break;
+        }
+        static const char *tiers[] = {"none", "ram", "ssd"};
+        static const char *fin[] = {"length", "stop", "cancelled", "error"};
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON *pa = cJSON_AddArrayToObject(o, "prompt_tokens");
+            for (uint32_t i = 0; i < n_ids; i++) cJSON_AddItemToArray(pa, cJSON_CreateNumber(ids[i]));
+            cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
+            for (uint32_t i = 0; i < res.n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(res.tokens[i]));
+            size_t tl = 0;
+            char *text = kvt_detokenize(tok, res.tokens, res.n_gen, false, &tl);
+            cJSON_AddStringToObject(o, "text", text ? text : "");
+            free(text);
+            cJSON_AddStringToObject(o, "finish_reason", fin[res.finish]);
+            cJSON_AddNumberToObject(o, "n_prompt", res.n_prompt);
+            cJSON_AddNumberToObject(o, "n_reused", res.n_reused);
+            cJSON_AddStringToObject(o, "reused_from", tiers[res.reused_from]);
+            cJSON *t = cJSON_AddObjectToObject(o, "timings");
+            cJSON_AddNumberToObject(t, "ttft_ms", res.ttft_ms);
+            cJSON_AddNumberToObject(t, "prefill_ms", res.prefill_ms);
+            cJSON_AddNumberToObject(t, "restore_ms", res.restore_ms);
+            cJSON_AddNumberToObject(t, "decode_ms", res.decode_ms);
+            cJSON_AddNumberToObject(t, "prefill_tps", res.prefill_tps);
+            cJSON_AddNumberToObject(t, "decode_tps", res.decode_tps);
+            cJSON_AddNumberToObject(t, "peak_kv_bytes", (double)res.peak_kv_bytes);
+            char *s = cJSON_PrintUnformatted(o);
+            printf("%s\n", s);
+            free(s);
+            cJSON_Delete(o);
+        } else {
+            printf("\n\n[prompt %u tokens, reused %u (%s), generated %u (%s)] prefill %.1f tok/s, decode %.1f tok/s, "
+                   "TTFT %.1f ms, peak KV %.2f MB\n",
+                   res.n_prompt, res.n_reused, tiers[res.reused_from], res.n_gen, fin[res.finish], res.prefill_tps,
+                   res.decode_tps, res.ttft_ms, (double)res.peak_kv_bytes / 1e6);
+        }
+        fflush(stdout);
+        free(res.tokens);
+    }
+    free(ids);
+    kvt_engine_free(e);
+    return rc;
+}

@@ -1,0 +1,115 @@
+/* engine_flags.c — see engine_flags.h. */
+#include "engine_flags.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* which SSD sub-flags were given (to warn when --ssd-cache is absent) */
+static int g_ssd_subflags;
+
+const char kvt_engine_flags_help[] =
+    "model and cache options:\n"
+    "  -m, --model FILE          GGUF model (required)\n"
+    "  -t, --threads N           compute threads (default: number of cores)\n"
+    "  -c, --ctx N               context length in tokens (default: min(model, 8192))\n"
+    "      --ubatch N            prefill chunk size (default 512)\n"
+    "      --block-tokens N      KV block size in tokens (default 256)\n"
+    "      --kv-quant MODE       off | 8 | 4 | config (config reads kv_config.json beside the model)\n"
+    "      --kv-quant-group N    affine group size along head_dim: 32, 64, 128 (default 64)\n"
+    "      --kv-quant-start N    tokens kept in f16 before quantized blocks start (default 0)\n"
+    "      --kv-bf16             store unquantized KV as bf16 instead of f16\n"
+    "      --kv-pool-gb GB       KV block pool budget (default: one context + the prompt cache)\n"
+    "      --prompt-cache GB     RAM tier byte cap (default 8, 0 disables)\n"
+    "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
+    "      --ssd-cache DIR       SSD tier directory (off unless set; needs the RAM tier)\n"
+    "      --ssd-cache-max GB    SSD tier byte cap (default 0 = unlimited)\n"
+    "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; -1 off)\n"
+    "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
+    "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
+
+const char kvt_sampling_flags_help[] =
+    "sampling options:\n"
+    "      --temp X              temperature (0 = greedy)\n"
+    "      --top-k N             keep the N most likely tokens (0 = off)\n"
+    "      --top-p X             nucleus sampling (1 = off)\n"
+    "      --min-p X             drop tokens below X * p(best) (0 = off)\n"
+    "      --repeat-penalty X    (1 = off)\n"
+    "      --presence-penalty X  (0 = off)\n"
+    "      --frequency-penalty X (0 = off)\n"
+    "      --penalty-last-n N    window for penalties (default 64)\n"
+    "      --seed N              RNG seed (default 0)\n";
+
+bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
+    if (kvt_args_is(a, "-m", "--model")) o->model_path = kvt_args_str(a);
+    else if (kvt_args_is(a, "-t", "--threads")) o->n_threads = (int)kvt_args_u32(a, 1, 512);
+    else if (kvt_args_is(a, "-c", "--ctx")) o->n_ctx = kvt_args_u32(a, 8, 1u << 20);
+    else if (kvt_args_is(a, NULL, "--ubatch")) o->ubatch = kvt_args_u32(a, 1, 8192);
+    else if (kvt_args_is(a, NULL, "--block-tokens")) o->block_tokens = kvt_args_u32(a, 16, 4096);
+    else if (kvt_args_is(a, NULL, "--kv-quant")) {
+        const char *v = kvt_args_str(a);
+        if (v && strcmp(v, "off") && strcmp(v, "8") && strcmp(v, "4") && strcmp(v, "config")) {
+            fprintf(stderr, "kvtier %s: --kv-quant must be off, 8, 4 or config (got '%s')\n", a->cmd, v);
+            a->failed = true;
+        }
+        o->kv_quant = v;
+    } else if (kvt_args_is(a, NULL, "--kv-quant-group")) {
+        o->kv_quant_group = kvt_args_u32(a, 32, 128);
+        if (!a->failed && o->kv_quant_group != 32 && o->kv_quant_group != 64 && o->kv_quant_group != 128) {
+            fprintf(stderr, "kvtier %s: --kv-quant-group must be 32, 64 or 128\n", a->cmd);
+            a->failed = true;
+        }
+    } else if (kvt_args_is(a, NULL, "--kv-quant-start")) o->kv_quant_start = kvt_args_u32(a, 0, 1u << 30);
+    else if (kvt_args_flag(a, NULL, "--kv-bf16")) o->kv_bf16 = true;
+    else if (kvt_args_is(a, NULL, "--kv-pool-gb")) o->kv_pool_gb = kvt_args_f64(a, 0, 1e6);
+    else if (kvt_args_is(a, NULL, "--prompt-cache")) o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
+    else if (kvt_args_is(a, NULL, "--snapshot-min-tokens")) o->snapshot_min_tokens = kvt_args_u32(a, 1, 1u << 30);
+    else if (kvt_args_is(a, NULL, "--ssd-cache")) o->ssd_dir = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--ssd-cache-max")) {
+        o->ssd_max_gb = kvt_args_f64(a, 0, 1e9);
+        g_ssd_subflags |= 1;
+    } else if (kvt_args_is(a, NULL, "--ssd-demote-idle")) {
+        o->ssd_demote_idle_s = kvt_args_f64(a, -1, 1e9);
+        g_ssd_subflags |= 2;
+    } else if (kvt_args_is(a, NULL, "--ssd-writeback")) {
+        const char *v = kvt_args_str(a);
+        if (v && !strcmp(v, "on")) o->ssd_writeback = true;
+        else if (v && !strcmp(v, "off")) o->ssd_writeback = false;
+        else if (v) {
+            fprintf(stderr, "kvtier %s: --ssd-writeback must be on or off\n", a->cmd);
+            a->failed = true;
+        }
+        g_ssd_subflags |= 4;
+    } else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
+    else return false;
+    return true;
+}
+
+bool kvt_parse_sampling_flag(kvt_args *a, kvt_sampling *s) {
+    if (kvt_args_is(a, NULL, "--temp") || kvt_args_is(a, NULL, "--temperature")) s->temperature = (float)kvt_args_f64(a, 0, 100);
+    else if (kvt_args_is(a, NULL, "--top-k")) s->top_k = (int32_t)kvt_args_u32(a, 0, 1u << 24);
+    else if (kvt_args_is(a, NULL, "--top-p")) s->top_p = (float)kvt_args_f64(a, 0, 1);
+    else if (kvt_args_is(a, NULL, "--min-p")) s->min_p = (float)kvt_args_f64(a, 0, 1);
+    else if (kvt_args_is(a, NULL, "--repeat-penalty")) s->repeat_penalty = (float)kvt_args_f64(a, 0.01, 100);
+    else if (kvt_args_is(a, NULL, "--presence-penalty")) s->presence_penalty = (float)kvt_args_f64(a, -2, 2);
+    else if (kvt_args_is(a, NULL, "--frequency-penalty")) s->frequency_penalty = (float)kvt_args_f64(a, -2, 2);
+    else if (kvt_args_is(a, NULL, "--penalty-last-n")) s->penalty_last_n = (int32_t)kvt_args_u32(a, 0, 4096);
+    else if (kvt_args_is(a, NULL, "--seed")) s->seed = (uint64_t)kvt_args_i64(a, 0, INT64_MAX);
+    else return false;
+    return true;
+}
+
+bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
+    if (!o->model_path) {
+        fprintf(stderr, "kvtier %s: no model given (-m MODEL.gguf; see kvtier %s --help)\n", cmd, cmd);
+        return false;
+    }
+    if (o->ssd_dir && o->prompt_cache_gb <= 0) {
+        fprintf(stderr, "kvtier %s: --ssd-cache needs the RAM tier; it cannot be combined with --prompt-cache 0\n", cmd);
+        return false;
+    }
+    if (!o->ssd_dir && g_ssd_subflags) {
+        fprintf(stderr, "kvtier %s: warning: --ssd-cache-max/--ssd-demote-idle/--ssd-writeback are ignored without --ssd-cache\n", cmd);
+    }
+    return true;
+}

@@ -1,0 +1,647 @@
+/*
+ * engine.c — see engine.h. The generate loop:
+ *
+ *   1. validate the request (non-empty, ids in range, fits the context);
+ *   2. lookup: RAM prompt cache take() (shares blocks, copies at most one partial block); if the SSD
+ *      tier holds a strictly longer usable prefix, restore it instead (streamed into the pool);
+ *   3. prefill the remaining prompt tokens in ubatch chunks; a long cold prefill registers the
+ *      prompt-only prefix (prompt-boundary snapshot) before decoding;
+ *   4. decode: sample, stream text (stop strings held back until they can no longer match),
+ *      forward one token at a time;
+ *   5. put the final sequence back into the RAM tier (whose spill path and the write-behind queue
+ *      persist blocks to SSD off this thread).
+ *
+ * Nothing in steps 3–4 waits for disk: SSD writes happen on the SSD tier's writer thread, which only
+ * reads sealed (immutable) blocks.
+ */
+#include "engine.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "../cache/prompt_cache.h"
+#include "../cache/ssd_cache.h"
+#include "../kernels/quant.h"
+#include "../model/model.h"
+#include "sampler.h"
+
+#define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
+
+struct kvt_engine {
+    kvt_engine_opts o;
+    char *model_path;
+    kvt_gguf *gguf;
+    kvt_model *model;
+    kvt_tokenizer *tok;
+    kvt_chat_template *chat;
+    kvt_kv_layout *layout;
+    kvt_block_pool *pool;
+    kvt_prompt_cache *pc;
+    kvt_ssd *ssd;
+    kvt_ctx *ctx;
+    kvt_sampler *sampler;
+    uint32_t n_ctx, n_vocab;
+    char compat[1024];
+    char scheme[128];
+    char name[160];
+    pthread_mutex_t gen_mu;   /* one generation at a time */
+    pthread_mutex_t stats_mu; /* request counters */
+    uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
+    double last_tick_ms;
+};
+
+void kvt_engine_opts_default(kvt_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ubatch = 512;
+    o->block_tokens = KVT_DEFAULT_BLOCK_TOKENS;
+    o->kv_quant = "off";
+    o->kv_quant_group = 64;
+    o->prompt_cache_gb = 8.0;
+    o->snapshot_min_tokens = 1024;
+    o->ssd_writeback = true;
+    o->ssd_demote_idle_s = 300.0;
+}
+
+void kvt_sampling_default(kvt_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 0.0f;
+    s->top_p = 1.0f;
+    s->repeat_penalty = 1.0f;
+    s->penalty_last_n = 64;
+}
+
+const kvt_tokenizer *kvt_engine_tokenizer(const kvt_engine *e) { return e->tok; }
+const kvt_chat_template *kvt_engine_chat(const kvt_engine *e) { return e->chat; }
+uint32_t kvt_engine_n_ctx(const kvt_engine *e) { return e->n_ctx; }
+uint32_t kvt_engine_n_vocab(const kvt_engine *e) { return e->n_vocab; }
+const char *kvt_engine_model_name(const kvt_engine *e) { return e->name; }
+const char *kvt_engine_scheme_key(const kvt_engine *e) { return e->scheme; }
+
+/* ---- KV scheme resolution ---------------------------------------------------------------- */
+
+static kvt_status read_kv_config(const char *model_path, const kvt_hparams *hp, kvt_codec *codecs,
+                                 char *err, size_t errlen) {
+    char path[4096];
+    const char *slash = strrchr(model_path, '/');
+    if (slash)
+        snprintf(path, sizeof path, "%.*s/kv_config.json", (int)(slash - model_path), model_path);
+    else
+        snprintf(path, sizeof path, "kv_config.json");
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_errf(err, errlen, KVT_ERR_IO, "--kv-quant config: cannot open %s: %s", path, strerror(errno));
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf) return KVT_ERR_NOMEM;
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    if (!j || !cJSON_IsArray(j)) {
+        cJSON_Delete(j);
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: expected a JSON array of {layer_idx, bits, group_size}", path);
+    }
+    kvt_status st = KVT_OK;
+    cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        cJSON *li = cJSON_GetObjectItem(it, "layer_idx"), *b = cJSON_GetObjectItem(it, "bits"),
+              *g = cJSON_GetObjectItem(it, "group_size");
+        if (!cJSON_IsNumber(li) || !cJSON_IsNumber(b)) {
+            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: each entry needs numeric layer_idx and bits", path);
+            break;
+        }
+        int l = li->valueint, bits = b->valueint, gs = cJSON_IsNumber(g) ? g->valueint : 64;
+        if (l < 0 || (uint32_t)l >= hp->n_layer) {
+            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer_idx %d out of range (model has %u layers)", path, l, hp->n_layer);
+            break;
+        }
+        kvt_codec c = {.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)bits, .group_size = (uint16_t)gs};
+        if (bits == 16) c = (kvt_codec){.kind = KVT_CODEC_F16};
+        if (!kvt_codec_valid(c, hp->head_dim)) {
+            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer %d: unsupported bits %d / group_size %d (bits 2,3,4,5,6,8; group 32,64,128 dividing head_dim %u)",
+                          path, l, bits, gs, hp->head_dim);
+            break;
+        }
+        codecs[l] = c;
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
+    const kvt_hparams *hp = kvt_model_hparams(e->model);
+    kvt_codec base = {.kind = e->o.kv_bf16 ? KVT_CODEC_BF16 : KVT_CODEC_F16};
+    kvt_codec *codecs = calloc(hp->n_layer, sizeof *codecs);
+    kvt_layer_desc *descs = calloc(hp->n_layer, sizeof *descs);
+    kvt_status st = KVT_OK;
+    if (!codecs || !descs) {
+        st = KVT_ERR_NOMEM;
+        goto out;
+    }
+    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = base;
+    const char *q = e->o.kv_quant ? e->o.kv_quant : "off";
+    if (!strcmp(q, "8") || !strcmp(q, "4")) {
+        kvt_codec c = {.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(q), .group_size = (uint16_t)e->o.kv_quant_group};
+        if (!kvt_codec_valid(c, hp->head_dim)) {
+            st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant-group %u does not divide head_dim %u (use 32, 64 or 128)",
+                          e->o.kv_quant_group, hp->head_dim);
+            goto out;
+        }
+        for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
+    } else if (!strcmp(q, "config")) {
+        st = read_kv_config(e->o.model_path, hp, codecs, err, errlen);
+        if (st) goto out;
+    } else if (strcmp(q, "off") != 0) {
+        st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant must be off, 8, 4 or config (got '%s')", q);
+        goto out;
+    }
+    kvt_model_layer_descs(e->model, codecs, descs);
+    st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
+    if (st == KVT_OK) kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
+out:
+    free(codecs);
+    free(descs);
+    return st;
+}
+
+/* ---- tier wiring -------------------------------------------------------------------------- */
+
+static bool pool_pressure(void *ctx, uint64_t bytes) {
+    kvt_engine *e = ctx;
+    if (!e->pc) return false;
+    return kvt_prompt_cache_evict_bytes(e->pc, bytes) > 0;
+}
+
+
+kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!o->model_path) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "no model given (-m MODEL.gguf)");
+    if (o->ssd_dir && o->prompt_cache_gb <= 0)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--ssd-cache needs the RAM tier: it cannot be used with --prompt-cache 0");
+    if (o->block_tokens < 16 || o->block_tokens > 4096)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--block-tokens must be in [16, 4096]");
+    kvt_engine *e = calloc(1, sizeof *e);
+    if (!e) return KVT_ERR_NOMEM;
+    e->o = *o;
+    pthread_mutex_init(&e->gen_mu, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    e->model_path = strdup(o->model_path);
+    e->o.model_path = e->model_path;
+    if (e->o.ubatch == 0) e->o.ubatch = 512;
+    kvt_kernels_init();
+    kvt_status st = kvt_gguf_open(o->model_path, &e->gguf, err, errlen);
+    if (st) goto fail;
+    st = kvt_model_load(e->gguf, &e->model, err, errlen);
+    if (st) goto fail;
+    st = kvt_tokenizer_create(e->gguf, &e->tok, err, errlen);
+    if (st) goto fail;
+    st = kvt_chat_template_create(e->gguf, e->tok, o->chat_template, &e->chat, err, errlen);
+    if (st) goto fail;
+    const kvt_hparams *hp = kvt_model_hparams(e->model);
+    e->n_vocab = hp->n_vocab;
+    e->n_ctx = o->n_ctx ? o->n_ctx : KVT_MIN(hp->n_ctx_train, 8192u);
+    if (e->n_ctx < 8) e->n_ctx = 8;
+    if (hp->name[0])
+        snprintf(e->name, sizeof e->name, "%s", hp->name);
+    else {
+        const char *b = strrchr(o->model_path, '/');
+        snprintf(e->name, sizeof e->name, "%s", b ? b + 1 : o->model_path);
+    }
+    st = build_layout(e, err, errlen);
+    if (st) goto fail;
+
+    /* compatibility key: SHA-256 of the weights (memoized) only when something persists */
+    if (o->ssd_dir) {
+        char th[32];
+        snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
+        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, e->compat, sizeof e->compat, err, errlen);
+        if (st) goto fail;
+    } else {
+        struct stat sb;
+        if (stat(o->model_path, &sb) != 0) memset(&sb, 0, sizeof sb);
+        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s", o->model_path,
+                 (long long)sb.st_size, (long long)sb.st_mtime, e->scheme, (unsigned long long)kvt_tokenizer_hash(e->tok),
+                 KVT_ENGINE_NUMERICS_TAG);
+    }
+
+    /* pool budget: one full context for the live sequence + the prompt cache cap */
+    double bpt = kvt_kv_layout_bytes_per_token(e->layout);
+    uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
+    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9);
+    uint64_t budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
+    e->pool = kvt_block_pool_create(e->layout, budget);
+    if (!e->pool) {
+        st = KVT_ERR_NOMEM;
+        goto fail;
+    }
+    if (pc_bytes > 0) {
+        e->pc = kvt_prompt_cache_create(e->pool, pc_bytes);
+        if (!e->pc) {
+            st = KVT_ERR_NOMEM;
+            goto fail;
+        }
+        kvt_block_pool_set_pressure(e->pool, pool_pressure, e);
+    }
+    if (o->ssd_dir) {
+        kvt_ssd_opts so;
+        kvt_ssd_opts_default(&so);
+        so.dir = o->ssd_dir;
+        so.compat_key = e->compat;
+        so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
+        so.writeback = o->ssd_writeback;
+        st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
+        if (st) goto fail;
+        kvt_prompt_cache_set_spill(e->pc, kvt_ssd_spill_block, kvt_ssd_spill_snapshot, e->ssd);
+    }
+    st = kvt_ctx_create(e->model, o->n_threads, e->o.ubatch, &e->ctx);
+    if (st) {
+        kvt_errf(err, errlen, st, "cannot create the compute context: %s", kvt_status_str(st));
+        goto fail;
+    }
+    st = kvt_ctx_reserve(e->ctx, e->layout, e->n_ctx);
+    if (st) {
+        kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
+        goto fail;
+    }
+    e->sampler = kvt_sampler_create(e->n_vocab);
+    if (!e->sampler) {
+        st = KVT_ERR_NOMEM;
+        goto fail;
+    }
+    e->last_tick_ms = kvt_now_ms();
+    *out = e;
+    return KVT_OK;
+fail:
+    if (err && !err[0]) kvt_errf(err, errlen, st, "%s", kvt_status_str(st));
+    kvt_engine_free(e);
+    return st;
+}
+
+void kvt_engine_free(kvt_engine *e) {
+    if (!e) return;
+    if (e->ssd) {
+        kvt_flush_result fr;
+        kvt_engine_flush(e, 30000, &fr);
+    }
+    kvt_sampler_free(e->sampler);
+    kvt_ctx_free(e->ctx);
+    /* the prompt cache spills into the SSD tier on free? no: clear() never spills; what must
+     * survive was already queued by write-behind and flushed above. */
+    if (e->pc) kvt_prompt_cache_free(e->pc);
+    if (e->ssd) kvt_ssd_free(e->ssd);
+    kvt_block_pool_free(e->pool);
+    kvt_kv_layout_free(e->layout);
+    kvt_chat_template_free(e->chat);
+    kvt_tokenizer_free(e->tok);
+    kvt_model_free(e->model);
+    kvt_gguf_free(e->gguf);
+    pthread_mutex_destroy(&e->gen_mu);
+    pthread_mutex_destroy(&e->stats_mu);
+    free(e->model_path);
+    free(e);
+}
+
+/* ---- stop strings --------------------------------------------------------------------------- */
+
+/* Text produced so far is kept in `text`; `emitted` bytes of it were passed to the callback. Text
+ * that could still become the start of a stop string is held back. */
+typedef struct textbuf {
+    char *s;
+    size_t n, cap, emitted;
+} textbuf;
+
+static bool tb_append(textbuf *t, const char *p, size_t n) {
+    if (t->n + n + 1 > t->cap) {
+        size_t c = t->cap ? t->cap * 2 : 4096;
+        while (c < t->n + n + 1) c *= 2;
+        char *q = realloc(t->s, c);
+        if (!q) return false;
+        t->s = q;
+        t->cap = c;
+    }
+    memcpy(t->s + t->n, p, n);
+    t->n += n;
+    t->s[t->n] = 0;
+    return true;
+}
+
+/* Returns the index of the earliest full stop-string match at or after `from`, or -1. */
+static int64_t find_stop(const textbuf *t, const char *const *stop, uint32_t n_stop, size_t from, size_t *match_len) {
+    int64_t best = -1;
+    for (uint32_t i = 0; i < n_stop; i++) {
+        size_t L = strlen(stop[i]);
+        if (!L) continue;
+        size_t start = from > L ? from - L : 0;
+        for (size_t p = start; p + L <= t->n; p++) {
+            if (!memcmp(t->s + p, stop[i], L)) {
+                if (best < 0 || (int64_t)p < best) {
+                    best = (int64_t)p;
+                    *match_len = L;
+                }
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* How many bytes at the end of the text could be the beginning of some stop string. */
+static size_t stop_holdback(const textbuf *t, const char *const *stop, uint32_t n_stop) {
+    size_t hold = 0;
+    for (uint32_t i = 0; i < n_stop; i++) {
+        size_t L = strlen(stop[i]);
+        for (size_t k = KVT_MIN(L - (L > 0), t->n); k > hold; k--) {
+            if (!memcmp(t->s + t->n - k, stop[i], k)) {
+                hold = k;
+                break;
+            }
+        }
+    }
+    return hold;
+}
+
+/* ---- generate ------------------------------------------------------------------------------- */
+
+kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
+    memset(res, 0, sizeof *res);
+    res->finish = KVT_FINISH_ERROR;
+    const uint32_t n = req->n_prompt;
+    if (n == 0) return kvt_errf(err, errlen, KVT_ERR_RANGE, "the prompt is empty");
+    if (n >= e->n_ctx)
+        return kvt_errf(err, errlen, KVT_ERR_RANGE, "prompt has %u tokens but the context holds %u (leave room for at least one generated token)", n, e->n_ctx);
+    for (uint32_t i = 0; i < n; i++)
+        if (req->prompt[i] < 0 || (uint32_t)req->prompt[i] >= e->n_vocab)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "token id %d at position %u is outside the vocabulary [0, %u)",
+                            req->prompt[i], i, e->n_vocab);
+    uint32_t max_new = e->n_ctx - n;
+    if (req->max_tokens && req->max_tokens < max_new) max_new = req->max_tokens;
+
+    pthread_mutex_lock(&e->gen_mu);
+    kvt_status st = KVT_OK;
+    kvt_seq *seq = NULL;
+    kvt_detok *dt = NULL;
+    textbuf tb = {0};
+    int32_t *gen = malloc(sizeof(int32_t) * (max_new + 1));
+    if (!gen) {
+        st = KVT_ERR_NOMEM;
+        goto done;
+    }
+    const double t0 = kvt_now_ms();
+    const uint64_t root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
+    const bool use_cache = e->pc && !req->no_cache;
+
+    /* 2. lookup */
+    uint32_t reused = 0;
+    if (use_cache) {
+        st = kvt_prompt_cache_take(e->pc, req->prompt, n, root, &seq, &reused);
+        if (st) goto done;
+        if (seq) res->reused_from = KVT_TIER_RAM;
+        if (e->ssd) {
+            uint32_t on_disk = kvt_ssd_find(e->ssd, req->prompt, n, root);
+            if (on_disk > reused) {
+                double r0 = kvt_now_ms();
+                kvt_seq *rs = NULL;
+                uint32_t got = 0;
+                if (kvt_ssd_restore(e->ssd, req->prompt, n, root, &rs, &got) == KVT_OK && rs && got > reused) {
+                    if (seq) kvt_seq_free(seq);
+                    seq = rs;
+                    reused = got;
+                    res->reused_from = KVT_TIER_SSD;
+                } else if (rs) {
+                    kvt_seq_free(rs);
+                }
+                res->restore_ms = kvt_now_ms() - r0;
+            }
+        }
+    }
+    if (!seq) {
+        st = kvt_seq_create(e->pool, root, &seq);
+        if (st) goto done;
+        reused = 0;
+        res->reused_from = KVT_TIER_NONE;
+    }
+    res->n_prompt = n;
+    res->n_reused = reused;
+
+    /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
+    {
+        double need = (double)(n + max_new - reused) * kvt_kv_layout_bytes_per_token(e->layout);
+        uint64_t budget = kvt_block_pool_budget(e->pool);
+        if (budget && need > (double)budget) {
+            st = kvt_errf(err, errlen, KVT_ERR_POOL_EXHAUSTED,
+                          "out of KV memory: the request needs %.0f MB of KV but the pool holds %.0f MB", need / 1e6, (double)budget / 1e6);
+            goto done;
+        }
+    }
+
+    /* 3. prefill */
+    kvt_sampler_reset(e->sampler, &req->sampling);
+    for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(e->sampler, req->prompt[i]);
+    float *logits = NULL;
+    const double tp0 = kvt_now_ms();
+    st = kvt_model_forward(e->ctx, seq, req->prompt + reused, n - reused, false, req->cancel, &logits);
+    if (st) {
+        if (st == KVT_ERR_POOL_EXHAUSTED)
+            kvt_errf(err, errlen, st, "out of KV memory during prefill (pool %.0f MB in use)", (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
+        else if (st == KVT_ERR_CANCELLED)
+            res->finish = KVT_FINISH_CANCELLED;
+        else
+            kvt_errf(err, errlen, st, "prefill failed: %s", kvt_status_str(st));
+        goto put_back;
+    }
+    res->prefill_ms = kvt_now_ms() - tp0;
+    if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
+    /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
+    if (use_cache && n - reused >= e->o.snapshot_min_tokens) {
+        kvt_prompt_cache_put(e->pc, seq);
+        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+    }
+
+    /* 4. decode */
+    dt = kvt_detok_create(e->tok, false);
+    if (!dt) {
+        st = KVT_ERR_NOMEM;
+        goto put_back;
+    }
+    const double td0 = kvt_now_ms();
+    res->finish = KVT_FINISH_LENGTH;
+    uint32_t n_gen = 0;
+    for (;;) {
+        int32_t id = kvt_sampler_sample(e->sampler, logits);
+        if (n_gen == 0) res->ttft_ms = kvt_now_ms() - t0;
+        if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
+            res->finish = KVT_FINISH_STOP;
+            break;
+        }
+        gen[n_gen++] = id;
+        kvt_sampler_accept(e->sampler, id);
+        size_t dl = 0;
+        const char *d = kvt_detok_push(dt, id, &dl);
+        bool stop_hit = false;
+        if (req->n_stop) {
+            size_t before = tb.n;
+            if (!tb_append(&tb, d, dl)) {
+                st = KVT_ERR_NOMEM;
+                break;
+            }
+            size_t ml = 0;
+            int64_t at = find_stop(&tb, req->stop, req->n_stop, before, &ml);
+            size_t upto;
+            if (at >= 0) {
+                upto = (size_t)at;
+                stop_hit = true;
+            } else {
+                upto = tb.n - stop_holdback(&tb, req->stop, req->n_stop);
+            }
+            bool keep = true;
+            if (upto > tb.emitted) {
+                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb.s + tb.emitted, upto - tb.emitted);
+                tb.emitted = upto;
+            } else if (req->on_token) {
+                keep = req->on_token(req->cb_ctx, id, "", 0);
+            }
+            if (!keep) {
+                res->finish = KVT_FINISH_CANCELLED;
+                break;
+            }
+        } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
+            res->finish = KVT_FINISH_CANCELLED;
+            break;
+        }
+        if (stop_hit) {
+            res->finish = KVT_FINISH_STOP;
+            break;
+        }
+        if (req->cancel && *req->cancel) {
+            res->finish = KVT_FINISH_CANCELLED;
+            break;
+        }
+        if (n_gen >= max_new) break;
+        st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
+        if (st) {
+            if (st == KVT_ERR_CANCELLED) {
+                res->finish = KVT_FINISH_CANCELLED;
+                st = KVT_OK;
+            } else {
+                kvt_errf(err, errlen, st, "decode failed: %s", kvt_status_str(st));
+            }
+            break;
+        }
+    }
+    /* flush held-back text when finishing for a reason other than a stop string */
+    if (st == KVT_OK && res->finish != KVT_FINISH_CANCELLED && req->on_token) {
+        size_t fl = 0;
+        const char *f = kvt_detok_flush(dt, &fl);
+        if (req->n_stop) {
+            if (res->finish != KVT_FINISH_STOP) {
+                tb_append(&tb, f, fl);
+                if (tb.n > tb.emitted) req->on_token(req->cb_ctx, -1, tb.s + tb.emitted, tb.n - tb.emitted);
+            }
+        } else if (fl) {
+            req->on_token(req->cb_ctx, -1, f, fl);
+        }
+    }
+    res->decode_ms = kvt_now_ms() - td0;
+    res->n_gen = n_gen;
+    if (n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(n_gen - 1) / (res->decode_ms / 1000.0);
+    res->tokens = gen;
+    gen = NULL;
+
+put_back:
+    /* 5. what was computed stays cached, also for cancelled requests */
+    if (seq && use_cache && kvt_seq_len(seq) > 0) {
+        kvt_prompt_cache_put(e->pc, seq);
+        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+    }
+    res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
+    pthread_mutex_lock(&e->stats_mu);
+    e->requests++;
+    e->prompt_tokens += n;
+    e->generated_tokens += res->n_gen;
+    e->cached_tokens += res->n_reused;
+    pthread_mutex_unlock(&e->stats_mu);
+done:
+    if (seq) kvt_seq_free(seq);
+    kvt_detok_free(dt);
+    free(tb.s);
+    free(gen);
+    pthread_mutex_unlock(&e->gen_mu);
+    return st;
+}
+
+/* ---- stats, flush, maintenance ---------------------------------------------------------------- */
+
+void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (e->pc) {
+        kvt_prompt_cache_stats s;
+        kvt_prompt_cache_stats_get(e->pc, &s);
+        out->pc_enabled = true;
+        out->pc_entries = s.entries;
+        out->pc_blocks = s.blocks;
+        out->pc_bytes = s.bytes;
+        out->pc_max_bytes = s.max_bytes;
+        out->pc_hits = s.hits;
+        out->pc_misses = s.misses;
+        out->pc_reused_tokens = s.reused_tokens;
+        out->pc_evictions = s.evictions;
+        out->pc_reuse_impossible_untrimmable = s.reuse_impossible[KVT_REUSE_IMPOSSIBLE_UNTRIMMABLE];
+        out->pc_reuse_impossible_namespace = s.reuse_impossible[KVT_REUSE_IMPOSSIBLE_NAMESPACE];
+        out->pc_reuse_impossible_budget = s.reuse_impossible[KVT_REUSE_IMPOSSIBLE_BUDGET];
+    }
+    if (e->ssd) {
+        kvt_ssd_stats s;
+        kvt_ssd_stats_get(e->ssd, &s);
+        out->ssd_enabled = true;
+        snprintf(out->ssd_dir, sizeof out->ssd_dir, "%s", e->o.ssd_dir);
+        out->ssd_entries = s.entries;
+        out->ssd_bytes = s.bytes;
+        out->ssd_max_bytes = s.max_bytes;
+        out->ssd_restores = s.restores;
+        out->ssd_spills = s.spills;
+        out->ssd_demotions = s.demotions;
+        out->ssd_pending_blocks = s.pending_blocks;
+        out->ssd_pending_bytes = s.pending_bytes;
+        out->ssd_dropped = s.dropped;
+        out->ssd_failed = s.failed;
+        out->ssd_longest_durable_prefix_tokens = s.longest_durable_prefix_tokens;
+        out->ssd_restore_ms_last = s.restore_ms_last;
+    }
+    out->pool_used_bytes = kvt_block_pool_used_bytes(e->pool);
+    out->pool_peak_bytes = kvt_block_pool_peak_bytes(e->pool);
+    out->pool_budget_bytes = kvt_block_pool_budget(e->pool);
+    snprintf(out->scheme, sizeof out->scheme, "%s", e->scheme);
+    pthread_mutex_lock(&e->stats_mu);
+    out->requests = e->requests;
+    out->prompt_tokens = e->prompt_tokens;
+    out->generated_tokens = e->generated_tokens;
+    out->cached_tokens = e->cached_tokens;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->ssd) {
+        out->durable = true;
+        return;
+    }
+    kvt_ssd_flush_result r;
+    kvt_ssd_flush(e->ssd, timeout_ms, &r);
+    out->durable = r.durable;
+    out->entries = r.entries;
+    out->pending_blocks = r.pending_blocks;
+    out->dropped = r.dropped;
+    out->failed = r.failed;
+}
+
+void kvt_engine_tick(kvt_engine *e) {
+    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s < 0) return;
+    double now = kvt_now_ms();
+    if (now - e->last_tick_ms < 1000.0) return;
+    e->last_tick_ms = now;
+    uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
+    if (n) kvt_ssd_note_demotions(e->ssd, n);
+}

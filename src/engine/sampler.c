@@ -1,0 +1,171 @@
+/* sampler.c — see sampler.h.
+ *
+ * Order of operations (as llama.cpp's common sampler chain): penalties -> (greedy: argmax) ->
+ * top-k -> temperature softmax -> top-p -> min-p -> draw. Candidates whose logit is more than
+ * KVT_CAND_RANGE below the maximum (after temperature) are dropped before sorting: their
+ * probability is below e^-30 relative to the best token, so they can never be drawn in practice,
+ * and this keeps sorting cost proportional to the plausible set rather than the vocabulary. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define KVT_CAND_RANGE 30.0f
+
+typedef struct cand {
+    float logit;
+    float p;
+    int32_t id;
+} cand;
+
+struct kvt_sampler {
+    uint32_t n_vocab;
+    kvt_sampling p;
+    uint64_t rng;
+    int32_t *hist; /* ring of the last penalty_last_n tokens */
+    uint32_t hist_cap, hist_n, hist_pos;
+    uint32_t *counts; /* per-id count within the window (maintained lazily per sample) */
+    cand *c;
+};
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+kvt_sampler *kvt_sampler_create(uint32_t n_vocab) {
+    kvt_sampler *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->n_vocab = n_vocab;
+    s->c = malloc(sizeof(cand) * n_vocab);
+    s->counts = calloc(n_vocab, sizeof(uint32_t));
+    s->hist_cap = 4096;
+    s->hist = malloc(sizeof(int32_t) * s->hist_cap);
+    if (!s->c || !s->counts || !s->hist) {
+        kvt_sampler_free(s);
+        return NULL;
+    }
+    kvt_sampling d;
+    kvt_sampling_default(&d);
+    kvt_sampler_reset(s, &d);
+    return s;
+}
+
+void kvt_sampler_free(kvt_sampler *s) {
+    if (!s) return;
+    free(s->c);
+    free(s->counts);
+    free(s->hist);
+    free(s);
+}
+
+void kvt_sampler_reset(kvt_sampler *s, const kvt_sampling *p) {
+    s->p = *p;
+    if (s->p.penalty_last_n < 0) s->p.penalty_last_n = 0;
+    if ((uint32_t)s->p.penalty_last_n > s->hist_cap) s->p.penalty_last_n = (int32_t)s->hist_cap;
+    s->rng = p->seed ^ 0x5eed5eed5eed5eedull;
+    s->hist_n = 0;
+    s->hist_pos = 0;
+}
+
+void kvt_sampler_accept(kvt_sampler *s, int32_t id) {
+    if (id < 0 || (uint32_t)id >= s->n_vocab) return;
+    s->hist[s->hist_pos] = id;
+    s->hist_pos = (s->hist_pos + 1) % s->hist_cap;
+    if (s->hist_n < s->hist_cap) s->hist_n++;
+}
+
+static bool penalties_active(const kvt_sampling *p) {
+    return p->penalty_last_n > 0 &&
+           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+}
+
+static void apply_penalties(kvt_sampler *s, float *logits) {
+    uint32_t n = KVT_MIN(s->hist_n, (uint32_t)s->p.penalty_last_n);
+    /* count occurrences within the window */
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = (s->hist_pos + s->hist_cap - 1 - i) % s->hist_cap;
+        s->counts[s->hist[idx]]++;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = (s->hist_pos + s->hist_cap - 1 - i) % s->hist_cap;
+        int32_t id = s->hist[idx];
+        uint32_t cnt = s->counts[id];
+        if (cnt == 0) continue; /* already applied for this id */
+        float l = logits[id];
+        if (s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0.0f)
+            l = l > 0 ? l / s->p.repeat_penalty : l * s->p.repeat_penalty;
+        l -= (float)cnt * s->p.frequency_penalty + s->p.presence_penalty;
+        logits[id] = l;
+        s->counts[id] = 0;
+    }
+}
+
+static int cmp_cand(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->logit > y->logit) return -1;
+    if (x->logit < y->logit) return 1;
+    return x->id < y->id ? -1 : (x->id > y->id);
+}
+
+int32_t kvt_sampler_sample(kvt_sampler *s, float *logits) {
+    const uint32_t nv = s->n_vocab;
+    if (penalties_active(&s->p)) apply_penalties(s, logits);
+
+    /* argmax (lowest id wins ties) */
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < nv; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (!(s->p.temperature > 0.0f) || s->p.top_k == 1) return (int32_t)best;
+
+    const float inv_t = 1.0f / s->p.temperature;
+    const float maxl = logits[best] * inv_t;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        float l = logits[i] * inv_t;
+        if (l >= maxl - KVT_CAND_RANGE) {
+            s->c[n].logit = l;
+            s->c[n].id = (int32_t)i;
+            n++;
+        }
+    }
+    qsort(s->c, n, sizeof(cand), cmp_cand);
+    if (s->p.top_k > 0 && (uint32_t)s->p.top_k < n) n = (uint32_t)s->p.top_k;
+
+    double sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        s->c[i].p = expf(s->c[i].logit - maxl);
+        sum += s->c[i].p;
+    }
+    for (uint32_t i = 0; i < n; i++) s->c[i].p = (float)(s->c[i].p / sum);
+
+    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) {
+        double cum = 0;
+        uint32_t keep = n;
+        for (uint32_t i = 0; i < n; i++) {
+            cum += s->c[i].p;
+            if (cum >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (s->p.min_p > 0.0f) {
+        float thr = s->c[0].p * s->p.min_p;
+        uint32_t keep = 1;
+        while (keep < n && s->c[keep].p >= thr) keep++;
+        n = keep;
+    }
+    double tot = 0;
+    for (uint32_t i = 0; i < n; i++) tot += s->c[i].p;
+    double r = (double)(rng_next(&s->rng) >> 11) / 9007199254740992.0 * tot;
+    double acc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        acc += s->c[i].p;
+        if (r < acc) return s->c[i].id;
+    }
+    return s->c[n - 1].id;
+}

@@ -1,0 +1,25 @@
+/*
+ * sampler.h — token sampling from logits: repetition/presence/frequency penalties over a recent
+ * window, then greedy (temperature 0) or temperature + top-k + top-p + min-p with a seeded RNG.
+ * Reproducible: the same logits, settings, seed and history give the same token.
+ *
+ * Ownership: kvt_sampler owns its scratch (allocated once at create, sized by n_vocab) and the
+ * history ring; not thread-safe (one per generation).
+ */
+#ifndef KVT_SAMPLER_H
+#define KVT_SAMPLER_H
+
+#include "engine.h"
+
+typedef struct kvt_sampler kvt_sampler;
+
+kvt_sampler *kvt_sampler_create(uint32_t n_vocab);
+void kvt_sampler_free(kvt_sampler *s);
+/* Start a new generation: settings, seed, empty history. */
+void kvt_sampler_reset(kvt_sampler *s, const kvt_sampling *p);
+/* Record a token in the penalty history (prompt tail and generated tokens). */
+void kvt_sampler_accept(kvt_sampler *s, int32_t id);
+/* Pick a token. May modify logits in place (penalties). */
+int32_t kvt_sampler_sample(kvt_sampler *s, float *logits);
+
+#endif
