@@ -8,7 +8,7 @@ BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?=
-CFLAGS  += -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -MMD -MP $(SAN)
+CFLAGS  += -std=c11 -Isrc $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -MMD -MP $(SAN)
 LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lxxhash -lssl -lcrypto -lm -pthread
 TESTLIBS := -lcmocka
 

@@ -67,4 +67,12 @@ void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
 void kvt_prompt_cache_note_impossible(kvt_prompt_cache *pc, kvt_reuse_reason r);
 void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
 
+/* ---- additions (add-only) ---- */
+/* Adapter with the kvt_pressure_fn signature: pass it with the cache as ctx to
+ * kvt_block_pool_set_pressure. Returns true if it freed any pool bytes. The pool calls it outside its
+ * lock; the cache never allocates pool blocks while holding its own lock, so this cannot deadlock. */
+bool kvt_prompt_cache_pressure_cb(void *ctx, uint64_t bytes_needed);
+/* Replace the monotonic clock used for idle stamps (demote_idle); NULL restores kvt_now_ns. Tests. */
+void kvt_prompt_cache_set_clock(kvt_prompt_cache *pc, uint64_t (*now_ns)(void *ctx), void *ctx);
+
 #endif

@@ -89,4 +89,22 @@ kvt_status kvt_gguf_w_tensor(kvt_gguf_writer *w, const char *name, uint32_t type
 /* Writes the file (v3, alignment 32, ggml-strict tensor layout) atomically (tmp + rename). */
 kvt_status kvt_gguf_writer_finish(kvt_gguf_writer *w, const char *path, char *err, size_t errlen);
 
+/* ------------------------------------------------------------------ additions (gguf owner) */
+uint32_t kvt_gguf_alignment(const kvt_gguf *g);
+uint64_t kvt_gguf_data_offset(const kvt_gguf *g); /* absolute file offset of the data section */
+/* Element type of array key i, or -1 when key i is not an array. */
+kvt_gguf_vtype kvt_gguf_arr_type(const kvt_gguf *g, int64_t i);
+void kvt_gguf_w_u64(kvt_gguf_writer *w, const char *key, uint64_t v);
+/* Any fixed-size scalar type (u8 … f64, bool); v points at a value of that type. */
+void kvt_gguf_w_scalar(kvt_gguf_writer *w, const char *key, kvt_gguf_vtype type, const void *v);
+/* Lazily generated tensor: fill is called during kvt_gguf_writer_finish with a scratch buffer of
+ * exactly nbytes (the size of type/shape) to fill; ctx must stay valid until finish returns. Keeps
+ * memory at one tensor for huge generated models. */
+typedef kvt_status (*kvt_gguf_fill_fn)(void *ctx, const char *name, uint32_t type, uint32_t n_dims,
+                                       const int64_t *ne, void *dst, uint64_t nbytes);
+kvt_status kvt_gguf_w_tensor_fill(kvt_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                  const int64_t *ne, kvt_gguf_fill_fn fill, void *ctx);
+/* Fault injection for tests: writes fail with ENOSPC after nbytes bytes (-1 = off). Process-wide. */
+void kvt_gguf_test_fail_write_after(int64_t nbytes);
+
 #endif

@@ -36,6 +36,7 @@
  *   kvt_attention may be called concurrently on one seq from many threads (read-only).
  * - kvt_block: refcounted. alloc returns refcount 1 owned by the caller. retain/release adjust it;
  *   the last release returns the memory to the pool. Sealed blocks are immutable forever.
+ *   Only SEALED blocks may be retained (asserted): a block with refcount > 1 is never mutable.
  * - kvt_seq: owns one reference to each block it lists, plus its recurrent state buffers.
  */
 #ifndef KVT_KV_H
@@ -201,7 +202,9 @@ uint64_t kvt_seq_block_chain(const kvt_seq *s, uint32_t block_index);
  * frozen first, so the next write on either side copies it (copy-on-write of at most one block). */
 kvt_status kvt_seq_clone(kvt_seq *src, kvt_seq **out);
 /* True if the sequence can be cut back to n tokens: FULL always; WINDOW only if every block the
- * cut sequence's window would need is still held; RECURRENT only if n == len. */
+ * cut sequence's window would need is still held; RECURRENT only if n == len.
+ * Exactly: for each WINDOW group, the blocks covering positions [n - window + 1, n) (what a query at
+ * position n sees) must not have been dropped. n == len is always trimmable (a no-op). */
 bool kvt_seq_can_trim(const kvt_seq *s, uint32_t n);
 /* Drops tokens >= n (releases block refs past the cut). KVT_ERR_UNTRIMMABLE when !can_trim. */
 kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
@@ -242,6 +245,7 @@ kvt_status kvt_seq_restore_snapshot(kvt_seq *s, const kvt_snapshot *snap);
  * out: n_q rows with stride out_stride floats, head h at out + h*head_dim_v.
  * Computes only heads [h0, h1) so callers can split heads across threads.
  * scratch: kvt_attention_scratch_floats(...) floats, private to the calling thread. */
+/* n_ctx must be >= pos0 + n_q of every call that uses the scratch. */
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx);
 void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q, uint32_t q_stride,
                    uint32_t pos0, uint32_t n_head, float scale, uint32_t h0, uint32_t h1, float *out,

@@ -55,6 +55,11 @@ typedef struct kvt_ctx kvt_ctx;
 kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out);
 void kvt_ctx_free(kvt_ctx *c);
 int kvt_ctx_n_threads(const kvt_ctx *c);
+uint32_t kvt_ctx_ubatch(const kvt_ctx *c);
+/* Pre-size the per-thread attention scratch for sequences of layout l up to n_ctx tokens, so the
+ * forward pass never grows it (it otherwise grows geometrically at the start of a forward call, never
+ * inside the token loop). */
+kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx);
 
 /* Run tokens[0..n) at positions kvt_seq_len(seq) .. +n-1: prepares, writes KV, commits the tokens
  * to seq. Splits into ubatch chunks internally. Returns logits of the last token (n_vocab floats,

@@ -50,4 +50,15 @@ kvt_status kvt_chat_tokenize(const kvt_chat_template *c, const kvt_tokenizer *t,
                              size_t n_msgs, bool add_generation_prompt, int32_t **ids, int64_t *n_ids,
                              char *err, size_t errlen);
 
+/* ---- additions (add-only) ---- */
+/* Same as kvt_chat_template_create, but the template text is given directly (e.g. from a
+ * --chat-template-file, or tests); tmpl may be NULL. t may be NULL (then BOS texts are assumed to
+ * exist in the vocabulary). */
+kvt_status kvt_chat_template_create_text(const char *tmpl, size_t tmpl_len, const kvt_tokenizer *t,
+                                         const char *name_override, kvt_chat_template **out, char *err,
+                                         size_t errlen);
+/* The text the family appends after an assistant reply to end its turn ("<|im_end|>\n",
+ * "<|eot_id|>", "<end_of_turn>\n", "</s>" (or the vocab's EOS text), "<|end|>\n"). Borrowed. */
+const char *kvt_chat_end_of_turn(const kvt_chat_template *c);
+
 #endif

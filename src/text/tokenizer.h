@@ -60,4 +60,27 @@ void kvt_detok_free(kvt_detok *d);
 const char *kvt_detok_push(kvt_detok *d, int32_t id, size_t *len);
 const char *kvt_detok_flush(kvt_detok *d, size_t *len);
 
+/* ---- additions (add-only) ---- */
+
+/* Flags for kvt_tokenize_ex. KVT_TOK_ADD_SPECIAL = kvt_tokenize's add_bos (BOS, and EOS when
+ * tokenizer.ggml.add_eos_token is set). KVT_TOK_NO_SPACE_PREFIX: the text continues earlier text
+ * (e.g. tokenizing a generated reply on its own), so SPM adds no dummy space before the first
+ * fragment (fragments after special tokens still get one). */
+enum { KVT_TOK_ADD_SPECIAL = 1, KVT_TOK_PARSE_SPECIAL = 2, KVT_TOK_NO_SPACE_PREFIX = 4 };
+int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags,
+                        int32_t *ids, int64_t cap);
+bool kvt_tokenizer_add_eos(const kvt_tokenizer *t);
+bool kvt_tokenizer_add_space_prefix(const kvt_tokenizer *t);
+/* Token type from tokenizer.ggml.token_type (0 undefined, 1 normal, 2 unknown, 3 control,
+ * 4 user-defined, 5 unused, 6 byte); -1 for an out-of-range id. */
+int32_t kvt_tokenizer_token_type(const kvt_tokenizer *t, int32_t id);
+
+/* Replaces every ill-formed UTF-8 sequence (maximal subpart rule) by U+FFFD. Malloc'd,
+ * NUL-terminated, caller frees. kvt_detok's stream equals kvt_utf8_sanitize(kvt_detokenize(...)):
+ * kvt_detokenize itself is byte-exact (it returns whatever bytes the tokens encode). */
+char *kvt_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+/* Length of the longest prefix of s[0..len) made of whole, valid code points plus ill-formed
+ * sequences that can never become valid (for streaming). */
+size_t kvt_utf8_complete_prefix(const char *s, size_t len);
+
 #endif

@@ -1,0 +1,52 @@
+/* bench/kernels.c — single-thread micro-benchmark of kvt_matmul_rows (GEMV n_rows=1, GEMM n_rows=64)
+ * per weight type and ISA. Built by hand (not part of `make`):
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/*.c -lm -o /tmp/bench_kernels
+ *   /tmp/bench_kernels
+ * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); Q4_K needs n_in % 256 == 0, so it runs the
+ * 1536 in × 576 out ffn_down shape (same FLOPs). GFLOP/s = 2·n_in·n_out·n_rows / time, matmul only
+ * (activation quantization is timed separately). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/quant.h"
+
+static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows, double *act_us) {
+    float *w = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(n_in * n_rows) * 4);
+    float *y = malloc((size_t)(n_out * n_rows) * 4);
+    uint64_t s = 1;
+    for (int64_t i = 0; i < n_in * n_out; i++) w[i] = (float)((s = s * 6364136223846793005ull + 1) >> 40) / 16777216.0f - 0.5f;
+    for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (float)((s = s * 6364136223846793005ull + 1) >> 40) / 16777216.0f - 0.5f;
+    void *wq = malloc(kvt_type_row_bytes(t, n_in) * n_out);
+    kvt_quantize_ref(t, w, wq, n_in * n_out);
+    void *a = malloc(kvt_act_bytes(t, n_in, n_rows));
+    double t0 = kvt_now_ms();
+    int reps = 0;
+    while (kvt_now_ms() - t0 < 50) kvt_act_quantize(t, x, n_in, 0, n_rows, a), reps++;
+    *act_us = (kvt_now_ms() - t0) * 1000.0 / reps;
+    kvt_matmul_rows(t, wq, n_in, a, n_rows, y, n_out, 0, n_out); /* warm */
+    reps = 0;
+    t0 = kvt_now_ms();
+    while (kvt_now_ms() - t0 < 200) kvt_matmul_rows(t, wq, n_in, a, n_rows, y, n_out, 0, n_out), reps++;
+    const double ms = (kvt_now_ms() - t0) / reps;
+    free(w), free(x), free(y), free(wq), free(a);
+    return 2.0 * (double)n_in * (double)n_out * (double)n_rows / (ms * 1e6);
+}
+
+int main(void) {
+    kvt_kernels_init();
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_F32};
+    for (int isa = KVT_ISA_SCALAR; isa <= (int)kvt_kernels_best_isa(); isa++) {
+        kvt_kernels_force_isa((kvt_isa)isa);
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            const uint32_t t = types[i];
+            const bool k = t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q6_K;
+            const int64_t n_in = k ? 1536 : 576, n_out = k ? 576 : 1536;
+            double au1, au64;
+            const double g1 = bench_one(t, n_in, n_out, 1, &au1);
+            const double g64 = bench_one(t, n_in, n_out, 64, &au64);
+            printf("%-7s %-5s %4lldx%-4lld GEMV %7.2f GFLOP/s  GEMM(64) %7.2f GFLOP/s  act-quant(64 rows) %.1f us\n",
+                   kvt_isa_name((kvt_isa)isa), kvt_type_name(t), (long long)n_in, (long long)n_out, g1, g64, au64);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,1848 @@
+/* ssd_cache.c — see ssd_cache.h and docs/cache-format.md.
+ *
+ * Structure
+ * ---------
+ * - Index: one ssd_entry per file, in an array (iteration, eviction) plus two chained hash tables:
+ *   by key (chain, group, kind) and by link (parent chain for blocks/tails, own chain for
+ *   snapshots) so children and candidates at a chain position are found without scanning.
+ * - Writer: one thread pops items (retained blocks/snapshots) FIFO and publishes each file with
+ *   tmp + fsync + rename + dir fsync; only then is it inserted into the index.
+ * - Restore: plan under the lock (index only), then read files without the lock; any bad file is
+ *   removed from disk and index and the plan is recomputed (shorter prefix or miss).
+ */
+#include "ssd_cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define SSD_MAGIC "KVTIERKV"
+#define SSD_PAGE 4096u
+#define SSD_FIXED_HDR 112u
+#define SSD_LAYER_REC 40u
+#define SSD_SECTION_REC 32u
+#define SSD_MAX_HDR (4u << 20)
+#define SSD_MAX_TOKEN_IDS (1u << 20)
+#define SSD_GROUP_NONE 0xFFFFFFFFu
+#define SSD_DEFAULT_QUEUE (256ull << 20)
+
+/* ------------------------------------------------------------------ little-endian helpers */
+static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+static uint64_t now_real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ fault injection */
+static kvt_ssd_fault fault_from_env(void) {
+    const char *e = getenv("KVT_SSD_FAULT");
+    if (!e) return KVT_SSD_FAULT_NONE;
+    if (!strcmp(e, "enospc")) return KVT_SSD_FAULT_ENOSPC;
+    if (!strcmp(e, "short-write")) return KVT_SSD_FAULT_SHORT_WRITE;
+    if (!strcmp(e, "eio-read")) return KVT_SSD_FAULT_EIO_READ;
+    if (!strcmp(e, "eio-write")) return KVT_SSD_FAULT_EIO_WRITE;
+    return KVT_SSD_FAULT_NONE;
+}
+
+/* ------------------------------------------------------------------ index */
+typedef struct ssd_entry {
+    uint64_t chain, link;      /* link: parent (block/tail) or own chain (snapshot) */
+    uint32_t kind, group, index, n_tokens;
+    int32_t *tokens;           /* block/tail: n_tokens ids; snapshot: NULL */
+    uint64_t bytes;            /* file size */
+    uint64_t last_use;         /* CLOCK_REALTIME ns (persisted as the file mtime) */
+    uint32_t pos;              /* position in ssd->ents */
+    struct ssd_entry *next_key, *next_link;
+    uint64_t contig_gen;       /* memo for longest_durable_prefix */
+    bool contig_ok;
+} ssd_entry;
+
+typedef struct ssd_item {
+    struct ssd_item *next;
+    kvt_block *b;
+    kvt_snapshot *s;
+    uint64_t root;
+    uint64_t bytes;
+} ssd_item;
+
+struct kvt_ssd {
+    char *root_dir, *cdir, *compat;
+    uint64_t compat_hash;
+    const kvt_kv_layout *layout;
+    kvt_block_pool *pool;
+    kvt_ssd_opts o;
+    uint32_t bt, n_groups;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    pthread_t writer;
+    bool writer_started, stop, paused;
+
+    /* index */
+    ssd_entry **ents;
+    uint32_t n_ents, cap_ents;
+    ssd_entry **tab_key, **tab_link;
+    uint32_t n_buckets;
+    uint64_t bytes;
+    uint64_t gen;                 /* bumps on every index change */
+    uint64_t longest_gen, longest; /* memo */
+
+    /* queue */
+    ssd_item *q_head, *q_tail;
+    uint64_t q_bytes, q_count;    /* includes the in-flight item */
+    uint64_t enq_count, settled_count;
+
+    /* stats */
+    uint64_t restores, spills, demotions, dropped, failed, evictions, corrupt_removed;
+    uint64_t dropped_mark, failed_mark;
+    double restore_ms_last;
+    bool warned_write;
+
+    _Atomic int fault;
+};
+
+static uint64_t key_hash(uint64_t chain, uint32_t group, uint32_t kind) {
+    uint64_t h = chain ^ ((uint64_t)group * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)kind << 56);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+static uint64_t link_hash(uint64_t link) { return key_hash(link, 0x5bd1e995u, 7); }
+
+static ssd_entry *idx_find(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind) {
+    if (!s->n_buckets) return NULL;
+    for (ssd_entry *e = s->tab_key[key_hash(chain, group, kind) % s->n_buckets]; e; e = e->next_key)
+        if (e->chain == chain && e->group == group && e->kind == kind) return e;
+    return NULL;
+}
+
+static void tab_insert(kvt_ssd *s, ssd_entry *e) {
+    uint64_t k = key_hash(e->chain, e->group, e->kind) % s->n_buckets;
+    e->next_key = s->tab_key[k];
+    s->tab_key[k] = e;
+    uint64_t l = link_hash(e->link) % s->n_buckets;
+    e->next_link = s->tab_link[l];
+    s->tab_link[l] = e;
+}
+
+static bool idx_grow(kvt_ssd *s) {
+    if (s->n_ents + 1 > s->cap_ents) {
+        uint32_t nc = s->cap_ents ? s->cap_ents * 2 : 64;
+        ssd_entry **ne = realloc(s->ents, nc * sizeof(*ne));
+        if (!ne) return false;
+        s->ents = ne;
+        s->cap_ents = nc;
+    }
+    if (s->n_ents + 1 > s->n_buckets) {
+        uint32_t nb = s->n_buckets ? s->n_buckets * 4 : 256;
+        ssd_entry **tk = calloc(nb, sizeof(*tk)), **tl = calloc(nb, sizeof(*tl));
+        if (!tk || !tl) {
+            free(tk);
+            free(tl);
+            return false;
+        }
+        free(s->tab_key);
+        free(s->tab_link);
+        s->tab_key = tk;
+        s->tab_link = tl;
+        s->n_buckets = nb;
+        for (uint32_t i = 0; i < s->n_ents; i++) tab_insert(s, s->ents[i]);
+    }
+    return true;
+}
+
+/* Takes ownership of e (and e->tokens). */
+static bool idx_add(kvt_ssd *s, ssd_entry *e) {
+    if (!idx_grow(s)) return false;
+    e->pos = s->n_ents;
+    s->ents[s->n_ents++] = e;
+    tab_insert(s, e);
+    s->bytes += e->bytes;
+    s->gen++;
+    return true;
+}
+
+static void idx_remove(kvt_ssd *s, ssd_entry *e) {
+    ssd_entry **pp = &s->tab_key[key_hash(e->chain, e->group, e->kind) % s->n_buckets];
+    while (*pp && *pp != e) pp = &(*pp)->next_key;
+    if (*pp) *pp = e->next_key;
+    pp = &s->tab_link[link_hash(e->link) % s->n_buckets];
+    while (*pp && *pp != e) pp = &(*pp)->next_link;
+    if (*pp) *pp = e->next_link;
+    s->ents[e->pos] = s->ents[--s->n_ents];
+    s->ents[e->pos]->pos = e->pos;
+    s->bytes -= e->bytes;
+    s->gen++;
+    free(e->tokens);
+    free(e);
+}
+
+/* True if no other entry hangs below e (snapshots are always leaves). */
+static bool idx_is_leaf(kvt_ssd *s, const ssd_entry *e) {
+    if (e->kind == KVT_SSD_KIND_SNAPSHOT) return true;
+    for (ssd_entry *f = s->tab_link[link_hash(e->chain) % s->n_buckets]; f; f = f->next_link)
+        if (f != e && f->link == e->chain) return false;
+    return true;
+}
+
+/* ------------------------------------------------------------------ names */
+static void entry_name(char *buf, size_t n, uint64_t chain, uint32_t group, uint32_t kind) {
+    if (kind == KVT_SSD_KIND_SNAPSHOT)
+        snprintf(buf, n, "%016llx.kvs", (unsigned long long)chain);
+    else
+        snprintf(buf, n, "%016llx-g%u.%s", (unsigned long long)chain, group,
+                 kind == KVT_SSD_KIND_BLOCK ? "kvb" : "kvt");
+}
+
+/* Parses a file name into (chain, group, kind); false if it is not one of ours. */
+static bool parse_name(const char *name, uint64_t *chain, uint32_t *group, uint32_t *kind) {
+    size_t len = strlen(name);
+    if (len < 20) return false;
+    for (int i = 0; i < 16; i++) {
+        char c = name[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+    char hex[17];
+    memcpy(hex, name, 16);
+    hex[16] = 0;
+    *chain = strtoull(hex, NULL, 16);
+    if (!strcmp(name + 16, ".kvs")) {
+        *group = SSD_GROUP_NONE;
+        *kind = KVT_SSD_KIND_SNAPSHOT;
+        return true;
+    }
+    if (name[16] != '-' || name[17] != 'g') return false;
+    const char *p = name + 18;
+    if (*p < '0' || *p > '9') return false;
+    uint32_t g = 0;
+    while (*p >= '0' && *p <= '9') {
+        g = g * 10 + (uint32_t)(*p - '0');
+        if (g > 1000) return false;
+        p++;
+    }
+    if (!strcmp(p, ".kvb")) *kind = KVT_SSD_KIND_BLOCK;
+    else if (!strcmp(p, ".kvt")) *kind = KVT_SSD_KIND_TAIL;
+    else return false;
+    *group = g;
+    return true;
+}
+
+/* ------------------------------------------------------------------ header encode / decode */
+typedef struct hdr_layer {
+    uint32_t layer, kind, window, n_kv_heads, head_dim_k, head_dim_v, state_bytes;
+    kvt_codec codec;
+} hdr_layer;
+
+typedef struct hdr_section {
+    uint64_t offset, length, hash;
+} hdr_section;
+
+/* Expected per-layer records of the file for (group, block_index) or the snapshot (group NONE). */
+static uint32_t expected_layers(const kvt_kv_layout *l, uint32_t group, uint32_t block_index,
+                                hdr_layer *out) {
+    uint32_t n = 0, nl = kvt_kv_layout_n_layers(l);
+    for (uint32_t i = 0; i < nl; i++) {
+        const kvt_layer_desc *d = kvt_kv_layout_layer(l, i);
+        bool take = group == SSD_GROUP_NONE ? d->kind == KVT_KIND_RECURRENT
+                                            : kvt_kv_layout_layer_group(l, i) == group;
+        if (!take) continue;
+        hdr_layer *h = &out[n++];
+        memset(h, 0, sizeof(*h));
+        h->layer = i;
+        h->kind = (uint32_t)d->kind;
+        if (d->kind == KVT_KIND_RECURRENT) {
+            h->state_bytes = d->state_bytes;
+        } else {
+            h->window = d->kind == KVT_KIND_WINDOW ? d->window : 0;
+            h->n_kv_heads = d->n_kv_heads;
+            h->head_dim_k = d->head_dim_k;
+            h->head_dim_v = d->head_dim_v;
+            h->codec = kvt_kv_layout_codec_at(l, i, block_index);
+        }
+    }
+    return n;
+}
+
+static uint64_t header_size(uint32_t compat_len, uint32_t n_ids, uint32_t n_layers,
+                            uint32_t n_sections) {
+    return SSD_FIXED_HDR + align_up(compat_len, 8) + align_up((uint64_t)n_ids * 4, 8) +
+           (uint64_t)n_layers * SSD_LAYER_REC + (uint64_t)n_sections * SSD_SECTION_REC;
+}
+
+typedef struct hdr_in {
+    uint32_t kind, group, block_index, n_tokens, block_tokens;
+    uint64_t parent, chain, root;
+    const char *compat;
+    const int32_t *ids;
+    uint32_t n_ids;
+    const hdr_layer *layers;
+    uint32_t n_layers;
+    const hdr_section *sections;
+    uint32_t n_sections;
+    uint64_t data_offset;
+} hdr_in;
+
+/* Encodes the header into buf (size header_size(...)), checksum included. */
+static void header_encode(const hdr_in *h, uint8_t *buf, uint64_t hsize) {
+    memset(buf, 0, hsize);
+    uint32_t clen = (uint32_t)strlen(h->compat);
+    memcpy(buf, SSD_MAGIC, 8);
+    put_u32(buf + 8, KVT_SSD_FORMAT_VERSION);
+    put_u32(buf + 12, (uint32_t)hsize);
+    put_u32(buf + 24, h->kind);
+    put_u32(buf + 28, h->group);
+    put_u32(buf + 32, h->block_index);
+    put_u32(buf + 36, h->n_tokens);
+    put_u32(buf + 40, h->block_tokens);
+    put_u32(buf + 44, h->n_layers);
+    put_u32(buf + 48, h->n_ids);
+    put_u32(buf + 52, h->n_sections);
+    put_u32(buf + 56, clen);
+    put_u64(buf + 64, h->parent);
+    put_u64(buf + 72, h->chain);
+    put_u64(buf + 80, h->root);
+    put_u64(buf + 88, XXH3_64bits(h->compat, clen));
+    put_u64(buf + 96, h->data_offset);
+    uint8_t *p = buf + SSD_FIXED_HDR;
+    memcpy(p, h->compat, clen);
+    p += align_up(clen, 8);
+    for (uint32_t i = 0; i < h->n_ids; i++) put_u32(p + 4 * i, (uint32_t)h->ids[i]);
+    p += align_up((uint64_t)h->n_ids * 4, 8);
+    for (uint32_t i = 0; i < h->n_layers; i++, p += SSD_LAYER_REC) {
+        const hdr_layer *L = &h->layers[i];
+        put_u32(p, L->layer);
+        put_u32(p + 4, L->kind);
+        put_u32(p + 8, L->window);
+        put_u32(p + 12, L->n_kv_heads);
+        put_u32(p + 16, L->head_dim_k);
+        put_u32(p + 20, L->head_dim_v);
+        put_u32(p + 24, L->state_bytes);
+        p[28] = (uint8_t)L->codec.kind;
+        p[29] = L->codec.bits;
+        put_u16(p + 30, L->codec.group_size);
+        p[32] = L->codec.scale_bf16;
+    }
+    for (uint32_t i = 0; i < h->n_sections; i++, p += SSD_SECTION_REC) {
+        put_u64(p, h->sections[i].offset);
+        put_u64(p + 8, h->sections[i].length);
+        put_u64(p + 16, h->sections[i].hash);
+    }
+    put_u64(buf + 16, XXH3_64bits(buf, hsize));
+}
+
+/* Decoded header; pointers reference the raw buffer. */
+typedef struct hdr_out {
+    kvt_ssd_file_info info;
+    const uint8_t *ids_raw;
+    const uint8_t *layers_raw;
+    const uint8_t *sections_raw;
+} hdr_out;
+
+static hdr_layer hdr_layer_at(const hdr_out *h, uint32_t i) {
+    const uint8_t *p = h->layers_raw + (size_t)i * SSD_LAYER_REC;
+    hdr_layer L;
+    memset(&L, 0, sizeof(L));
+    L.layer = get_u32(p);
+    L.kind = get_u32(p + 4);
+    L.window = get_u32(p + 8);
+    L.n_kv_heads = get_u32(p + 12);
+    L.head_dim_k = get_u32(p + 16);
+    L.head_dim_v = get_u32(p + 20);
+    L.state_bytes = get_u32(p + 24);
+    L.codec.kind = (kvt_codec_kind)p[28];
+    L.codec.bits = p[29];
+    L.codec.group_size = get_u16(p + 30);
+    L.codec.scale_bf16 = p[32];
+    return L;
+}
+static hdr_section hdr_section_at(const hdr_out *h, uint32_t i) {
+    const uint8_t *p = h->sections_raw + (size_t)i * SSD_SECTION_REC;
+    hdr_section s = {get_u64(p), get_u64(p + 8), get_u64(p + 16)};
+    return s;
+}
+static int32_t hdr_id_at(const hdr_out *h, uint32_t i) { return (int32_t)get_u32(h->ids_raw + 4 * (size_t)i); }
+
+/* Validates a full header buffer of hsize bytes (already read) against itself (magic, version,
+ * checksum, internal consistency, chain hash of the tokens). file_size bounds the sections. */
+static kvt_status header_decode(uint8_t *buf, uint64_t hsize, uint64_t file_size, hdr_out *h,
+                                char *err, size_t errlen) {
+    memset(h, 0, sizeof(*h));
+    if (hsize < SSD_FIXED_HDR || memcmp(buf, SSD_MAGIC, 8) != 0)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "not a kvtier cache file (bad magic)");
+    uint32_t ver = get_u32(buf + 8);
+    if (ver != KVT_SSD_FORMAT_VERSION)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "cache format version %u unsupported", ver);
+    if (get_u32(buf + 12) != hsize)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header length mismatch");
+    uint64_t stored = get_u64(buf + 16);
+    put_u64(buf + 16, 0);
+    uint64_t calc = XXH3_64bits(buf, hsize);
+    put_u64(buf + 16, stored);
+    if (calc != stored)
+        return kvt_errf(err, errlen, KVT_ERR_CORRUPT, "header checksum mismatch (truncated or corrupt)");
+    kvt_ssd_file_info *I = &h->info;
+    I->version = ver;
+    I->kind = get_u32(buf + 24);
+    I->group = get_u32(buf + 28);
+    I->block_index = get_u32(buf + 32);
+    I->n_tokens = get_u32(buf + 36);
+    I->block_tokens = get_u32(buf + 40);
+    I->n_layers = get_u32(buf + 44);
+    uint32_t n_ids = get_u32(buf + 48);
+    I->n_sections = get_u32(buf + 52);
+    uint32_t clen = get_u32(buf + 56);
+    I->parent = get_u64(buf + 64);
+    I->chain = get_u64(buf + 72);
+    I->root = get_u64(buf + 80);
+    I->compat_hash = get_u64(buf + 88);
+    uint64_t data_off = get_u64(buf + 96);
+    I->file_bytes = file_size;
+    if (clen == 0 || clen >= KVT_SSD_COMPAT_KEY_MAX || n_ids > SSD_MAX_TOKEN_IDS ||
+        I->n_layers > KVT_MAX_LAYERS || I->n_sections > 2 * KVT_MAX_LAYERS + 1 ||
+        I->block_tokens == 0 || I->block_tokens > SSD_MAX_TOKEN_IDS)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header counts out of range");
+    if (header_size(clen, n_ids, I->n_layers, I->n_sections) != hsize)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header size inconsistent");
+    memcpy(I->compat_key, buf + SSD_FIXED_HDR, clen);
+    I->compat_key[clen] = 0;
+    if (strlen(I->compat_key) != clen || XXH3_64bits(I->compat_key, clen) != I->compat_hash)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "compat key hash mismatch");
+    h->ids_raw = buf + SSD_FIXED_HDR + align_up(clen, 8);
+    h->layers_raw = h->ids_raw + align_up((uint64_t)n_ids * 4, 8);
+    h->sections_raw = h->layers_raw + (size_t)I->n_layers * SSD_LAYER_REC;
+    switch (I->kind) {
+    case KVT_SSD_KIND_BLOCK:
+        if (I->n_tokens != I->block_tokens || n_ids != I->n_tokens || I->group == SSD_GROUP_NONE)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "bad block token count");
+        break;
+    case KVT_SSD_KIND_TAIL:
+        if (I->n_tokens == 0 || I->n_tokens >= I->block_tokens || n_ids != I->n_tokens ||
+            I->group == SSD_GROUP_NONE)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "bad tail token count");
+        break;
+    case KVT_SSD_KIND_SNAPSHOT:
+        if (n_ids != 0 || I->group != SSD_GROUP_NONE || I->n_tokens == 0)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "bad snapshot header");
+        break;
+    default:
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "unknown entry kind %u", I->kind);
+    }
+    if (data_off % SSD_PAGE || data_off < hsize)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "bad data offset");
+    uint64_t cursor = data_off;
+    for (uint32_t i = 0; i < I->n_sections; i++) {
+        hdr_section s = hdr_section_at(h, i);
+        uint64_t end;
+        if (s.offset % SSD_PAGE || s.offset < cursor || !kvt_add_ok(s.offset, s.length, &end) ||
+            end > file_size)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "section %u out of bounds (truncated?)", i);
+        cursor = end;
+        I->payload_bytes += s.length;
+    }
+    if (I->kind != KVT_SSD_KIND_SNAPSHOT) {
+        int32_t *tmp = malloc((size_t)n_ids * 4 + 4);
+        if (!tmp) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+        for (uint32_t i = 0; i < n_ids; i++) tmp[i] = hdr_id_at(h, i);
+        uint64_t c = kvt_chain_hash(I->parent, tmp, n_ids);
+        free(tmp);
+        if (c != I->chain) return kvt_errf(err, errlen, KVT_ERR_CORRUPT, "chain hash does not match tokens");
+    }
+    return KVT_OK;
+}
+
+/* Reads and decodes the header of an open file. *bufp receives the malloc'd header buffer. */
+static kvt_status header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, size_t errlen) {
+    *bufp = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return kvt_errf(err, errlen, KVT_ERR_IO, "stat: %s", strerror(errno));
+    uint64_t fsz = (uint64_t)st.st_size;
+    if (fsz < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "file too short (%llu bytes)", (unsigned long long)fsz);
+    uint8_t fixed[SSD_FIXED_HDR];
+    ssize_t r = pread(fd, fixed, SSD_FIXED_HDR, 0);
+    if (r != (ssize_t)SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_IO, "short header read");
+    if (memcmp(fixed, SSD_MAGIC, 8) != 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "not a kvtier cache file (bad magic)");
+    uint32_t hsize = get_u32(fixed + 12);
+    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > fsz)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header length out of range (truncated or corrupt)");
+    uint8_t *buf = malloc(hsize);
+    if (!buf) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    uint64_t got = 0;
+    while (got < hsize) {
+        r = pread(fd, buf + got, hsize - got, (off_t)got);
+        if (r <= 0) {
+            free(buf);
+            return kvt_errf(err, errlen, KVT_ERR_IO, "header read failed");
+        }
+        got += (uint64_t)r;
+    }
+    kvt_status st2 = header_decode(buf, hsize, fsz, h, err, errlen);
+    if (st2 != KVT_OK) {
+        free(buf);
+        return st2;
+    }
+    *bufp = buf;
+    return KVT_OK;
+}
+
+static kvt_status read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off) {
+    uint64_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, dst + got, len - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return KVT_ERR_IO;
+        got += (uint64_t)r;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd_file_info *info,
+                                  int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
+    uint8_t *buf;
+    hdr_out h;
+    kvt_status st = header_read_fd(fd, &buf, &h, err, errlen);
+    if (st != KVT_OK) {
+        close(fd);
+        return st;
+    }
+    *info = h.info;
+    uint32_t n_ids = info->kind == KVT_SSD_KIND_SNAPSHOT ? 0 : info->n_tokens;
+    if (tokens)
+        for (uint32_t i = 0; i < n_ids && i < max_tokens; i++) tokens[i] = hdr_id_at(&h, i);
+    if (verify_payload) {
+        for (uint32_t i = 0; i < info->n_sections && st == KVT_OK; i++) {
+            hdr_section s = hdr_section_at(&h, i);
+            XXH3_state_t *xs = XXH3_createState();
+            uint8_t *chunk = malloc(1 << 20);
+            if (!xs || !chunk) {
+                st = kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+            } else {
+                XXH3_64bits_reset(xs);
+                for (uint64_t o = 0; o < s.length && st == KVT_OK;) {
+                    uint64_t n = KVT_MIN(s.length - o, (uint64_t)1 << 20);
+                    if (read_full(fd, chunk, n, s.offset + o) != KVT_OK)
+                        st = kvt_errf(err, errlen, KVT_ERR_IO, "section %u read failed", i);
+                    else
+                        XXH3_64bits_update(xs, chunk, n);
+                    o += n;
+                }
+                if (st == KVT_OK && XXH3_64bits_digest(xs) != s.hash)
+                    st = kvt_errf(err, errlen, KVT_ERR_CORRUPT, "section %u checksum mismatch", i);
+            }
+            free(chunk);
+            if (xs) XXH3_freeState(xs);
+        }
+    }
+    free(buf);
+    close(fd);
+    return st;
+}
+
+/* Checks a decoded header against this tier's key and layout (and against the name it came from). */
+static kvt_status header_matches(const kvt_ssd *s, const hdr_out *h, uint64_t chain, uint32_t group,
+                                 uint32_t kind, char *err, size_t errlen) {
+    const kvt_ssd_file_info *I = &h->info;
+    if (I->compat_hash != s->compat_hash || strcmp(I->compat_key, s->compat) != 0)
+        return kvt_errf(err, errlen, KVT_ERR_STALE, "compat key mismatch");
+    if (I->chain != chain || I->group != group || I->kind != kind)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header disagrees with file name");
+    if (I->block_tokens != s->bt) return kvt_errf(err, errlen, KVT_ERR_STALE, "block size mismatch");
+    hdr_layer exp[KVT_MAX_LAYERS];
+    uint32_t bi = kind == KVT_SSD_KIND_SNAPSHOT ? 0 : I->block_index;
+    if (kind != KVT_SSD_KIND_SNAPSHOT) {
+        if (group >= s->n_groups) return kvt_errf(err, errlen, KVT_ERR_STALE, "group out of range");
+        if (bi == 0 && I->parent != I->root && I->root != 0)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "root/parent mismatch");
+    }
+    uint32_t ne = expected_layers(s->layout, group, bi, exp);
+    if (ne != I->n_layers) return kvt_errf(err, errlen, KVT_ERR_STALE, "layer count mismatch");
+    for (uint32_t i = 0; i < ne; i++) {
+        hdr_layer L = hdr_layer_at(h, i);
+        if (L.layer != exp[i].layer || L.kind != exp[i].kind || L.window != exp[i].window ||
+            L.n_kv_heads != exp[i].n_kv_heads || L.head_dim_k != exp[i].head_dim_k ||
+            L.head_dim_v != exp[i].head_dim_v || L.state_bytes != exp[i].state_bytes ||
+            L.codec.kind != exp[i].codec.kind || L.codec.bits != exp[i].codec.bits ||
+            L.codec.group_size != exp[i].codec.group_size || L.codec.scale_bf16 != exp[i].codec.scale_bf16)
+            return kvt_errf(err, errlen, KVT_ERR_STALE, "layer %u geometry mismatch", i);
+    }
+    if (kind == KVT_SSD_KIND_SNAPSHOT) {
+        if (I->n_sections != ne) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot section count");
+        for (uint32_t i = 0; i < ne; i++)
+            if (hdr_section_at(h, i).length != exp[i].state_bytes)
+                return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot section size");
+    } else {
+        if (I->n_sections != 1 ||
+            hdr_section_at(h, 0).length != kvt_kv_layout_block_bytes(s->layout, group, bi))
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "block payload size mismatch");
+    }
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ identity */
+static void hex_of(const uint8_t *d, size_t n, char *out) {
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = hx[d[i] >> 4];
+        out[2 * i + 1] = hx[d[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+static kvt_status sha256_file(const char *path, char out_hex[65], char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    uint8_t *buf = malloc(1 << 20);
+    kvt_status st = KVT_OK;
+    if (!ctx || !buf || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        st = kvt_errf(err, errlen, KVT_ERR_NOMEM, "sha256 init failed");
+    } else {
+        for (;;) {
+            ssize_t r = read(fd, buf, 1 << 20);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                st = kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
+                break;
+            }
+            if (r == 0) break;
+            EVP_DigestUpdate(ctx, buf, (size_t)r);
+        }
+        if (st == KVT_OK) {
+            uint8_t md[32];
+            unsigned int mdl = 0;
+            EVP_DigestFinal_ex(ctx, md, &mdl);
+            hex_of(md, 32, out_hex);
+        }
+    }
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    close(fd);
+    return st;
+}
+
+kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
+                            char *err, size_t errlen) {
+    struct stat st;
+    if (stat(model_path, &st) != 0)
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", model_path, strerror(errno));
+    char rp[PATH_MAX];
+    if (!realpath(model_path, rp)) snprintf(rp, sizeof(rp), "%s", model_path);
+    char key[PATH_MAX + 128];
+    snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %s", (unsigned long long)st.st_ino,
+             (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, rp);
+    char memo[PATH_MAX];
+    FILE *f = NULL;
+    if (cache_dir) {
+        snprintf(memo, sizeof(memo), "%s/.model-ids", cache_dir);
+        f = fopen(memo, "r");
+    }
+    /* memo line: "<sha256 hex> <ino> <size> <mtime> <realpath>\n" */
+    char *line = NULL;
+    size_t cap = 0;
+    char *old = NULL;
+    size_t old_len = 0;
+    if (f) {
+        ssize_t n;
+        while ((n = getline(&line, &cap, f)) > 0) {
+            if (line[n - 1] == '\n') line[--n] = 0;
+            if (n > 65 && line[64] == ' ' && !strcmp(line + 65, key)) {
+                memcpy(out_hex, line, 64);
+                out_hex[64] = 0;
+                free(line);
+                free(old);
+                fclose(f);
+                return KVT_OK;
+            }
+            char *no = realloc(old, old_len + (size_t)n + 2);
+            if (no) {
+                old = no;
+                memcpy(old + old_len, line, (size_t)n);
+                old_len += (size_t)n;
+                old[old_len++] = '\n';
+            }
+        }
+        fclose(f);
+    }
+    free(line);
+    kvt_status s = sha256_file(model_path, out_hex, err, errlen);
+    if (s == KVT_OK && cache_dir) {
+        /* Best effort memo update: tmp + rename so a crash never leaves a half line. */
+        mkdir(cache_dir, 0755);
+        char tmp[PATH_MAX + 8];
+        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", memo, (int)getpid());
+        FILE *w = fopen(tmp, "w");
+        if (w) {
+            if (old_len) fwrite(old, 1, old_len, w);
+            fprintf(w, "%s %s\n", out_hex, key);
+            bool ok = fflush(w) == 0 && fsync(fileno(w)) == 0;
+            ok = (fclose(w) == 0) && ok;
+            if (!ok || rename(tmp, memo) != 0) unlink(tmp);
+        }
+    }
+    free(old);
+    return s;
+}
+
+kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
+                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
+                              size_t outlen, char *err, size_t errlen) {
+    char mid[65];
+    kvt_status st = kvt_ssd_model_id(cache_dir, model_path, mid, err, errlen);
+    if (st != KVT_OK) return st;
+    char scheme[256];
+    kvt_kv_layout_key(layout, scheme, sizeof(scheme));
+    int n = snprintf(out, outlen, "kvtier-ssd;model=%s;scheme=%s;tok=%s;bt=%u;num=%d", mid, scheme,
+                     tokenizer_hash ? tokenizer_hash : "", kvt_kv_layout_block_tokens(layout),
+                     KVT_NUMERICS_VERSION);
+    if (n < 0 || (size_t)n >= outlen || (size_t)n >= KVT_SSD_COMPAT_KEY_MAX)
+        return kvt_errf(err, errlen, KVT_ERR_RANGE, "compat key too long");
+    return KVT_OK;
+}
+
+void kvt_ssd_compat_dir(const char *compat_key, char out[33]) {
+    uint8_t md[32];
+    unsigned int mdl = 0;
+    EVP_Digest(compat_key, strlen(compat_key), md, &mdl, EVP_sha256(), NULL);
+    hex_of(md, 16, out);
+}
+
+/* ------------------------------------------------------------------ writing */
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* pwrite of the whole buffer; honours the injected write faults. */
+static bool write_all(kvt_ssd *s, int fd, const void *p, uint64_t len, uint64_t off, bool payload) {
+    int f = atomic_load(&s->fault);
+    if (f == KVT_SSD_FAULT_ENOSPC) {
+        errno = ENOSPC;
+        return false;
+    }
+    if (f == KVT_SSD_FAULT_EIO_WRITE) {
+        errno = EIO;
+        return false;
+    }
+    if (f == KVT_SSD_FAULT_SHORT_WRITE && payload) len /= 2; /* torn write, reported as success */
+    const uint8_t *b = p;
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t w = pwrite(fd, b + done, len - done, (off_t)(off + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (w == 0) errno = EIO;
+            return false;
+        }
+        done += (uint64_t)w;
+    }
+    return true;
+}
+
+/* Publishes one item as a file. Returns KVT_OK and fills *e (index entry) on success. */
+static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
+    *eout = NULL;
+    hdr_in h;
+    memset(&h, 0, sizeof(h));
+    hdr_layer layers[KVT_MAX_LAYERS];
+    hdr_section secs[KVT_MAX_LAYERS];
+    const uint8_t *payload[KVT_MAX_LAYERS];
+    h.compat = s->compat;
+    h.block_tokens = s->bt;
+    if (it->b) {
+        kvt_block *b = it->b;
+        h.n_tokens = kvt_block_n_tokens(b);
+        h.kind = h.n_tokens == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL;
+        h.group = kvt_block_group(b);
+        h.block_index = kvt_block_index(b);
+        h.parent = kvt_block_parent(b);
+        h.chain = kvt_block_hash(b);
+        h.root = h.block_index == 0 ? h.parent : it->root;
+        h.ids = kvt_block_tokens(b);
+        h.n_ids = h.n_tokens;
+        h.n_layers = expected_layers(s->layout, h.group, h.block_index, layers);
+        h.n_sections = 1;
+        secs[0].length = kvt_block_data_bytes(b);
+        payload[0] = kvt_block_data(b);
+    } else {
+        kvt_snapshot *sn = it->s;
+        h.kind = KVT_SSD_KIND_SNAPSHOT;
+        h.group = SSD_GROUP_NONE;
+        h.n_tokens = kvt_snapshot_pos(sn);
+        h.block_index = h.n_tokens / s->bt;
+        h.chain = kvt_snapshot_chain(sn);
+        h.root = it->root;
+        h.n_layers = expected_layers(s->layout, SSD_GROUP_NONE, 0, layers);
+        h.n_sections = h.n_layers;
+        const uint8_t *d = kvt_snapshot_data(sn);
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < h.n_layers; i++) {
+            secs[i].length = layers[i].state_bytes;
+            payload[i] = d + off;
+            off += layers[i].state_bytes;
+        }
+    }
+    h.layers = layers;
+    h.sections = secs;
+    uint64_t hsize = header_size((uint32_t)strlen(s->compat), h.n_ids, h.n_layers, h.n_sections);
+    h.data_offset = align_up(hsize, SSD_PAGE);
+    uint64_t cur = h.data_offset;
+    for (uint32_t i = 0; i < h.n_sections; i++) {
+        secs[i].offset = cur;
+        secs[i].hash = XXH3_64bits(payload[i], secs[i].length);
+        cur = align_up(cur + secs[i].length, SSD_PAGE);
+    }
+    uint64_t fsize = cur;
+    if (s->o.max_bytes && fsize > s->o.max_bytes) {
+        errno = EFBIG;
+        return KVT_ERR_RANGE;
+    }
+    uint8_t *hbuf = malloc(hsize);
+    if (!hbuf) return KVT_ERR_NOMEM;
+    header_encode(&h, hbuf, hsize);
+
+    char name[64], path[PATH_MAX], tmp[PATH_MAX + 8];
+    entry_name(name, sizeof(name), h.chain, h.group, h.kind);
+    snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    kvt_status st = KVT_ERR_IO;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        bool ok = write_all(s, fd, hbuf, hsize, 0, false);
+        for (uint32_t i = 0; ok && i < h.n_sections; i++)
+            ok = write_all(s, fd, payload[i], secs[i].length, secs[i].offset, true);
+        /* Pad to the page-aligned end so O_DIRECT reads of the last section stay inside the file. */
+        if (ok && ftruncate(fd, (off_t)fsize) != 0) ok = false;
+        if (ok && fsync(fd) != 0) ok = false;
+        int saved = errno;
+        if (close(fd) != 0 && ok) {
+            ok = false;
+            saved = errno;
+        }
+        if (ok && rename(tmp, path) == 0) {
+            fsync_dir(s->cdir);
+            st = KVT_OK;
+        } else {
+            if (ok) saved = errno;
+            unlink(tmp);
+            errno = saved;
+        }
+    }
+    free(hbuf);
+    if (st != KVT_OK) return st;
+
+    ssd_entry *e = calloc(1, sizeof(*e));
+    if (e && h.n_ids) {
+        e->tokens = malloc((size_t)h.n_ids * 4);
+        if (e->tokens) memcpy(e->tokens, h.ids, (size_t)h.n_ids * 4);
+        else {
+            free(e);
+            e = NULL;
+        }
+    }
+    if (!e) return KVT_ERR_NOMEM; /* file is valid; the next scan will index it */
+    e->chain = h.chain;
+    e->link = h.kind == KVT_SSD_KIND_SNAPSHOT ? h.chain : h.parent;
+    e->kind = h.kind;
+    e->group = h.group;
+    e->index = h.block_index;
+    e->n_tokens = h.n_tokens;
+    e->bytes = fsize;
+    e->last_use = now_real_ns();
+    *eout = e;
+    return KVT_OK;
+}
+
+/* Removes the file of e and its index entry. Lock held. */
+static void drop_entry(kvt_ssd *s, ssd_entry *e) {
+    char name[64], path[PATH_MAX];
+    entry_name(name, sizeof(name), e->chain, e->group, e->kind);
+    snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+    unlink(path);
+    idx_remove(s, e);
+}
+
+/* Evicts LRU leaves until the cap holds. Lock held. */
+static void enforce_cap(kvt_ssd *s) {
+    if (!s->o.max_bytes) return;
+    while (s->bytes > s->o.max_bytes && s->n_ents) {
+        ssd_entry *victim = NULL;
+        for (uint32_t i = 0; i < s->n_ents; i++) {
+            ssd_entry *e = s->ents[i];
+            if ((!victim || e->last_use < victim->last_use) && idx_is_leaf(s, e)) victim = e;
+        }
+        if (!victim) victim = s->ents[0]; /* cannot happen (a finite chain has leaves) */
+        drop_entry(s, victim);
+        s->evictions++;
+    }
+}
+
+static void item_release(ssd_item *it) {
+    if (it->b) kvt_block_release(it->b);
+    if (it->s) kvt_snapshot_release(it->s);
+    free(it);
+}
+
+static void *writer_main(void *arg) {
+    kvt_ssd *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->stop && (!s->q_head || s->paused)) pthread_cond_wait(&s->cv_work, &s->mu);
+        if (s->stop) break;
+        ssd_item *it = s->q_head;
+        s->q_head = it->next;
+        if (!s->q_head) s->q_tail = NULL;
+        /* still counted in q_bytes/q_count while in flight */
+        bool exists;
+        if (it->b) {
+            uint32_t nt = kvt_block_n_tokens(it->b);
+            exists = idx_find(s, kvt_block_hash(it->b), kvt_block_group(it->b),
+                              nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL) != NULL;
+        } else {
+            exists = idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
+        }
+        kvt_status st = KVT_OK;
+        ssd_entry *e = NULL;
+        int err_no = 0;
+        if (!exists) {
+            pthread_mutex_unlock(&s->mu);
+            st = write_item(s, it, &e);
+            err_no = errno;
+            pthread_mutex_lock(&s->mu);
+        }
+        if (st != KVT_OK) {
+            s->failed++;
+            if (!s->warned_write) {
+                s->warned_write = true;
+                KVT_WARN("ssd cache: write to %s failed (%s%s%s); serving continues without "
+                         "persisting (further failures are counted, not logged)",
+                         s->cdir, kvt_status_str(st), err_no ? ": " : "", err_no ? strerror(err_no) : "");
+            }
+        } else if (e) {
+            ssd_entry *dup = idx_find(s, e->chain, e->group, e->kind);
+            if (dup) { /* raced with a scan-less duplicate: keep one entry */
+                s->bytes -= dup->bytes;
+                dup->bytes = e->bytes;
+                s->bytes += e->bytes;
+                free(e->tokens);
+                free(e);
+            } else if (!idx_add(s, e)) {
+                free(e->tokens);
+                free(e);
+            }
+            enforce_cap(s);
+        }
+        s->q_bytes -= it->bytes;
+        s->q_count--;
+        s->settled_count++;
+        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_unlock(&s->mu);
+        item_release(it);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Queues an item (reference already taken by the caller; released here on drop). */
+static bool enqueue(kvt_ssd *s, ssd_item *it) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
+    if (s->q_count > 0 && s->q_bytes + it->bytes > qmax && s->o.queue_wait_ms && !s->stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)s->o.queue_wait_ms * 1000000ull;
+        dl.tv_sec += (time_t)(ns / 1000000000ull);
+        dl.tv_nsec = (long)(ns % 1000000000ull);
+        while (s->q_count > 0 && s->q_bytes + it->bytes > qmax && !s->stop)
+            if (pthread_cond_timedwait(&s->cv_done, &s->mu, &dl) == ETIMEDOUT) break;
+    }
+    /* Soft cap: a lone item larger than the bound is still accepted. */
+    if (s->stop || (s->q_count > 0 && s->q_bytes + it->bytes > qmax)) {
+        s->dropped++;
+        pthread_mutex_unlock(&s->mu);
+        item_release(it);
+        return false;
+    }
+    it->next = NULL;
+    if (s->q_tail) s->q_tail->next = it;
+    else s->q_head = it;
+    s->q_tail = it;
+    s->q_bytes += it->bytes;
+    s->q_count++;
+    s->enq_count++;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+static bool on_disk(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind) {
+    pthread_mutex_lock(&s->mu);
+    ssd_entry *e = idx_find(s, chain, group, kind);
+    if (e) e->last_use = now_real_ns();
+    pthread_mutex_unlock(&s->mu);
+    return e != NULL;
+}
+
+static bool put_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
+    if (!b || !kvt_block_sealed(b) || kvt_block_n_tokens(b) == 0) return false;
+    uint32_t nt = kvt_block_n_tokens(b);
+    if (on_disk(s, kvt_block_hash(b), kvt_block_group(b), nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL))
+        return true;
+    ssd_item *it = calloc(1, sizeof(*it));
+    if (!it) {
+        pthread_mutex_lock(&s->mu);
+        s->dropped++;
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    kvt_block_retain(b);
+    it->b = b;
+    it->root = root;
+    it->bytes = kvt_block_data_bytes(b);
+    return enqueue(s, it);
+}
+
+static bool put_snapshot(kvt_ssd *s, kvt_snapshot *sn, uint64_t root) {
+    if (!sn || kvt_snapshot_pos(sn) == 0 || kvt_kv_layout_state_bytes(s->layout) == 0) return false;
+    if (on_disk(s, kvt_snapshot_chain(sn), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT)) return true;
+    ssd_item *it = calloc(1, sizeof(*it));
+    if (!it) {
+        pthread_mutex_lock(&s->mu);
+        s->dropped++;
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    kvt_snapshot_retain(sn);
+    it->s = sn;
+    it->root = root;
+    it->bytes = kvt_kv_layout_state_bytes(s->layout);
+    return enqueue(s, it);
+}
+
+bool kvt_ssd_enqueue_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
+    if (!s || !s->o.writeback) return true;
+    return put_block(s, b, root);
+}
+
+bool kvt_ssd_enqueue_snapshot(kvt_ssd *s, kvt_snapshot *sn) {
+    if (!s || !s->o.writeback) return true;
+    return put_snapshot(s, sn, 0);
+}
+
+uint32_t kvt_ssd_enqueue_seq(kvt_ssd *s, const kvt_seq *seq, kvt_snapshot *snap) {
+    if (!s || !seq || !s->o.writeback) return 0;
+    uint32_t n = 0, nb = kvt_seq_n_blocks(seq);
+    uint64_t root = kvt_seq_root(seq);
+    for (uint32_t i = 0; i < nb; i++)
+        for (uint32_t g = 0; g < s->n_groups; g++) {
+            kvt_block *b = kvt_seq_block(seq, g, i);
+            if (b && kvt_block_sealed(b) && put_block(s, b, root)) n++;
+        }
+    if (snap && put_snapshot(s, snap, root)) n++;
+    return n;
+}
+
+bool kvt_ssd_spill_block(void *ctx, kvt_block *b) {
+    kvt_ssd *s = ctx;
+    if (!s) return false;
+    pthread_mutex_lock(&s->mu);
+    s->spills++;
+    pthread_mutex_unlock(&s->mu);
+    return put_block(s, b, 0);
+}
+
+bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *sn) {
+    kvt_ssd *s = ctx;
+    if (!s) return false;
+    pthread_mutex_lock(&s->mu);
+    s->spills++;
+    pthread_mutex_unlock(&s->mu);
+    return put_snapshot(s, sn, 0);
+}
+
+void kvt_ssd_note_demotions(kvt_ssd *s, uint64_t n) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->demotions += n;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt_ssd_flush(kvt_ssd *s, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
+    memset(out, 0, sizeof(*out));
+    if (!s) {
+        out->durable = true;
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->enq_count;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    while (s->settled_count < target)
+        if (pthread_cond_timedwait(&s->cv_done, &s->mu, &dl) == ETIMEDOUT) break;
+    bool settled = s->settled_count >= target;
+    out->entries = s->n_ents;
+    out->pending_blocks = s->q_count;
+    out->dropped = s->dropped - s->dropped_mark;
+    out->failed = s->failed - s->failed_mark;
+    out->durable = settled && out->dropped == 0 && out->failed == 0;
+    s->dropped_mark = s->dropped;
+    s->failed_mark = s->failed;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------ stats */
+/* True if e's chain is contiguous back to index 0 on disk (any group per index). Lock held. */
+static bool contiguous(kvt_ssd *s, ssd_entry *e) {
+    ssd_entry *cur = e;
+    uint32_t guard = 0;
+    bool ok = false;
+    for (;;) {
+        if (cur->contig_gen == s->gen) {
+            ok = cur->contig_ok;
+            break;
+        }
+        if (cur->index == 0) {
+            ok = true;
+            break;
+        }
+        /* parent: the block at index-1 whose chain is cur->link (group 0 or any group) */
+        ssd_entry *par = NULL;
+        for (uint32_t g = 0; g < s->n_groups && !par; g++) par = idx_find(s, cur->link, g, KVT_SSD_KIND_BLOCK);
+        if (!par || ++guard > 1u << 24) {
+            ok = false;
+            break;
+        }
+        cur = par;
+    }
+    e->contig_gen = s->gen;
+    e->contig_ok = ok;
+    return ok;
+}
+
+void kvt_ssd_stats_get(kvt_ssd *s, kvt_ssd_stats *out) {
+    memset(out, 0, sizeof(*out));
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    out->entries = s->n_ents;
+    out->bytes = s->bytes;
+    out->max_bytes = s->o.max_bytes;
+    out->restores = s->restores;
+    out->spills = s->spills;
+    out->demotions = s->demotions;
+    out->pending_blocks = s->q_count;
+    out->pending_bytes = s->q_bytes;
+    out->dropped = s->dropped;
+    out->failed = s->failed;
+    out->evictions = s->evictions;
+    out->corrupt_removed = s->corrupt_removed;
+    out->restore_ms_last = s->restore_ms_last;
+    if (s->longest_gen != s->gen || s->gen == 0) {
+        uint64_t best = 0;
+        for (uint32_t i = 0; i < s->n_ents; i++) {
+            ssd_entry *e = s->ents[i];
+            uint64_t end = e->kind == KVT_SSD_KIND_SNAPSHOT ? e->n_tokens
+                                                            : (uint64_t)e->index * s->bt + e->n_tokens;
+            if (end > best && (e->kind == KVT_SSD_KIND_SNAPSHOT || contiguous(s, e))) best = end;
+        }
+        s->longest = best;
+        s->longest_gen = s->gen;
+    }
+    out->longest_durable_prefix_tokens = s->longest;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------ scan */
+static void scan_dir(kvt_ssd *s) {
+    DIR *d = opendir(s->cdir);
+    if (!d) return;
+    struct dirent *de;
+    char path[PATH_MAX];
+    while ((de = readdir(d))) {
+        const char *nm = de->d_name;
+        if (nm[0] == '.') continue;
+        snprintf(path, sizeof(path), "%s/%s", s->cdir, nm);
+        size_t len = strlen(nm);
+        if (len > 4 && !strcmp(nm + len - 4, ".tmp")) {
+            KVT_DEBUG("ssd cache: reaping orphan %s", path);
+            unlink(path);
+            continue;
+        }
+        uint64_t chain;
+        uint32_t group, kind;
+        if (!parse_name(nm, &chain, &group, &kind)) continue; /* not ours (e.g. KEY) */
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        uint8_t *buf = NULL;
+        hdr_out h;
+        char err[256] = "";
+        kvt_status st = header_read_fd(fd, &buf, &h, err, sizeof(err));
+        if (st == KVT_OK) st = header_matches(s, &h, chain, group, kind, err, sizeof(err));
+        struct stat sb;
+        if (fstat(fd, &sb) != 0) memset(&sb, 0, sizeof(sb));
+        close(fd);
+        ssd_entry *e = NULL;
+        if (st == KVT_OK && !idx_find(s, chain, group, kind)) {
+            e = calloc(1, sizeof(*e));
+            uint32_t nid = kind == KVT_SSD_KIND_SNAPSHOT ? 0 : h.info.n_tokens;
+            if (e && nid) {
+                e->tokens = malloc((size_t)nid * 4);
+                if (!e->tokens) {
+                    free(e);
+                    e = NULL;
+                } else {
+                    for (uint32_t i = 0; i < nid; i++) e->tokens[i] = hdr_id_at(&h, i);
+                }
+            }
+            if (e) {
+                e->chain = chain;
+                e->link = kind == KVT_SSD_KIND_SNAPSHOT ? chain : h.info.parent;
+                e->kind = kind;
+                e->group = group;
+                e->index = h.info.block_index;
+                e->n_tokens = h.info.n_tokens;
+                e->bytes = (uint64_t)sb.st_size;
+                e->last_use = (uint64_t)sb.st_mtim.tv_sec * 1000000000ull + (uint64_t)sb.st_mtim.tv_nsec;
+                if (!idx_add(s, e)) {
+                    free(e->tokens);
+                    free(e);
+                }
+            }
+        } else if (st != KVT_OK) {
+            KVT_WARN("ssd cache: removing %s: %s", path, err);
+            unlink(path);
+            s->corrupt_removed++;
+        }
+        free(buf);
+    }
+    closedir(d);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+void kvt_ssd_opts_default(kvt_ssd_opts *o) {
+    memset(o, 0, sizeof(*o));
+    o->writeback = true;
+    o->queue_max_bytes = SSD_DEFAULT_QUEUE;
+    o->queue_wait_ms = 1000;
+}
+
+static int mkdir_p(const char *path) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof(tmp), "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_block_pool *pool,
+                        kvt_ssd **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!o || !o->dir || !o->dir[0] || !o->compat_key || !o->compat_key[0] || !layout || !pool)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "ssd cache: dir, compat key, layout and pool required");
+    if (strlen(o->compat_key) >= KVT_SSD_COMPAT_KEY_MAX)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "ssd cache: compat key too long");
+    kvt_ssd *s = calloc(1, sizeof(*s));
+    if (!s) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    s->o = *o;
+    s->layout = layout;
+    s->pool = pool;
+    s->bt = kvt_kv_layout_block_tokens(layout);
+    s->n_groups = kvt_kv_layout_n_groups(layout);
+    s->root_dir = strdup(o->dir);
+    s->compat = strdup(o->compat_key);
+    s->o.dir = s->root_dir;
+    s->o.compat_key = s->compat;
+    s->compat_hash = XXH3_64bits(s->compat, strlen(s->compat));
+    char cd[33];
+    kvt_ssd_compat_dir(s->compat, cd);
+    size_t cl = strlen(o->dir) + 40;
+    s->cdir = malloc(cl);
+    if (!s->root_dir || !s->compat || !s->cdir) {
+        kvt_ssd_free(s);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    }
+    snprintf(s->cdir, cl, "%s/%s", o->dir, cd);
+    atomic_store(&s->fault, (int)fault_from_env());
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_work, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    if (mkdir_p(s->cdir) != 0) {
+        int e = errno;
+        kvt_ssd_free(s);
+        return kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: cannot create %s/%s: %s", o->dir, cd, strerror(e));
+    }
+    /* Human-readable key next to the files (best effort; informational only). */
+    char kp[PATH_MAX];
+    snprintf(kp, sizeof(kp), "%s/KEY", s->cdir);
+    if (access(kp, F_OK) != 0) {
+        FILE *f = fopen(kp, "w");
+        if (f) {
+            fprintf(f, "%s\n", s->compat);
+            fclose(f);
+        }
+    }
+    DIR *d = opendir(s->cdir);
+    if (!d) {
+        int e = errno;
+        kvt_ssd_free(s);
+        return kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: cannot list %s: %s", o->dir, strerror(e));
+    }
+    closedir(d);
+    pthread_mutex_lock(&s->mu);
+    scan_dir(s);
+    enforce_cap(s);
+    pthread_mutex_unlock(&s->mu);
+    if (pthread_create(&s->writer, NULL, writer_main, s) != 0) {
+        kvt_ssd_free(s);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "ssd cache: cannot start writer thread");
+    }
+    s->writer_started = true;
+    KVT_INFO("ssd cache: %s: %u entries, %.1f MB", s->cdir, s->n_ents, (double)s->bytes / 1e6);
+    *out = s;
+    return KVT_OK;
+}
+
+void kvt_ssd_free(kvt_ssd *s) {
+    if (!s) return;
+    if (s->writer_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_broadcast(&s->cv_work);
+        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->writer, NULL);
+    }
+    while (s->q_head) {
+        ssd_item *it = s->q_head;
+        s->q_head = it->next;
+        s->dropped++;
+        item_release(it);
+    }
+    for (uint32_t i = 0; i < s->n_ents; i++) {
+        free(s->ents[i]->tokens);
+        free(s->ents[i]);
+    }
+    free(s->ents);
+    free(s->tab_key);
+    free(s->tab_link);
+    if (s->cdir) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv_work);
+        pthread_cond_destroy(&s->cv_done);
+    }
+    free(s->root_dir);
+    free(s->compat);
+    free(s->cdir);
+    free(s);
+}
+
+const char *kvt_ssd_dir(const kvt_ssd *s) { return s ? s->cdir : NULL; }
+const char *kvt_ssd_compat(const kvt_ssd *s) { return s ? s->compat : NULL; }
+void kvt_ssd_pause_writer(kvt_ssd *s, bool paused) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->paused = paused;
+    pthread_cond_broadcast(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+}
+void kvt_ssd_set_fault(kvt_ssd *s, kvt_ssd_fault f) {
+    if (s) atomic_store(&s->fault, (int)f);
+}
+
+/* ------------------------------------------------------------------ lookup */
+typedef struct plan_idx {
+    uint64_t chain, parent;
+    uint32_t kind, n_tokens;
+} plan_idx;
+
+typedef struct plan {
+    uint32_t p;          /* usable length (0 = miss) */
+    uint32_t n_idx;      /* block indices to restore */
+    plan_idx *idx;       /* n_idx */
+    bool *need;          /* n_idx * n_groups */
+    bool snap;           /* restore a snapshot at p */
+    uint64_t snap_chain;
+    int32_t *child_tokens; /* tokens of the file at index K when it is the last index (copy) */
+} plan;
+
+static void plan_free(plan *pl) {
+    free(pl->idx);
+    free(pl->need);
+    free(pl->child_tokens);
+    memset(pl, 0, sizeof(*pl));
+}
+
+static bool tokens_eq(const int32_t *a, const int32_t *b, uint32_t n) { return memcmp(a, b, (size_t)n * 4) == 0; }
+
+/* Entry of group g, kind, chain whose parent and tokens match. Lock held. */
+static ssd_entry *match_entry(kvt_ssd *s, uint64_t chain, uint32_t g, uint32_t kind, uint64_t parent,
+                              const int32_t *toks, uint32_t nt) {
+    ssd_entry *e = idx_find(s, chain, g, kind);
+    if (!e || e->link != parent || e->n_tokens != nt || !tokens_eq(e->tokens, toks, nt)) return NULL;
+    return e;
+}
+
+/* First block index a WINDOW group needs at final length p (conservative: covers key p-W). */
+static uint32_t window_lo(uint32_t p, uint32_t w, uint32_t bt) { return p > w ? (p - w) / bt : 0; }
+
+/* Builds the restore plan (index only). Lock held. */
+static bool build_plan(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, plan *pl) {
+    memset(pl, 0, sizeof(*pl));
+    if (!prompt || n < 2) return true;
+    const uint32_t bt = s->bt, G = s->n_groups;
+    const bool recurrent = kvt_kv_layout_state_bytes(s->layout) > 0;
+    const uint32_t nfull = n / bt;
+    const uint32_t max_idx = nfull + 1;
+    pl->idx = calloc(max_idx, sizeof(*pl->idx));
+    pl->need = calloc((size_t)max_idx * (G ? G : 1), sizeof(bool));
+    uint64_t *h = malloc(((size_t)max_idx + 1) * sizeof(uint64_t));
+    bool *present = calloc((size_t)max_idx * (G ? G : 1), sizeof(bool));
+    if (!pl->idx || !pl->need || !h || !present) {
+        free(h);
+        free(present);
+        plan_free(pl);
+        return false;
+    }
+    /* Walk full blocks of the prompt: K = leading indices present for every FULL group. */
+    h[0] = root;
+    uint32_t K = 0;
+    bool full_ok = true;
+    for (uint32_t i = 0; i < nfull; i++) {
+        const int32_t *tk = prompt + (size_t)i * bt;
+        h[i + 1] = kvt_chain_hash(h[i], tk, bt);
+        bool any = false;
+        for (uint32_t g = 0; g < G; g++) {
+            present[(size_t)i * G + g] = match_entry(s, h[i + 1], g, KVT_SSD_KIND_BLOCK, h[i], tk, bt) != NULL;
+            any |= present[(size_t)i * G + g];
+            if (kvt_kv_layout_group_kind(s->layout, g) == KVT_KIND_FULL && !present[(size_t)i * G + g]) full_ok = false;
+        }
+        if (!full_ok) break;
+        (void)any;
+        pl->idx[i] = (plan_idx){h[i + 1], h[i], KVT_SSD_KIND_BLOCK, bt};
+        K = i + 1;
+    }
+    /* Child at index K (block or tail) with the longest common prefix, present in every group. */
+    uint32_t best_lcp = 0;
+    ssd_entry *best = NULL;
+    const uint32_t rem = n - K * bt;
+    if (G > 0 && s->n_buckets > 0) {
+        for (ssd_entry *e = s->tab_link[link_hash(h[K]) % s->n_buckets]; e; e = e->next_link) {
+            if (e->link != h[K] || e->kind == KVT_SSD_KIND_SNAPSHOT || e->group != 0 || e->index != K) continue;
+            uint32_t m = KVT_MIN(e->n_tokens, rem), l = 0;
+            while (l < m && e->tokens[l] == prompt[(size_t)K * bt + l]) l++;
+            if (l == 0 || l <= best_lcp) continue;
+            if (recurrent && l != e->n_tokens) continue; /* recurrent: exact boundaries only */
+            bool all = true;
+            for (uint32_t g = 1; g < G && all; g++) all = idx_find(s, e->chain, g, e->kind) != NULL;
+            if (!all) continue;
+            best = e;
+            best_lcp = l;
+        }
+    }
+    uint32_t p = 0;
+    if (!recurrent) {
+        uint32_t covered = K * bt + best_lcp;
+        p = KVT_MIN(covered, n - 1);
+        /* WINDOW groups: every block the final window sees must be on disk. */
+        bool changed = true;
+        while (p > 0 && changed) {
+            changed = false;
+            for (uint32_t g = 0; g < G && !changed; g++) {
+                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
+                uint32_t lo = window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt);
+                uint32_t hi = (p + bt - 1) / bt; /* exclusive */
+                for (uint32_t j = lo; j < hi; j++) {
+                    bool ok = j < K ? present[(size_t)j * G + g] : true; /* j == K: best child */
+                    if (!ok) {
+                        p = j * bt;
+                        changed = true;
+                        break;
+                    }
+                }
+            }
+        }
+    } else {
+        /* Recurrent: exact snapshot positions only (no trim). Candidates, longest first: the best
+         * child's end, then block boundaries K*bt .. bt. */
+        uint32_t cand_child = best ? K * bt + best->n_tokens : 0;
+        if (cand_child && cand_child <= n - 1) {
+            ssd_entry *sn = idx_find(s, best->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+            if (sn && sn->n_tokens == cand_child) {
+                p = cand_child;
+                pl->snap_chain = best->chain;
+            }
+        }
+        for (uint32_t i = K; p == 0 && i >= 1; i--) {
+            uint32_t pos = i * bt;
+            if (pos > n - 1) continue;
+            ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+            if (!sn || sn->n_tokens != pos) continue;
+            bool ok = true; /* window groups must hold their window at pos */
+            for (uint32_t g = 0; g < G && ok; g++) {
+                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
+                for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < i && ok; j++)
+                    ok = present[(size_t)j * G + g];
+            }
+            if (ok) {
+                p = pos;
+                pl->snap_chain = h[i];
+            }
+        }
+        if (p && p == cand_child) { /* window check for the child candidate */
+            for (uint32_t g = 0; g < G; g++) {
+                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
+                for (uint32_t j = window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt); j < K; j++)
+                    if (!present[(size_t)j * G + g]) {
+                        p = 0; /* fall back to a boundary snapshot: recompute without the child */
+                        break;
+                    }
+            }
+            if (p == 0) {
+                for (uint32_t i = K; p == 0 && i >= 1; i--) {
+                    uint32_t pos = i * bt;
+                    if (pos > n - 1) continue;
+                    ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+                    if (!sn || sn->n_tokens != pos) continue;
+                    bool ok = true;
+                    for (uint32_t g = 0; g < G && ok; g++) {
+                        if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
+                        for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < i && ok; j++)
+                            ok = present[(size_t)j * G + g];
+                    }
+                    if (ok) {
+                        p = pos;
+                        pl->snap_chain = h[i];
+                    }
+                }
+            }
+        }
+        pl->snap = p > 0;
+    }
+    if (p > 0) {
+        pl->p = p;
+        pl->n_idx = (p + bt - 1) / bt;
+        if (pl->n_idx > K) { /* the last index is the best child */
+            pl->idx[K] = (plan_idx){best->chain, best->link, best->kind, best->n_tokens};
+            pl->child_tokens = malloc((size_t)best->n_tokens * 4);
+            if (!pl->child_tokens) {
+                free(h);
+                free(present);
+                plan_free(pl);
+                return false;
+            }
+            memcpy(pl->child_tokens, best->tokens, (size_t)best->n_tokens * 4);
+        }
+        for (uint32_t j = 0; j < pl->n_idx && pl->p; j++) {
+            bool any = false;
+            for (uint32_t g = 0; g < G; g++) {
+                bool need = true;
+                if (kvt_kv_layout_group_kind(s->layout, g) == KVT_KIND_WINDOW)
+                    need = j >= window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt);
+                if (need && j < K && !present[(size_t)j * G + g]) need = false; /* outside window */
+                pl->need[(size_t)j * G + g] = need;
+                any |= need;
+            }
+            /* A sequence learns its tokens from the blocks: an index outside every window still
+             * needs one block (released again right after appending). */
+            for (uint32_t g = 0; g < G && !any; g++)
+                if (j < K && present[(size_t)j * G + g]) pl->need[(size_t)j * G + g] = any = true;
+            if (!any) { /* tokens of this index are on disk in no group: give up (miss) */
+                free(h);
+                free(present);
+                plan_free(pl);
+                return true;
+            }
+        }
+    }
+    free(h);
+    free(present);
+    return true;
+}
+
+uint32_t kvt_ssd_find(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root) {
+    if (!s) return 0;
+    plan pl;
+    pthread_mutex_lock(&s->mu);
+    bool ok = build_plan(s, prompt, n, root, &pl);
+    pthread_mutex_unlock(&s->mu);
+    uint32_t p = ok ? pl.p : 0;
+    plan_free(&pl);
+    return p;
+}
+
+/* ------------------------------------------------------------------ restore */
+/* Reads section `sec` of an open file into dst (exact length), verifying its checksum. Tries
+ * O_DIRECT when dst and len are page-aligned; falls back to buffered reads. */
+static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_out *h, uint32_t sec,
+                               uint8_t *dst, uint64_t len) {
+    hdr_section sc = hdr_section_at(h, sec);
+    if (sc.length != len) return KVT_ERR_FORMAT;
+    if (atomic_load(&s->fault) == KVT_SSD_FAULT_EIO_READ) {
+        errno = EIO;
+        return KVT_ERR_IO;
+    }
+    bool done = false;
+#ifdef O_DIRECT
+    if (((uintptr_t)dst % SSD_PAGE) == 0 && len % SSD_PAGE == 0 && len > 0) {
+        int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (dfd >= 0) {
+            done = read_full(dfd, dst, len, sc.offset) == KVT_OK;
+            close(dfd);
+        }
+    }
+#endif
+    (void)path;
+    if (!done && read_full(fd, dst, len, sc.offset) != KVT_OK) return KVT_ERR_IO;
+    if (XXH3_64bits(dst, len) != sc.hash) return KVT_ERR_CORRUPT;
+    return KVT_OK;
+}
+
+/* Opens a file and validates its header against expectations. */
+static kvt_status open_checked(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind, char *path,
+                               size_t plen, int *fdp, uint8_t **bufp, hdr_out *h, char *err, size_t errlen) {
+    char name[64];
+    entry_name(name, sizeof(name), chain, group, kind);
+    snprintf(path, plen, "%s/%s", s->cdir, name);
+    *bufp = NULL;
+    *fdp = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fdp < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "open: %s", strerror(errno));
+    kvt_status st = header_read_fd(*fdp, bufp, h, err, errlen);
+    if (st == KVT_OK) st = header_matches(s, h, chain, group, kind, err, errlen);
+    if (st != KVT_OK) {
+        close(*fdp);
+        *fdp = -1;
+        free(*bufp);
+        *bufp = NULL;
+    }
+    return st;
+}
+
+/* Removes a bad file found during restore (warns). */
+static void drop_bad(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind, const char *why) {
+    char name[64];
+    entry_name(name, sizeof(name), chain, group, kind);
+    KVT_WARN("ssd cache: dropping %s/%s: %s (falling back)", s->cdir, name, why);
+    pthread_mutex_lock(&s->mu);
+    ssd_entry *e = idx_find(s, chain, group, kind);
+    if (e) drop_entry(s, e);
+    else {
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+        unlink(path);
+    }
+    s->corrupt_removed++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Loads one block file into a fresh pool block. Returns KVT_OK, a pool error (caller aborts), or
+ * an I/O/format error (caller drops the file and retries). */
+/* toks: the file's full token list (pi->n_tokens); use: how many of them the sequence keeps (a
+ * block used partially is sealed as a shorter tail over the same payload, so no trim is needed). */
+static kvt_status load_block(kvt_ssd *s, uint32_t g, uint32_t i, const plan_idx *pi, const int32_t *toks,
+                             uint32_t use, kvt_block **out, char *err, size_t errlen) {
+    *out = NULL;
+    char path[PATH_MAX];
+    int fd;
+    uint8_t *buf;
+    hdr_out h;
+    kvt_status st = open_checked(s, pi->chain, g, pi->kind, path, sizeof(path), &fd, &buf, &h, err, errlen);
+    if (st != KVT_OK) return st;
+    if (h.info.block_index != i || h.info.parent != pi->parent || h.info.n_tokens != pi->n_tokens) {
+        st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "header position mismatch");
+    } else {
+        for (uint32_t t = 0; t < pi->n_tokens; t++)
+            if (hdr_id_at(&h, t) != toks[t]) {
+                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "token mismatch");
+                break;
+            }
+    }
+    kvt_block *b = NULL;
+    if (st == KVT_OK) {
+        kvt_status ast = kvt_block_alloc(s->pool, g, i, &b);
+        if (ast != KVT_OK) {
+            close(fd);
+            free(buf);
+            return ast == KVT_ERR_POOL_EXHAUSTED ? ast : KVT_ERR_NOMEM;
+        }
+        st = read_section(s, fd, path, &h, 0, kvt_block_data_mut(b), kvt_block_data_bytes(b));
+        if (st != KVT_OK) kvt_errf(err, errlen, st, "payload %s", st == KVT_ERR_CORRUPT ? "checksum mismatch" : "read failed");
+        if (st == KVT_OK)
+            st = kvt_block_seal(b, pi->parent, toks, use, use == pi->n_tokens ? pi->chain : 0);
+        if (st != KVT_OK) {
+            if (!err[0]) kvt_errf(err, errlen, st, "seal failed");
+            kvt_block_release(b);
+            b = NULL;
+        }
+    }
+    close(fd);
+    free(buf);
+    *out = b;
+    return st;
+}
+
+static kvt_status load_snapshot(kvt_ssd *s, uint64_t chain, uint32_t pos, kvt_seq *seq, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    int fd;
+    uint8_t *buf;
+    hdr_out h;
+    kvt_status st = open_checked(s, chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT, path, sizeof(path), &fd, &buf,
+                                 &h, err, errlen);
+    if (st != KVT_OK) return st;
+    if (h.info.n_tokens != pos) st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot position mismatch");
+    uint32_t sec = 0, nl = kvt_kv_layout_n_layers(s->layout);
+    for (uint32_t l = 0; l < nl && st == KVT_OK; l++) {
+        const kvt_layer_desc *d = kvt_kv_layout_layer(s->layout, l);
+        if (d->kind != KVT_KIND_RECURRENT) continue;
+        st = read_section(s, fd, path, &h, sec++, kvt_seq_state(seq, l), d->state_bytes);
+        if (st != KVT_OK) kvt_errf(err, errlen, st, "snapshot section %s", st == KVT_ERR_CORRUPT ? "checksum mismatch" : "read failed");
+    }
+    close(fd);
+    free(buf);
+    return st;
+}
+
+/* Touches the files and index entries of a successful restore (LRU bump). */
+static void bump_lru(kvt_ssd *s, const plan *pl) {
+    uint64_t now = now_real_ns();
+    char name[64], path[PATH_MAX];
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t j = 0; j < pl->n_idx; j++)
+        for (uint32_t g = 0; g < s->n_groups; g++) {
+            if (!pl->need[(size_t)j * s->n_groups + g]) continue;
+            ssd_entry *e = idx_find(s, pl->idx[j].chain, g, pl->idx[j].kind);
+            if (e) e->last_use = now;
+            entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
+            snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+            utimensat(AT_FDCWD, path, NULL, 0);
+        }
+    if (pl->snap) {
+        ssd_entry *e = idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+        if (e) e->last_use = now;
+        entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+        snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+        utimensat(AT_FDCWD, path, NULL, 0);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **out,
+                           uint32_t *n_restored) {
+    *out = NULL;
+    *n_restored = 0;
+    if (!s) return KVT_OK;
+    double t0 = kvt_now_ms();
+    const uint32_t G = s->n_groups, bt = s->bt;
+    for (int attempt = 0; attempt < 64; attempt++) {
+        plan pl;
+        pthread_mutex_lock(&s->mu);
+        bool ok = build_plan(s, prompt, n, root, &pl);
+        pthread_mutex_unlock(&s->mu);
+        if (!ok) return KVT_ERR_NOMEM;
+        if (pl.p == 0) {
+            plan_free(&pl);
+            return KVT_OK;
+        }
+        kvt_seq *seq = NULL;
+        kvt_status st = kvt_seq_create(s->pool, root, &seq);
+        if (st != KVT_OK) {
+            plan_free(&pl);
+            return st;
+        }
+        bool retry = false;
+        kvt_block *blocks[KVT_MAX_GROUPS];
+        for (uint32_t j = 0; j < pl.n_idx && st == KVT_OK && !retry; j++) {
+            memset(blocks, 0, sizeof(blocks));
+            for (uint32_t g = 0; g < G && st == KVT_OK && !retry; g++) {
+                if (!pl.need[(size_t)j * G + g]) continue;
+                char err[256] = "";
+                const int32_t *toks = (j == pl.n_idx - 1 && pl.child_tokens) ? pl.child_tokens : prompt + (size_t)j * bt;
+                uint32_t use = KVT_MIN(pl.idx[j].n_tokens, pl.p - j * bt);
+                kvt_status ls = load_block(s, g, j, &pl.idx[j], toks, use, &blocks[g], err, sizeof(err));
+                if (ls == KVT_ERR_POOL_EXHAUSTED || ls == KVT_ERR_NOMEM) {
+                    st = ls;
+                } else if (ls != KVT_OK) {
+                    drop_bad(s, pl.idx[j].chain, g, pl.idx[j].kind, err[0] ? err : kvt_status_str(ls));
+                    retry = true;
+                }
+            }
+            if (st == KVT_OK && !retry) {
+                kvt_status as = kvt_seq_append_blocks(seq, blocks);
+                if (as != KVT_OK) {
+                    KVT_WARN("ssd cache: cannot append restored block %u: %s", j, kvt_status_str(as));
+                    st = as;
+                }
+            }
+            for (uint32_t g = 0; g < G; g++)
+                if (blocks[g]) kvt_block_release(blocks[g]);
+        }
+        if (st == KVT_OK && !retry && pl.snap) {
+            char err[256] = "";
+            kvt_status ss = load_snapshot(s, pl.snap_chain, pl.p, seq, err, sizeof(err));
+            if (ss != KVT_OK) {
+                drop_bad(s, pl.snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT, err[0] ? err : kvt_status_str(ss));
+                retry = true;
+            }
+        }
+        if (st == KVT_OK && !retry && kvt_seq_len(seq) != pl.p) st = KVT_ERR_FORMAT;
+        if (st != KVT_OK || retry) {
+            kvt_seq_free(seq);
+            plan_free(&pl);
+            if (retry) continue;
+            if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) return st;
+            return KVT_OK; /* unusable plan (should not happen): treat as a miss */
+        }
+        bump_lru(s, &pl);
+        pthread_mutex_lock(&s->mu);
+        s->restores++;
+        s->restore_ms_last = kvt_now_ms() - t0;
+        pthread_mutex_unlock(&s->mu);
+        *out = seq;
+        *n_restored = pl.p;
+        plan_free(&pl);
+        return KVT_OK;
+    }
+    return KVT_OK;
+}

@@ -1,0 +1,165 @@
+/*
+ * ssd_cache.h — the SSD tier: sealed KV blocks (full blocks and frozen partial tails, one file per
+ * (chain hash, layer group)) and recurrent snapshots (one file per chain position) persisted under
+ * <dir>/<compat-dir>/, with a write-behind queue, a byte cap (LRU, leaf-first), a startup scan that
+ * rebuilds the in-memory index from file headers, and streamed, fully checksummed restore into the
+ * block pool. The byte-exact file format and the crash semantics are in docs/cache-format.md.
+ *
+ * Identity: the compatibility key (model SHA-256 + scheme key + tokenizer hash + block size +
+ * KVT_NUMERICS_VERSION, see kvt_ssd_compat_key) selects the directory <dir>/<compat-dir>, where
+ * compat-dir = first 32 hex chars of SHA-256(compat key). Directories of other keys are never read
+ * nor deleted. The namespace is inside the chain hashes (root = kvt_root_hash(compat, ns)), so it
+ * needs no directory. Every file also carries the full compat key, checked on scan and on read.
+ *
+ * Safety: every checksum (header and payload) is verified on every read; a file that fails any
+ * check is removed with a warning and the caller gets a shorter prefix or a miss — never wrong KV.
+ * Disk errors (ENOSPC, EIO, read-only dir) never fail serving: they warn once and are counted.
+ *
+ * Ownership / threading: kvt_ssd borrows the layout and the pool (both must outlive it) and owns a
+ * background writer thread. Every function is thread-safe (one internal mutex; file I/O of the
+ * writer and of restore runs without it). Enqueue/spill functions retain the block/snapshot until
+ * it is written, dropped or the tier is freed, so the data stays alive even if RAM lets go.
+ */
+#ifndef KVT_SSD_CACHE_H
+#define KVT_SSD_CACHE_H
+
+#include "../kv/kv.h"
+
+/* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
+ * in another compat directory and are never reused. */
+#define KVT_NUMERICS_VERSION 1
+/* On-disk format version (docs/cache-format.md). */
+#define KVT_SSD_FORMAT_VERSION 1
+#define KVT_SSD_COMPAT_KEY_MAX 512
+
+typedef struct kvt_ssd kvt_ssd;
+
+typedef struct kvt_ssd_opts {
+    const char *dir;            /* cache root; created if missing */
+    const char *compat_key;     /* from kvt_ssd_compat_key (any non-empty string for tests) */
+    uint64_t max_bytes;         /* on-disk cap over this compat dir; 0 = unlimited */
+    bool writeback;             /* true: kvt_ssd_enqueue_* persist; false: only spills persist */
+    uint64_t queue_max_bytes;   /* write-behind queue bound in payload bytes; 0 = 256 MiB */
+    uint32_t queue_wait_ms;     /* when the queue is full, wait up to this long for room
+                                   (back-pressure), then drop (counted); 0 = drop at once */
+} kvt_ssd_opts;
+void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB, wait 1000 ms */
+
+/* ---- identity ---- */
+/* SHA-256 (lowercase hex, 64 chars + NUL) of the file at model_path, memoized in
+ * <cache_dir>/.model-ids keyed by realpath + inode + size + mtime(ns) so it is computed once per
+ * file version. cache_dir may be NULL (no memo). */
+kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
+                            char *err, size_t errlen);
+/* Compatibility key string:
+ *   "kvtier-ssd;model=<sha256>;scheme=<kvt_kv_layout_key>;tok=<tokenizer_hash>;bt=<block_tokens>;num=<N>"
+ * tokenizer_hash: any stable string identifying the tokenizer (e.g. hex hash of the vocab). */
+kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
+                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
+                              size_t outlen, char *err, size_t errlen);
+/* The directory name for a compat key: 32 lowercase hex chars + NUL. */
+void kvt_ssd_compat_dir(const char *compat_key, char out[33]);
+
+/* ---- lifecycle ---- */
+/* Creates <dir>/<compat-dir>, scans it (header-only: rebuilds the index, reaps *.tmp, removes
+ * corrupt or mismatching files with a warning), enforces the cap, starts the writer thread.
+ * Fails (KVT_ERR_IO) only if the directory cannot be created or listed at all. */
+kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_block_pool *pool,
+                        kvt_ssd **out, char *err, size_t errlen);
+/* Stops the writer after its current item; queued-but-unwritten items are released (counted as
+ * dropped). Call kvt_ssd_flush first for durability. NULL is a no-op. */
+void kvt_ssd_free(kvt_ssd *ssd);
+const char *kvt_ssd_dir(const kvt_ssd *ssd);        /* <dir>/<compat-dir> */
+const char *kvt_ssd_compat(const kvt_ssd *ssd);     /* the compat key string */
+
+/* ---- lookup / restore ---- */
+/* Longest usable prefix (tokens) of prompt[0..n) under root that the on-disk index can serve, capped
+ * at n-1 (index only, no I/O, no side effects). Usability mirrors the RAM tier: FULL groups need
+ * every block; WINDOW groups need the blocks the final window sees; RECURRENT layers need a snapshot
+ * exactly at the returned length. 0 = miss. */
+uint32_t kvt_ssd_find(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint64_t root);
+/* Restores what kvt_ssd_find reports: streams one block at a time from disk into the pool (alloc,
+ * read, verify checksums, seal with the expected chain hash), appends to a new sequence, trims to
+ * the usable length and restores recurrent state. On a bad file it removes it and retries with the
+ * next-best prefix. Result: *out = new sequence of *n_restored tokens (>0) or NULL/0 on a miss.
+ * Errors: KVT_ERR_POOL_EXHAUSTED / KVT_ERR_NOMEM (no sequence returned). Bumps LRU, counts
+ * restores and restore_ms_last. */
+kvt_status kvt_ssd_restore(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint64_t root,
+                           kvt_seq **out, uint32_t *n_restored);
+
+/* ---- writes ---- */
+/* Write-behind of one sealed block (full or frozen tail) / one snapshot. root may be 0 (unknown).
+ * No-op returning true when writeback is off or the file already exists (idempotent). Returns
+ * false if dropped (queue full after the back-pressure wait, or tier closing). */
+bool kvt_ssd_enqueue_block(kvt_ssd *ssd, kvt_block *b, uint64_t root);
+bool kvt_ssd_enqueue_snapshot(kvt_ssd *ssd, kvt_snapshot *s);
+/* Write-behind of every sealed block of a sequence (frozen tails included; an unfrozen tail is
+ * skipped) plus snap if non-NULL. Returns the number of items newly queued. */
+uint32_t kvt_ssd_enqueue_seq(kvt_ssd *ssd, const kvt_seq *seq, kvt_snapshot *snap);
+/* Spill sinks with the kvt_spill_block_fn / kvt_spill_snapshot_fn signatures (ctx = kvt_ssd*):
+ * persist regardless of `writeback`, count `spills`, retain the object until written. */
+bool kvt_ssd_spill_block(void *ctx, kvt_block *b);
+bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *s);
+/* The engine counts idle demotions (spills caused by demotion) here, for stats. */
+void kvt_ssd_note_demotions(kvt_ssd *ssd, uint64_t n);
+
+/* ---- durability ---- */
+typedef struct kvt_ssd_flush_result {
+    bool durable;            /* see below */
+    uint64_t entries;        /* files in the index after the flush */
+    uint64_t pending_blocks; /* items still queued or in flight when the flush returned */
+    uint64_t dropped;        /* items dropped since the previous flush call returned */
+    uint64_t failed;         /* items whose write failed since the previous flush call returned */
+} kvt_ssd_flush_result;
+/* Waits up to timeout_ms until every item enqueued before the call is settled (written, failed or
+ * dropped). durable = nothing is pending AND nothing was dropped or failed since the previous flush
+ * call returned (the first flush counts from open). Each drop/failure is therefore reported by
+ * exactly one flush. Durable items survive any crash (tmp + fsync + rename + dir fsync). */
+void kvt_ssd_flush(kvt_ssd *ssd, uint32_t timeout_ms, kvt_ssd_flush_result *out);
+
+/* ---- stats ---- */
+typedef struct kvt_ssd_stats {
+    uint64_t entries, bytes, max_bytes;   /* files in the index, their on-disk bytes, cap */
+    uint64_t restores, spills, demotions; /* restores returning > 0 tokens; spill-callback items */
+    uint64_t pending_blocks, pending_bytes;
+    uint64_t dropped, failed;             /* cumulative */
+    uint64_t evictions, corrupt_removed;  /* cap evictions; bad files removed (scan or read) */
+    uint64_t longest_durable_prefix_tokens; /* longest contiguous on-disk chain (tokens) */
+    double restore_ms_last;
+} kvt_ssd_stats;
+void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
+
+/* ---- fault injection (tests) ---- */
+typedef enum kvt_ssd_fault {
+    KVT_SSD_FAULT_NONE = 0,
+    KVT_SSD_FAULT_ENOSPC = 1,      /* every write fails with ENOSPC */
+    KVT_SSD_FAULT_SHORT_WRITE = 2, /* payload writes stop halfway but the file is published (torn) */
+    KVT_SSD_FAULT_EIO_READ = 3,    /* payload reads during restore fail with EIO */
+    KVT_SSD_FAULT_EIO_WRITE = 4,   /* every write fails with EIO (read-only dir as root) */
+} kvt_ssd_fault;
+/* Overrides the process-wide fault, which defaults to env KVT_SSD_FAULT=
+ * enospc|short-write|eio-read|eio-write (read at open). */
+void kvt_ssd_set_fault(kvt_ssd *ssd, kvt_ssd_fault f);
+/* Tests: pause/resume the writer thread (items stay queued, so queue bounds can be exercised). */
+void kvt_ssd_pause_writer(kvt_ssd *ssd, bool paused);
+
+/* ---- offline helpers (kvtier cache ls|inspect|verify) ---- */
+typedef struct kvt_ssd_file_info {
+    uint32_t version;
+    uint32_t kind;          /* 1 block, 2 tail, 3 snapshot */
+    uint32_t group, block_index, n_tokens, block_tokens, n_layers, n_sections;
+    uint64_t parent, chain, root, compat_hash;
+    char compat_key[KVT_SSD_COMPAT_KEY_MAX];
+    uint64_t payload_bytes; /* sum of section lengths */
+    uint64_t file_bytes;
+} kvt_ssd_file_info;
+#define KVT_SSD_KIND_BLOCK 1u
+#define KVT_SSD_KIND_TAIL 2u
+#define KVT_SSD_KIND_SNAPSHOT 3u
+/* Reads and validates the header (magic, version, header checksum, internal consistency) of any
+ * cache file. If verify_payload, also checks every section checksum (KVT_ERR_CORRUPT on mismatch).
+ * tokens (may be NULL): receives up to max_tokens token ids. */
+kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd_file_info *info,
+                                  int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen);
+
+#endif

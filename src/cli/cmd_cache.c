@@ -1,0 +1,315 @@
+/* cmd_cache.c — `kvtier cache ls|inspect|verify|prune`: offline tools for an SSD cache directory
+ * (format: docs/cache-format.md). Never run these against a directory a live server is pruning at
+ * the same moment: ls/inspect/verify only read; prune deletes whole files (atomic for readers).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../cache/ssd_cache.h"
+#include "args.h"
+#include "cmds.h"
+
+static void usage(void) {
+    printf("usage: kvtier cache <ls|inspect|verify|prune> ...\n"
+           "\n"
+           "  kvtier cache ls DIR                 entries per compatibility key: files, bytes, longest prefix\n"
+           "  kvtier cache inspect FILE           print one cache file's header fields\n"
+           "  kvtier cache verify DIR             check every header and payload checksum (exit 1 if any bad)\n"
+           "  kvtier cache prune DIR --max-gb X   delete least-recently-used files until DIR holds <= X GB\n"
+           "\n"
+           "DIR is the --ssd-cache root (holding one <compat-dir>/ per compatibility key) or one\n"
+           "compat dir. prune options: --dry-run (list what would go). Format: docs/cache-format.md\n");
+}
+
+static bool is_cache_name(const char *n) {
+    size_t l = strlen(n);
+    return l > 4 && (!strcmp(n + l - 4, ".kvb") || !strcmp(n + l - 4, ".kvt") || !strcmp(n + l - 4, ".kvs"));
+}
+static bool is_hex_dir(const char *n) {
+    if (strlen(n) != 32) return false;
+    for (int i = 0; i < 32; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f'))) return false;
+    return true;
+}
+
+/* Compat dirs under root (or root itself if it directly holds cache files). */
+typedef struct dirlist {
+    char **v;
+    int n;
+} dirlist;
+
+static void dl_push(dirlist *d, const char *p) {
+    char **nv = realloc(d->v, (size_t)(d->n + 1) * sizeof(char *));
+    if (!nv) return;
+    d->v = nv;
+    d->v[d->n++] = strdup(p);
+}
+static void dl_free(dirlist *d) {
+    for (int i = 0; i < d->n; i++) free(d->v[i]);
+    free(d->v);
+}
+
+static int list_compat_dirs(const char *root, dirlist *out) {
+    DIR *d = opendir(root);
+    if (!d) {
+        fprintf(stderr, "kvtier cache: %s: %s\n", root, strerror(errno));
+        return -1;
+    }
+    struct dirent *de;
+    bool direct = false;
+    char p[PATH_MAX];
+    while ((de = readdir(d))) {
+        if (is_cache_name(de->d_name)) direct = true;
+        if (!is_hex_dir(de->d_name)) continue;
+        snprintf(p, sizeof(p), "%s/%s", root, de->d_name);
+        struct stat st;
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) dl_push(out, p);
+    }
+    closedir(d);
+    if (direct) dl_push(out, root);
+    return 0;
+}
+
+typedef struct finfo {
+    char *path;
+    kvt_ssd_file_info info;
+    bool ok;
+    uint64_t stamp; /* max(atime, mtime) in ns */
+} finfo;
+
+typedef struct flist {
+    finfo *v;
+    size_t n;
+} flist;
+
+static void scan_files(const char *dir, bool verify, flist *fl) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[PATH_MAX];
+    while ((de = readdir(d))) {
+        if (!is_cache_name(de->d_name)) continue;
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        finfo *nv = realloc(fl->v, (fl->n + 1) * sizeof(*nv));
+        if (!nv) break;
+        fl->v = nv;
+        finfo *f = &fl->v[fl->n++];
+        memset(f, 0, sizeof(*f));
+        f->path = strdup(p);
+        char err[256] = "";
+        f->ok = kvt_ssd_read_file_info(p, verify, &f->info, NULL, 0, err, sizeof(err)) == KVT_OK;
+        if (!f->ok && verify) printf("BAD  %s: %s\n", p, err);
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            uint64_t m = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+            uint64_t a = (uint64_t)st.st_atim.tv_sec * 1000000000ull + (uint64_t)st.st_atim.tv_nsec;
+            f->stamp = m > a ? m : a;
+            f->info.file_bytes = (uint64_t)st.st_size;
+        }
+    }
+    closedir(d);
+}
+
+static void fl_free(flist *fl) {
+    for (size_t i = 0; i < fl->n; i++) free(fl->v[i].path);
+    free(fl->v);
+    fl->v = NULL;
+    fl->n = 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Longest contiguous chain (tokens) among block/tail files: an entry counts if every ancestor
+ * block back to index 0 is present (any group). */
+static uint64_t longest_prefix(const flist *fl) {
+    uint64_t *full = malloc((fl->n + 1) * sizeof(uint64_t));
+    size_t nf = 0;
+    for (size_t i = 0; i < fl->n; i++)
+        if (fl->v[i].ok && fl->v[i].info.kind == KVT_SSD_KIND_BLOCK) full[nf++] = fl->v[i].info.chain;
+    qsort(full, nf, sizeof(uint64_t), cmp_u64);
+    /* parent lookup: chain -> parent of that block */
+    uint64_t best = 0;
+    for (size_t i = 0; i < fl->n; i++) {
+        const kvt_ssd_file_info *I = &fl->v[i].info;
+        if (!fl->v[i].ok) continue;
+        uint64_t end = I->kind == KVT_SSD_KIND_SNAPSHOT ? I->n_tokens : (uint64_t)I->block_index * I->block_tokens + I->n_tokens;
+        if (end <= best) continue;
+        if (I->kind == KVT_SSD_KIND_SNAPSHOT) { best = end; continue; }
+        /* walk parents */
+        uint64_t parent = I->parent;
+        uint32_t idx = I->block_index;
+        bool ok = true;
+        while (idx > 0 && ok) {
+            ok = bsearch(&parent, full, nf, sizeof(uint64_t), cmp_u64) != NULL;
+            if (!ok) break;
+            /* find that block's parent */
+            bool found = false;
+            for (size_t j = 0; j < fl->n && !found; j++)
+                if (fl->v[j].ok && fl->v[j].info.kind == KVT_SSD_KIND_BLOCK && fl->v[j].info.chain == parent) {
+                    parent = fl->v[j].info.parent;
+                    found = true;
+                }
+            idx--;
+        }
+        if (ok) best = end;
+    }
+    free(full);
+    return best;
+}
+
+static int do_ls(const char *root) {
+    dirlist dl = {0};
+    if (list_compat_dirs(root, &dl) != 0) return 1;
+    if (dl.n == 0) printf("%s: no cache directories\n", root);
+    for (int i = 0; i < dl.n; i++) {
+        flist fl = {0};
+        scan_files(dl.v[i], false, &fl);
+        uint64_t bytes = 0, nb = 0, nt = 0, ns = 0, bad = 0;
+        const char *key = NULL;
+        for (size_t j = 0; j < fl.n; j++) {
+            bytes += fl.v[j].info.file_bytes;
+            if (!fl.v[j].ok) { bad++; continue; }
+            if (!key) key = fl.v[j].info.compat_key;
+            nb += fl.v[j].info.kind == KVT_SSD_KIND_BLOCK;
+            nt += fl.v[j].info.kind == KVT_SSD_KIND_TAIL;
+            ns += fl.v[j].info.kind == KVT_SSD_KIND_SNAPSHOT;
+        }
+        printf("%s\n  key: %s\n  files: %zu (blocks %llu, tails %llu, snapshots %llu, unreadable %llu)\n"
+               "  bytes: %llu (%.3f GB)\n  longest prefix: %llu tokens\n",
+               dl.v[i], key ? key : "(unknown)", fl.n, (unsigned long long)nb, (unsigned long long)nt,
+               (unsigned long long)ns, (unsigned long long)bad, (unsigned long long)bytes, (double)bytes / 1e9,
+               (unsigned long long)longest_prefix(&fl));
+        fl_free(&fl);
+    }
+    dl_free(&dl);
+    return 0;
+}
+
+static const char *kind_name(uint32_t k) {
+    return k == KVT_SSD_KIND_BLOCK ? "block" : k == KVT_SSD_KIND_TAIL ? "tail" : k == KVT_SSD_KIND_SNAPSHOT ? "snapshot" : "?";
+}
+
+static int do_inspect(const char *path) {
+    kvt_ssd_file_info I;
+    int32_t toks[64];
+    char err[256] = "";
+    kvt_status st = kvt_ssd_read_file_info(path, false, &I, toks, 64, err, sizeof(err));
+    if (st != KVT_OK) {
+        fprintf(stderr, "kvtier cache inspect: %s: %s\n", path, err);
+        return 1;
+    }
+    printf("file:          %s\nversion:       %u\nkind:          %s\n", path, I.version, kind_name(I.kind));
+    if (I.kind != KVT_SSD_KIND_SNAPSHOT) printf("group:         %u\n", I.group);
+    printf("block index:   %u\nn_tokens:      %u\nblock_tokens:  %u\nlayers:        %u\nsections:      %u\n",
+           I.block_index, I.n_tokens, I.block_tokens, I.n_layers, I.n_sections);
+    printf("parent:        %016llx\nchain:         %016llx\nroot:          %016llx%s\n",
+           (unsigned long long)I.parent, (unsigned long long)I.chain, (unsigned long long)I.root,
+           I.root ? "" : " (unknown)");
+    printf("compat key:    %s\ncompat hash:   %016llx\npayload bytes: %llu\nfile bytes:    %llu\n", I.compat_key,
+           (unsigned long long)I.compat_hash, (unsigned long long)I.payload_bytes, (unsigned long long)I.file_bytes);
+    if (I.kind != KVT_SSD_KIND_SNAPSHOT) {
+        printf("tokens:       ");
+        for (uint32_t i = 0; i < I.n_tokens && i < 64; i++) printf(" %d", toks[i]);
+        printf("%s\n", I.n_tokens > 64 ? " …" : "");
+    }
+    return 0;
+}
+
+static int do_verify(const char *root) {
+    dirlist dl = {0};
+    if (list_compat_dirs(root, &dl) != 0) return 1;
+    size_t n = 0, bad = 0;
+    for (int i = 0; i < dl.n; i++) {
+        flist fl = {0};
+        scan_files(dl.v[i], true, &fl);
+        const char *base = strrchr(dl.v[i], '/');
+        base = base ? base + 1 : dl.v[i];
+        for (size_t j = 0; j < fl.n; j++) {
+            n++;
+            if (!fl.v[j].ok) { bad++; continue; }
+            char cd[33];
+            kvt_ssd_compat_dir(fl.v[j].info.compat_key, cd);
+            if (is_hex_dir(base) && strcmp(cd, base) != 0) {
+                printf("BAD  %s: compat key belongs to directory %s\n", fl.v[j].path, cd);
+                bad++;
+            }
+        }
+        fl_free(&fl);
+    }
+    dl_free(&dl);
+    printf("%zu files checked, %zu bad\n", n, bad);
+    return bad ? 1 : 0;
+}
+
+static int cmp_stamp(const void *a, const void *b) {
+    const finfo *x = a, *y = b;
+    return x->stamp < y->stamp ? -1 : x->stamp > y->stamp;
+}
+
+static int do_prune(const char *root, double max_gb, bool dry) {
+    dirlist dl = {0};
+    if (list_compat_dirs(root, &dl) != 0) return 1;
+    flist fl = {0};
+    for (int i = 0; i < dl.n; i++) scan_files(dl.v[i], false, &fl);
+    uint64_t total = 0;
+    for (size_t j = 0; j < fl.n; j++) total += fl.v[j].info.file_bytes;
+    uint64_t cap = (uint64_t)(max_gb * 1e9);
+    qsort(fl.v, fl.n, sizeof(finfo), cmp_stamp);
+    size_t removed = 0;
+    uint64_t freed = 0;
+    for (size_t j = 0; j < fl.n && total > cap; j++) {
+        if (dry) printf("would remove %s\n", fl.v[j].path);
+        else if (unlink(fl.v[j].path) != 0) {
+            fprintf(stderr, "kvtier cache prune: %s: %s\n", fl.v[j].path, strerror(errno));
+            continue;
+        }
+        total -= fl.v[j].info.file_bytes;
+        freed += fl.v[j].info.file_bytes;
+        removed++;
+    }
+    printf("%s %zu files (%.3f GB); %.3f GB remain\n", dry ? "would remove" : "removed", removed, (double)freed / 1e9,
+           (double)total / 1e9);
+    fl_free(&fl);
+    dl_free(&dl);
+    return 0;
+}
+
+int cmd_cache(int argc, char **argv) {
+    kvt_args a;
+    kvt_args_init(&a, argc, argv, "cache", usage);
+    double max_gb = -1;
+    bool dry = false;
+    while (kvt_args_next(&a)) {
+        if (kvt_args_is(&a, NULL, "--max-gb")) max_gb = kvt_args_f64(&a, 0, 1e9);
+        else if (kvt_args_flag(&a, NULL, "--dry-run")) dry = true;
+        else kvt_args_unknown(&a);
+    }
+    if (a.failed) return 2;
+    if (a.help) return 0;
+    if (a.n_positional != 2) {
+        fprintf(stderr, "kvtier cache: expected a subcommand and a path (see kvtier cache --help)\n");
+        return 2;
+    }
+    const char *sub = a.positional[0], *path = a.positional[1];
+    if (!strcmp(sub, "ls")) return do_ls(path);
+    if (!strcmp(sub, "inspect")) return do_inspect(path);
+    if (!strcmp(sub, "verify")) return do_verify(path);
+    if (!strcmp(sub, "prune")) {
+        if (max_gb < 0) {
+            fprintf(stderr, "kvtier cache prune: --max-gb is required\n");
+            return 2;
+        }
+        return do_prune(path, max_gb, dry);
+    }
+    fprintf(stderr, "kvtier cache: unknown subcommand '%s' (see kvtier cache --help)\n", sub);
+    return 2;
+}

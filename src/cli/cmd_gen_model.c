@@ -1,0 +1,69 @@
+/* cmd_gen_model.c — `kvtier gen-model`: write a deterministic random-weight GGUF (model/gen_model.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "../model/gen_model.h"
+#include "args.h"
+#include "cmds.h"
+
+static void usage(void) {
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf] [--seed N] -o OUT.gguf\n"
+           "\n"
+           "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
+           "  --arch   llama | qwen2 | qwen3 | gemma3      (default: the shape's own arch; llama for tiny)\n"
+           "  --shape  tiny | smol-135m | qwen3-0.6b | llama-1b | gemma3-1b   (default tiny)\n"
+           "  --type   f16 | q8_0 | q4_0 | q4_k | f32 | bf16   (default f16; 1-D tensors stay f32;\n"
+           "           q4_k rows not a multiple of 256 fall back to q5_0, like llama-quantize)\n"
+           "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default\n"
+           "           ../shared/vocab/ggml-vocab-gpt-2.gguf, else $KVT_VOCAB_DIR; else a 256-byte vocab)\n"
+           "  --seed   PRNG seed (default 0)\n"
+           "  -o, --output  output path (written atomically)\n");
+}
+
+static bool in_list(const char *const *list, const char *s) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], s)) return true;
+    return false;
+}
+
+int cmd_gen_model(int argc, char **argv) {
+    kvt_gen_model_opts o = {0};
+    const char *out = NULL;
+    kvt_args a;
+    kvt_args_init(&a, argc, argv, "gen-model", usage);
+    while (kvt_args_next(&a)) {
+        if (kvt_args_is(&a, NULL, "--arch")) o.arch = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--shape")) o.shape = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--type")) o.type = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--vocab")) o.vocab_path = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
+        else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
+        else kvt_args_unknown(&a);
+    }
+    if (a.failed) return 2;
+    if (a.help) return 0;
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3", NULL};
+    const char *bad = NULL, *what = NULL;
+    if (o.arch && !in_list(archs, o.arch)) bad = o.arch, what = "arch";
+    else if (o.shape && !in_list(kvt_gen_model_shapes, o.shape)) bad = o.shape, what = "shape";
+    else if (o.type && !in_list(kvt_gen_model_types, o.type)) bad = o.type, what = "type";
+    if (bad) {
+        fprintf(stderr, "kvtier gen-model: unknown %s '%s' (see kvtier gen-model --help)\n", what, bad);
+        return 2;
+    }
+    if (a.n_positional > 0) {
+        fprintf(stderr, "kvtier gen-model: unexpected argument '%s' (see kvtier gen-model --help)\n", a.positional[0]);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "kvtier gen-model: -o OUT.gguf is required (see kvtier gen-model --help)\n");
+        return 2;
+    }
+    char err[512];
+    kvt_status st = kvt_gen_model(&o, out, err, sizeof err);
+    if (st != KVT_OK) {
+        fprintf(stderr, "kvtier gen-model: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,129 @@
+/*
+ * dispatch.c — run-time ISA selection (CPUID via __builtin_cpu_supports, env KVT_ISA) and the
+ * dispatched entry points. Types without a SIMD kernel for the chosen ISA use the scalar reference.
+ */
+#include "kernels_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <strings.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+static kq_table g_tab;          /* active table */
+static kvt_isa g_isa = KVT_ISA_SCALAR;
+static kvt_isa g_best = KVT_ISA_SCALAR;
+static bool g_vnni = false;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    /* F16C via CPUID leaf 1 ECX bit 29 (clang's __builtin_cpu_supports lacks "f16c") */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl");
+    g_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+    g_best = avx512 ? KVT_ISA_AVX512 : avx2 ? KVT_ISA_AVX2 : KVT_ISA_SCALAR;
+#else
+    g_best = KVT_ISA_SCALAR;
+#endif
+}
+
+static void fill(kvt_isa isa) {
+    memset(&g_tab, 0, sizeof g_tab);
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
+    if (isa == KVT_ISA_AVX512) kq_fill_avx512(&g_tab, g_vnni);
+#endif
+    g_isa = isa;
+}
+
+static void init_once(void) {
+    kvt_f16_table_init();
+    detect();
+    kvt_isa isa = g_best;
+    const char *e = getenv("KVT_ISA");
+    if (e && *e) {
+        kvt_isa want = isa;
+        if (!strcasecmp(e, "scalar")) want = KVT_ISA_SCALAR;
+        else if (!strcasecmp(e, "avx2")) want = KVT_ISA_AVX2;
+        else if (!strcasecmp(e, "avx512")) want = KVT_ISA_AVX512;
+        else KVT_WARN("KVT_ISA=%s not recognised (scalar|avx2|avx512); using %s", e, kvt_isa_name(isa));
+        if (want > g_best) KVT_WARN("KVT_ISA=%s not supported by this CPU; using %s", e, kvt_isa_name(isa));
+        else isa = want;
+    }
+    fill(isa);
+}
+
+void kvt_kernels_init(void) { pthread_once(&g_once, init_once); }
+
+kvt_isa kvt_kernels_best_isa(void) {
+    kvt_kernels_init();
+    return g_best;
+}
+kvt_isa kvt_kernels_isa(void) {
+    kvt_kernels_init();
+    return g_isa;
+}
+bool kvt_kernels_force_isa(kvt_isa isa) {
+    kvt_kernels_init();
+    if (isa > g_best || isa < KVT_ISA_SCALAR) return false;
+    fill(isa);
+    return true;
+}
+const char *kvt_isa_name(kvt_isa isa) {
+    switch (isa) {
+    case KVT_ISA_SCALAR: return "scalar";
+    case KVT_ISA_AVX2: return "avx2";
+    case KVT_ISA_AVX512: return "avx512";
+    default: return "?";
+    }
+}
+
+void kvt_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
+    kvt_kernels_init();
+    if (t < KVT_TYPE_COUNT && g_tab.dequant[t]) {
+        const uint32_t be = kvt_type_block_elems(t);
+        if (be == 0 || n <= 0 || n % be) return;
+        g_tab.dequant[t](src, dst, n);
+        return;
+    }
+    kvt_dequant_ref(t, src, dst, n);
+}
+
+void kvt_matmul_rows(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    kvt_kernels_init();
+    if (o1 <= o0 || n_rows <= 0) return;
+    if (wtype < KVT_TYPE_COUNT && g_tab.matmul[wtype] && kvt_type_row_bytes(wtype, (uint64_t)n_in)) {
+        g_tab.matmul[wtype](W, n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    kvt_matmul_rows_ref(wtype, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+
+void kvt_act_quantize(uint32_t wtype, const float *x, int64_t n_in, int64_t r0, int64_t r1, void *buf) {
+    kvt_kernels_init();
+    const uint32_t vt = kvt_vec_dot_type(wtype);
+    const size_t rb = (size_t)kvt_type_row_bytes(vt, (uint64_t)n_in);
+    if (rb == 0 || n_in <= 0) return;
+    for (int64_t r = r0; r < r1; r++) {
+        void *dst = (uint8_t *)buf + (size_t)r * rb;
+        if (g_tab.act_quant[vt]) g_tab.act_quant[vt](x + r * n_in, dst, n_in);
+        else kvt_quantize_ref(vt, x + r * n_in, dst, n_in);
+    }
+}
+
+float kvt_dot_f32(const float *a, const float *b, int64_t n) {
+    kvt_kernels_init();
+    return g_tab.dot_f32 ? g_tab.dot_f32(a, b, n) : kq_dot_f32_ref(a, b, n);
+}
+void kvt_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    kvt_kernels_init();
+    if (g_tab.axpy_f32) g_tab.axpy_f32(y, a, x, n);
+    else kq_axpy_f32_ref(y, a, x, n);
+}

@@ -1,0 +1,79 @@
+/*
+ * kernels_internal.h — private to src/kernels: ggml block structs, the per-ISA kernel table and the
+ * scalar helpers shared by quant_ref.c, the SIMD kernel files and dispatch.c.
+ *
+ * Ownership: nothing here allocates. The kernel tables are static, filled once by kvt_kernels_init.
+ */
+#ifndef KVT_KERNELS_INTERNAL_H
+#define KVT_KERNELS_INTERNAL_H
+
+#include "quant.h"
+
+/* ---- ggml block layouts (packed, sizes checked below) ---- */
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef struct { uint16_t d; int8_t qs[QK8_0]; } blk_q8_0;
+typedef struct { uint16_t d; uint16_t s; int8_t qs[QK8_0]; } blk_q8_1;
+typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } blk_q4_0;
+typedef struct { uint16_t d; uint16_t m; uint8_t qs[QK4_0 / 2]; } blk_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK4_0 / 2]; } blk_q5_0;
+typedef struct { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[QK4_0 / 2]; } blk_q5_1;
+typedef struct { uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } blk_q4_K;
+typedef struct {
+    uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+} blk_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
+
+_Static_assert(sizeof(blk_q8_0) == 34, "q8_0 size");
+_Static_assert(sizeof(blk_q8_1) == 36, "q8_1 size");
+_Static_assert(sizeof(blk_q4_0) == 18, "q4_0 size");
+_Static_assert(sizeof(blk_q4_1) == 20, "q4_1 size");
+_Static_assert(sizeof(blk_q5_0) == 22, "q5_0 size");
+_Static_assert(sizeof(blk_q5_1) == 24, "q5_1 size");
+_Static_assert(sizeof(blk_q4_K) == 144, "q4_K size");
+_Static_assert(sizeof(blk_q5_K) == 176, "q5_K size");
+_Static_assert(sizeof(blk_q6_K) == 210, "q6_K size");
+_Static_assert(sizeof(blk_q8_K) == 292, "q8_K size");
+
+/* f16 -> f32 through the table (kvt_f16_table_init must have run: kvt_kernels_init and the public
+ * ref entry points ensure it). */
+static inline float kq_h2f(uint16_t h) { return kvt_f16_table[h]; }
+
+/* Unpack the 6-bit scale and min of sub-block j (0..7) from a Q4_K/Q5_K scales[12] array. */
+static inline void kq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* ---- per-ISA kernel table; NULL entries fall back to the scalar reference ---- */
+typedef void (*kq_matmul_fn)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,
+                             int64_t ldy, int64_t o0, int64_t o1);
+typedef void (*kq_dequant_fn)(const void *src, float *dst, int64_t n);
+typedef struct kq_table {
+    kq_matmul_fn matmul[KVT_TYPE_COUNT];
+    kq_dequant_fn dequant[KVT_TYPE_COUNT];
+    /* activation rows → vec-dot type (indexed by the vec-dot type: Q8_0, Q8_1, Q8_K); must produce
+     * the same bytes as kvt_quantize_ref */
+    void (*act_quant[KVT_TYPE_COUNT])(const float *x, void *dst, int64_t n);
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+} kq_table;
+
+/* Filled by the SIMD files (x86 only). */
+void kq_fill_avx2(kq_table *t);
+void kq_fill_avx512(kq_table *t, bool vnni);
+
+/* scalar reference pieces (quant_ref.c) */
+float kq_dot_f32_ref(const float *a, const float *b, int64_t n);
+void kq_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,583 @@
+/*
+ * kernels_x86_tmpl.h — x86 SIMD kernels, written once and instantiated per ISA by kernels_avx2.c and
+ * kernels_avx512.c (private to src/kernels; include only from those files).
+ *
+ * The including file defines:
+ *   KVT_SFX      suffix for function names (avx2, avx512)
+ *   KVT_TGT_STR  target attribute string (every function gets __attribute__((target(...))))
+ *   KVT_VNNI     1: u8×s8 dots use vpdpbusd (AVX512-VNNI, 256-bit), 0: maddubs+madd
+ *   KVT_TR       activation rows per register tile (weights: always 4 rows per tile)
+ *   KVT_ZMM      1: f32-family kernels use 512-bit vectors with masked tails
+ *
+ * Batch invariance: every tile variant (4×TR, 4×r, 1×TR, 1×r) runs, for each output element, the
+ * same instruction sequence over the blocks in order (one accumulator per element, the same
+ * horizontal reduction), so y[r][o] does not depend on n_rows, the tile it fell in or [o0,o1).
+ * K-quant kernels reduce each super-block to exact integers and then evaluate the same scalar
+ * float expression as kvt_matmul_rows_ref, so they equal the reference bit for bit.
+ */
+#if !defined(KVT_SFX) || !defined(KVT_TGT_STR) || !defined(KVT_VNNI) || !defined(KVT_TR) || !defined(KVT_ZMM)
+#error "define KVT_SFX, KVT_TGT_STR, KVT_VNNI, KVT_TR, KVT_ZMM before including kernels_x86_tmpl.h"
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels_internal.h"
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define KQ_CAT2(a, b) a##_##b
+#define KQ_CAT(a, b) KQ_CAT2(a, b)
+#define F(name) KQ_CAT(name, KVT_SFX)
+#define TGT __attribute__((target(KVT_TGT_STR)))
+#define AI static inline __attribute__((always_inline)) TGT
+#define KQ_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ---------------- helpers ---------------- */
+
+AI float F(hsum_ps)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AI int32_t F(hsum_i32)(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+/* Σ over groups of 4 of u8·s8 → 8 × i32 (no saturation for |u|<=128, |s|<=127) */
+AI __m256i F(dot_us)(__m256i u, __m256i s) {
+#if KVT_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+/* 32 bits → 32 bytes of 0x10 where the bit is set (bit k → byte k) */
+AI __m256i F(bits_to_0x10)(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i b = _mm256_set1_epi32((int32_t)v);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i bytes = _mm256_shuffle_epi8(b, shuf);
+    const __m256i bitm = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitm), bitm);
+    return _mm256_and_si256(on, _mm256_set1_epi8(0x10));
+}
+/* 16 nibble bytes → 32 values: low nibbles are elements 0..15, high nibbles 16..31 */
+AI __m256i F(nibbles32)(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* ---------------- small-block types (act Q8_0 / Q8_1) ---------------- */
+
+static inline size_t F(wblk_bytes)(uint32_t wt) {
+    switch (wt) {
+    case KVT_TYPE_Q8_0: return 34;
+    case KVT_TYPE_Q4_0: return 18;
+    case KVT_TYPE_Q4_1: return 20;
+    case KVT_TYPE_Q5_0: return 22;
+    default: return 24; /* Q5_1 */
+    }
+}
+/* The 32 weights of one block as bytes: signed (Q8_0/Q4_0/Q5_0) or unsigned (Q4_1/Q5_1). */
+AI __m256i F(unpack_small)(const uint32_t wt, const uint8_t *p) {
+    switch (wt) {
+    case KVT_TYPE_Q8_0: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    case KVT_TYPE_Q4_0: return _mm256_sub_epi8(F(nibbles32)(p + 2), _mm256_set1_epi8(8));
+    case KVT_TYPE_Q4_1: return F(nibbles32)(p + 4);
+    case KVT_TYPE_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(F(nibbles32)(p + 6), F(bits_to_0x10)(p + 2)), _mm256_set1_epi8(16));
+    default: return _mm256_or_si256(F(nibbles32)(p + 8), F(bits_to_0x10)(p + 4)); /* Q5_1 */
+    }
+}
+
+AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
+                      const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
+    const bool sgn = wt == KVT_TYPE_Q8_0 || wt == KVT_TYPE_Q4_0 || wt == KVT_TYPE_Q5_0;
+    const size_t wbb = F(wblk_bytes)(wt), abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4;
+    __m256 acc[4][KVT_TR];
+    float macc[4][KVT_TR];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps(), macc[i][j] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq[4], wa[4];
+        float dw[4], mw[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < NW; i++) {
+            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            uint16_t h;
+            memcpy(&h, p, 2);
+            dw[i] = kq_h2f(h);
+            wq[i] = F(unpack_small)(wt, p);
+            if (sgn) {
+                wa[i] = _mm256_abs_epi8(wq[i]);
+            } else {
+                memcpy(&h, p + 2, 2);
+                mw[i] = kq_h2f(h);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const uint8_t *pa = A + (size_t)j * arb + (size_t)b * abb;
+            uint16_t h;
+            memcpy(&h, pa, 2);
+            const float dx = kq_h2f(h);
+            float sx = 0.0f;
+            if (!sgn) {
+                memcpy(&h, pa + 2, 2);
+                sx = kq_h2f(h);
+            }
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(pa + aqo));
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) {
+                const __m256i d = sgn ? F(dot_us)(wa[i], _mm256_sign_epi8(xq, wq[i])) : F(dot_us)(wq[i], xq);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(dw[i] * dx), acc[i][j]);
+                if (!sgn) macc[i][j] += mw[i] * sx;
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) y[(int64_t)j * ldy + i] = F(hsum_ps)(acc[i][j]) + macc[i][j];
+}
+
+/* ---------------- K-quants (act Q8_K) ---------------- */
+
+/* One 32-value group g (0..7) of a Q4_K/Q5_K/Q6_K super-block as unsigned bytes, and the int16
+ * scale vector for it (Q6_K: two 16-value halves with their own scales). */
+AI __m256i F(kgroup)(const uint32_t wt, const uint8_t *p, int g) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (wt == KVT_TYPE_Q6_K) {
+        const int h = g / 4, k = g % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (k & 1)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+        const __m256i lo = (k < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    }
+    const size_t qso = wt == KVT_TYPE_Q4_K ? 16 : 48;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(p + qso + 32 * (g / 2)));
+    __m256i v = (g & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+    if (wt == KVT_TYPE_Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, g), _mm256_set1_epi8(1));
+        v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
+    }
+    return v;
+}
+
+AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
+                  const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
+    const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
+    const size_t abb = sizeof(blk_q8_K);
+    float sumf[4][KVT_TR];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) sumf[i][j] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wp[4];
+        int16_t sc[4][16]; /* per-group int16 scale (Q4/5_K: sc[g]; Q6_K: 16-value scales) */
+        __m256i mvec[4];   /* Q4/5_K: mins paired with bsums; Q6_K: scales paired with bsums */
+        float dw[4], dmw[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < NW; i++) {
+            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            wp[i] = p;
+            uint16_t h;
+            if (wt == KVT_TYPE_Q6_K) {
+                memcpy(&h, p + 208, 2);
+                dw[i] = kq_h2f(h);
+                dmw[i] = 0.0f;
+                const __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
+                mvec[i] = _mm256_cvtepi8_epi16(s8);
+                for (int g = 0; g < 16; g++) sc[i][g] = (int8_t)p[192 + g];
+            } else {
+                memcpy(&h, p, 2);
+                dw[i] = kq_h2f(h);
+                memcpy(&h, p + 2, 2);
+                dmw[i] = kq_h2f(h);
+                int16_t mm[16];
+                for (int g = 0; g < 8; g++) {
+                    uint8_t s, m;
+                    kq_scale_min_k4(g, p + 4, &s, &m);
+                    sc[i][g] = s;
+                    mm[2 * g] = mm[2 * g + 1] = m;
+                }
+                mvec[i] = _mm256_loadu_si256((const __m256i *)mm);
+            }
+        }
+        __m256i iacc[4][KVT_TR];
+        for (int i = 0; i < NW; i++)
+            for (int j = 0; j < NR; j++) iacc[i][j] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            __m256i q[4], s[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) {
+                q[i] = F(kgroup)(wt, wp[i], g);
+                if (wt == KVT_TYPE_Q6_K)
+                    s[i] = _mm256_set_m128i(_mm_set1_epi16(sc[i][2 * g + 1]), _mm_set1_epi16(sc[i][2 * g]));
+                else
+                    s[i] = _mm256_set1_epi16(sc[i][g]);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                const __m256i yv = _mm256_loadu_si256((const __m256i *)(A + (size_t)j * arb + (size_t)b * abb + 4 + 32 * g));
+#pragma GCC unroll 4
+                for (int i = 0; i < NW; i++)
+                    iacc[i][j] = _mm256_add_epi32(iacc[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], yv), s[i]));
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const blk_q8_K *xa = (const blk_q8_K *)(A + (size_t)j * arb + (size_t)b * abb);
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
+            const float dx = xa->d;
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) {
+                const int32_t isum = F(hsum_i32)(iacc[i][j]);
+                const int32_t msum = F(hsum_i32)(_mm256_madd_epi16(bs, mvec[i]));
+                if (wt == KVT_TYPE_Q6_K)
+                    sumf[i][j] += (dw[i] * dx) * (float)(isum - 32 * msum);
+                else
+                    sumf[i][j] += (dw[i] * dx) * (float)isum - (dmw[i] * dx) * (float)msum;
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) y[(int64_t)j * ldy + i] = sumf[i][j];
+}
+
+/* ---------------- F32 / F16 / BF16 weights × f32 activations ---------------- */
+
+#if KVT_ZMM
+#define FV __m512
+#define FV_W 16
+AI __m512 F(fload)(const uint32_t wt, const uint8_t *p, int64_t k, __mmask16 m, bool masked) {
+    if (wt == KVT_TYPE_F32)
+        return masked ? _mm512_maskz_loadu_ps(m, (const float *)p + k) : _mm512_loadu_ps((const float *)p + k);
+    const __m256i h = masked ? _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + k)
+                             : _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + k));
+    if (wt == KVT_TYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#else
+#define FV __m256
+#define FV_W 8
+AI __m256 F(fload)(const uint32_t wt, const uint8_t *p, int64_t k) {
+    if (wt == KVT_TYPE_F32) return _mm256_loadu_ps((const float *)p + k);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + k));
+    if (wt == KVT_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline float F(fscalar)(const uint32_t wt, const uint8_t *p, int64_t k) {
+    if (wt == KVT_TYPE_F32) return ((const float *)p)[k];
+    uint16_t h;
+    memcpy(&h, p + 2 * k, 2);
+    return wt == KVT_TYPE_F16 ? kq_h2f(h) : kvt_bf16_to_f32(h);
+}
+#endif
+
+AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
+                  const uint8_t *A, size_t arb, int64_t n, float *y, int64_t ldy) {
+    FV acc[4][KVT_TR];
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = (FV){0};
+    int64_t k = 0;
+    for (; k + FV_W <= n; k += FV_W) {
+        FV wv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < NW; i++)
+#if KVT_ZMM
+            wv[i] = F(fload)(wt, W + (size_t)i * wrb, k, 0xFFFF, false);
+#else
+            wv[i] = F(fload)(wt, W + (size_t)i * wrb, k);
+#endif
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+#if KVT_ZMM
+            const FV xv = _mm512_loadu_ps((const float *)(A + (size_t)j * arb) + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+#else
+            const FV xv = _mm256_loadu_ps((const float *)(A + (size_t)j * arb) + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+#endif
+        }
+    }
+#if KVT_ZMM
+    if (k < n) { /* masked tail: same lanes, zeros elsewhere */
+        const __mmask16 m = (__mmask16)((1u << (n - k)) - 1u);
+        FV wv[4];
+        for (int i = 0; i < NW; i++) wv[i] = F(fload)(wt, W + (size_t)i * wrb, k, m, true);
+        for (int j = 0; j < NR; j++) {
+            const FV xv = _mm512_maskz_loadu_ps(m, (const float *)(A + (size_t)j * arb) + k);
+            for (int i = 0; i < NW; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) {
+            const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
+                                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
+            y[(int64_t)j * ldy + i] = F(hsum_ps)(h);
+        }
+#else
+    for (int i = 0; i < NW; i++)
+        for (int j = 0; j < NR; j++) {
+            float s = F(hsum_ps)(acc[i][j]);
+            const float *xa = (const float *)(A + (size_t)j * arb);
+            for (int64_t t = k; t < n; t++) s += F(fscalar)(wt, W + (size_t)i * wrb, t) * xa[t];
+            y[(int64_t)j * ldy + i] = s;
+        }
+#endif
+}
+
+/* ---------------- matmul drivers ---------------- */
+
+/* Tiles of 4 weight rows × KVT_TR activation rows; leftovers use narrower tiles of the same code. */
+#define KQ_ROWS(TILE, WT, NW, WP)                                                                       \
+    do {                                                                                                \
+        int64_t r = 0;                                                                                  \
+        for (; r + KVT_TR <= n_rows; r += KVT_TR)                                                       \
+            TILE(WT, NW, KVT_TR, WP, wrb, A + (size_t)r * arb, arb, inner, y + r * ldy + o, ldy);       \
+        switch (n_rows - r) {                                                                           \
+        case 1: TILE(WT, NW, 1, WP, wrb, A + (size_t)r * arb, arb, inner, y + r * ldy + o, ldy); break; \
+        case 2: TILE(WT, NW, KQ_MIN(2, KVT_TR), WP, wrb, A + (size_t)r * arb, arb, inner, y + r * ldy + o, ldy); break; \
+        case 3: TILE(WT, NW, KQ_MIN(3, KVT_TR), WP, wrb, A + (size_t)r * arb, arb, inner, y + r * ldy + o, ldy); break; \
+        default: break;                                                                                 \
+        }                                                                                               \
+    } while (0)
+
+#define KQ_DEFINE_MM(NAME, TILE, WT, INNER_DIV)                                                          \
+    static TGT void F(NAME)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,      \
+                            int64_t ldy, int64_t o0, int64_t o1) {                                       \
+        const size_t wrb = (size_t)kvt_type_row_bytes(WT, (uint64_t)n_in);                              \
+        const size_t arb = (size_t)kvt_type_row_bytes(kvt_vec_dot_type(WT), (uint64_t)n_in);            \
+        const int64_t inner = n_in / (INNER_DIV);                                                        \
+        const uint8_t *A = act;                                                                          \
+        int64_t o = o0;                                                                                  \
+        for (; o + 4 <= o1; o += 4) KQ_ROWS(TILE, WT, 4, (const uint8_t *)W + (size_t)o * wrb);          \
+        for (; o < o1; o++) KQ_ROWS(TILE, WT, 1, (const uint8_t *)W + (size_t)o * wrb);                  \
+    }
+
+_Static_assert(KVT_TR >= 1 && KVT_TR <= 4, "tile rows");
+
+KQ_DEFINE_MM(mm_q8_0, F(tile_small), KVT_TYPE_Q8_0, 32)
+KQ_DEFINE_MM(mm_q4_0, F(tile_small), KVT_TYPE_Q4_0, 32)
+KQ_DEFINE_MM(mm_q4_1, F(tile_small), KVT_TYPE_Q4_1, 32)
+KQ_DEFINE_MM(mm_q5_0, F(tile_small), KVT_TYPE_Q5_0, 32)
+KQ_DEFINE_MM(mm_q5_1, F(tile_small), KVT_TYPE_Q5_1, 32)
+KQ_DEFINE_MM(mm_q4_K, F(tile_k), KVT_TYPE_Q4_K, 256)
+KQ_DEFINE_MM(mm_q5_K, F(tile_k), KVT_TYPE_Q5_K, 256)
+KQ_DEFINE_MM(mm_q6_K, F(tile_k), KVT_TYPE_Q6_K, 256)
+KQ_DEFINE_MM(mm_f32, F(tile_f), KVT_TYPE_F32, 1)
+KQ_DEFINE_MM(mm_f16, F(tile_f), KVT_TYPE_F16, 1)
+KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
+
+/* ---------------- dequantization (bit-identical to the reference) ---------------- */
+
+AI void F(store_bytes_scaled)(float *dst, __m256i q, __m256 d) { /* 32 signed bytes × d */
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(dst + 0, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+    _mm256_storeu_ps(dst + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+    _mm256_storeu_ps(dst + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+static TGT void F(dq_q8_0)(const void *src, float *dst, int64_t n) {
+    const blk_q8_0 *x = src;
+    for (int64_t i = 0; i < n / 32; i++)
+        F(store_bytes_scaled)(dst + 32 * i, _mm256_loadu_si256((const __m256i *)x[i].qs), _mm256_set1_ps(kq_h2f(x[i].d)));
+}
+static TGT void F(dq_q4_0)(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n / 32; i++, p += 18) {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        F(store_bytes_scaled)(dst + 32 * i, F(unpack_small)(KVT_TYPE_Q4_0, p), _mm256_set1_ps(kq_h2f(h)));
+    }
+}
+static TGT void F(dq_f16)(const void *src, float *dst, int64_t n) {
+    const uint16_t *h = src;
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + k))));
+    for (; k < n; k++) dst[k] = kq_h2f(h[k]);
+}
+static TGT void F(dq_bf16)(const void *src, float *dst, int64_t n) {
+    const uint16_t *h = src;
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                      _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + k))), 16)));
+    for (; k < n; k++) dst[k] = kvt_bf16_to_f32(h[k]);
+}
+/* unsigned bytes → 4×8 floats of a*q - b (mul then sub: same rounding as the reference) */
+AI void F(store_affine)(float *dst, __m256i q, float a, float b) {
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_ps(dst + 8 * k,
+                         _mm256_sub_ps(_mm256_mul_ps(va, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]))), vb));
+}
+static TGT void F(dq_q4_K)(const void *src, float *dst, int64_t n) {
+    const blk_q4_K *x = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_h2f(x[i].d), dmin = kq_h2f(x[i].dmin);
+        for (int g = 0; g < 8; g++) {
+            uint8_t sc, m;
+            kq_scale_min_k4(g, x[i].scales, &sc, &m);
+            F(store_affine)(dst + QK_K * i + 32 * g, F(kgroup)(KVT_TYPE_Q4_K, (const uint8_t *)&x[i], g),
+                            d * (float)sc, dmin * (float)m);
+        }
+    }
+}
+static TGT void F(dq_q6_K)(const void *src, float *dst, int64_t n) {
+    const blk_q6_K *x = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kq_h2f(x[i].d);
+        for (int g = 0; g < 8; g++) {
+            const __m256i q = _mm256_sub_epi8(F(kgroup)(KVT_TYPE_Q6_K, (const uint8_t *)&x[i], g), _mm256_set1_epi8(32));
+            float *o = dst + QK_K * i + 32 * g;
+            const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+            const __m256 d0 = _mm256_set1_ps(d * (float)x[i].scales[2 * g]);
+            const __m256 d1 = _mm256_set1_ps(d * (float)x[i].scales[2 * g + 1]);
+            _mm256_storeu_ps(o + 0, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+            _mm256_storeu_ps(o + 8, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+            _mm256_storeu_ps(o + 16, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+            _mm256_storeu_ps(o + 24, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+        }
+    }
+}
+
+/* ---------------- activation quantization (bytes identical to kvt_quantize_ref) ---------------- */
+
+AI float F(hmax_ps)(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+/* roundf (half away from zero), exactly: trunc, then adjust by the exact remainder */
+AI __m256i F(roundf_epi32)(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_sub_ps(v, t), one = _mm256_set1_ps(1.0f);
+    __m256 u = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
+    u = _mm256_sub_ps(u, _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one));
+    return _mm256_cvttps_epi32(u);
+}
+/* 4 × 8 int32 (each in [-127,127]) → 32 int8 in order */
+AI __m256i F(pack32)(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+AI void F(aq_q8_block)(const float *x, uint8_t *out, bool with_sum) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], am = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        am = _mm256_max_ps(am, _mm256_and_ps(v[k], absmask));
+    }
+    const float amax = F(hmax_ps)(am);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = F(roundf_epi32)(_mm256_mul_ps(v[k], vid));
+    const uint16_t dh = kvt_f32_to_f16(d);
+    memcpy(out, &dh, 2);
+    _mm256_storeu_si256((__m256i *)(out + (with_sum ? 4 : 2)), F(pack32)(q[0], q[1], q[2], q[3]));
+    if (with_sum) {
+        const int32_t sum = F(hsum_i32)(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        const uint16_t sh = kvt_f32_to_f16((float)sum * d);
+        memcpy(out + 2, &sh, 2);
+    }
+}
+static TGT void F(aq_q8_0)(const float *x, void *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; i++) F(aq_q8_block)(x + 32 * i, (uint8_t *)dst + 34 * i, false);
+}
+static TGT void F(aq_q8_1)(const float *x, void *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; i++) F(aq_q8_block)(x + 32 * i, (uint8_t *)dst + 36 * i, true);
+}
+static TGT void F(aq_q8_K)(const float *x, void *dst, int64_t n) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float *v = x + QK_K * i;
+        blk_q8_K *y = (blk_q8_K *)dst + i;
+        __m256 am = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8) am = _mm256_max_ps(am, _mm256_and_ps(_mm256_loadu_ps(v + k), absmask));
+        const float amax = F(hmax_ps)(am);
+        if (amax == 0.0f) {
+            memset(y, 0, sizeof *y);
+            continue;
+        }
+        float max = 0.0f; /* first element of largest magnitude, with its sign (as the reference) */
+        for (int k = 0; k < QK_K; k++)
+            if (fabsf(v[k]) == amax) {
+                max = v[k];
+                break;
+            }
+        const float iscale = -127.0f / max;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+        for (int g = 0; g < QK_K / 32; g++) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_max_epi32(lo, _mm256_min_epi32(hi, _mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(v + 32 * g + 8 * k)))));
+            _mm256_storeu_si256((__m256i *)(y->qs + 32 * g), F(pack32)(q[0], q[1], q[2], q[3]));
+            y->bsums[2 * g] = (int16_t)F(hsum_i32)(_mm256_add_epi32(q[0], q[1]));
+            y->bsums[2 * g + 1] = (int16_t)F(hsum_i32)(_mm256_add_epi32(q[2], q[3]));
+        }
+        y->d = 1.0f / iscale;
+    }
+}
+
+/* ---------------- f32 helpers ---------------- */
+
+static TGT float F(dot_f32)(const float *a, const float *b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), acc1);
+    }
+    for (; k + 8 <= n; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc0);
+    float s = F(hsum_ps)(_mm256_add_ps(acc0, acc1));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+static TGT void F(axpy_f32)(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+    for (; k < n; k++) y[k] += a * x[k];
+}
+
+static void F(fill_table)(kq_table *t) {
+    t->matmul[KVT_TYPE_Q8_0] = F(mm_q8_0);
+    t->matmul[KVT_TYPE_Q4_0] = F(mm_q4_0);
+    t->matmul[KVT_TYPE_Q4_1] = F(mm_q4_1);
+    t->matmul[KVT_TYPE_Q5_0] = F(mm_q5_0);
+    t->matmul[KVT_TYPE_Q5_1] = F(mm_q5_1);
+    t->matmul[KVT_TYPE_Q4_K] = F(mm_q4_K);
+    t->matmul[KVT_TYPE_Q5_K] = F(mm_q5_K);
+    t->matmul[KVT_TYPE_Q6_K] = F(mm_q6_K);
+    t->matmul[KVT_TYPE_F32] = F(mm_f32);
+    t->matmul[KVT_TYPE_F16] = F(mm_f16);
+    t->matmul[KVT_TYPE_BF16] = F(mm_bf16);
+    t->dequant[KVT_TYPE_Q8_0] = F(dq_q8_0);
+    t->dequant[KVT_TYPE_Q4_0] = F(dq_q4_0);
+    t->dequant[KVT_TYPE_F16] = F(dq_f16);
+    t->dequant[KVT_TYPE_BF16] = F(dq_bf16);
+    t->dequant[KVT_TYPE_Q4_K] = F(dq_q4_K);
+    t->dequant[KVT_TYPE_Q6_K] = F(dq_q6_K);
+    t->act_quant[KVT_TYPE_Q8_0] = F(aq_q8_0);
+    t->act_quant[KVT_TYPE_Q8_1] = F(aq_q8_1);
+    t->act_quant[KVT_TYPE_Q8_K] = F(aq_q8_K);
+    t->dot_f32 = F(dot_f32);
+    t->axpy_f32 = F(axpy_f32);
+}

@@ -1,0 +1,190 @@
+/*
+ * attention.c — causal (optionally windowed) GQA attention that reads K/V rows straight from a
+ * sequence's blocks, plus the naive contiguous-f32 reference it must match bit for bit.
+ *
+ * Both implementations compute, per (query row i, head h), with p = pos0 + i:
+ *   keys j in [lo, hi], lo = window ? max(0, p - window + 1) : 0, hi = p
+ *   s_j = kvt_kv_dot(q, k_j, hd_k) * scale           (same helper, same order)
+ *   m = max_j s_j; e_j = expf(s_j - m); sum = e_lo + ... + e_hi (ascending j)
+ *   o = 0; for j ascending: kvt_kv_axpy(o, e_j, v_j); o *= 1/sum
+ * so for the same decoded f32 K/V they produce identical bits. The block walker decodes each K/V row
+ * once into a small buffer and reuses it for up to ATT_TILE (query, head) pairs that share the KV
+ * head (GQA and multi-row prefill), never gathering the context.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kv_int.h"
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define ATT_TILE 8
+
+static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
+    return pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1);
+}
+
+/* Softmax over sc[lo..hi] in place (ascending order); returns 1/sum, or 0 when nothing is visible. */
+static float softmax_inplace(float *sc, uint32_t n) {
+    float m = -INFINITY;
+    for (uint32_t j = 0; j < n; j++)
+        if (sc[j] > m) m = sc[j];
+    if (m == -INFINITY) return 0.0f;
+    float sum = 0.0f;
+    for (uint32_t j = 0; j < n; j++) {
+        float e = expf(sc[j] - m);
+        sc[j] = e;
+        sum += e;
+    }
+    return 1.0f / sum;
+}
+
+static void scale_row(float *o, float inv, uint32_t n) {
+    for (uint32_t d = 0; d < n; d++) o[d] *= inv;
+}
+
+void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n_kv_heads, uint32_t hd_k,
+                       uint32_t hd_v, const float *q, uint32_t n_q, uint32_t q_stride, uint32_t pos0,
+                       uint32_t n_head, float scale, uint32_t window, float *out, uint32_t out_stride) {
+    kvt_kv_cpu_init();
+    const uint32_t rep = n_head / n_kv_heads;
+    float *sc = malloc(((size_t)n_kv + 1) * sizeof(float));
+    if (!sc) return;
+    for (uint32_t i = 0; i < n_q; i++) {
+        const uint32_t p = pos0 + i;
+        const uint32_t lo = window && p + 1 > window ? p + 1 - window : 0;
+        const uint32_t hi = n_kv == 0 ? 0 : KVT_MIN(p, n_kv - 1);
+        for (uint32_t h = 0; h < n_head; h++) {
+            const uint32_t kvh = h / rep;
+            const float *qh = q + (size_t)i * q_stride + (size_t)h * hd_k;
+            float *o = out + (size_t)i * out_stride + (size_t)h * hd_v;
+            memset(o, 0, (size_t)hd_v * sizeof(float));
+            if (n_kv == 0 || lo > hi) continue;
+            const uint32_t n = hi - lo + 1;
+            for (uint32_t j = 0; j < n; j++)
+                sc[j] = kvt_kv_dot(qh, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
+            float inv = softmax_inplace(sc, n);
+            if (inv == 0.0f) continue;
+            for (uint32_t j = 0; j < n; j++)
+                kvt_kv_axpy(o, sc[j], v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
+            scale_row(o, inv, hd_v);
+        }
+    }
+    free(sc);
+}
+
+typedef struct att_pair {
+    const float *q;
+    float *o;
+    uint32_t lo, hi; /* visible key positions [lo, hi]; lo > hi = none */
+    float inv;
+} att_pair;
+
+void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q, uint32_t q_stride,
+                   uint32_t pos0, uint32_t n_head, float scale, uint32_t h0, uint32_t h1, float *out,
+                   uint32_t out_stride, float *scratch) {
+    kvt_kv_cpu_init();
+    const kvt_kv_layout *l = s->layout;
+    assert(layer < l->n_layers && l->info[layer].group != UINT32_MAX);
+    const kvt_layer_desc *d = &l->layers[layer];
+    const kvt_layer_info *li = &l->info[layer];
+    const uint32_t g = li->group, bt = l->block_tokens, n_kv = d->n_kv_heads;
+    const uint32_t hd_k = d->head_dim_k, hd_v = d->head_dim_v;
+    const uint32_t window = d->kind == KVT_KIND_WINDOW ? d->window : 0;
+    assert(n_head % n_kv == 0 && h1 <= n_head);
+    const uint32_t rep = n_head / n_kv;
+    if (n_q == 0 || h0 >= h1) return;
+    /* keys beyond the held blocks cannot have been written; clamp for safety */
+    const uint64_t held = (uint64_t)s->n_slots * bt;
+    float *row = scratch;
+    float *sc_base = scratch + pad16(l->max_head_dim);
+    kvt_block *const *slots = s->slots[g];
+
+    for (uint32_t kvh = h0 / rep; kvh <= (h1 - 1) / rep; kvh++) {
+        const uint32_t ha = KVT_MAX(h0, kvh * rep), hb = KVT_MIN(h1, (kvh + 1) * rep), nh = hb - ha;
+        const uint32_t n_pairs = n_q * nh;
+        for (uint32_t t0 = 0; t0 < n_pairs; t0 += ATT_TILE) {
+            const uint32_t np = KVT_MIN(ATT_TILE, n_pairs - t0);
+            att_pair pr[ATT_TILE];
+            uint32_t ulo = UINT32_MAX, uhi = 0;
+            bool any = false;
+            for (uint32_t j = 0; j < np; j++) {
+                const uint32_t i = (t0 + j) / nh, h = ha + (t0 + j) % nh, p = pos0 + i;
+                pr[j].q = q + (size_t)i * q_stride + (size_t)h * hd_k;
+                pr[j].o = out + (size_t)i * out_stride + (size_t)h * hd_v;
+                pr[j].lo = window && p + 1 > window ? p + 1 - window : 0;
+                pr[j].hi = held == 0 ? 0 : (uint32_t)KVT_MIN((uint64_t)p, held - 1);
+                memset(pr[j].o, 0, (size_t)hd_v * sizeof(float));
+                if (held == 0 || pr[j].lo > pr[j].hi) {
+                    pr[j].lo = 1, pr[j].hi = 0; /* empty */
+                    continue;
+                }
+                any = true;
+                ulo = KVT_MIN(ulo, pr[j].lo);
+                uhi = KVT_MAX(uhi, pr[j].hi);
+            }
+            if (!any) continue;
+            const size_t span = (size_t)uhi - ulo + 1;
+            /* scores of pair j at key position p: sc_base[j*span + (p - ulo)] */
+
+            /* Pass 1: K rows -> scores. */
+            for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
+                const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
+                const kvt_block *b = slots[bi];
+                if (!b) { /* dropped WINDOW block: its keys are masked */
+                    for (uint32_t j = 0; j < np; j++)
+                        for (uint32_t p = KVT_MAX(pa, pr[j].lo); p <= KVT_MIN(pb, pr[j].hi); p++)
+                            sc_base[j * span + (p - ulo)] = -INFINITY;
+                    continue;
+                }
+                const int var = kvt_layout_variant(l, bi);
+                const kvt_codec c = li->codec[var];
+                const size_t rb = li->row_bytes[var][0];
+                const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * rb;
+                const size_t tstride = (size_t)n_kv * rb;
+                for (uint32_t p = pa; p <= pb; p++) {
+                    kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * tstride, hd_k, row);
+                    for (uint32_t j = 0; j < np; j++) {
+                        if (p < pr[j].lo || p > pr[j].hi) continue;
+                        sc_base[j * span + (p - ulo)] = kvt_kv_dot(pr[j].q, row, hd_k) * scale;
+                    }
+                }
+            }
+            /* Softmax per pair, ascending key order. */
+            for (uint32_t j = 0; j < np; j++) {
+                pr[j].inv = 0.0f;
+                if (pr[j].lo > pr[j].hi) continue;
+                pr[j].inv = softmax_inplace(sc_base + j * span + (pr[j].lo - ulo), pr[j].hi - pr[j].lo + 1);
+            }
+            /* Pass 2: V rows, weighted accumulation in ascending key order. */
+            for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
+                const kvt_block *b = slots[bi];
+                if (!b) continue; /* weights of dropped keys are exactly 0 */
+                const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
+                const int var = kvt_layout_variant(l, bi);
+                const kvt_codec c = li->codec[var];
+                const size_t rb = li->row_bytes[var][1];
+                const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * rb;
+                const size_t tstride = (size_t)n_kv * rb;
+                for (uint32_t p = pa; p <= pb; p++) {
+                    bool need = false;
+                    for (uint32_t j = 0; j < np; j++)
+                        if (pr[j].inv != 0.0f && p >= pr[j].lo && p <= pr[j].hi) need = true;
+                    if (!need) continue;
+                    kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * tstride, hd_v, row);
+                    for (uint32_t j = 0; j < np; j++) {
+                        if (pr[j].inv == 0.0f || p < pr[j].lo || p > pr[j].hi) continue;
+                        kvt_kv_axpy(pr[j].o, sc_base[j * span + (p - ulo)], row, hd_v);
+                    }
+                }
+            }
+            for (uint32_t j = 0; j < np; j++)
+                if (pr[j].inv != 0.0f) scale_row(pr[j].o, pr[j].inv, hd_v);
+        }
+    }
+}

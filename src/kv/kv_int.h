@@ -1,0 +1,117 @@
+/*
+ * kv_int.h — internal structures of the KV block substrate, shared by the .c files of src/kv only.
+ * Nothing outside src/kv may include this file; the public contract is kv.h.
+ */
+#ifndef KVT_KV_INT_H
+#define KVT_KV_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kv.h"
+
+/* Block variants: 0 = base 16-bit codec (before quant_start), 1 = configured codec. */
+#define KVT_N_VARIANTS 2
+
+typedef struct kvt_group_info {
+    kvt_layer_kind kind;
+    uint32_t window;
+    uint32_t n_layers;
+    uint32_t *layers;                    /* [n_layers] layer indices, increasing */
+    size_t block_bytes[KVT_N_VARIANTS];  /* payload bytes of one block */
+} kvt_group_info;
+
+typedef struct kvt_layer_info {
+    uint32_t group;                       /* UINT32_MAX for RECURRENT */
+    kvt_codec codec[KVT_N_VARIANTS];      /* resolved codec per variant */
+    size_t row_bytes[KVT_N_VARIANTS][2];  /* [variant][kv] */
+    size_t offset[KVT_N_VARIANTS][2];     /* section offset inside the group's block */
+    size_t state_offset;                  /* RECURRENT: offset in the sequence state buffer */
+} kvt_layer_info;
+
+struct kvt_kv_layout {
+    uint32_t n_layers;
+    uint32_t block_tokens;
+    kvt_codec base;
+    uint32_t quant_start;
+    uint32_t quant_block; /* first block index that uses the configured codec */
+    kvt_layer_desc *layers;
+    kvt_layer_info *info;
+    uint32_t n_groups;
+    kvt_group_info groups[KVT_MAX_GROUPS];
+    size_t state_bytes;
+    uint32_t max_head_dim; /* max over K/V head dims of all attention layers */
+    char key[96];
+};
+
+static inline int kvt_layout_variant(const kvt_kv_layout *l, uint32_t block_index) {
+    return block_index >= l->quant_block ? 1 : 0;
+}
+
+/* Block states (see block.c for the state machine). */
+enum { KVT_BLOCK_WRITING = 1, KVT_BLOCK_SEALED = 2 };
+
+struct kvt_block {
+    kvt_block_pool *pool;
+    _Atomic uint32_t refcount;
+    _Atomic uint32_t state;
+    uint32_t group;
+    uint32_t index;
+    uint32_t n_tokens;
+    uint64_t hash;
+    uint64_t parent;
+    _Atomic uint64_t last_use;
+    size_t bytes;
+    uint8_t *data;   /* 64-byte aligned payload of `bytes` bytes */
+    int32_t *tokens; /* block_tokens entries */
+};
+
+struct kvt_block_pool {
+    const kvt_kv_layout *layout;
+    pthread_mutex_t mu;
+    uint64_t budget;
+    uint64_t used;
+    uint64_t peak;
+    uint64_t n_blocks;
+    kvt_pressure_fn pressure;
+    void *pressure_ctx;
+};
+
+struct kvt_snapshot {
+    _Atomic uint32_t refcount;
+    uint32_t pos;
+    uint64_t chain;
+    size_t bytes;
+    uint8_t *data;
+};
+
+struct kvt_seq {
+    kvt_block_pool *pool;
+    const kvt_kv_layout *layout;
+    uint64_t root;
+    uint32_t len;       /* committed tokens */
+    uint32_t prepared;  /* positions [len, prepared) are writable */
+    int32_t *tokens;
+    uint32_t cap_tokens;
+    uint32_t n_slots;   /* block slots held per group (covers [0, prepared)) */
+    uint32_t cap_slots;
+    kvt_block **slots[KVT_MAX_GROUPS]; /* [cap_slots]; NULL = dropped (WINDOW only) */
+    uint32_t first_held[KVT_MAX_GROUPS]; /* WINDOW: slots below this are NULL */
+    uint64_t *chain;    /* [cap_slots] chain hash of each full block below len */
+    uint8_t *state;     /* kvt_kv_layout_state_bytes bytes */
+};
+
+/* Internal helpers (block.c). */
+void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens);
+bool kvt_kv_cpu_has_avx2(void);
+void kvt_kv_cpu_init(void);
+
+/* Codec helpers shared by attention (codec.c). */
+void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
+float kvt_kv_dot(const float *a, const float *b, uint32_t n);
+void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n);
+float kvt_kv_dot_scalar(const float *a, const float *b, uint32_t n);
+void kvt_kv_axpy_scalar(float *y, float a, const float *x, uint32_t n);
+void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
+
+#endif

@@ -1,0 +1,392 @@
+/*
+ * gen_model.c — see gen_model.h. Shapes, per-arch tensor sets and metadata keys follow
+ * engine-facts §1.3–1.5; llama3 rope_freqs per §2.3; K-quant fallback per §2.2.
+ */
+#include "gen_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../gguf/gguf.h"
+#include "../kernels/quant.h"
+
+const char *const kvt_gen_model_shapes[] = {"tiny", "smol-135m", "qwen3-0.6b", "llama-1b", "gemma3-1b", NULL};
+const char *const kvt_gen_model_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", NULL};
+
+enum { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_COUNT };
+static const char *const k_arch_names[A_COUNT] = {"llama", "qwen2", "qwen3", "gemma3"};
+
+typedef struct shape {
+    uint32_t n_embd, n_layer, n_head, n_kv, head_dim, n_ff, n_ctx, n_swa;
+    float rope_base, eps;
+    bool tied, llama3_rope;
+} shape;
+
+/* tiny: small enough for unit tests, but exercising each arch's special paths: qwen3/gemma3 use
+ * head_dim 32 so that n_head*head_dim != n_embd, gemma3 has 6 layers so layer 5 is global,
+ * llama writes an untied output.weight. */
+static shape tiny_shape(int arch) {
+    shape s = {64, 2, 4, 2, 16, 128, 2048, 0, 10000.0f, 1e-5f, true, false};
+    switch (arch) {
+    case A_LLAMA: s.tied = false; break;
+    case A_QWEN2: s.rope_base = 1e6f; s.eps = 1e-6f; break;
+    case A_QWEN3: s.head_dim = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
+    case A_GEMMA3: s.n_layer = 6; s.head_dim = 32; s.n_swa = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
+    }
+    return s;
+}
+
+static bool named_shape(const char *name, int *arch, shape *s) {
+    if (!strcmp(name, "smol-135m")) {
+        *arch = A_LLAMA;
+        *s = (shape){576, 30, 9, 3, 64, 1536, 8192, 0, 100000.0f, 1e-5f, true, false};
+    } else if (!strcmp(name, "qwen3-0.6b")) {
+        *arch = A_QWEN3;
+        *s = (shape){1024, 28, 16, 8, 128, 3072, 40960, 0, 1e6f, 1e-6f, true, false};
+    } else if (!strcmp(name, "llama-1b")) {
+        *arch = A_LLAMA;
+        *s = (shape){2048, 16, 32, 8, 64, 8192, 131072, 0, 500000.0f, 1e-5f, true, true};
+    } else if (!strcmp(name, "gemma3-1b")) {
+        *arch = A_GEMMA3;
+        *s = (shape){1152, 26, 4, 1, 256, 6912, 32768, 512, 1e6f, 1e-6f, true, false};
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ chat templates (data) */
+
+static const char k_tmpl_smol[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+static const char k_tmpl_chatml[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+static const char k_tmpl_llama3[] =
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}";
+static const char k_tmpl_gemma[] =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + "
+    "message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{'<start_of_turn>model\n'}}{% endif %}";
+
+/* ------------------------------------------------------------------ weights */
+
+typedef struct gen_ctx {
+    uint64_t seed;
+    float rope_base;
+    uint32_t n_rot;
+} gen_ctx;
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float unif(uint64_t *s) { /* [-1, 1) */
+    return (float)((double)(splitmix(s) >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* llama3 rope scaling factors (engine-facts §2.3), Llama 3.2: factor 32, low 1, high 4, orig 8192 */
+float kvt_gen_model_llama3_factor(float base, uint32_t n_rot, uint32_t i) {
+    const double factor = 32.0, low = 1.0, high = 4.0, orig = 8192.0;
+    double freq = pow((double)base, -2.0 * i / n_rot);
+    double wavelen = 2.0 * M_PI / freq;
+    if (wavelen < orig / high) return 1.0f;
+    if (wavelen > orig / low) return (float)factor;
+    double smooth = (orig / wavelen - low) / (high - low);
+    return (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+}
+
+static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
+                              void *dst, uint64_t nbytes) {
+    const gen_ctx *c = vctx;
+    int64_t n0 = ne[0], rows = 1;
+    for (uint32_t d = 1; d < n_dims; d++) rows *= ne[d];
+    uint64_t rb = kvt_type_row_bytes(type, (uint64_t)n0);
+    if (rb == 0 || rb * (uint64_t)rows != nbytes) return KVT_ERR_INVALID_ARG;
+    float *row = malloc((size_t)n0 * sizeof(float));
+    if (!row) return KVT_ERR_NOMEM;
+    /* the stream depends only on (seed, name) */
+    uint64_t s = c->seed ^ 0x6b767469657221ull;
+    for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 1099511628211ull;
+    int kind = ends_with(name, "norm.weight") ? 1 : ends_with(name, ".bias") ? 2
+             : !strcmp(name, "rope_freqs.weight") ? 3 : 0;
+    const float a = 0.02f * 1.7320508f; /* uniform with std 0.02 */
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n0; i++) {
+            switch (kind) {
+            case 1: row[i] = 1.0f + 0.05f * unif(&s); break;
+            case 2: row[i] = 0.02f * unif(&s); break;
+            case 3: row[i] = kvt_gen_model_llama3_factor(c->rope_base, c->n_rot, (uint32_t)i); break;
+            default: row[i] = a * unif(&s); break;
+            }
+        }
+        uint8_t *out = (uint8_t *)dst + (uint64_t)r * rb;
+        if (type == KVT_TYPE_F32) {
+            memcpy(out, row, (size_t)n0 * 4);
+        } else if (type == KVT_TYPE_F16) {
+            for (int64_t i = 0; i < n0; i++) {
+                uint16_t h = kvt_f32_to_f16(row[i]);
+                memcpy(out + 2 * i, &h, 2);
+            }
+        } else if (type == KVT_TYPE_BF16) {
+            for (int64_t i = 0; i < n0; i++) {
+                uint16_t h = kvt_f32_to_bf16(row[i]);
+                memcpy(out + 2 * i, &h, 2);
+            }
+        } else {
+            kvt_quantize_ref(type, row, out, n0);
+        }
+    }
+    free(row);
+    return KVT_OK;
+}
+
+/* Weight type for a 2-D tensor with rows of n0 elements: the requested type, or llama-quantize's
+ * fallback when the row is not a multiple of the block (Q4_K→Q5_0, then F16). */
+uint32_t kvt_gen_model_pick_type(uint32_t want, int64_t n0) {
+    uint32_t be = kvt_type_block_elems(want);
+    if (be && n0 % be == 0) return want;
+    if (want == KVT_TYPE_Q4_K && n0 % 32 == 0) return KVT_TYPE_Q5_0;
+    if (want == KVT_TYPE_Q5_K && n0 % 32 == 0) return KVT_TYPE_Q5_1;
+    if (want == KVT_TYPE_Q6_K && n0 % 32 == 0) return KVT_TYPE_Q8_0;
+    return KVT_TYPE_F16;
+}
+
+/* ------------------------------------------------------------------ vocabulary */
+
+bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
+    const char *file = "ggml-vocab-gpt-2.gguf";
+    snprintf(buf, buflen, "../shared/vocab/%s", file);
+    if (access(buf, R_OK) == 0) return true;
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(buf, buflen, "%s/../../shared/vocab/%s", exe, file);
+            if (access(buf, R_OK) == 0) return true;
+        }
+    }
+    const char *env = getenv("KVT_VOCAB_DIR");
+    if (env && *env) {
+        snprintf(buf, buflen, "%s/%s", env, file);
+        if (access(buf, R_OK) == 0) return true;
+    }
+    buf[0] = 0;
+    return false;
+}
+
+/* 256 byte tokens in GPT-2's byte-to-unicode alphabet, no merges. Returns n_vocab. */
+static uint32_t write_byte_vocab(kvt_gguf_writer *w) {
+    char tok[256][4];
+    const char *ptrs[256];
+    uint64_t lens[256];
+    int32_t types[256];
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        bool direct = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
+        uint32_t cp = direct ? (uint32_t)b : next++;
+        if (cp < 0x80) {
+            tok[b][0] = (char)cp;
+            lens[b] = 1;
+        } else { /* < 0x800: two UTF-8 bytes */
+            tok[b][0] = (char)(0xc0 | (cp >> 6));
+            tok[b][1] = (char)(0x80 | (cp & 0x3f));
+            lens[b] = 2;
+        }
+        ptrs[b] = tok[b];
+        types[b] = 1;
+    }
+    kvt_gguf_w_str(w, "tokenizer.ggml.model", "gpt2", 4);
+    kvt_gguf_w_str(w, "tokenizer.ggml.pre", "default", 7);
+    kvt_gguf_w_arr_str(w, "tokenizer.ggml.tokens", ptrs, lens, 256);
+    kvt_gguf_w_arr(w, "tokenizer.ggml.token_type", KVT_GGUF_I32, types, 256);
+    kvt_gguf_w_arr_str(w, "tokenizer.ggml.merges", NULL, NULL, 0);
+    kvt_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 0);
+    kvt_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 0);
+    kvt_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false);
+    return 256;
+}
+
+/* ------------------------------------------------------------------ model */
+
+static int find_name(const char *const *list, const char *s) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], s)) return i;
+    return -1;
+}
+
+kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char *err, size_t errlen) {
+    const char *shape_name = o->shape ? o->shape : "tiny";
+    const char *type_name = o->type ? o->type : "f16";
+    int arch = -1;
+    shape s;
+    if (o->arch) {
+        for (int i = 0; i < A_COUNT; i++)
+            if (!strcmp(o->arch, k_arch_names[i])) arch = i;
+        if (arch < 0)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown arch '%s' (llama, qwen2, qwen3, gemma3)", o->arch);
+    }
+    if (!strcmp(shape_name, "tiny")) {
+        if (arch < 0) arch = A_LLAMA;
+        s = tiny_shape(arch);
+    } else {
+        int native;
+        if (!named_shape(shape_name, &native, &s))
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                            "unknown shape '%s' (tiny, smol-135m, qwen3-0.6b, llama-1b, gemma3-1b)", shape_name);
+        if (arch < 0) arch = native;
+        /* another arch on a real shape: keep the dims, take the arch's own features */
+        if (arch == A_GEMMA3 && !s.n_swa) s.n_swa = 512;
+        if (arch != A_LLAMA) s.llama3_rope = false;
+    }
+    uint32_t wtype, ftype;
+    static const struct { const char *name; uint32_t type, ftype; } types[] = {
+        {"f32", KVT_TYPE_F32, 0}, {"f16", KVT_TYPE_F16, 1},   {"bf16", KVT_TYPE_BF16, 32},
+        {"q8_0", KVT_TYPE_Q8_0, 7}, {"q4_0", KVT_TYPE_Q4_0, 2}, {"q4_k", KVT_TYPE_Q4_K, 14},
+    };
+    int ti = find_name(kvt_gen_model_types, type_name);
+    if (ti < 0)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k)",
+                        type_name);
+    wtype = types[ti].type;
+    ftype = types[ti].ftype;
+    const char *an = k_arch_names[arch];
+
+    /* vocabulary first: n_vocab shapes the embedding */
+    char vpath[4096];
+    kvt_gguf *vocab = NULL;
+    if (o->byte_vocab) {
+        vpath[0] = 0;
+    } else if (o->vocab_path) {
+        snprintf(vpath, sizeof vpath, "%s", o->vocab_path);
+    } else if (!kvt_gen_model_default_vocab(vpath, sizeof vpath)) {
+        vpath[0] = 0;
+    }
+    if (vpath[0]) {
+        kvt_status st = kvt_gguf_open(vpath, &vocab, err, errlen);
+        if (st != KVT_OK) return st;
+        kvt_gguf_vtype et;
+        uint64_t n;
+        if (!kvt_gguf_get_arr(vocab, "tokenizer.ggml.tokens", &et, &n, NULL) || et != KVT_GGUF_STRING || n == 0 ||
+            n > (1u << 24)) {
+            kvt_gguf_free(vocab);
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: no usable tokenizer.ggml.tokens array", vpath);
+        }
+    } else if (!o->quiet && !o->byte_vocab) {
+        KVT_WARN("gen-model: no vocabulary found (../shared/vocab, $KVT_VOCAB_DIR); using a 256-token byte vocabulary");
+    }
+
+    kvt_gguf_writer *w = kvt_gguf_writer_create();
+    if (!w) {
+        kvt_gguf_free(vocab);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    }
+    char key[160], name[128];
+#define K(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
+    kvt_gguf_w_str(w, "general.architecture", an, strlen(an));
+    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu", an, shape_name, type_name,
+             (unsigned long long)o->seed);
+    kvt_gguf_w_str(w, "general.name", name, strlen(name));
+    kvt_gguf_w_u32(w, "general.alignment", 32);
+    kvt_gguf_w_u32(w, "general.file_type", ftype);
+    kvt_gguf_w_u32(w, "general.quantization_version", 2);
+    kvt_gguf_w_u32(w, K("context_length"), s.n_ctx);
+    kvt_gguf_w_u32(w, K("embedding_length"), s.n_embd);
+    kvt_gguf_w_u32(w, K("block_count"), s.n_layer);
+    kvt_gguf_w_u32(w, K("feed_forward_length"), s.n_ff);
+    kvt_gguf_w_u32(w, K("attention.head_count"), s.n_head);
+    kvt_gguf_w_u32(w, K("attention.head_count_kv"), s.n_kv);
+    kvt_gguf_w_u32(w, K("attention.key_length"), s.head_dim);
+    kvt_gguf_w_u32(w, K("attention.value_length"), s.head_dim);
+    kvt_gguf_w_u32(w, K("rope.dimension_count"), s.head_dim);
+    kvt_gguf_w_f32(w, K("rope.freq_base"), s.rope_base);
+    kvt_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), s.eps);
+    if (arch == A_GEMMA3) kvt_gguf_w_u32(w, K("attention.sliding_window"), s.n_swa);
+    /* llama3 scaling lives in rope_freqs.weight only: a rope.scaling.factor key would tell readers
+     * to apply linear scaling on top of it (that is what llama.cpp's converter does too) */
+
+    uint32_t n_vocab;
+    if (vocab) {
+        for (int64_t i = 0; i < kvt_gguf_n_kv(vocab); i++) {
+            const char *k = kvt_gguf_key_name(vocab, i);
+            if (strncmp(k, "tokenizer.", 10) || !strncmp(k, "tokenizer.chat_template", 23)) continue;
+            kvt_gguf_w_copy_kv(w, vocab, k);
+        }
+        uint64_t n;
+        kvt_gguf_get_arr(vocab, "tokenizer.ggml.tokens", NULL, &n, NULL);
+        n_vocab = (uint32_t)n;
+    } else {
+        n_vocab = write_byte_vocab(w);
+    }
+    const char *tmpl = arch == A_GEMMA3 ? k_tmpl_gemma
+                     : arch == A_QWEN2 || arch == A_QWEN3 ? k_tmpl_chatml
+                     : s.llama3_rope ? k_tmpl_llama3 : k_tmpl_smol;
+    kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
+
+    gen_ctx gc = {o->seed, s.rope_base, s.head_dim};
+    kvt_status st = KVT_OK;
+    const uint32_t qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
+#define T1(nm, n0) do { int64_t ne_[1] = {(n0)}; \
+        if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, nm, KVT_TYPE_F32, 1, ne_, fill_tensor, &gc); } while (0)
+#define T2(nm, n0, n1) do { int64_t ne_[2] = {(n0), (n1)}; \
+        if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, nm, kvt_gen_model_pick_type(wtype, ne_[0]), 2, ne_, fill_tensor, &gc); } while (0)
+    T2("token_embd.weight", s.n_embd, n_vocab);
+    if (s.llama3_rope) T1("rope_freqs.weight", s.head_dim / 2);
+    for (uint32_t il = 0; il < s.n_layer; il++) {
+        char tn[96];
+#define BLK(x) (snprintf(tn, sizeof tn, "blk.%u." x, il), tn)
+        T1(BLK("attn_norm.weight"), s.n_embd);
+        T2(BLK("attn_q.weight"), s.n_embd, qd);
+        T2(BLK("attn_k.weight"), s.n_embd, kvd);
+        T2(BLK("attn_v.weight"), s.n_embd, kvd);
+        if (arch == A_QWEN2) {
+            T1(BLK("attn_q.bias"), qd);
+            T1(BLK("attn_k.bias"), kvd);
+            T1(BLK("attn_v.bias"), kvd);
+        }
+        if (arch == A_QWEN3 || arch == A_GEMMA3) {
+            T1(BLK("attn_q_norm.weight"), s.head_dim);
+            T1(BLK("attn_k_norm.weight"), s.head_dim);
+        }
+        T2(BLK("attn_output.weight"), qd, s.n_embd);
+        if (arch == A_GEMMA3) T1(BLK("post_attention_norm.weight"), s.n_embd);
+        T1(BLK("ffn_norm.weight"), s.n_embd);
+        T2(BLK("ffn_gate.weight"), s.n_embd, s.n_ff);
+        T2(BLK("ffn_up.weight"), s.n_embd, s.n_ff);
+        T2(BLK("ffn_down.weight"), s.n_ff, s.n_embd);
+        if (arch == A_GEMMA3) T1(BLK("post_ffw_norm.weight"), s.n_embd);
+#undef BLK
+    }
+    T1("output_norm.weight", s.n_embd);
+    if (!s.tied) T2("output.weight", s.n_embd, n_vocab);
+#undef T1
+#undef T2
+#undef K
+    if (st != KVT_OK) {
+        kvt_errf(err, errlen, st, "gen-model: cannot add tensors (%s)", kvt_status_str(st));
+    } else {
+        st = kvt_gguf_writer_finish(w, out_path, err, errlen);
+    }
+    kvt_gguf_writer_free(w);
+    kvt_gguf_free(vocab);
+    return st;
+}

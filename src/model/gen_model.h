@@ -1,0 +1,46 @@
+/*
+ * gen_model.h — deterministic random-weight GGUF model generator (`kvtier gen-model`).
+ *
+ * Writes a complete, loadable GGUF v3 model for llama / qwen2 / qwen3 / gemma3 with a real shape
+ * (or a tiny test shape), random weights from a seeded splitmix64 stream (same options → same
+ * bytes), and a real vocabulary copied from a vocab GGUF (tokenizer.* keys verbatim), falling back
+ * to a 256-token byte vocabulary when none is found. Each tensor's values depend only on
+ * (seed, tensor name), and tensors are generated one at a time while the file is written, so
+ * memory stays at one tensor even for 1B-parameter shapes.
+ *
+ * Ownership: stateless; everything passed in is borrowed for the duration of the call.
+ */
+#ifndef KVT_GEN_MODEL_H
+#define KVT_GEN_MODEL_H
+
+#include "../util/common.h"
+
+typedef struct kvt_gen_model_opts {
+    const char *arch;       /* "llama" | "qwen2" | "qwen3" | "gemma3"; NULL = the shape's own arch */
+    const char *shape;      /* "tiny" | "smol-135m" | "qwen3-0.6b" | "llama-1b" | "gemma3-1b" */
+    const char *type;       /* "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" (NULL = f16) */
+    const char *vocab_path; /* vocab GGUF; NULL = default search (kvt_gen_model_default_vocab) */
+    uint64_t seed;
+    bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
+    bool quiet;             /* no warning on the byte-vocab fallback */
+} kvt_gen_model_opts;
+
+/* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */
+kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char *err, size_t errlen);
+
+/* Default vocabulary lookup: ../shared/vocab/ggml-vocab-gpt-2.gguf relative to the cwd, then
+ * ../../shared/vocab/ next to the executable (/proc/self/exe), then $KVT_VOCAB_DIR. Writes the
+ * path into buf and returns true if one exists. */
+bool kvt_gen_model_default_vocab(char *buf, size_t buflen);
+
+/* Exposed for tests: the weight type a 2-D tensor with rows of n0 elements gets when `want` was
+ * asked for (llama-quantize fallback: Q4_K→Q5_0, Q5_K→Q5_1, Q6_K→Q8_0, else F16), and the llama3
+ * rope_freqs value for pair i (factor 32, low 1, high 4, original context 8192). */
+uint32_t kvt_gen_model_pick_type(uint32_t want, int64_t n0);
+float kvt_gen_model_llama3_factor(float base, uint32_t n_rot, uint32_t i);
+
+/* Names accepted by the options (for --help and validation). */
+extern const char *const kvt_gen_model_shapes[];  /* NULL-terminated */
+extern const char *const kvt_gen_model_types[];   /* NULL-terminated */
+
+#endif

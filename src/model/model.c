@@ -1,0 +1,819 @@
+/*
+ * model.c — weight loading/validation and the CPU forward pass (see model.h).
+ *
+ * Forward pass structure: one kvt_threadpool_run per ubatch chunk; inside it every thread walks all
+ * layers and ops, each op splitting its own work by (ith, nth), with a barrier between ops:
+ *   row ops (norms, residuals, RoPE, activation quantization): rows split across threads;
+ *   matmuls: output columns split in contiguous ranges aligned to 16, all rows at once, sharing one
+ *            quantized copy of the input;
+ *   attention: query heads split across threads, each thread with private scratch.
+ * Every per-row computation depends only on that row (and the KV of earlier positions), so results
+ * are bit-identical whatever the chunking or thread count (kernels/quant.h batch invariance).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../kernels/quant.h"
+#include "../util/threadpool.h"
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct kvt_wmat {
+    const void *data;
+    uint32_t type;
+    uint32_t n_in, n_out;
+    uint64_t row_bytes;
+} kvt_wmat;
+
+typedef struct kvt_layer_w {
+    const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm;                /* qwen3, gemma3 */
+    const float *post_attn_norm, *post_ffw_norm; /* gemma3 */
+    const float *bq, *bk, *bv;                   /* qwen2 */
+    kvt_wmat wq, wk, wv, wo, gate, up, down;
+} kvt_layer_w;
+
+struct kvt_model {
+    kvt_hparams hp;
+    kvt_wmat tok_embd, output;
+    const float *output_norm;
+    kvt_layer_w *layers;
+    float *vecs;          /* owned f32 copies of every 1-D tensor (norms, biases, rope_freqs) */
+    size_t vecs_used, vecs_cap;
+    double *inv_freq[2];  /* [0] global / default layers, [1] gemma3 local layers: n_rot/2 each */
+    uint64_t weight_bytes;
+};
+
+const char *kvt_arch_name(kvt_arch a) {
+    switch (a) {
+    case KVT_ARCH_LLAMA: return "llama";
+    case KVT_ARCH_QWEN2: return "qwen2";
+    case KVT_ARCH_QWEN3: return "qwen3";
+    case KVT_ARCH_GEMMA3: return "gemma3";
+    }
+    return "?";
+}
+
+int kvt_arch_from_name(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "llama")) return KVT_ARCH_LLAMA;
+    if (!strcmp(s, "qwen2")) return KVT_ARCH_QWEN2;
+    if (!strcmp(s, "qwen3")) return KVT_ARCH_QWEN3;
+    if (!strcmp(s, "gemma3")) return KVT_ARCH_GEMMA3;
+    return -1;
+}
+
+/* Read a u32 hparam that may be stored as a scalar or as a per-layer array (all equal required). */
+static kvt_status get_u32_layered(const kvt_gguf *g, const char *key, uint32_t n_layer, uint32_t *out,
+                                  bool *found, char *err, size_t errlen) {
+    *found = false;
+    if (kvt_gguf_get_u32(g, key, out)) {
+        *found = true;
+        return KVT_OK;
+    }
+    kvt_gguf_vtype et;
+    uint64_t n;
+    const void *data;
+    if (kvt_gguf_find_key(g, key) < 0) return KVT_OK;
+    if (!kvt_gguf_get_arr(g, key, &et, &n, &data) || n == 0)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: expected an integer or integer array", key);
+    if (n != n_layer)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: array has %llu entries, expected %u", key,
+                        (unsigned long long)n, n_layer);
+    int64_t v0 = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t v;
+        if (!kvt_gguf_get_arr_i64(g, key, i, &v))
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: expected an integer array", key);
+        if (i == 0) v0 = v;
+        else if (v != v0)
+            return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "key %s: per-layer values differ (not supported)", key);
+    }
+    if (v0 < 0 || v0 > UINT32_MAX) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: value out of range", key);
+    *out = (uint32_t)v0;
+    *found = true;
+    return KVT_OK;
+}
+
+static const float *vec_alloc(kvt_model *m, size_t n) {
+    if (m->vecs_used + n > m->vecs_cap) return NULL;
+    float *p = m->vecs + m->vecs_used;
+    m->vecs_used += n;
+    return p;
+}
+
+/* Find a 1-D tensor of n elements, dequantize it into model-owned f32 storage. */
+static kvt_status load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
+                           const float **out, char *err, size_t errlen) {
+    *out = NULL;
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t) {
+        if (!required) return KVT_OK;
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->ne[0] != (int64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': shape [%lld,%lld], expected [%llu]", name,
+                        (long long)t->ne[0], (long long)t->ne[1], (unsigned long long)n);
+    if (t->type != KVT_TYPE_F32 && t->type != KVT_TYPE_F16 && t->type != KVT_TYPE_BF16)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "tensor '%s': type %s not supported for a vector (f32/f16/bf16)",
+                        name, kvt_type_name(t->type));
+    if (kvt_type_row_bytes(t->type, n) != t->nbytes)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': size mismatch", name);
+    float *dst = (float *)vec_alloc(m, n);
+    if (!dst) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': internal vector budget exceeded", name);
+    kvt_dequant_ref(t->type, t->data, dst, (int64_t)n);
+    m->weight_bytes += t->nbytes;
+    *out = dst;
+    return KVT_OK;
+}
+
+/* Find a 2-D weight matrix [n_in, n_out] of a supported type. */
+static kvt_status load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
+                           bool required, kvt_wmat *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof(*out));
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+    if (!t) {
+        if (!required) return KVT_OK;
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->ne[0] != (int64_t)n_in || t->ne[1] != (int64_t)n_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': shape [%lld,%lld,%lld], expected [%u,%u]", name,
+                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], n_in, n_out);
+    if (!kvt_type_supported(t->type))
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "tensor '%s': unsupported type %s (%u)", name,
+                        kvt_type_name(t->type), t->type);
+    uint64_t rb = kvt_type_row_bytes(t->type, n_in);
+    if (rb == 0)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': row of %u not a multiple of the %s block size",
+                        name, n_in, kvt_type_name(t->type));
+    uint64_t total;
+    if (!kvt_mul_ok(rb, n_out, &total) || total != t->nbytes)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': size mismatch", name);
+    out->data = t->data;
+    out->type = t->type;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->row_bytes = rb;
+    m->weight_bytes += t->nbytes;
+    return KVT_OK;
+}
+
+#define HKEY(buf, fmt_suffix) snprintf(buf, sizeof(buf), "%s." fmt_suffix, an)
+
+static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, size_t errlen) {
+    const char *s;
+    uint64_t slen;
+    if (!kvt_gguf_get_str(g, "general.architecture", &s, &slen))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key general.architecture");
+    char arch[64];
+    size_t cl = slen < sizeof(arch) - 1 ? (size_t)slen : sizeof(arch) - 1;
+    memcpy(arch, s, cl);
+    arch[cl] = 0;
+    for (size_t i = 0; i < cl; i++)
+        if ((unsigned char)arch[i] < 32 || (unsigned char)arch[i] > 126) arch[i] = '?';
+    int a = kvt_arch_from_name(arch);
+    if (a < 0 || slen != cl) return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "unsupported architecture '%s'", arch);
+    memset(hp, 0, sizeof(*hp));
+    hp->arch = (kvt_arch)a;
+    const char *an = kvt_arch_name(hp->arch);
+    if (kvt_gguf_get_str(g, "general.name", &s, &slen)) {
+        size_t nl = slen < sizeof(hp->name) - 1 ? (size_t)slen : sizeof(hp->name) - 1;
+        memcpy(hp->name, s, nl);
+        hp->name[nl] = 0;
+    }
+
+    char key[160];
+    bool found;
+    kvt_status st;
+    HKEY(key, "context_length");
+    if (!kvt_gguf_get_u32(g, key, &hp->n_ctx_train)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    HKEY(key, "embedding_length");
+    if (!kvt_gguf_get_u32(g, key, &hp->n_embd)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    HKEY(key, "block_count");
+    if (!kvt_gguf_get_u32(g, key, &hp->n_layer)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    if (hp->n_layer == 0 || hp->n_layer > KVT_MAX_LAYERS)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "n_layer %u out of range [1, %d]", hp->n_layer, KVT_MAX_LAYERS);
+    if (hp->n_embd == 0 || hp->n_embd > 65536)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "n_embd %u out of range", hp->n_embd);
+    if (hp->n_ctx_train == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "context_length is 0");
+
+    HKEY(key, "feed_forward_length");
+    if ((st = get_u32_layered(g, key, hp->n_layer, &hp->n_ff, &found, err, errlen)) != KVT_OK) return st;
+    if (!found) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    HKEY(key, "attention.head_count");
+    if ((st = get_u32_layered(g, key, hp->n_layer, &hp->n_head, &found, err, errlen)) != KVT_OK) return st;
+    if (!found) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    HKEY(key, "attention.head_count_kv");
+    if ((st = get_u32_layered(g, key, hp->n_layer, &hp->n_head_kv, &found, err, errlen)) != KVT_OK) return st;
+    if (!found) hp->n_head_kv = hp->n_head;
+    if (hp->n_ff == 0 || hp->n_ff > (1u << 20)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "n_ff %u out of range", hp->n_ff);
+    if (hp->n_head == 0 || hp->n_head > 1024) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "n_head %u out of range", hp->n_head);
+    if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "n_head_kv %u does not divide n_head %u", hp->n_head_kv, hp->n_head);
+
+    uint32_t hd_k = hp->n_embd / hp->n_head, hd_v;
+    HKEY(key, "attention.key_length");
+    if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_u32(g, key, &hd_k))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
+    hd_v = hd_k;
+    HKEY(key, "attention.value_length");
+    if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_u32(g, key, &hd_v))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
+    if (hd_k == 0 || hd_k > 1024 || (hd_k & 1)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "head_dim %u out of range", hd_k);
+    if (hd_v != hd_k)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "key_length %u != value_length %u not supported", hd_k, hd_v);
+    hp->head_dim = hd_k;
+    if ((uint64_t)hp->head_dim * hp->n_head > (1u << 20))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "n_head*head_dim too large");
+
+    hp->n_rot = hp->head_dim;
+    HKEY(key, "rope.dimension_count");
+    if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_u32(g, key, &hp->n_rot))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
+    if (hp->n_rot == 0 || hp->n_rot > hp->head_dim || (hp->n_rot & 1))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "rope dimension %u invalid for head_dim %u", hp->n_rot, hp->head_dim);
+
+    hp->rope_base = 10000.0f;
+    HKEY(key, "rope.freq_base");
+    if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_f32(g, key, &hp->rope_base))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
+    if (!(hp->rope_base > 1.0f) || !isfinite(hp->rope_base))
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "rope freq_base %g invalid", (double)hp->rope_base);
+    hp->rope_base_swa = 10000.0f;
+
+    HKEY(key, "rope.scaling.type");
+    if (kvt_gguf_get_str(g, key, &s, &slen)) {
+        bool ok = (slen == 4 && !memcmp(s, "none", 4)) || (slen == 6 && !memcmp(s, "linear", 6));
+        if (!ok) return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "rope scaling type '%.*s' not supported",
+                                 (int)(slen > 32 ? 32 : slen), s);
+    }
+    float factor = 0.0f;
+    HKEY(key, "rope.scaling.factor");
+    if (!kvt_gguf_get_f32(g, key, &factor)) {
+        HKEY(key, "rope.scale_linear");
+        if (!kvt_gguf_get_f32(g, key, &factor)) factor = 0.0f;
+    }
+    if (!isfinite(factor) || factor < 0.0f) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "rope scaling factor invalid");
+    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+
+    HKEY(key, "attention.layer_norm_rms_epsilon");
+    if (!kvt_gguf_get_f32(g, key, &hp->norm_eps)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    if (!(hp->norm_eps >= 0.0f) || hp->norm_eps > 1.0f) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "norm eps invalid");
+
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->rope_neox = hp->arch != KVT_ARCH_LLAMA;
+    if (hp->arch == KVT_ARCH_GEMMA3) {
+        HKEY(key, "attention.sliding_window");
+        if (!kvt_gguf_get_u32(g, key, &hp->n_swa)) {
+            KVT_WARN("gemma3 model without %s: assuming 512", key);
+            hp->n_swa = 512;
+        }
+        if (hp->n_swa == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "sliding_window is 0");
+    }
+    return KVT_OK;
+}
+
+static kvt_status make_inv_freq(kvt_model *m, const float *rope_freqs) {
+    const kvt_hparams *hp = &m->hp;
+    uint32_t half = hp->n_rot / 2;
+    for (int c = 0; c < 2; c++) {
+        m->inv_freq[c] = calloc(half, sizeof(double));
+        if (!m->inv_freq[c]) return KVT_ERR_NOMEM;
+        bool local = c == 1;
+        double base = local ? hp->rope_base_swa : hp->rope_base;
+        for (uint32_t i = 0; i < half; i++) {
+            double f = pow(base, -2.0 * (double)i / (double)hp->n_rot);
+            if (!local) {
+                if (rope_freqs) f /= (double)rope_freqs[i];
+                f *= (double)hp->rope_freq_scale;
+            }
+            m->inv_freq[c][i] = f;
+        }
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (err && errlen) err[0] = 0;
+    kvt_model *m = calloc(1, sizeof(*m));
+    if (!m) return KVT_ERR_NOMEM;
+    kvt_status st = load_hparams(g, &m->hp, err, errlen);
+    if (st != KVT_OK) goto fail;
+    kvt_hparams *hp = &m->hp;
+    const uint32_t L = hp->n_layer, E = hp->n_embd, HD = hp->head_dim;
+    const uint32_t QD = hp->n_head * HD, KD = hp->n_head_kv * HD;
+
+    const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) {
+        st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+        goto fail;
+    }
+    if (te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
+        st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "token_embd.weight: vocabulary size %lld out of range",
+                      (long long)te->ne[1]);
+        goto fail;
+    }
+    hp->n_vocab = (uint32_t)te->ne[1];
+
+    /* vector storage: per layer at most 2 norms + 2 qk norms + 2 post norms + 3 biases */
+    m->vecs_cap = (size_t)L * (6 * (size_t)E + 2 * HD + QD + 2 * KD) + E + hp->n_rot / 2 + 64;
+    m->vecs = calloc(m->vecs_cap, sizeof(float));
+    m->layers = calloc(L, sizeof(kvt_layer_w));
+    if (!m->vecs || !m->layers) {
+        st = KVT_ERR_NOMEM;
+        goto fail;
+    }
+    if ((st = load_mat(m, g, "token_embd.weight", E, hp->n_vocab, true, &m->tok_embd, err, errlen)) != KVT_OK) goto fail;
+    if ((st = load_mat(m, g, "output.weight", E, hp->n_vocab, false, &m->output, err, errlen)) != KVT_OK) goto fail;
+    hp->tied_output = m->output.data == NULL;
+    if (hp->tied_output) m->output = m->tok_embd;
+    if ((st = load_vec(m, g, "output_norm.weight", E, true, &m->output_norm, err, errlen)) != KVT_OK) goto fail;
+    const float *rope_freqs = NULL;
+    if (hp->arch == KVT_ARCH_LLAMA) {
+        if ((st = load_vec(m, g, "rope_freqs.weight", hp->n_rot / 2, false, &rope_freqs, err, errlen)) != KVT_OK) goto fail;
+        hp->has_rope_freqs = rope_freqs != NULL;
+        if (rope_freqs)
+            for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+                if (!(rope_freqs[i] > 0.0f) || !isfinite(rope_freqs[i])) {
+                    st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "rope_freqs.weight: non-positive factor");
+                    goto fail;
+                }
+    }
+    const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3;
+    const bool gem = hp->arch == KVT_ARCH_GEMMA3;
+    const bool bias = hp->arch == KVT_ARCH_QWEN2;
+    for (uint32_t il = 0; il < L; il++) {
+        kvt_layer_w *w = &m->layers[il];
+        char nm[96];
+#define NM(suffix) (snprintf(nm, sizeof(nm), "blk.%u." suffix, il), nm)
+        if ((st = load_vec(m, g, NM("attn_norm.weight"), E, true, &w->attn_norm, err, errlen))) goto fail;
+        if ((st = load_vec(m, g, NM("ffn_norm.weight"), E, true, &w->ffn_norm, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("attn_q.weight"), E, QD, true, &w->wq, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("attn_k.weight"), E, KD, true, &w->wk, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("attn_v.weight"), E, KD, true, &w->wv, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("attn_output.weight"), QD, E, true, &w->wo, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("ffn_gate.weight"), E, hp->n_ff, true, &w->gate, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("ffn_up.weight"), E, hp->n_ff, true, &w->up, err, errlen))) goto fail;
+        if ((st = load_mat(m, g, NM("ffn_down.weight"), hp->n_ff, E, true, &w->down, err, errlen))) goto fail;
+        if (bias) {
+            if ((st = load_vec(m, g, NM("attn_q.bias"), QD, true, &w->bq, err, errlen))) goto fail;
+            if ((st = load_vec(m, g, NM("attn_k.bias"), KD, true, &w->bk, err, errlen))) goto fail;
+            if ((st = load_vec(m, g, NM("attn_v.bias"), KD, true, &w->bv, err, errlen))) goto fail;
+        }
+        if (qkn) {
+            if ((st = load_vec(m, g, NM("attn_q_norm.weight"), HD, true, &w->q_norm, err, errlen))) goto fail;
+            if ((st = load_vec(m, g, NM("attn_k_norm.weight"), HD, true, &w->k_norm, err, errlen))) goto fail;
+        }
+        if (gem) {
+            if ((st = load_vec(m, g, NM("post_attention_norm.weight"), E, true, &w->post_attn_norm, err, errlen))) goto fail;
+            if ((st = load_vec(m, g, NM("post_ffw_norm.weight"), E, true, &w->post_ffw_norm, err, errlen))) goto fail;
+        }
+#undef NM
+    }
+    if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
+    *out = m;
+    return KVT_OK;
+fail:
+    if (st == KVT_ERR_NOMEM && err && errlen && !err[0]) kvt_errf(err, errlen, st, "out of memory loading model");
+    kvt_model_free(m);
+    return st;
+}
+
+void kvt_model_free(kvt_model *m) {
+    if (!m) return;
+    free(m->layers);
+    free(m->vecs);
+    free(m->inv_freq[0]);
+    free(m->inv_freq[1]);
+    free(m);
+}
+
+const kvt_hparams *kvt_model_hparams(const kvt_model *m) { return &m->hp; }
+
+bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il) {
+    return m->hp.arch == KVT_ARCH_GEMMA3 && m->hp.n_swa > 0 && il % 6 < 5;
+}
+
+void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        kvt_layer_desc *d = &out[il];
+        memset(d, 0, sizeof(*d));
+        bool swa = kvt_model_layer_is_swa(m, il);
+        d->kind = swa ? KVT_KIND_WINDOW : KVT_KIND_FULL;
+        d->window = swa ? m->hp.n_swa : 0;
+        d->n_kv_heads = m->hp.n_head_kv;
+        d->head_dim_k = m->hp.head_dim;
+        d->head_dim_v = m->hp.head_dim;
+        d->codec = codecs[il];
+    }
+}
+
+uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+
+/* ------------------------------------------------------------------ context */
+
+#define KVT_N_ACT 3 /* distinct activation formats a group of matmuls sharing one input may need */
+
+struct kvt_ctx {
+    const kvt_model *m;
+    kvt_threadpool *tp;
+    int nth;
+    uint32_t ubatch;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *logits;
+    float *rope_cs;          /* [ubatch][2 cfg][n_rot/2][cos, sin] */
+    void *act[KVT_N_ACT];    /* quantized activations, act_bytes each */
+    size_t act_bytes;
+    float **att_scratch;     /* per thread */
+    size_t att_scratch_floats;
+
+    /* per-chunk state read by the workers */
+    kvt_seq *seq;
+    const int32_t *tokens;
+    uint32_t n, pos0;
+    bool all_logits;
+};
+
+static size_t max_act(size_t cur, const kvt_wmat *w, uint32_t rows) {
+    size_t b = kvt_act_bytes(w->type, w->n_in, rows);
+    return b > cur ? b : cur;
+}
+
+static void *falloc(size_t n_floats) { return kvt_aligned_alloc(64, (n_floats ? n_floats : 1) * sizeof(float)); }
+
+kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out) {
+    *out = NULL;
+    kvt_kernels_init();
+    kvt_f16_table_init();
+    if (n_threads <= 0) n_threads = kvt_n_cpus();
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > 256) n_threads = 256;
+    if (ubatch == 0) ubatch = 512;
+    if (ubatch > 65536) return KVT_ERR_INVALID_ARG;
+    const kvt_hparams *hp = &m->hp;
+    kvt_ctx *c = calloc(1, sizeof(*c));
+    if (!c) return KVT_ERR_NOMEM;
+    c->m = m;
+    c->nth = n_threads;
+    c->ubatch = ubatch;
+    size_t U = ubatch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    c->x = falloc(U * E);
+    c->xn = falloc(U * (E > QD ? E : QD));
+    c->q = falloc(U * QD);
+    c->k = falloc(U * KD);
+    c->v = falloc(U * KD);
+    c->att = falloc(U * QD);
+    c->tmp = falloc(U * E);
+    c->gate = falloc(U * F);
+    c->up = falloc(U * F);
+    c->logits = falloc(U * (size_t)hp->n_vocab);
+    c->rope_cs = falloc(U * 2 * hp->n_rot);
+    size_t ab = kvt_act_bytes(m->output.type, m->output.n_in, ubatch);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const kvt_layer_w *w = &m->layers[il];
+        ab = max_act(ab, &w->wq, ubatch);
+        ab = max_act(ab, &w->wk, ubatch);
+        ab = max_act(ab, &w->wv, ubatch);
+        ab = max_act(ab, &w->wo, ubatch);
+        ab = max_act(ab, &w->gate, ubatch);
+        ab = max_act(ab, &w->up, ubatch);
+        ab = max_act(ab, &w->down, ubatch);
+    }
+    c->act_bytes = ab;
+    bool ok = c->x && c->xn && c->q && c->k && c->v && c->att && c->tmp && c->gate && c->up && c->logits && c->rope_cs;
+    for (int i = 0; i < KVT_N_ACT; i++) {
+        c->act[i] = kvt_aligned_alloc(64, ab ? ab : 64);
+        ok = ok && c->act[i];
+    }
+    c->att_scratch = calloc((size_t)n_threads, sizeof(float *));
+    c->tp = ok && c->att_scratch ? kvt_threadpool_create(n_threads) : NULL;
+    if (!c->tp) {
+        kvt_ctx_free(c);
+        return KVT_ERR_NOMEM;
+    }
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_ctx_free(kvt_ctx *c) {
+    if (!c) return;
+    kvt_threadpool_free(c->tp);
+    float **bufs[] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->logits, &c->rope_cs};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(*bufs[i]);
+    for (int i = 0; i < KVT_N_ACT; i++) free(c->act[i]);
+    if (c->att_scratch)
+        for (int i = 0; i < c->nth; i++) free(c->att_scratch[i]);
+    free(c->att_scratch);
+    free(c);
+}
+
+int kvt_ctx_n_threads(const kvt_ctx *c) { return c->nth; }
+uint32_t kvt_ctx_ubatch(const kvt_ctx *c) { return c->ubatch; }
+
+static kvt_status ensure_scratch(kvt_ctx *c, size_t need) {
+    if (need <= c->att_scratch_floats) return KVT_OK;
+    for (int i = 0; i < c->nth; i++) {
+        free(c->att_scratch[i]);
+        c->att_scratch[i] = falloc(need);
+        if (!c->att_scratch[i]) {
+            c->att_scratch_floats = 0;
+            for (int j = 0; j <= i; j++) {
+                free(c->att_scratch[j]);
+                c->att_scratch[j] = NULL;
+            }
+            return KVT_ERR_NOMEM;
+        }
+    }
+    c->att_scratch_floats = need;
+    return KVT_OK;
+}
+
+kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx) {
+    return ensure_scratch(c, kvt_attention_scratch_floats(l, n_ctx));
+}
+
+/* ------------------------------------------------------------------ forward: row math */
+
+/* y = x * w / sqrt(mean(x^2) + eps); the sum of squares accumulates in double (as ggml). */
+static void rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps) {
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    float mean = (float)(sum / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static inline float gelu_tanh(float x) {
+    const float s = 0.79788456080286535588f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(s * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* Rotate the first n_rot dims of one head vector by the (cos, sin) table of its position. */
+static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
+    uint32_t half = n_rot / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+static void split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1) {
+    uint32_t per = (n + (uint32_t)nth - 1) / (uint32_t)nth;
+    uint32_t a = (uint32_t)ith * per;
+    *r0 = a < n ? a : n;
+    *r1 = a + per < n ? a + per : n;
+}
+
+/* Output-column split: contiguous ranges aligned to 16 columns. */
+static void col_range(uint32_t n_out, int ith, int nth, int64_t *o0, int64_t *o1) {
+    uint32_t per = (n_out + (uint32_t)nth - 1) / (uint32_t)nth;
+    per = (per + 15u) & ~15u;
+    uint64_t a = (uint64_t)ith * per, b = a + per;
+    *o0 = (int64_t)(a < n_out ? a : n_out);
+    *o1 = (int64_t)(b < n_out ? b : n_out);
+}
+
+/* Activation slot for each matrix of a group sharing one input: matrices with the same activation
+ * format (vec_dot type) share a slot. */
+static void act_slots(const kvt_wmat *const *ws, int nw, int *slot, uint32_t *slot_type, int *n_slots) {
+    int ns = 0;
+    for (int i = 0; i < nw; i++) {
+        uint32_t vt = kvt_vec_dot_type(ws[i]->type);
+        int s = -1;
+        for (int j = 0; j < ns; j++)
+            if (kvt_vec_dot_type(slot_type[j]) == vt) s = j;
+        if (s < 0) {
+            s = ns++;
+            slot_type[s] = ws[i]->type;
+        }
+        slot[i] = s;
+    }
+    *n_slots = ns;
+}
+
+/* Quantize rows [r0, r1) of x (n_in wide) for every slot of the group. */
+static void quantize_rows(kvt_ctx *c, const kvt_wmat *const *ws, int nw, const float *x, uint32_t r0, uint32_t r1) {
+    if (r0 >= r1) return;
+    int slot[KVT_N_ACT], ns;
+    uint32_t st[KVT_N_ACT];
+    act_slots(ws, nw, slot, st, &ns);
+    for (int s = 0; s < ns; s++) kvt_act_quantize(st[s], x, ws[0]->n_in, r0, r1, c->act[s]);
+}
+
+/* This thread's output columns of every matrix of the group, all n_rows rows. */
+static void matmul_group(kvt_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, uint32_t n_rows, int ith,
+                         int nth) {
+    int slot[KVT_N_ACT], ns;
+    uint32_t st[KVT_N_ACT];
+    act_slots(ws, nw, slot, st, &ns);
+    for (int i = 0; i < nw; i++) {
+        int64_t o0, o1;
+        col_range(ws[i]->n_out, ith, nth, &o0, &o1);
+        if (o0 < o1)
+            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
+    }
+}
+
+/* ------------------------------------------------------------------ forward: the chunk */
+
+static void forward_chunk(void *arg, int ith, int nth) {
+    kvt_ctx *c = arg;
+    const kvt_model *m = c->m;
+    const kvt_hparams *hp = &m->hp;
+    kvt_threadpool *tp = c->tp;
+    const uint32_t n = c->n, E = hp->n_embd, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
+    const uint32_t QD = NH * HD, KD = NKV * HD, F = hp->n_ff, half = hp->n_rot / 2;
+    const float eps = hp->norm_eps;
+    const bool gem = hp->arch == KVT_ARCH_GEMMA3;
+    uint32_t r0, r1;
+    split_range(n, ith, nth, &r0, &r1);
+
+    /* embeddings + RoPE tables for my rows */
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (uint64_t)c->tokens[r] * m->tok_embd.row_bytes;
+        float *xr = c->x + (size_t)r * E;
+        kvt_dequant_row(m->tok_embd.type, row, xr, E);
+        if (gem) {
+            const float sc = sqrtf((float)E);
+            for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
+        }
+        double pos = (double)(c->pos0 + r);
+        for (int cfg = 0; cfg < 2; cfg++) {
+            float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            for (uint32_t i = 0; i < half; i++) {
+                double th = pos * m->inv_freq[cfg][i];
+                cs[2 * i] = (float)cos(th);
+                cs[2 * i + 1] = (float)sin(th);
+            }
+        }
+    }
+
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const kvt_layer_w *w = &m->layers[il];
+        const kvt_wmat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+        float *qkv_out[3] = {c->q, c->k, c->v};
+        const kvt_wmat *gu[2] = {&w->gate, &w->up};
+        float *gu_out[2] = {c->gate, c->up};
+        const kvt_wmat *wo[1] = {&w->wo};
+        float *wo_out[1] = {c->tmp};
+        const kvt_wmat *dn[1] = {&w->down};
+        const int cfg = kvt_model_layer_is_swa(m, il) ? 1 : 0;
+
+        /* 1. attention norm + quantize (rows) */
+        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, eps);
+        quantize_rows(c, qkv, 3, c->xn, r0, r1);
+        kvt_threadpool_barrier(tp);
+        /* 2. Q, K, V projections (columns) */
+        matmul_group(c, qkv, qkv_out, 3, n, ith, nth);
+        kvt_threadpool_barrier(tp);
+        /* 3. bias, QK-norm, RoPE, query pre-scale (rows) */
+        for (uint32_t r = r0; r < r1; r++) {
+            float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
+            if (w->bq) {
+                for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
+                for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
+                for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
+            }
+            if (w->q_norm) {
+                for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
+                for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
+            }
+            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
+            for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
+            if (gem)
+                for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
+        }
+        kvt_threadpool_barrier(tp);
+        /* 4. write K/V of the chunk into the sequence (thread 0 only: write_kv is not documented as
+         *    safe to call concurrently on one sequence) */
+        if (ith == 0)
+            for (uint32_t r = 0; r < n; r++)
+                kvt_seq_write_kv(c->seq, il, c->pos0 + r, c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+        kvt_threadpool_barrier(tp);
+        /* 5. attention (heads) */
+        {
+            uint32_t h0, h1;
+            split_range(NH, ith, nth, &h0, &h1);
+            if (h0 < h1)
+                kvt_attention(c->seq, il, c->q, n, QD, c->pos0, NH, gem ? 1.0f : hp->attn_scale, h0, h1, c->att, QD,
+                              c->att_scratch[ith]);
+        }
+        kvt_threadpool_barrier(tp);
+        /* 6. output projection */
+        quantize_rows(c, wo, 1, c->att, r0, r1);
+        kvt_threadpool_barrier(tp);
+        matmul_group(c, wo, wo_out, 1, n, ith, nth);
+        kvt_threadpool_barrier(tp);
+        /* 7. (post-attention norm,) residual, FFN norm, quantize (rows) */
+        for (uint32_t r = r0; r < r1; r++) {
+            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            if (w->post_attn_norm) rmsnorm(tr, tr, w->post_attn_norm, E, eps);
+            for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
+            rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, eps);
+        }
+        quantize_rows(c, gu, 2, c->xn, r0, r1);
+        kvt_threadpool_barrier(tp);
+        /* 8. gate, up and the gated activation on this thread's own columns */
+        matmul_group(c, gu, gu_out, 2, n, ith, nth);
+        {
+            int64_t o0, o1;
+            col_range(F, ith, nth, &o0, &o1);
+            for (uint32_t r = 0; r < n; r++) {
+                float *g = c->gate + (size_t)r * F, *u = c->up + (size_t)r * F;
+                if (gem)
+                    for (int64_t i = o0; i < o1; i++) g[i] = gelu_tanh(g[i]) * u[i];
+                else
+                    for (int64_t i = o0; i < o1; i++) g[i] = silu(g[i]) * u[i];
+            }
+        }
+        kvt_threadpool_barrier(tp);
+        /* 9. down projection */
+        quantize_rows(c, dn, 1, c->gate, r0, r1);
+        kvt_threadpool_barrier(tp);
+        float *dn_out[1] = {c->tmp};
+        matmul_group(c, dn, dn_out, 1, n, ith, nth);
+        kvt_threadpool_barrier(tp);
+        /* 10. (post-FFN norm,) residual (rows; the next layer continues on the same rows) */
+        for (uint32_t r = r0; r < r1; r++) {
+            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            if (w->post_ffw_norm) rmsnorm(tr, tr, w->post_ffw_norm, E, eps);
+            for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
+        }
+    }
+
+    /* final norm + logits: all rows, or only the last row (normed into xn row 0) */
+    const kvt_wmat *ow[1] = {&m->output};
+    float *lo[1] = {c->logits};
+    uint32_t n_out_rows = c->all_logits ? n : 1;
+    if (c->all_logits) {
+        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, m->output_norm, E, eps);
+        quantize_rows(c, ow, 1, c->xn, r0, r1);
+    } else if (n - 1 >= r0 && n - 1 < r1) { /* the thread that owns the last row */
+        rmsnorm(c->xn, c->x + (size_t)(n - 1) * E, m->output_norm, E, eps);
+        quantize_rows(c, ow, 1, c->xn, 0, 1);
+    }
+    kvt_threadpool_barrier(tp);
+    matmul_group(c, ow, lo, 1, n_out_rows, ith, nth);
+}
+
+/* ------------------------------------------------------------------ forward: driver */
+
+static kvt_status check_layout(const kvt_model *m, const kvt_kv_layout *l) {
+    if (kvt_kv_layout_n_layers(l) != m->hp.n_layer) return KVT_ERR_INVALID_ARG;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
+        if (d->kind == KVT_KIND_RECURRENT || d->n_kv_heads != m->hp.n_head_kv || d->head_dim_k != m->hp.head_dim ||
+            d->head_dim_v != m->hp.head_dim)
+            return KVT_ERR_INVALID_ARG;
+        bool swa = kvt_model_layer_is_swa(m, il);
+        if (swa != (d->kind == KVT_KIND_WINDOW) || (swa && d->window != m->hp.n_swa)) return KVT_ERR_INVALID_ARG;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, uint32_t n, bool all_logits,
+                             const volatile int *cancel, float **logits) {
+    if (logits) *logits = NULL;
+    if (!c || !seq || !tokens || n == 0) return KVT_ERR_INVALID_ARG;
+    if (all_logits && n > c->ubatch) return KVT_ERR_INVALID_ARG;
+    const kvt_model *m = c->m;
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) return KVT_ERR_INVALID_ARG;
+    const kvt_kv_layout *l = kvt_block_pool_layout(kvt_seq_pool(seq));
+    kvt_status st = check_layout(m, l);
+    if (st != KVT_OK) return st;
+    uint64_t end = (uint64_t)kvt_seq_len(seq) + n;
+    if (end > UINT32_MAX / 2) return KVT_ERR_RANGE;
+    /* Grow attention scratch geometrically here, never inside the chunk loop. */
+    size_t need = kvt_attention_scratch_floats(l, (uint32_t)end);
+    if (need > c->att_scratch_floats) {
+        uint64_t target = end * 2 > 1024 ? end * 2 : 1024;
+        size_t want = kvt_attention_scratch_floats(l, (uint32_t)(target < UINT32_MAX / 2 ? target : end));
+        if ((st = ensure_scratch(c, want > need ? want : need)) != KVT_OK) return st;
+    }
+    for (uint32_t off = 0; off < n; off += c->ubatch) {
+        if (cancel && *cancel) return KVT_ERR_CANCELLED;
+        uint32_t nc = n - off < c->ubatch ? n - off : c->ubatch;
+        if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
+        c->seq = seq;
+        c->tokens = tokens + off;
+        c->n = nc;
+        c->pos0 = kvt_seq_len(seq);
+        c->all_logits = all_logits;
+        kvt_threadpool_run(c->tp, forward_chunk, c);
+        c->seq = NULL;
+        if ((st = kvt_seq_commit(seq, tokens + off, nc)) != KVT_OK) return st;
+    }
+    if (logits) *logits = c->logits;
+    return KVT_OK;
+}

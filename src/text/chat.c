@@ -1,0 +1,337 @@
+/*
+ * chat.c — built-in chat template renderers (string emitters, no Jinja) for ChatML, Llama 3.x,
+ * Gemma 3, Mistral / Llama 2 [INST] and Phi-3, and detection of the family from
+ * tokenizer.chat_template (engine-facts §4.2 order). The exact text per family is documented in
+ * docs/chat-templates.md.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "chat.h"
+
+struct kvt_chat_template {
+    kvt_chat_family family;
+    bool qwen_default_system; /* template text mentions "You are Qwen" */
+    bool llama3_date;         /* template text mentions "Cutting Knowledge Date" */
+    char bos_text[32];        /* family BOS text if the vocabulary has it, else "" */
+    char eos_text[32];        /* Mistral end of assistant turn */
+};
+
+static const struct {
+    const char *name;
+    kvt_chat_family f;
+} k_names[] = {{"chatml", KVT_CHAT_CHATML}, {"llama3", KVT_CHAT_LLAMA3}, {"gemma", KVT_CHAT_GEMMA},
+               {"mistral", KVT_CHAT_MISTRAL}, {"llama2", KVT_CHAT_MISTRAL}, {"phi3", KVT_CHAT_PHI3}};
+
+const char *kvt_chat_family_name(kvt_chat_family f) {
+    switch (f) {
+    case KVT_CHAT_CHATML: return "chatml";
+    case KVT_CHAT_LLAMA3: return "llama3";
+    case KVT_CHAT_GEMMA: return "gemma";
+    case KVT_CHAT_MISTRAL: return "mistral";
+    case KVT_CHAT_PHI3: return "phi3";
+    }
+    return "unknown";
+}
+
+kvt_status kvt_chat_family_parse(const char *name, kvt_chat_family *out) {
+    for (size_t i = 0; name && i < KVT_ARRAY_LEN(k_names); i++)
+        if (!strcmp(name, k_names[i].name)) {
+            *out = k_names[i].f;
+            return KVT_OK;
+        }
+    return KVT_ERR_INVALID_ARG;
+}
+
+static bool has(const char *s, size_t len, const char *needle) {
+    return s && memmem(s, len, needle, strlen(needle)) != NULL;
+}
+
+kvt_chat_family kvt_chat_detect(const char *text, size_t len, bool *known) {
+    if (known) *known = true;
+    for (size_t i = 0; text && i < KVT_ARRAY_LEN(k_names); i++)
+        if (strlen(k_names[i].name) == len && !memcmp(text, k_names[i].name, len)) return k_names[i].f;
+    if (has(text, len, "<|im_start|>")) return KVT_CHAT_CHATML; /* (phi4 / smolvlm variants: ChatML) */
+    if ((len >= 7 && !memcmp(text, "mistral", 7)) || has(text, len, "[INST]")) return KVT_CHAT_MISTRAL;
+    if (has(text, len, "<|assistant|>") && has(text, len, "<|end|>")) return KVT_CHAT_PHI3;
+    if (has(text, len, "<start_of_turn>")) return KVT_CHAT_GEMMA;
+    if (has(text, len, "<|start_header_id|>") && has(text, len, "<|end_header_id|>")) return KVT_CHAT_LLAMA3;
+    if (known) *known = false;
+    return KVT_CHAT_CHATML;
+}
+
+kvt_status kvt_chat_template_create(const kvt_gguf *g, const kvt_tokenizer *t, const char *name_override,
+                                    kvt_chat_template **out, char *err, size_t errlen) {
+    const char *tt = NULL;
+    uint64_t tl = 0;
+    if (g && !kvt_gguf_get_str(g, "tokenizer.chat_template", &tt, &tl)) {
+        tt = NULL;
+        tl = 0;
+    }
+    return kvt_chat_template_create_text(tt, (size_t)tl, t, name_override, out, err, errlen);
+}
+
+const char *kvt_chat_end_of_turn(const kvt_chat_template *c) {
+    switch (c->family) {
+    case KVT_CHAT_CHATML: return "<|im_end|>\n";
+    case KVT_CHAT_LLAMA3: return "<|eot_id|>";
+    case KVT_CHAT_GEMMA: return "<end_of_turn>\n";
+    case KVT_CHAT_MISTRAL: return c->eos_text;
+    case KVT_CHAT_PHI3: return "<|end|>\n";
+    }
+    return "";
+}
+
+kvt_status kvt_chat_template_create_text(const char *tt, size_t tl, const kvt_tokenizer *t,
+                                         const char *name_override, kvt_chat_template **out, char *err,
+                                         size_t errlen) {
+    *out = NULL;
+    if (!tt) tl = 0;
+    kvt_chat_family f;
+    if (name_override) {
+        if (kvt_chat_family_parse(name_override, &f) != KVT_OK)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                            "unknown chat template '%s' (valid: chatml, llama3, gemma, mistral, llama2, phi3)",
+                            name_override);
+    } else {
+        bool known;
+        f = kvt_chat_detect(tt, tl, &known);
+        if (!known)
+            KVT_WARN("chat: %s; using ChatML", tt ? "unrecognised tokenizer.chat_template" : "no tokenizer.chat_template");
+    }
+    kvt_chat_template *c = calloc(1, sizeof *c);
+    if (!c) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    c->family = f;
+    c->qwen_default_system = has(tt, tl, "You are Qwen");
+    c->llama3_date = has(tt, tl, "Cutting Knowledge Date");
+    const char *bos = f == KVT_CHAT_LLAMA3 ? "<|begin_of_text|>" : f == KVT_CHAT_GEMMA ? "<bos>"
+                      : f == KVT_CHAT_MISTRAL ? "<s>" : NULL;
+    if (bos && (!t || kvt_tokenizer_find(t, bos) >= 0)) snprintf(c->bos_text, sizeof c->bos_text, "%s", bos);
+    if (f == KVT_CHAT_MISTRAL) {
+        if (!t || kvt_tokenizer_find(t, "</s>") >= 0) snprintf(c->eos_text, sizeof c->eos_text, "</s>");
+        else if (kvt_tokenizer_eos(t) >= 0 && kvt_tokenizer_token_text(t, kvt_tokenizer_eos(t)))
+            snprintf(c->eos_text, sizeof c->eos_text, "%s", kvt_tokenizer_token_text(t, kvt_tokenizer_eos(t)));
+    }
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_chat_template_free(kvt_chat_template *c) { free(c); }
+kvt_chat_family kvt_chat_family_of(const kvt_chat_template *c) { return c->family; }
+
+/* ---- string builder ---- */
+typedef struct sb {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sb;
+
+static void sb_add(sb *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->n + n + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_str(sb *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static void sb_trim(sb *b, const char *s, size_t n) {
+    size_t a = 0;
+    while (a < n && is_ws(s[a])) a++;
+    while (n > a && is_ws(s[n - 1])) n--;
+    sb_add(b, s + a, n - a);
+}
+
+typedef enum { R_SYSTEM, R_USER, R_ASSISTANT } role_t;
+
+static int role_of(const char *r) {
+    if (!r) return -1;
+    if (!strcmp(r, "system")) return R_SYSTEM;
+    if (!strcmp(r, "user")) return R_USER;
+    if (!strcmp(r, "assistant")) return R_ASSISTANT;
+    return -1;
+}
+
+/* Gemma and [INST] formats: optional leading system, then user/assistant alternating from user. */
+static kvt_status check_alternation(const kvt_chat_msg *m, size_t n, const char *fam, char *err, size_t errlen) {
+    size_t i = 0;
+    if (n && role_of(m[0].role) == R_SYSTEM) i = 1;
+    for (size_t k = 0; i < n; i++, k++) {
+        int want = (k % 2 == 0) ? R_USER : R_ASSISTANT;
+        if (role_of(m[i].role) != want)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                            "chat: %s needs an optional first system message, then user/assistant turns "
+                            "alternating from user (message %zu is '%s')",
+                            fam, i, m[i].role);
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
+                           bool add_generation_prompt, char **out, size_t *out_len, char *err, size_t errlen) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    for (size_t i = 0; i < n_msgs; i++) {
+        if (role_of(msgs[i].role) < 0)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: unknown role '%s' (message %zu)",
+                            msgs[i].role ? msgs[i].role : "(null)", i);
+        if (!msgs[i].content && msgs[i].content_len)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: message %zu has no content", i);
+    }
+    sb b = {0};
+    sb_add(&b, "", 0);
+    switch (c->family) {
+    case KVT_CHAT_CHATML:
+        if (c->qwen_default_system && (n_msgs == 0 || role_of(msgs[0].role) != R_SYSTEM))
+            sb_str(&b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                       "assistant.<|im_end|>\n");
+        for (size_t i = 0; i < n_msgs; i++) {
+            sb_str(&b, "<|im_start|>");
+            sb_str(&b, msgs[i].role);
+            sb_str(&b, "\n");
+            sb_add(&b, msgs[i].content, msgs[i].content_len);
+            sb_str(&b, "<|im_end|>\n");
+        }
+        if (add_generation_prompt) sb_str(&b, "<|im_start|>assistant\n");
+        break;
+    case KVT_CHAT_LLAMA3: {
+        sb_str(&b, c->bos_text);
+        size_t i = 0;
+        if (c->llama3_date) { /* 3.1 / 3.2: the system block with the date lines is always there */
+            sb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                       "Today Date: 26 Jul 2024\n\n");
+            if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
+                sb_trim(&b, msgs[0].content, msgs[0].content_len);
+                i = 1;
+            }
+            sb_str(&b, "<|eot_id|>");
+        }
+        for (; i < n_msgs; i++) {
+            sb_str(&b, "<|start_header_id|>");
+            sb_str(&b, msgs[i].role);
+            sb_str(&b, "<|end_header_id|>\n\n");
+            sb_trim(&b, msgs[i].content, msgs[i].content_len);
+            sb_str(&b, "<|eot_id|>");
+        }
+        if (add_generation_prompt) sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    }
+    case KVT_CHAT_GEMMA: {
+        kvt_status st = check_alternation(msgs, n_msgs, "gemma", err, errlen);
+        if (st != KVT_OK) {
+            free(b.p);
+            return st;
+        }
+        sb_str(&b, c->bos_text);
+        size_t i = 0;
+        const kvt_chat_msg *sys = NULL;
+        if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
+            sys = &msgs[0];
+            i = 1;
+        }
+        for (; i < n_msgs; i++) {
+            bool user = role_of(msgs[i].role) == R_USER;
+            sb_str(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+            if (user && sys) {
+                sb b2 = {0};
+                sb_trim(&b2, sys->content, sys->content_len);
+                if (b2.n) {
+                    sb_add(&b, b2.p, b2.n);
+                    sb_str(&b, "\n\n");
+                }
+                if (b2.oom) b.oom = true;
+                free(b2.p);
+                sys = NULL;
+            }
+            sb_trim(&b, msgs[i].content, msgs[i].content_len);
+            sb_str(&b, "<end_of_turn>\n");
+        }
+        if (add_generation_prompt) sb_str(&b, "<start_of_turn>model\n");
+        break;
+    }
+    case KVT_CHAT_MISTRAL: {
+        /* Llama 2 format: <s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A</s><s>[INST] U2 [/INST] */
+        kvt_status st = check_alternation(msgs, n_msgs, "mistral/llama2", err, errlen);
+        if (st != KVT_OK) {
+            free(b.p);
+            return st;
+        }
+        size_t i = 0;
+        const kvt_chat_msg *sys = NULL;
+        if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
+            sys = &msgs[0];
+            i = 1;
+        }
+        for (; i < n_msgs; i++) {
+            if (role_of(msgs[i].role) == R_USER) {
+                sb_str(&b, c->bos_text);
+                sb_str(&b, "[INST] ");
+                if (sys) {
+                    sb_str(&b, "<<SYS>>\n");
+                    sb_trim(&b, sys->content, sys->content_len);
+                    sb_str(&b, "\n<</SYS>>\n\n");
+                    sys = NULL;
+                }
+                sb_trim(&b, msgs[i].content, msgs[i].content_len);
+                sb_str(&b, " [/INST]");
+            } else {
+                sb_str(&b, " ");
+                sb_trim(&b, msgs[i].content, msgs[i].content_len);
+                sb_str(&b, c->eos_text);
+            }
+        }
+        /* the generation prompt is implicit: the text already ends with " [/INST]" */
+        break;
+    }
+    case KVT_CHAT_PHI3:
+        for (size_t i = 0; i < n_msgs; i++) {
+            sb_str(&b, "<|");
+            sb_str(&b, msgs[i].role);
+            sb_str(&b, "|>\n");
+            sb_add(&b, msgs[i].content, msgs[i].content_len);
+            sb_str(&b, "<|end|>\n");
+        }
+        if (add_generation_prompt) sb_str(&b, "<|assistant|>\n");
+        break;
+    }
+    if (b.oom) {
+        free(b.p);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    }
+    *out = b.p;
+    if (out_len) *out_len = b.n;
+    return KVT_OK;
+}
+
+kvt_status kvt_chat_tokenize(const kvt_chat_template *c, const kvt_tokenizer *t, const kvt_chat_msg *msgs,
+                             size_t n_msgs, bool add_generation_prompt, int32_t **ids, int64_t *n_ids, char *err,
+                             size_t errlen) {
+    *ids = NULL;
+    *n_ids = 0;
+    char *text;
+    size_t len;
+    kvt_status st = kvt_chat_render(c, msgs, n_msgs, add_generation_prompt, &text, &len, err, errlen);
+    if (st != KVT_OK) return st;
+    int64_t n = kvt_tokenize(t, text, len, false, true, NULL, 0);
+    int32_t *v = n >= 0 ? malloc((size_t)(n ? n : 1) * sizeof *v) : NULL;
+    if (!v) {
+        free(text);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    }
+    kvt_tokenize(t, text, len, false, true, v, n);
+    free(text);
+    *ids = v;
+    *n_ids = n;
+    return KVT_OK;
+}

@@ -1,0 +1,273 @@
+/* test_engine.c — end-to-end behaviour of the engine on tiny generated models: a cache hit gives the
+ * same greedy tokens as a cold run (full attention, sliding window, quantized KV), exact repeats
+ * reuse n-1 tokens, SSD restart round trip, namespaces, stop strings, context/pool errors. */
+#include "testutil.h"
+
+#include "engine/engine.h"
+#include "model/gen_model.h"
+
+static char *g_dir;
+
+static char *make_model(const char *arch, const char *type) {
+    char *path = malloc(strlen(g_dir) + 64);
+    sprintf(path, "%s/%s-%s.gguf", g_dir, arch, type);
+    if (access(path, R_OK) == 0) return path;
+    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = type, .seed = 7, .quiet = true};
+    char err[256] = "";
+    kvt_status st = kvt_gen_model(&o, path, err, sizeof err);
+    if (st != KVT_OK) fprintf(stderr, "gen_model: %s\n", err);
+    assert_int_equal(st, KVT_OK);
+    return path;
+}
+
+static kvt_engine *open_engine(const char *model, const char *kv_quant, double pc_gb, const char *ssd) {
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = model;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.ubatch = 32;
+    o.block_tokens = 16;
+    o.kv_quant = kv_quant;
+    o.kv_quant_group = 32;
+    o.prompt_cache_gb = pc_gb;
+    o.snapshot_min_tokens = 64;
+    o.ssd_dir = ssd;
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    kvt_status st = kvt_engine_create(&o, &e, err, sizeof err);
+    if (st) fprintf(stderr, "engine: %s\n", err);
+    assert_int_equal(st, KVT_OK);
+    return e;
+}
+
+static void fill(int32_t *ids, uint32_t n, uint32_t nv, uint64_t seed) {
+    uint64_t s = seed;
+    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(300 + tu_rand(&s) % (nv - 600));
+}
+
+typedef struct run_out {
+    int32_t tok[64];
+    uint32_t n;
+    uint32_t reused;
+    kvt_tier tier;
+} run_out;
+
+static void gen(kvt_engine *e, const int32_t *ids, uint32_t n, uint32_t max, bool no_cache, const char *ns, run_out *out) {
+    kvt_gen_request r = {.prompt = ids, .n_prompt = n, .max_tokens = max, .ignore_eog = true, .no_cache = no_cache, .ns = ns};
+    kvt_sampling_default(&r.sampling);
+    kvt_gen_result res;
+    char err[256] = "";
+    kvt_status st = kvt_engine_generate(e, &r, &res, err, sizeof err);
+    if (st) fprintf(stderr, "generate: %s\n", err);
+    assert_int_equal(st, KVT_OK);
+    assert_int_equal(res.n_gen, max);
+    memcpy(out->tok, res.tokens, sizeof(int32_t) * res.n_gen);
+    out->n = res.n_gen;
+    out->reused = res.n_reused;
+    out->tier = res.reused_from;
+    free(res.tokens);
+}
+
+/* cold (no cache) == first cached run == exact repeat (reuses n-1) == extension of the prompt */
+static void check_hit_equals_cold(const char *arch, const char *type, const char *kvq) {
+    char *m = make_model(arch, type);
+    kvt_engine *e = open_engine(m, kvq, 1.0, NULL);
+    uint32_t nv = kvt_engine_n_vocab(e);
+    enum { N = 150, G = 12 };
+    int32_t ids[N + G + 40];
+    fill(ids, N, nv, 11);
+    run_out cold, first, rep, nc;
+    gen(e, ids, N, G, true, NULL, &cold);
+    gen(e, ids, N, G, false, NULL, &first);
+    assert_int_equal(first.reused, 0);
+    assert_memory_equal(cold.tok, first.tok, sizeof(int32_t) * G);
+    gen(e, ids, N, G, false, NULL, &rep);
+    assert_int_equal(rep.reused, N - 1);
+    assert_int_equal(rep.tier, KVT_TIER_RAM);
+    assert_memory_equal(cold.tok, rep.tok, sizeof(int32_t) * G);
+    /* next turn: prompt + reply + new tokens shares the whole first prompt and reply */
+    memcpy(ids + N, first.tok, sizeof(int32_t) * (G - 1));
+    fill(ids + N + G - 1, 30, nv, 99);
+    uint32_t n2 = N + G - 1 + 30;
+    run_out t2c, t2;
+    gen(e, ids, n2, G, true, NULL, &t2c);
+    gen(e, ids, n2, G, false, NULL, &t2);
+    assert_true(t2.reused >= N + G - 2);
+    assert_memory_equal(t2c.tok, t2.tok, sizeof(int32_t) * G);
+    /* a diverging prompt (edit in the middle) reuses only the common prefix and stays correct */
+    ids[70] = ids[70] + 1;
+    gen(e, ids, N, G, true, NULL, &nc);
+    gen(e, ids, N, G, false, NULL, &rep);
+    assert_true(rep.reused <= 70);
+    assert_memory_equal(nc.tok, rep.tok, sizeof(int32_t) * G);
+    kvt_engine_stats st;
+    kvt_engine_stats_get(e, &st);
+    assert_true(st.pc_hits >= 2);
+    assert_true(st.pc_blocks > 0);
+    kvt_engine_free(e);
+    free(m);
+}
+
+static void test_hit_llama_f16(void **s) { check_hit_equals_cold("llama", "f16", "off"); }
+static void test_hit_qwen3_q8(void **s) { check_hit_equals_cold("qwen3", "q8_0", "off"); }
+static void test_hit_gemma3_window(void **s) { check_hit_equals_cold("gemma3", "f16", "off"); }
+static void test_hit_llama_kv8(void **s) { check_hit_equals_cold("llama", "f16", "8"); }
+static void test_hit_qwen2_kv4(void **s) { check_hit_equals_cold("qwen2", "f16", "4"); }
+
+static void test_namespaces(void **s) {
+    char *m = make_model("llama", "f16");
+    kvt_engine *e = open_engine(m, "off", 1.0, NULL);
+    int32_t ids[100];
+    fill(ids, 100, kvt_engine_n_vocab(e), 5);
+    run_out a, b, c;
+    gen(e, ids, 100, 4, false, "tenant-a", &a);
+    gen(e, ids, 100, 4, false, "tenant-b", &b);
+    assert_int_equal(b.reused, 0);
+    gen(e, ids, 100, 4, false, "tenant-a", &c);
+    assert_int_equal(c.reused, 99);
+    assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    free(m);
+}
+
+static void test_ssd_restart(void **s) {
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-ssd");
+    int32_t ids[200];
+    run_out a, b;
+    {
+        kvt_engine *e = open_engine(m, "off", 1.0, dir);
+        fill(ids, 200, kvt_engine_n_vocab(e), 21);
+        gen(e, ids, 200, 8, false, NULL, &a);
+        kvt_flush_result fr;
+        kvt_engine_flush(e, 10000, &fr);
+        assert_true(fr.durable);
+        assert_true(fr.entries > 0);
+        kvt_engine_free(e);
+    }
+    {
+        kvt_engine *e = open_engine(m, "off", 1.0, dir);
+        gen(e, ids, 200, 8, false, NULL, &b);
+        assert_int_equal(b.tier, KVT_TIER_SSD);
+        assert_true(b.reused >= 192); /* at least every full block */
+        assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 8);
+        kvt_engine_stats st;
+        kvt_engine_stats_get(e, &st);
+        assert_true(st.ssd_restores >= 1);
+        kvt_engine_free(e);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
+typedef struct collect {
+    char text[4096];
+    size_t n;
+} collect;
+static bool collect_cb(void *ctx, int32_t id, const char *t, size_t len) {
+    collect *c = ctx;
+    if (c->n + len < sizeof c->text) {
+        memcpy(c->text + c->n, t, len);
+        c->n += len;
+        c->text[c->n] = 0;
+    }
+    return true;
+}
+
+static void test_stop_strings(void **s) {
+    char *m = make_model("llama", "f16");
+    kvt_engine *e = open_engine(m, "off", 0.0, NULL);
+    int32_t ids[40];
+    fill(ids, 40, kvt_engine_n_vocab(e), 3);
+    collect full = {0}, cut = {0};
+    kvt_gen_request r = {.prompt = ids, .n_prompt = 40, .max_tokens = 24, .ignore_eog = true, .on_token = collect_cb, .cb_ctx = &full};
+    kvt_sampling_default(&r.sampling);
+    kvt_gen_result res;
+    char err[256];
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    free(res.tokens);
+    assert_true(full.n > 8);
+    /* stop on a 3-byte piece from the middle of the text */
+    char stop[4];
+    memcpy(stop, full.text + full.n / 2, 3);
+    stop[3] = 0;
+    const char *stops[] = {stop};
+    const char *first = strstr(full.text, stop);
+    assert_non_null(first);
+    r.cb_ctx = &cut;
+    r.stop = stops;
+    r.n_stop = 1;
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    free(res.tokens);
+    assert_int_equal(res.finish, KVT_FINISH_STOP);
+    assert_int_equal(cut.n, (size_t)(first - full.text));
+    assert_memory_equal(cut.text, full.text, cut.n);
+    kvt_engine_free(e);
+    free(m);
+}
+
+static void test_errors(void **s) {
+    char *m = make_model("llama", "f16");
+    kvt_engine *e = open_engine(m, "off", 0.0, NULL);
+    int32_t ids[600];
+    fill(ids, 600, kvt_engine_n_vocab(e), 1);
+    kvt_gen_request r = {.prompt = ids, .n_prompt = 600, .max_tokens = 4};
+    kvt_sampling_default(&r.sampling);
+    kvt_gen_result res;
+    char err[256] = "";
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_ERR_RANGE);
+    assert_non_null(strstr(err, "context"));
+    r.n_prompt = 0;
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_ERR_RANGE);
+    r.n_prompt = 10;
+    ids[3] = (int32_t)kvt_engine_n_vocab(e);
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_ERR_INVALID_ARG);
+    ids[3] = -1;
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_ERR_INVALID_ARG);
+    kvt_engine_free(e);
+
+    /* a pool too small for the request: typed "out of KV memory", never a crash */
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = m;
+    o.n_ctx = 512;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 0;
+    o.kv_pool_gb = 1e-5; /* 10 kB */
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    fill(ids, 300, kvt_engine_n_vocab(e), 1);
+    r.n_prompt = 300;
+    kvt_status st = kvt_engine_generate(e, &r, &res, err, sizeof err);
+    assert_int_equal(st, KVT_ERR_POOL_EXHAUSTED);
+    assert_non_null(strstr(err, "out of KV memory"));
+    kvt_engine_free(e);
+
+    /* bad options */
+    o.kv_pool_gb = 0;
+    o.kv_quant = "7";
+    assert_int_not_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    o.kv_quant = "off";
+    o.model_path = "/nonexistent/model.gguf";
+    assert_int_not_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    assert_true(strlen(err) > 0);
+    free(m);
+}
+
+int main(void) {
+    g_dir = tu_tmpdir("engine");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
+        cmocka_unit_test(test_hit_llama_kv8),  cmocka_unit_test(test_hit_qwen2_kv4), cmocka_unit_test(test_namespaces),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) rc = 1;
+    free(g_dir);
+    return rc;
+}

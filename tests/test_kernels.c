@@ -1,0 +1,553 @@
+/* test_kernels.c — block layouts, reference (de)quantization, dispatched SIMD kernels vs scalar
+ * reference for every ISA this CPU has, batch invariance of kvt_matmul_rows. */
+#include "testutil.h"
+
+#include <math.h>
+
+#include "kernels/quant.h"
+
+static const uint32_t k_types[] = {KVT_TYPE_F32,  KVT_TYPE_F16,  KVT_TYPE_BF16, KVT_TYPE_Q8_0,
+                                   KVT_TYPE_Q4_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_0, KVT_TYPE_Q5_1,
+                                   KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static bool is_kquant(uint32_t t) { return t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K; }
+static bool is_float(uint32_t t) { return t == KVT_TYPE_F32 || t == KVT_TYPE_F16 || t == KVT_TYPE_BF16; }
+
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* random data with a few outliers so blocks have varied scales */
+static void fill_rand(float *x, int64_t n, uint64_t *s, float scale) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = tu_randf(s) * scale;
+        if ((tu_rand(s) & 63) == 0) v *= 4.0f;
+        x[i] = v;
+    }
+}
+
+/* every ISA this CPU supports, scalar first */
+static int isa_list(kvt_isa out[3]) {
+    int n = 0;
+    for (int i = KVT_ISA_SCALAR; i <= (int)kvt_kernels_best_isa(); i++) out[n++] = (kvt_isa)i;
+    return n;
+}
+
+/* ---------------- type table ---------------- */
+static void test_type_table(void **st) {
+    (void)st;
+    assert_string_equal(kvt_type_name(KVT_TYPE_Q4_K), "q4_K");
+    assert_string_equal(kvt_type_name(KVT_TYPE_F16), "f16");
+    assert_string_equal(kvt_type_name(4), "?");
+    assert_int_equal(kvt_type_from_name("q8_0"), KVT_TYPE_Q8_0);
+    assert_int_equal(kvt_type_from_name("Q4_K"), KVT_TYPE_Q4_K);
+    assert_int_equal(kvt_type_from_name("bf16"), KVT_TYPE_BF16);
+    assert_int_equal(kvt_type_from_name("q4_k_m"), -1);
+    assert_true(kvt_type_known(KVT_TYPE_Q2_K));
+    assert_false(kvt_type_supported(KVT_TYPE_Q2_K));
+    assert_false(kvt_type_known(4));
+    assert_false(kvt_type_known(31));
+    assert_false(kvt_type_known(1000));
+    for (size_t i = 0; i < N_TYPES; i++) assert_true(kvt_type_supported(k_types[i]));
+    assert_int_equal(kvt_type_block_bytes(KVT_TYPE_Q6_K), 210);
+    assert_int_equal(kvt_type_block_bytes(KVT_TYPE_Q8_K), 292);
+    assert_int_equal(kvt_type_block_elems(KVT_TYPE_Q5_K), 256);
+    assert_int_equal(kvt_type_row_bytes(KVT_TYPE_Q8_0, 576), 18 * 34);
+    assert_int_equal(kvt_type_row_bytes(KVT_TYPE_Q8_0, 577), 0);
+    assert_int_equal(kvt_type_row_bytes(KVT_TYPE_F16, 7), 14);
+    assert_int_equal(kvt_type_row_bytes(99, 256), 0);
+    assert_int_equal(kvt_vec_dot_type(KVT_TYPE_Q4_1), KVT_TYPE_Q8_1);
+    assert_int_equal(kvt_vec_dot_type(KVT_TYPE_Q6_K), KVT_TYPE_Q8_K);
+    assert_int_equal(kvt_vec_dot_type(KVT_TYPE_Q5_0), KVT_TYPE_Q8_0);
+    assert_int_equal(kvt_vec_dot_type(KVT_TYPE_F16), KVT_TYPE_F32);
+    assert_int_equal(kvt_act_bytes(KVT_TYPE_Q4_K, 512, 3), 3 * 2 * 292);
+}
+
+/* ---------------- hand-built blocks ---------------- */
+static void test_hand_small_blocks(void **st) {
+    (void)st;
+    uint8_t b[64];
+    float y[32];
+    /* Q8_0: d = 0.5, qs[j] = j - 16 */
+    put16(b, 0x3800);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)(j - 16);
+    kvt_dequant_ref(KVT_TYPE_Q8_0, b, y, 32);
+    for (int j = 0; j < 32; j++) assert_true(y[j] == 0.5f * (float)(j - 16));
+    /* Q4_0: d = 1, byte j = (j) | (15-j)<<4: element j = j-8, element j+16 = 7-j */
+    put16(b, 0x3C00);
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q4_0, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == (float)(j - 8));
+        assert_true(y[j + 16] == (float)(7 - j));
+    }
+    /* Q4_1: d = 2, m = -1 */
+    put16(b, 0x4000);
+    put16(b + 2, 0xBC00);
+    for (int j = 0; j < 16; j++) b[4 + j] = (uint8_t)(j | ((15 - j) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q4_1, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == 2.0f * (float)j - 1.0f);
+        assert_true(y[j + 16] == 2.0f * (float)(15 - j) - 1.0f);
+    }
+    /* Q5_0: d = 1, qh = bits 0, 3 and 31 (LE bytes 09 00 00 80) */
+    put16(b, 0x3C00);
+    b[2] = 0x09, b[3] = 0x00, b[4] = 0x00, b[5] = 0x80;
+    for (int j = 0; j < 16; j++) b[6 + j] = (uint8_t)(j | ((15 - j) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q5_0, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        int hi0 = (j == 0 || j == 3) ? 16 : 0, hi1 = (j == 15) ? 16 : 0;
+        assert_true(y[j] == (float)((j | hi0) - 16));
+        assert_true(y[j + 16] == (float)(((15 - j) | hi1) - 16));
+    }
+    /* Q5_1: d = 0.5, m = 2, same bits */
+    put16(b, 0x3800);
+    put16(b + 2, 0x4000);
+    b[4] = 0x09, b[5] = 0x00, b[6] = 0x00, b[7] = 0x80;
+    for (int j = 0; j < 16; j++) b[8 + j] = (uint8_t)(j | ((15 - j) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q5_1, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        int hi0 = (j == 0 || j == 3) ? 16 : 0, hi1 = (j == 15) ? 16 : 0;
+        assert_true(y[j] == 0.5f * (float)(j | hi0) + 2.0f);
+        assert_true(y[j + 16] == 0.5f * (float)((15 - j) | hi1) + 2.0f);
+    }
+    /* F16 / BF16 */
+    uint16_t h[4] = {0x3C00, 0xC000, 0x3555, 0x0001};
+    kvt_dequant_ref(KVT_TYPE_F16, h, y, 4);
+    assert_true(y[0] == 1.0f && y[1] == -2.0f && fabsf(y[2] - 0.33325195f) < 1e-7f && y[3] == ldexpf(1.0f, -24));
+    uint16_t bf[2] = {0x3F80, 0xC040};
+    kvt_dequant_ref(KVT_TYPE_BF16, bf, y, 2);
+    assert_true(y[0] == 1.0f && y[1] == -3.0f);
+}
+
+/* Q4_K / Q5_K scales: sc_j = 10 + 7j, m_j = 3j + 1 (j >= 4 exercise the high 2 bits) */
+static void pack_k_scales(uint8_t s[12], const int sc[8], const int m[8]) {
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = (uint8_t)((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+    }
+}
+static void test_hand_k_blocks(void **st) {
+    (void)st;
+    int sc[8], m[8];
+    for (int j = 0; j < 8; j++) sc[j] = 10 + 7 * j, m[j] = 3 * j + 1;
+    float y[256];
+    /* Q4_K: d = 1, dmin = 0.5; qs[32c+l] = (l&15) | ((l+c)&15)<<4 */
+    uint8_t b4[144];
+    put16(b4, 0x3C00);
+    put16(b4 + 2, 0x3800);
+    pack_k_scales(b4 + 4, sc, m);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) b4[16 + 32 * c + l] = (uint8_t)((l & 15) | (((l + c) & 15) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q4_K, b4, y, 256);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            assert_true(y[64 * c + l] == (float)(sc[2 * c] * (l & 15)) - 0.5f * (float)m[2 * c]);
+            assert_true(y[64 * c + 32 + l] == (float)(sc[2 * c + 1] * ((l + c) & 15)) - 0.5f * (float)m[2 * c + 1]);
+        }
+    /* Q5_K: same plus qh[l] = l*37: bit 2c → +16 for the low half, bit 2c+1 for the high half */
+    uint8_t b5[176];
+    put16(b5, 0x3C00);
+    put16(b5 + 2, 0x3800);
+    pack_k_scales(b5 + 4, sc, m);
+    for (int l = 0; l < 32; l++) b5[16 + l] = (uint8_t)(l * 37);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) b5[48 + 32 * c + l] = (uint8_t)((l & 15) | (((l + c) & 15) << 4));
+    kvt_dequant_ref(KVT_TYPE_Q5_K, b5, y, 256);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t qh = (uint8_t)(l * 37);
+            int q0 = (l & 15) + (((qh >> (2 * c)) & 1) << 4), q1 = ((l + c) & 15) + (((qh >> (2 * c + 1)) & 1) << 4);
+            assert_true(y[64 * c + l] == (float)(sc[2 * c] * q0) - 0.5f * (float)m[2 * c]);
+            assert_true(y[64 * c + 32 + l] == (float)(sc[2 * c + 1] * q1) - 0.5f * (float)m[2 * c + 1]);
+        }
+    /* Q6_K: element e = 128h + 32k + l has low 4 bits in ql[64h + 32(k&1) + l] (low nibble if k<2),
+     * high 2 bits at qh[32h + l] >> 2k; scale scales[e/16]; d = 0.25 */
+    uint8_t b6[210];
+    int q6[256];
+    for (int e = 0; e < 256; e++) q6[e] = (e * 29 + 7) & 63;
+    memset(b6, 0, sizeof b6);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        uint8_t *ql = &b6[64 * h + 32 * (k & 1) + l];
+        *ql |= (uint8_t)((q6[e] & 15) << (k < 2 ? 0 : 4));
+        b6[128 + 32 * h + l] |= (uint8_t)((q6[e] >> 4) << (2 * k));
+    }
+    for (int i = 0; i < 16; i++) b6[192 + i] = (uint8_t)(int8_t)(i - 8);
+    put16(b6 + 208, 0x3400);
+    kvt_dequant_ref(KVT_TYPE_Q6_K, b6, y, 256);
+    for (int e = 0; e < 256; e++) assert_true(y[e] == 0.25f * (float)(e / 16 - 8) * (float)(q6[e] - 32));
+}
+
+/* ---------------- reference quantizers ---------------- */
+static double type_tol(uint32_t t) { /* max |err| / block amax */
+    switch (t) {
+    case KVT_TYPE_F32: return 0.0;
+    case KVT_TYPE_F16: return 1e-3;
+    case KVT_TYPE_BF16: return 8e-3;
+    case KVT_TYPE_Q8_0: return 0.0045;
+    case KVT_TYPE_Q4_0: case KVT_TYPE_Q4_1: return 0.13;
+    case KVT_TYPE_Q5_0: case KVT_TYPE_Q5_1: return 0.065;
+    case KVT_TYPE_Q4_K: return 0.15;
+    case KVT_TYPE_Q5_K: return 0.08;
+    default: return 0.06; /* Q6_K */
+    }
+}
+static void test_quantize_roundtrip(void **st) {
+    (void)st;
+    uint64_t s = 42;
+    const int64_t n = 1024;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    uint8_t *q = malloc(4096 * 2);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        fill_rand(x, n, &s, 1.0f);
+        for (int i = 0; i < 32; i++) x[256 + i] = 0.0f; /* an all-zero block */
+        for (int i = 0; i < 32; i++) x[512 + i] = 0.3f + 0.01f * (float)i; /* all-positive block */
+        kvt_quantize_ref(t, x, q, n);
+        kvt_dequant_ref(t, q, y, n);
+        const int64_t be = kvt_type_block_elems(t) < 32 ? 32 : kvt_type_block_elems(t);
+        for (int64_t b0 = 0; b0 < n; b0 += be) {
+            float amax = 0.0f;
+            for (int64_t i = b0; i < b0 + be; i++) amax = fmaxf(amax, fabsf(x[i]));
+            for (int64_t i = b0; i < b0 + be; i++) {
+                const double err = fabs((double)y[i] - (double)x[i]);
+                if (err > type_tol(t) * amax + 1e-7) {
+                    fprintf(stderr, "%s: i=%lld x=%g y=%g amax=%g\n", kvt_type_name(t), (long long)i, x[i], y[i], amax);
+                    fail();
+                }
+            }
+        }
+    }
+    free(x), free(y), free(q);
+}
+
+/* ---------------- activation quantization ---------------- */
+static void test_act_quantize(void **st) {
+    (void)st;
+    float x[512];
+    for (int i = 0; i < 512; i++) x[i] = (float)((i % 32) - 16) * 0.125f;
+    /* Q8_0: block amax 2 → d = 2/127, qs = round(x*127/2) */
+    uint8_t buf[4 * 292];
+    kvt_act_quantize(KVT_TYPE_Q8_0, x, 32, 0, 1, buf);
+    uint16_t h;
+    memcpy(&h, buf, 2);
+    assert_int_equal(h, kvt_f32_to_f16(2.0f / 127.0f));
+    for (int j = 0; j < 32; j++) assert_int_equal((int8_t)buf[2 + j], (int)roundf(x[j] * 63.5f));
+    /* Q8_1: s = d * sum(q) */
+    kvt_act_quantize(KVT_TYPE_Q4_1, x, 32, 0, 1, buf);
+    int sum = 0;
+    for (int j = 0; j < 32; j++) sum += (int8_t)buf[4 + j];
+    memcpy(&h, buf + 2, 2);
+    assert_int_equal(h, kvt_f32_to_f16((float)sum * (2.0f / 127.0f)));
+    /* Q8_K: f32 d, bsums are sums of 16 qs */
+    kvt_act_quantize(KVT_TYPE_Q4_K, x, 256, 0, 1, buf);
+    float d;
+    memcpy(&d, buf, 4);
+    assert_true(fabsf(d - 2.0f / 127.0f) < 1e-7f);
+    for (int g = 0; g < 16; g++) {
+        int bs = 0;
+        for (int l = 0; l < 16; l++) bs += (int8_t)buf[4 + 16 * g + l];
+        int16_t got;
+        memcpy(&got, buf + 260 + 2 * g, 2);
+        assert_int_equal(got, bs);
+    }
+    /* disjoint row ranges give the same buffer as one call */
+    uint8_t a1[2 * 292], a2[2 * 292];
+    kvt_act_quantize(KVT_TYPE_Q6_K, x, 256, 0, 2, a1);
+    kvt_act_quantize(KVT_TYPE_Q6_K, x, 256, 0, 1, a2);
+    kvt_act_quantize(KVT_TYPE_Q6_K, x, 256, 1, 2, a2);
+    assert_memory_equal(a1, a2, sizeof a1);
+}
+
+/* Dispatched (SIMD) activation quantization writes the same bytes as kvt_quantize_ref of the
+ * vec-dot type, including exact .5 ties (roundf rounds them away from zero, lrintf to even). */
+static void test_act_quantize_dispatch(void **st) {
+    (void)st;
+    const int64_t n = 1024, nr = 3;
+    float *x = malloc(n * nr * 4);
+    uint64_t s = 11;
+    fill_rand(x, n * nr, &s, 5.0f);
+    for (int j = 0; j < 32; j++) x[j] = (float)j - 15.5f; /* amax 16.5 → not a tie, but ... */
+    for (int j = 0; j < 32; j++) x[32 + j] = (j == 0) ? 127.0f : (float)(j - 16) + 0.5f; /* d=1: ties */
+    for (int j = 0; j < 256; j++) x[256 + j] = (j == 3) ? -127.0f : (float)(j % 64 - 32) + 0.5f;
+    for (int j = 0; j < 256; j++) x[512 + j] = 0.0f;
+    x[600] = 2.0f, x[601] = -2.0f; /* magnitude tie: the first one sets the sign */
+    const uint32_t wts[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_1, KVT_TYPE_Q4_K};
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (int w = 0; w < 3; w++) {
+        const uint32_t vt = kvt_vec_dot_type(wts[w]);
+        const size_t rb = kvt_act_bytes(wts[w], n, 1);
+        uint8_t *ref = malloc(rb * nr), *got = malloc(rb * nr);
+        for (int64_t r = 0; r < nr; r++) kvt_quantize_ref(vt, x + r * n, ref + r * rb, n);
+        for (int k = 0; k < ni; k++) {
+            assert_true(kvt_kernels_force_isa(isas[k]));
+            memset(got, 0xAA, rb * nr);
+            kvt_act_quantize(wts[w], x, n, 0, nr, got);
+            assert_memory_equal(ref, got, rb * nr);
+        }
+        free(ref), free(got);
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    free(x);
+}
+
+/* ---------------- dispatch ---------------- */
+static void test_isa_force(void **st) {
+    (void)st;
+    kvt_kernels_init();
+    const kvt_isa best = kvt_kernels_best_isa();
+    assert_true(kvt_kernels_force_isa(KVT_ISA_SCALAR));
+    assert_int_equal(kvt_kernels_isa(), KVT_ISA_SCALAR);
+    assert_true(kvt_kernels_force_isa(best));
+    assert_int_equal(kvt_kernels_isa(), best);
+    if (best < KVT_ISA_AVX512) assert_false(kvt_kernels_force_isa(KVT_ISA_AVX512));
+    assert_string_equal(kvt_isa_name(KVT_ISA_AVX2), "avx2");
+    fprintf(stderr, "best ISA: %s\n", kvt_isa_name(best));
+}
+
+static void test_dequant_dispatch(void **st) {
+    (void)st;
+    uint64_t s = 7;
+    const int64_t n = 512 + 256;
+    float *x = malloc(n * 4), *r = malloc(n * 4), *d = malloc(n * 4);
+    uint8_t *q = malloc(n * 4);
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        fill_rand(x, n, &s, 3.0f);
+        kvt_quantize_ref(t, x, q, n);
+        kvt_dequant_ref(t, q, r, n);
+        for (int k = 0; k < ni; k++) {
+            assert_true(kvt_kernels_force_isa(isas[k]));
+            memset(d, 0xff, n * 4);
+            kvt_dequant_row(t, q, d, n);
+            assert_memory_equal(r, d, n * 4);
+        }
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    free(x), free(r), free(d), free(q);
+}
+
+/* ---------------- matmul ---------------- */
+typedef struct {
+    uint32_t t;
+    int64_t n_in, n_out, n_rows;
+    float *xf;   /* [n_rows][n_in] original activations */
+    float *wf;   /* [n_out][n_in] dequantized weights */
+    uint8_t *w;  /* quantized weights */
+    uint8_t *a;  /* quantized activations */
+} mm_case;
+
+static void mm_setup(mm_case *c, uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows, uint64_t seed) {
+    uint64_t s = seed;
+    c->t = t, c->n_in = n_in, c->n_out = n_out, c->n_rows = n_rows;
+    c->xf = malloc((size_t)(n_rows * n_in) * 4);
+    c->wf = malloc((size_t)(n_out * n_in) * 4);
+    float *wsrc = malloc((size_t)(n_out * n_in) * 4);
+    fill_rand(wsrc, n_out * n_in, &s, 0.5f);
+    fill_rand(c->xf, n_rows * n_in, &s, 2.0f);
+    c->w = malloc(kvt_type_row_bytes(t, n_in) * n_out);
+    kvt_quantize_ref(t, wsrc, c->w, n_out * n_in);
+    kvt_dequant_ref(t, c->w, c->wf, n_out * n_in);
+    c->a = malloc(kvt_act_bytes(t, n_in, n_rows));
+    kvt_act_quantize(t, c->xf, n_in, 0, n_rows, c->a);
+    free(wsrc);
+}
+static void mm_free(mm_case *c) { free(c->xf), free(c->wf), free(c->w), free(c->a); }
+
+/* Σ|w·x| over the dot of (o, r), with x the dequantized activation, for tolerances */
+static double abs_dot(const mm_case *c, const float *xq, int64_t o, int64_t r) {
+    double s = 0;
+    for (int64_t k = 0; k < c->n_in; k++) s += fabs((double)c->wf[o * c->n_in + k] * xq[r * c->n_in + k]);
+    return s;
+}
+
+/* Dispatched vs reference for every ISA. K-quants: bit-exact (same integers, same float
+ * expression). Other types: the block integer dots are exact in both, only the float summation
+ * order differs (lane-parallel vs sequential), so |diff| <= 1e-5 · Σ|w·x| (a few ulps per block
+ * term, with a wide margin). */
+static void check_vs_ref(const mm_case *c) {
+    const int64_t no = c->n_out, nr = c->n_rows;
+    float *yr = malloc((size_t)(no * nr) * 4), *ys = malloc((size_t)(no * nr) * 4);
+    float *xq = malloc((size_t)(nr * c->n_in) * 4);
+    kvt_dequant_ref(kvt_vec_dot_type(c->t), c->a, xq, nr * c->n_in);
+    kvt_matmul_rows_ref(c->t, c->w, c->n_in, c->a, nr, yr, no, 0, no);
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (int k = 0; k < ni; k++) {
+        assert_true(kvt_kernels_force_isa(isas[k]));
+        memset(ys, 0xff, (size_t)(no * nr) * 4);
+        kvt_matmul_rows(c->t, c->w, c->n_in, c->a, nr, ys, no, 0, no);
+        if (is_kquant(c->t) || isas[k] == KVT_ISA_SCALAR) {
+            assert_memory_equal(yr, ys, (size_t)(no * nr) * 4);
+            continue;
+        }
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t o = 0; o < no; o++) {
+                const double tol = 1e-5 * abs_dot(c, xq, o, r) + 1e-30;
+                const double diff = fabs((double)yr[r * no + o] - (double)ys[r * no + o]);
+                if (!(diff <= tol)) {
+                    fprintf(stderr, "%s isa=%s o=%lld r=%lld ref=%.9g simd=%.9g tol=%g\n", kvt_type_name(c->t),
+                            kvt_isa_name(isas[k]), (long long)o, (long long)r, yr[r * no + o], ys[r * no + o], tol);
+                    fail();
+                }
+            }
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    free(yr), free(ys), free(xq);
+}
+
+/* Against a double-precision dot of dequantized W × ORIGINAL activations: catches layout bugs that
+ * a self-consistent ref/SIMD pair would share. Bound: activation quantization moves each x by at
+ * most half a step (step = block amax/127), so |err| <= Σ_k |w_k|·step_k/2 (+ f16 rounding of Q8_1's
+ * s, covered by a 2e-3·Σ|w·x| term; f32-family types only have float rounding). */
+static void check_vs_double(const mm_case *c) {
+    const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
+    float *y = malloc((size_t)(no * nr) * 4);
+    kvt_matmul_rows(c->t, c->w, n, c->a, nr, y, no, 0, no);
+    const int64_t qb = kvt_vec_dot_type(c->t) == KVT_TYPE_Q8_K ? 256 : 32;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t o = 0; o < no; o++) {
+            double exact = 0, absd = 0, bound = 0;
+            const float *x = c->xf + r * n, *w = c->wf + o * n;
+            for (int64_t b0 = 0; b0 < n; b0 += qb) {
+                double amax = 0;
+                for (int64_t k = b0; k < b0 + qb && k < n; k++) amax = fmax(amax, fabs(x[k]));
+                for (int64_t k = b0; k < b0 + qb && k < n; k++) {
+                    exact += (double)w[k] * x[k];
+                    absd += fabs((double)w[k] * x[k]);
+                    bound += fabs(w[k]) * amax / 127.0 * 0.5;
+                }
+            }
+            const double tol = is_float(c->t) ? 1e-5 * absd + 1e-6 : bound * 1.01 + 2e-3 * absd + 1e-6;
+            if (!(fabs(exact - y[r * no + o]) <= tol)) {
+                fprintf(stderr, "%s o=%lld r=%lld exact=%.9g got=%.9g tol=%g\n", kvt_type_name(c->t), (long long)o,
+                        (long long)r, exact, y[r * no + o], tol);
+                fail();
+            }
+        }
+    free(y);
+}
+
+/* Batch invariance for the active ISA: each row computed alone == rows computed together;
+ * split output ranges == the whole range. memcmp, not tolerance. */
+static void check_invariance(const mm_case *c) {
+    const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
+    const size_t arb = kvt_act_bytes(c->t, n, 1);
+    float *all = malloc((size_t)(no * nr) * 4), *one = malloc((size_t)(no * nr) * 4);
+    float *split = malloc((size_t)(no * nr) * 4);
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (int k = 0; k < ni; k++) {
+        assert_true(kvt_kernels_force_isa(isas[k]));
+        kvt_matmul_rows(c->t, c->w, n, c->a, nr, all, no, 0, no);
+        for (int64_t r = 0; r < nr; r++)
+            kvt_matmul_rows(c->t, c->w, n, c->a + (size_t)r * arb, 1, one + r * no, no, 0, no);
+        assert_memory_equal(all, one, (size_t)(no * nr) * 4);
+        /* uneven splits: [0,1) [1,s) [s,no) with s = min(6, no) */
+        const int64_t s6 = no < 6 ? no : 6;
+        memset(split, 0xff, (size_t)(no * nr) * 4);
+        kvt_matmul_rows(c->t, c->w, n, c->a, nr, split, no, 0, 1);
+        kvt_matmul_rows(c->t, c->w, n, c->a, nr, split, no, 1, s6);
+        kvt_matmul_rows(c->t, c->w, n, c->a, nr, split, no, s6, no);
+        assert_memory_equal(all, split, (size_t)(no * nr) * 4);
+        /* rows in chunks of 3 (+ remainder) */
+        for (int64_t r0 = 0; r0 < nr; r0 += 3) {
+            const int64_t r1 = r0 + 3 < nr ? r0 + 3 : nr;
+            kvt_matmul_rows(c->t, c->w, n, c->a + (size_t)r0 * arb, r1 - r0, split + r0 * no, no, 0, no);
+        }
+        assert_memory_equal(all, split, (size_t)(no * nr) * 4);
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    free(all), free(one), free(split);
+}
+
+static int64_t n_in_for(uint32_t t) {
+    if (is_kquant(t)) return 512;
+    if (is_float(t)) return 531; /* odd: exercises the vector tails */
+    return 576;
+}
+
+static void test_matmul_vs_ref(void **st) {
+    (void)st;
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (int64_t nr = 1; nr <= 9; nr += 4) {
+            mm_case c;
+            mm_setup(&c, k_types[ti], n_in_for(k_types[ti]), 13, nr, 100 + ti * 10 + (uint64_t)nr);
+            check_vs_ref(&c);
+            mm_free(&c);
+        }
+}
+static void test_matmul_vs_double(void **st) {
+    (void)st;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        mm_case c;
+        mm_setup(&c, k_types[ti], n_in_for(k_types[ti]), 9, 3, 200 + ti);
+        check_vs_double(&c);
+        mm_free(&c);
+    }
+}
+static void test_matmul_batch_invariance(void **st) {
+    (void)st;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        mm_case c;
+        mm_setup(&c, k_types[ti], n_in_for(k_types[ti]), 13, 7, 300 + ti);
+        check_invariance(&c);
+        mm_free(&c);
+    }
+}
+static void test_matmul_odd_shapes(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_F32};
+    for (size_t ti = 0; ti < 4; ti++)
+        for (int64_t nr = 1; nr <= 9; nr++) {
+            const int64_t no = 1 + (nr * 5) % 11; /* 6, 11, 5, 10, 4, 9, 3, 8, 2 */
+            const int64_t n_in = ts[ti] == KVT_TYPE_Q4_K ? 256 : ts[ti] == KVT_TYPE_Q8_0 ? 32 * nr : 7 + 16 * nr;
+            mm_case c;
+            mm_setup(&c, ts[ti], n_in, no, nr, 400 + ti * 16 + (uint64_t)nr);
+            check_vs_ref(&c);
+            check_invariance(&c);
+            mm_free(&c);
+        }
+}
+
+static void test_f32_helpers(void **st) {
+    (void)st;
+    uint64_t s = 9;
+    float a[103], b[103], y1[103], y2[103];
+    fill_rand(a, 103, &s, 1.0f);
+    fill_rand(b, 103, &s, 1.0f);
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (int k = 0; k < ni; k++) {
+        assert_true(kvt_kernels_force_isa(isas[k]));
+        for (int n = 0; n <= 103; n += 17) {
+            double ref = 0, absd = 0;
+            for (int i = 0; i < n; i++) ref += (double)a[i] * b[i], absd += fabs((double)a[i] * b[i]);
+            assert_true(fabs(kvt_dot_f32(a, b, n) - ref) <= 1e-5 * absd + 1e-7);
+            memcpy(y1, b, sizeof b);
+            memcpy(y2, b, sizeof b);
+            kvt_axpy_f32(y1, 0.75f, a, n);
+            for (int i = 0; i < n; i++) y2[i] = b[i] + 0.75f * a[i];
+            for (int i = 0; i < 103; i++) assert_true(fabsf(y1[i] - y2[i]) <= 1e-6f * (1.0f + fabsf(y2[i])));
+        }
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+}
+
+int main(void) {
+    kvt_kernels_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_type_table),       cmocka_unit_test(test_hand_small_blocks),
+        cmocka_unit_test(test_hand_k_blocks),    cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_act_quantize),     cmocka_unit_test(test_act_quantize_dispatch),
+        cmocka_unit_test(test_isa_force),
+        cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
+        cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
+        cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,244 @@
+/* test_kv_attention.c — block-reading attention must equal kvt_attention_ref over the decoded f32
+ * K/V bit for bit: across block boundaries, with GQA, windows (before/after the window slides and
+ * blocks are dropped), mixed base/affine variants, head splits, and after clone/trim/append. */
+#include <math.h>
+
+#include "testutil.h"
+#include "kv/kv.h"
+
+#define MAXP 160
+#define NKV 2
+#define HDK 32
+#define HDV 64
+#define NHEAD 6
+
+typedef struct sim {
+    kvt_kv_layout *l;
+    kvt_block_pool *p;
+    float *kref[2], *vref[2]; /* per layer [MAXP][NKV][HD] decoded values */
+    uint64_t rng;
+    float *scratch;
+} sim;
+
+static void sim_init(sim *m, uint32_t bt, kvt_codec base, kvt_codec c, uint32_t qs, uint32_t window) {
+    kvt_layer_desc d[2];
+    for (int i = 0; i < 2; i++)
+        d[i] = (kvt_layer_desc){.kind = KVT_KIND_FULL, .n_kv_heads = NKV, .head_dim_k = HDK, .head_dim_v = HDV, .codec = c};
+    if (window) {
+        d[1].kind = KVT_KIND_WINDOW;
+        d[1].window = window;
+    }
+    char err[200];
+    assert_int_equal(kvt_kv_layout_create(d, 2, bt, base, qs, &m->l, err, sizeof err), KVT_OK);
+    m->p = kvt_block_pool_create(m->l, 0);
+    for (int i = 0; i < 2; i++) {
+        m->kref[i] = calloc(MAXP * NKV * HDK, sizeof(float));
+        m->vref[i] = calloc(MAXP * NKV * HDV, sizeof(float));
+    }
+    m->rng = bt * 1000 + c.kind;
+    m->scratch = malloc(kvt_attention_scratch_floats(m->l, MAXP) * sizeof(float));
+}
+
+static void sim_free(sim *m) {
+    assert_int_equal(kvt_block_pool_used_bytes(m->p), 0);
+    kvt_block_pool_free(m->p);
+    kvt_kv_layout_free(m->l);
+    for (int i = 0; i < 2; i++) free(m->kref[i]), free(m->vref[i]);
+    free(m->scratch);
+}
+
+/* Write n tokens' K/V (not committed). The reference gets encode→decode of the same rows with the
+ * codec of the position's block, computed independently of the block storage. */
+static void sim_write(sim *m, kvt_seq *s, uint32_t n) {
+    assert_int_equal(kvt_seq_prepare(s, n), KVT_OK);
+    uint32_t bt = kvt_kv_layout_block_tokens(m->l);
+    float k[NKV * HDK], v[NKV * HDV];
+    uint8_t row[512];
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = kvt_seq_len(s) + t;
+        assert_true(pos < MAXP);
+        for (uint32_t li = 0; li < 2; li++) {
+            for (int i = 0; i < NKV * HDK; i++) k[i] = tu_randf(&m->rng) * 2;
+            for (int i = 0; i < NKV * HDV; i++) v[i] = tu_randf(&m->rng);
+            kvt_seq_write_kv(s, li, pos, k, v);
+            kvt_codec c = kvt_kv_layout_codec_at(m->l, li, pos / bt);
+            for (int h = 0; h < NKV; h++) {
+                kvt_codec_encode_row(c, k + h * HDK, HDK, row);
+                kvt_codec_decode_row(c, row, HDK, m->kref[li] + ((size_t)pos * NKV + h) * HDK);
+                kvt_codec_encode_row(c, v + h * HDV, HDV, row);
+                kvt_codec_decode_row(c, row, HDV, m->vref[li] + ((size_t)pos * NKV + h) * HDV);
+            }
+        }
+    }
+}
+
+static void sim_commit(kvt_seq *s, uint32_t n) {
+    int32_t toks[MAXP];
+    for (uint32_t i = 0; i < n; i++) toks[i] = (int32_t)(kvt_seq_len(s) + i) * 7 + 1;
+    assert_int_equal(kvt_seq_commit(s, toks, n), KVT_OK);
+}
+
+/* Attention for queries at [pos0, pos0+n_q) on both layers, compared bitwise with the reference;
+ * also with the heads split in two calls. */
+static void check_attn(sim *m, const kvt_seq *s, uint32_t pos0, uint32_t n_q) {
+    static float q[MAXP * NHEAD * HDK], o1[MAXP * NHEAD * HDV], o2[MAXP * NHEAD * HDV], o3[MAXP * NHEAD * HDV];
+    const float scale = 1.0f / sqrtf((float)HDK);
+    for (uint32_t i = 0; i < n_q * NHEAD * HDK; i++) q[i] = tu_randf(&m->rng) * 3;
+    for (uint32_t li = 0; li < 2; li++) {
+        const kvt_layer_desc *d = kvt_kv_layout_layer(m->l, li);
+        uint32_t w = d->kind == KVT_KIND_WINDOW ? d->window : 0;
+        memset(o1, 0xff, sizeof(float) * n_q * NHEAD * HDV); /* NaN garbage: must be overwritten */
+        kvt_attention(s, li, q, n_q, NHEAD * HDK, pos0, NHEAD, scale, 0, NHEAD, o1, NHEAD * HDV, m->scratch);
+        kvt_attention_ref(m->kref[li], m->vref[li], pos0 + n_q, NKV, HDK, HDV, q, n_q, NHEAD * HDK, pos0, NHEAD,
+                          scale, w, o2, NHEAD * HDV);
+        if (memcmp(o1, o2, sizeof(float) * n_q * NHEAD * HDV) != 0) {
+            for (uint32_t i = 0; i < n_q * NHEAD * HDV; i++)
+                if (memcmp(&o1[i], &o2[i], 4))
+                    fail_msg("layer %u pos0 %u n_q %u: elem %u %.9g vs %.9g", li, pos0, n_q, i, o1[i], o2[i]);
+        }
+        kvt_attention(s, li, q, n_q, NHEAD * HDK, pos0, NHEAD, scale, 0, 2, o3, NHEAD * HDV, m->scratch);
+        kvt_attention(s, li, q, n_q, NHEAD * HDK, pos0, NHEAD, scale, 2, NHEAD, o3, NHEAD * HDV, m->scratch);
+        assert_memory_equal(o1, o3, sizeof(float) * n_q * NHEAD * HDV);
+        if (w && pos0 + n_q > w) {
+            /* sanity: the window mask matters (differs from full attention) */
+            kvt_attention_ref(m->kref[li], m->vref[li], pos0 + n_q, NKV, HDK, HDV, q, n_q, NHEAD * HDK, pos0,
+                              NHEAD, scale, 0, o3, NHEAD * HDV);
+            assert_true(memcmp(o1, o3, sizeof(float) * n_q * NHEAD * HDV) != 0);
+        }
+    }
+}
+
+/* Prefill in chunks then decode, checking attention before each commit (as the forward pass does). */
+static void run_stream(sim *m, kvt_seq *s, const uint32_t *chunks, int n_chunks) {
+    for (int c = 0; c < n_chunks; c++) {
+        uint32_t pos0 = kvt_seq_len(s);
+        sim_write(m, s, chunks[c]);
+        check_attn(m, s, pos0, chunks[c]);
+        sim_commit(s, chunks[c]);
+    }
+}
+
+static void stream_case(uint32_t bt, kvt_codec base, kvt_codec c, uint32_t qs, uint32_t window) {
+    sim m;
+    sim_init(&m, bt, base, c, qs, window);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(m.p, 1, &s), KVT_OK);
+    const uint32_t chunks[] = {13, 1, 1, 1, 7, 1, 1, 16, 1, 1, 1, 3, 1};
+    run_stream(&m, s, chunks, (int)KVT_ARRAY_LEN(chunks));
+    if (window) assert_null(kvt_seq_block(s, kvt_kv_layout_layer_group(m.l, 1), 0)); /* window slid */
+    kvt_seq_free(s);
+    sim_free(&m);
+}
+
+static const kvt_codec F16 = {.kind = KVT_CODEC_F16}, BF16 = {.kind = KVT_CODEC_BF16};
+static kvt_codec aff(uint32_t bits, uint32_t g, int bf) {
+    return (kvt_codec){.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)bits, .group_size = (uint16_t)g, .scale_bf16 = (uint8_t)bf};
+}
+
+static void test_f16_bt4_window(void **st) {
+    (void)st;
+    stream_case(4, F16, F16, 0, 6);
+}
+static void test_bf16_bt16_window(void **st) {
+    (void)st;
+    stream_case(16, BF16, BF16, 0, 20);
+}
+static void test_affine_mixed_variants(void **st) {
+    (void)st;
+    stream_case(16, F16, aff(4, 32, 0), 20, 9); /* blocks 0,1 f16; 2.. q4g32 */
+    stream_case(4, BF16, aff(8, 32, 1), 0, 0);
+    stream_case(4, F16, aff(3, 32, 0), 6, 5);
+}
+
+static void test_clone_trim_append(void **st) {
+    (void)st;
+    sim m;
+    sim_init(&m, 4, F16, aff(8, 32, 0), 8, 0); /* FULL layers only: every trim is allowed */
+    kvt_seq *a, *b, *c;
+    assert_int_equal(kvt_seq_create(m.p, 9, &a), KVT_OK);
+    const uint32_t pre[] = {18, 1, 1, 1, 9};
+    run_stream(&m, a, pre, 5); /* len 30 */
+    /* donor attention output before */
+    static float q[NHEAD * HDK], before[2][NHEAD * HDV], after[NHEAD * HDV];
+    for (int i = 0; i < NHEAD * HDK; i++) q[i] = tu_randf(&m.rng);
+    for (uint32_t li = 0; li < 2; li++)
+        kvt_attention(a, li, q, 1, NHEAD * HDK, 29, NHEAD, 0.2f, 0, NHEAD, before[li], NHEAD * HDV, m.scratch);
+    /* keep a copy of the donor's decoded K/V */
+    float *ka[2], *va[2];
+    for (int li = 0; li < 2; li++) {
+        ka[li] = malloc(MAXP * NKV * HDK * sizeof(float));
+        va[li] = malloc(MAXP * NKV * HDV * sizeof(float));
+        memcpy(ka[li], m.kref[li], MAXP * NKV * HDK * sizeof(float));
+        memcpy(va[li], m.vref[li], MAXP * NKV * HDV * sizeof(float));
+    }
+    assert_int_equal(kvt_seq_clone(a, &b), KVT_OK);
+    assert_int_equal(kvt_seq_trim(b, 23), KVT_OK); /* mid-block cut inside a sealed shared block */
+    const uint32_t more[] = {5, 1, 1};
+    run_stream(&m, b, more, 3); /* new K/V overwrite reference rows 23.. */
+    for (uint32_t li = 0; li < 2; li++) {
+        kvt_attention(a, li, q, 1, NHEAD * HDK, 29, NHEAD, 0.2f, 0, NHEAD, after, NHEAD * HDV, m.scratch);
+        assert_memory_equal(before[li], after, sizeof after);
+    }
+    /* rebuild a third sequence from the donor's blocks (full + frozen tail) and continue it */
+    for (int li = 0; li < 2; li++) {
+        memcpy(m.kref[li], ka[li], MAXP * NKV * HDK * sizeof(float));
+        memcpy(m.vref[li], va[li], MAXP * NKV * HDV * sizeof(float));
+    }
+    assert_int_equal(kvt_seq_freeze_tail(a), KVT_OK);
+    assert_int_equal(kvt_seq_create(m.p, 9, &c), KVT_OK);
+    for (uint32_t i = 0; i < kvt_seq_n_blocks(a); i++) {
+        kvt_block *blk[1] = {kvt_seq_block(a, 0, i)};
+        assert_int_equal(kvt_seq_append_blocks(c, blk), KVT_OK);
+    }
+    assert_int_equal(kvt_seq_len(c), 30);
+    check_attn(&m, c, 20, 10); /* reads the appended blocks directly */
+    const uint32_t cont[] = {3, 1, 6};
+    run_stream(&m, c, cont, 3);
+    for (uint32_t li = 0; li < 2; li++) {
+        kvt_attention(a, li, q, 1, NHEAD * HDK, 29, NHEAD, 0.2f, 0, NHEAD, after, NHEAD * HDV, m.scratch);
+        assert_memory_equal(before[li], after, sizeof after);
+    }
+    for (int li = 0; li < 2; li++) free(ka[li]), free(va[li]);
+    kvt_seq_free(a);
+    kvt_seq_free(b);
+    kvt_seq_free(c);
+    sim_free(&m);
+}
+
+/* Quantized attention stays close to attention over the unquantized values (sanity, not identity). */
+static void test_affine_error_small(void **st) {
+    (void)st;
+    kvt_layer_desc d[1] = {{.kind = KVT_KIND_FULL, .n_kv_heads = 1, .head_dim_k = 64, .head_dim_v = 64,
+                            .codec = aff(8, 32, 0)}};
+    kvt_kv_layout *l;
+    char err[100];
+    assert_int_equal(kvt_kv_layout_create(d, 1, 16, F16, 0, &l, err, sizeof err), KVT_OK);
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+    uint64_t rng = 77;
+    static float k[64 * 64], v[64 * 64], q[64], o1[64], o2[64];
+    assert_int_equal(kvt_seq_prepare(s, 64), KVT_OK);
+    for (int t = 0; t < 64; t++) {
+        for (int i = 0; i < 64; i++) k[t * 64 + i] = tu_randf(&rng) * 0.3f, v[t * 64 + i] = tu_randf(&rng) * 0.3f;
+        kvt_seq_write_kv(s, 0, (uint32_t)t, k + t * 64, v + t * 64);
+    }
+    for (int i = 0; i < 64; i++) q[i] = tu_randf(&rng);
+    float *scr = malloc(kvt_attention_scratch_floats(l, 64) * sizeof(float));
+    kvt_attention(s, 0, q, 1, 64, 63, 1, 0.125f, 0, 1, o1, 64, scr);
+    kvt_attention_ref(k, v, 64, 1, 64, 64, q, 1, 64, 63, 1, 0.125f, 0, o2, 64);
+    for (int i = 0; i < 64; i++) assert_true(fabsf(o1[i] - o2[i]) < 1e-2f);
+    free(scr);
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_bt4_window),   cmocka_unit_test(test_bf16_bt16_window),
+        cmocka_unit_test(test_affine_mixed_variants), cmocka_unit_test(test_clone_trim_append),
+        cmocka_unit_test(test_affine_error_small),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

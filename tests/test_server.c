@@ -1,0 +1,335 @@
+/* test_server.c — the server's pure API layer (src/server/api.c): request validation, UTF-8,
+ * auth comparison, response / SSE / stats / Prometheus rendering. The HTTP + engine path is covered
+ * end to end by tests/e2e/server_api.sh and server_node.sh. */
+#include "testutil.h"
+
+#include "server/server.h"
+
+static bool parse(kvt_api_kind k, const char *body, kvt_api_req *r, kvt_api_err *e, cJSON **root) {
+    memset(e, 0, sizeof *e);
+    return kvt_api_parse(k, body, strlen(body), 1000, root, r, e);
+}
+
+static void expect_400(kvt_api_kind k, const char *body, const char *msg_part) {
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root = (cJSON *)1;
+    bool ok = parse(k, body, &r, &e, &root);
+    if (ok) {
+        print_error("expected a 400 for %s\n", body);
+        kvt_api_req_free(&r);
+        cJSON_Delete(root);
+        fail();
+    }
+    assert_null(root);
+    assert_int_equal(e.http, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    if (msg_part && !strstr(e.message, msg_part)) {
+        print_error("message '%s' lacks '%s'\n", e.message, msg_part);
+        fail();
+    }
+}
+
+static void test_utf8(void **st) {
+    (void)st;
+    assert_true(kvt_utf8_valid("hello", 5));
+    assert_true(kvt_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    assert_false(kvt_utf8_valid("\xc0\xaf", 2));         /* overlong '/' */
+    assert_false(kvt_utf8_valid("\xe0\x80\xaf", 3));     /* overlong 3-byte */
+    assert_false(kvt_utf8_valid("\xed\xa0\x80", 3));     /* surrogate D800 */
+    assert_false(kvt_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    assert_false(kvt_utf8_valid("\xe2\x82", 2));         /* truncated */
+    assert_false(kvt_utf8_valid("\x80", 1));             /* lone continuation */
+    assert_false(kvt_utf8_valid("ab\xff", 3));
+    /* random valid strings built from code points always validate */
+    uint64_t seed = 7;
+    for (int it = 0; it < 200; it++) {
+        char buf[64];
+        size_t n = 0;
+        while (n < 56) {
+            uint32_t cp = (uint32_t)(tu_rand(&seed) % 0x110000);
+            if (cp >= 0xd800 && cp <= 0xdfff) continue;
+            if (cp < 0x80) buf[n++] = (char)cp;
+            else if (cp < 0x800) buf[n++] = (char)(0xc0 | (cp >> 6)), buf[n++] = (char)(0x80 | (cp & 0x3f));
+            else if (cp < 0x10000)
+                buf[n++] = (char)(0xe0 | (cp >> 12)), buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3f)),
+                buf[n++] = (char)(0x80 | (cp & 0x3f));
+            else
+                buf[n++] = (char)(0xf0 | (cp >> 18)), buf[n++] = (char)(0x80 | ((cp >> 12) & 0x3f)),
+                buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3f)), buf[n++] = (char)(0x80 | (cp & 0x3f));
+        }
+        assert_true(kvt_utf8_valid(buf, n));
+        /* cutting the last multi-byte sequence short must fail unless it was ASCII */
+        if ((unsigned char)buf[n - 1] >= 0x80) assert_false(kvt_utf8_valid(buf, n - 1));
+    }
+}
+
+static void test_auth(void **st) {
+    (void)st;
+    assert_true(kvt_ct_equal("secret", 6, "secret"));
+    assert_false(kvt_ct_equal("secreT", 6, "secret"));
+    assert_false(kvt_ct_equal("secre", 5, "secret"));
+    assert_false(kvt_ct_equal("secrets", 7, "secret"));
+    assert_false(kvt_ct_equal("", 0, "secret"));
+    assert_true(kvt_api_check_bearer("Bearer secret", "secret"));
+    assert_true(kvt_api_check_bearer("bearer secret ", "secret"));
+    assert_false(kvt_api_check_bearer("Bearer wrong", "secret"));
+    assert_false(kvt_api_check_bearer("secret", "secret"));
+    assert_false(kvt_api_check_bearer(NULL, "secret"));
+    assert_true(kvt_api_check_bearer(NULL, NULL)); /* no key configured */
+}
+
+static void test_parse_chat_ok(void **st) {
+    (void)st;
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"he\"},{\"type\":\"text\",\"text\":\"llo\"}]}],"
+                       "\"temperature\":0,\"top_p\":0.5,\"top_k\":40,\"min_p\":0.1,\"seed\":42,\"max_tokens\":7,"
+                       "\"stop\":[\"a\",\"bc\"],\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+                       "\"repeat_penalty\":1.1,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    assert_true(parse(KVT_API_CHAT, body, &r, &e, &root));
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.n_msgs, 2);
+    assert_string_equal(r.msgs[0].role, "system");
+    assert_string_equal(r.msgs[1].content, "hello");
+    assert_int_equal(r.msgs[1].content_len, 5);
+    assert_true(r.sampling.temperature == 0.0f);
+    assert_true(r.sampling.top_p == 0.5f);
+    assert_int_equal(r.sampling.top_k, 40);
+    assert_true(r.sampling.min_p > 0.09f && r.sampling.min_p < 0.11f);
+    assert_int_equal(r.sampling.seed, 42);
+    assert_true(r.seed_given);
+    assert_int_equal(r.max_tokens, 7);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[1], "bc");
+    assert_true(r.sampling.presence_penalty == 0.5f);
+    assert_true(r.sampling.frequency_penalty == -0.5f);
+    assert_true(r.sampling.repeat_penalty > 1.09f && r.sampling.repeat_penalty < 1.11f);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+
+    /* defaults: temperature 1, no max_tokens, max_completion_tokens wins */
+    assert_true(parse(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":3,"
+                                    "\"stop\":\"END\"}", &r, &e, &root));
+    assert_true(r.sampling.temperature == 1.0f);
+    assert_null(r.model);
+    assert_false(r.stream);
+    assert_int_equal(r.max_tokens, 3);
+    assert_int_equal(r.n_stop, 1);
+    assert_string_equal(r.stop[0], "END");
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+}
+
+static void test_parse_errors(void **st) {
+    (void)st;
+    expect_400(KVT_API_CHAT, "{\"messages\": [", "malformed");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]} xx", "trailing");
+    expect_400(KVT_API_CHAT, "[1,2]", "object");
+    expect_400(KVT_API_CHAT, "", "empty");
+    expect_400(KVT_API_CHAT, "{}", "messages");
+    expect_400(KVT_API_CHAT, "{\"messages\":\"hi\"}", "array");
+    expect_400(KVT_API_CHAT, "{\"messages\":[]}", "empty");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "role");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "content");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "image_url");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", "temperature");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", "temperature");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", "max_tokens");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2.5}", "integer");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", "stream");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", "stop");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":7}", "model");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", "n = 1");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", "UTF-8");
+    expect_400(KVT_API_COMPLETION, "{}", "prompt");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":\"\"}", "empty");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":[1,2,1000]}", "token id");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":[1,-1]}", "token id");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":[1,2.5]}", "token id");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":[1,\"a\"]}", "prompt[1]");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":{}}", "prompt");
+    /* a NUL byte inside the body */
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    assert_false(kvt_api_parse(KVT_API_COMPLETION, "{\"prompt\":\"a\0\"}", 15, 1000, &root, &r, &e));
+    assert_int_equal(e.http, 400);
+}
+
+static void test_parse_completion_ok(void **st) {
+    (void)st;
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    assert_true(parse(KVT_API_COMPLETION, "{\"prompt\":[0,5,999]}", &r, &e, &root));
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[2], 999);
+    assert_null(r.prompt_text);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+    assert_true(parse(KVT_API_COMPLETION, "{\"prompt\":[\"once upon\"],\"model\":\"x\"}", &r, &e, &root));
+    assert_string_equal(r.prompt_text, "once upon");
+    assert_int_equal(r.prompt_text_len, 9);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+}
+
+static void test_model_match(void **st) {
+    (void)st;
+    assert_true(kvt_api_model_matches(NULL, NULL, "tiny", "/x/m.gguf"));
+    assert_true(kvt_api_model_matches("", NULL, "tiny", "/x/m.gguf"));
+    assert_true(kvt_api_model_matches("tiny", NULL, "tiny", "/x/m.gguf"));
+    assert_true(kvt_api_model_matches("m.gguf", NULL, "tiny", "/x/m.gguf"));
+    assert_true(kvt_api_model_matches("m", NULL, "tiny", "/x/m.gguf"));
+    assert_true(kvt_api_model_matches("alias", "alias", "tiny", "/x/m.gguf"));
+    assert_false(kvt_api_model_matches("gpt-4", "alias", "tiny", "/x/m.gguf"));
+    assert_false(kvt_api_model_matches("x", NULL, "tiny", "/x/m.gguf"));
+}
+
+static void test_responses(void **st) {
+    (void)st;
+    kvt_api_resp_info ri = {.kind = KVT_API_CHAT, .id = "chatcmpl-1", .created = 5, .model = "tiny",
+                            .n_prompt = 10, .n_gen = 3, .n_cached = 9, .finish = KVT_FINISH_STOP};
+    char *s = kvt_api_response_json(&ri, "a\"b\n", 4);
+    cJSON *j = cJSON_Parse(s);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion");
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring, "a\"b\n");
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 13);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens")->valueint, 9);
+    cJSON_Delete(j);
+    free(s);
+
+    ri.kind = KVT_API_COMPLETION;
+    ri.finish = KVT_FINISH_LENGTH;
+    s = kvt_api_response_json(&ri, "xyz", 2);
+    j = cJSON_Parse(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "xy");
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
+    cJSON_Delete(j);
+    free(s);
+
+    /* SSE chunks: "data: {json}\n\n" */
+    ri.kind = KVT_API_CHAT;
+    ri.finish = KVT_FINISH_STOP;
+    const struct { const char *t; bool first, final, usage; } cases[] = {
+        {NULL, true, false, false}, {"tok", false, false, false}, {NULL, false, true, false}, {NULL, false, false, true}};
+    for (size_t i = 0; i < 4; i++) {
+        s = kvt_api_chunk_sse(&ri, cases[i].t, cases[i].t ? 3 : 0, cases[i].first, cases[i].final, cases[i].usage);
+        assert_non_null(s);
+        size_t n = strlen(s);
+        assert_memory_equal(s, "data: ", 6);
+        assert_string_equal(s + n - 2, "\n\n");
+        s[n - 2] = '\0';
+        j = cJSON_Parse(s + 6);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+        cJSON *ch = cJSON_GetObjectItem(j, "choices");
+        if (cases[i].usage) {
+            assert_int_equal(cJSON_GetArraySize(ch), 0);
+            assert_non_null(cJSON_GetObjectItem(j, "usage"));
+        } else {
+            cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "delta");
+            if (cases[i].first) assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+            if (cases[i].t) assert_string_equal(cJSON_GetObjectItem(d, "content")->valuestring, "tok");
+            cJSON *fr = cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "finish_reason");
+            if (cases[i].final) assert_string_equal(fr->valuestring, "stop");
+            else assert_true(cJSON_IsNull(fr));
+            assert_null(cJSON_GetObjectItem(j, "usage"));
+        }
+        cJSON_Delete(j);
+        free(s);
+    }
+
+    kvt_api_err e;
+    kvt_api_set_err(&e, 400, "invalid_request_error", "prompt", "context_length_exceeded", "too %s", "long");
+    s = kvt_api_error_json(&e);
+    j = cJSON_Parse(s);
+    cJSON *eo = cJSON_GetObjectItem(j, "error");
+    assert_string_equal(cJSON_GetObjectItem(eo, "message")->valuestring, "too long");
+    assert_string_equal(cJSON_GetObjectItem(eo, "param")->valuestring, "prompt");
+    assert_string_equal(cJSON_GetObjectItem(eo, "code")->valuestring, "context_length_exceeded");
+    cJSON_Delete(j);
+    free(s);
+}
+
+static void test_stats_metrics(void **st) {
+    (void)st;
+    kvt_engine_stats es;
+    memset(&es, 0, sizeof es);
+    es.pc_enabled = true;
+    es.pc_entries = 3;
+    es.pc_hits = 11;
+    es.pc_reuse_impossible_budget = 2;
+    es.pool_budget_bytes = 123456789012ull;
+    snprintf(es.scheme, sizeof es.scheme, "f16");
+    kvt_server_counters c = {.total = 9, .ok = 7, .client_errors = 2};
+    char *s = kvt_api_stats_json(&es, &c, "tiny");
+    cJSON *j = cJSON_Parse(s);
+    assert_non_null(j);
+    cJSON *pc = cJSON_GetObjectItem(j, "prompt_cache");
+    assert_int_equal(cJSON_GetObjectItem(pc, "entries")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(pc, "reuse_impossible"), "budget")->valueint, 2);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "ssd_cache")));
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "kv"), "scheme")->valuestring, "f16");
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "kv"), "pool_budget_bytes")->valuedouble == 123456789012.0);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "requests"), "ok")->valueint, 7);
+    cJSON_Delete(j);
+    free(s);
+
+    es.ssd_enabled = true;
+    snprintf(es.ssd_dir, sizeof es.ssd_dir, "/tmp/x");
+    es.ssd_pending_blocks = 4;
+    s = kvt_api_stats_json(&es, &c, "tiny");
+    j = cJSON_Parse(s);
+    cJSON *sc = cJSON_GetObjectItem(j, "ssd_cache");
+    assert_true(cJSON_IsObject(sc));
+    assert_string_equal(cJSON_GetObjectItem(sc, "dir")->valuestring, "/tmp/x");
+    assert_int_equal(cJSON_GetObjectItem(sc, "pending_blocks")->valueint, 4);
+    assert_non_null(cJSON_GetObjectItem(sc, "longest_durable_prefix_tokens"));
+    cJSON_Delete(j);
+    free(s);
+
+    s = kvt_api_metrics_text(&es, &c);
+    assert_non_null(s);
+    assert_non_null(strstr(s, "# HELP kvtier_prompt_cache_hits_total "));
+    assert_non_null(strstr(s, "# TYPE kvtier_prompt_cache_hits_total counter\nkvtier_prompt_cache_hits_total 11\n"));
+    assert_non_null(strstr(s, "\nkvtier_kv_pool_budget_bytes 123456789012\n"));
+    assert_non_null(strstr(s, "\nkvtier_ssd_cache_pending_blocks 4\n"));
+    assert_non_null(strstr(s, "\nkvtier_http_requests_total 9\n"));
+    /* every sample line is preceded by its HELP and TYPE lines */
+    int n_samples = 0, n_help = 0, n_type = 0;
+    for (char *l = s; *l;) {
+        char *nl = strchr(l, '\n');
+        assert_non_null(nl);
+        if (!strncmp(l, "# HELP kvtier_", 14)) n_help++;
+        else if (!strncmp(l, "# TYPE kvtier_", 14)) n_type++;
+        else if (!strncmp(l, "kvtier_", 7)) n_samples++;
+        else fail_msg("unexpected metrics line: %.*s", (int)(nl - l), l);
+        l = nl + 1;
+    }
+    assert_true(n_samples > 30);
+    assert_int_equal(n_help, n_samples);
+    assert_int_equal(n_type, n_samples);
+    free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_utf8),          cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_parse_chat_ok), cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_parse_completion_ok), cmocka_unit_test(test_model_match),
+        cmocka_unit_test(test_responses),     cmocka_unit_test(test_stats_metrics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
