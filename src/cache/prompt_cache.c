@@ -737,19 +737,23 @@ static void finish_dispose(kvt_prompt_cache *pc, unit_vec *uv, bool spill, dispo
     uv->n = 0;
 }
 
-kvt_status kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_seq *seq) {
+/* full_only: register only the sealed full blocks (no tail freeze, no snapshot); used while a
+ * sliding-window sequence is still growing, so blocks that are about to leave its window stay
+ * cached. */
+static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
     if (!pc || !seq || kvt_seq_pool(seq) != pc->pool) return KVT_ERR_INVALID_ARG;
     uint32_t len = kvt_seq_len(seq);
+    if (full_only) len -= len % pc->bt;
     if (len == 0) return KVT_OK;
-    kvt_status st = kvt_seq_freeze_tail(seq);
+    kvt_status st = full_only ? KVT_OK : kvt_seq_freeze_tail(seq);
     if (st != KVT_OK) return st;
     kvt_snapshot *snap = NULL;
-    if (pc->recurrent) {
+    if (pc->recurrent && !full_only) {
         st = kvt_seq_snapshot(seq, &snap);
         if (st != KVT_OK) return st;
     }
     uint32_t bt = pc->bt, G = pc->n_groups;
-    uint32_t n_full = len / bt, m = len % bt, nb = kvt_seq_n_blocks(seq);
+    uint32_t n_full = len / bt, m = len % bt, nb = full_only ? n_full : kvt_seq_n_blocks(seq);
     const int32_t *toks = kvt_seq_tokens(seq);
     uint64_t root = kvt_seq_root(seq);
 
@@ -903,6 +907,10 @@ kvt_status kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_seq *seq) {
     if (snap) kvt_snapshot_release(snap);
     return st;
 }
+
+kvt_status kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_seq *seq) { return put_impl(pc, seq, false); }
+
+kvt_status kvt_prompt_cache_put_blocks(kvt_prompt_cache *pc, kvt_seq *seq) { return put_impl(pc, seq, true); }
 
 uint64_t kvt_prompt_cache_evict_bytes(kvt_prompt_cache *pc, uint64_t bytes) {
     if (!pc) return 0;

@@ -56,6 +56,10 @@ uint32_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, uint
 /* Register the sequence's blocks, frozen tail and (if it has recurrent layers) a snapshot at its
  * end. Freezes the sequence's tail (see kvt_seq_freeze_tail). */
 kvt_status kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_seq *seq);
+/* Register only the sequence's sealed full blocks (no tail freeze, no snapshot, no supersession
+ * effects on the sequence). The engine calls it while a sliding-window sequence grows, so blocks
+ * that leave the live window stay reusable from the cache ("reuse survives a wrap"). */
+kvt_status kvt_prompt_cache_put_blocks(kvt_prompt_cache *pc, kvt_seq *seq);
 /* Evict cache-only data (LRU, leaf-first, spilling first) until at least `bytes` were freed from the
  * pool or nothing evictable remains. Returns bytes freed. Used as the pool pressure callback. */
 uint64_t kvt_prompt_cache_evict_bytes(kvt_prompt_cache *pc, uint64_t bytes);

@@ -45,6 +45,7 @@ struct kvt_engine {
     kvt_ctx *ctx;
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
+    uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
     char compat[1024];
     char scheme[128];
     char name[160];
@@ -160,7 +161,14 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     }
     kvt_model_layer_descs(e->model, codecs, descs);
     st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
-    if (st == KVT_OK) kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
+    if (st == KVT_OK) {
+        kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
+        for (uint32_t g = 0; g < kvt_kv_layout_n_groups(e->layout); g++)
+            if (kvt_kv_layout_group_kind(e->layout, g) == KVT_KIND_WINDOW) {
+                uint32_t w = kvt_kv_layout_group_window(e->layout, g);
+                if (!e->min_window || w < e->min_window) e->min_window = w;
+            }
+    }
 out:
     free(codecs);
     free(descs);
@@ -168,12 +176,6 @@ out:
 }
 
 /* ---- tier wiring -------------------------------------------------------------------------- */
-
-static bool pool_pressure(void *ctx, uint64_t bytes) {
-    kvt_engine *e = ctx;
-    if (!e->pc) return false;
-    return kvt_prompt_cache_evict_bytes(e->pc, bytes) > 0;
-}
 
 
 kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *err, size_t errlen) {
@@ -243,7 +245,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
             st = KVT_ERR_NOMEM;
             goto fail;
         }
-        kvt_block_pool_set_pressure(e->pool, pool_pressure, e);
+        kvt_block_pool_set_pressure(e->pool, kvt_prompt_cache_pressure_cb, e->pc);
     }
     if (o->ssd_dir) {
         kvt_ssd_opts so;
@@ -442,7 +444,18 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(e->sampler, req->prompt[i]);
     float *logits = NULL;
     const double tp0 = kvt_now_ms();
-    st = kvt_model_forward(e->ctx, seq, req->prompt + reused, n - reused, false, req->cancel, &logits);
+    /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
+     * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
+     * window so no block can be sealed and dropped within one chunk. */
+    const bool keep_window = use_cache && e->min_window > 0;
+    uint32_t chunk = n - reused;
+    if (keep_window) chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), chunk);
+    for (uint32_t done_tok = reused; done_tok < n && st == KVT_OK;) {
+        uint32_t m = KVT_MIN(chunk, n - done_tok);
+        st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
+        done_tok += m;
+        if (st == KVT_OK && keep_window && done_tok < n) kvt_prompt_cache_put_blocks(e->pc, seq);
+    }
     if (st) {
         if (st == KVT_ERR_POOL_EXHAUSTED)
             kvt_errf(err, errlen, st, "out of KV memory during prefill (pool %.0f MB in use)", (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
@@ -521,6 +534,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         }
         if (n_gen >= max_new) break;
         st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
+        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_prompt_cache_put_blocks(e->pc, seq);
         if (st) {
             if (st == KVT_ERR_CANCELLED) {
                 res->finish = KVT_FINISH_CANCELLED;

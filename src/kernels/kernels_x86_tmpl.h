@@ -49,6 +49,12 @@ AI int32_t F(hsum_i32)(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
 }
+/* f16 → f32 with F16C (exact, same values as kvt_f16_to_f32; avoids the 256 KiB table in hot loops) */
+AI float F(h2f)(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
 /* Σ over groups of 4 of u8·s8 → 8 × i32 (no saturation for |u|<=128, |s|<=127) */
 AI __m256i F(dot_us)(__m256i u, __m256i s) {
 #if KVT_VNNI
@@ -108,37 +114,27 @@ AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8
         for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps(), macc[i][j] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         __m256i wq[4], wa[4];
-        float dw[4], mw[4];
+        __m256 dw[4];
+        float mw[4];
 #pragma GCC unroll 4
         for (int i = 0; i < NW; i++) {
             const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
-            uint16_t h;
-            memcpy(&h, p, 2);
-            dw[i] = kq_h2f(h);
+            dw[i] = _mm256_set1_ps(F(h2f)(p));
             wq[i] = F(unpack_small)(wt, p);
-            if (sgn) {
-                wa[i] = _mm256_abs_epi8(wq[i]);
-            } else {
-                memcpy(&h, p + 2, 2);
-                mw[i] = kq_h2f(h);
-            }
+            if (sgn) wa[i] = _mm256_abs_epi8(wq[i]);
+            else mw[i] = F(h2f)(p + 2);
         }
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
             const uint8_t *pa = A + (size_t)j * arb + (size_t)b * abb;
-            uint16_t h;
-            memcpy(&h, pa, 2);
-            const float dx = kq_h2f(h);
-            float sx = 0.0f;
-            if (!sgn) {
-                memcpy(&h, pa + 2, 2);
-                sx = kq_h2f(h);
-            }
+            const __m256 dx = _mm256_set1_ps(F(h2f)(pa));
+            const float sx = sgn ? 0.0f : F(h2f)(pa + 2);
             const __m256i xq = _mm256_loadu_si256((const __m256i *)(pa + aqo));
 #pragma GCC unroll 4
             for (int i = 0; i < NW; i++) {
                 const __m256i d = sgn ? F(dot_us)(wa[i], _mm256_sign_epi8(xq, wq[i])) : F(dot_us)(wq[i], xq);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(dw[i] * dx), acc[i][j]);
+                /* lanes of dw*dx equal the scalar product dw*dx of the reference */
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw[i], dx), acc[i][j]);
                 if (!sgn) macc[i][j] += mw[i] * sx;
             }
         }
@@ -188,19 +184,15 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int i = 0; i < NW; i++) {
             const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
             wp[i] = p;
-            uint16_t h;
             if (wt == KVT_TYPE_Q6_K) {
-                memcpy(&h, p + 208, 2);
-                dw[i] = kq_h2f(h);
+                dw[i] = F(h2f)(p + 208);
                 dmw[i] = 0.0f;
                 const __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
                 mvec[i] = _mm256_cvtepi8_epi16(s8);
                 for (int g = 0; g < 16; g++) sc[i][g] = (int8_t)p[192 + g];
             } else {
-                memcpy(&h, p, 2);
-                dw[i] = kq_h2f(h);
-                memcpy(&h, p + 2, 2);
-                dmw[i] = kq_h2f(h);
+                dw[i] = F(h2f)(p);
+                dmw[i] = F(h2f)(p + 2);
                 int16_t mm[16];
                 for (int g = 0; g < 8; g++) {
                     uint8_t s, m;

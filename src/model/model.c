@@ -647,7 +647,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
             for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
         }
         double pos = (double)(c->pos0 + r);
-        for (int cfg = 0; cfg < 2; cfg++) {
+        for (int cfg = 0; cfg < (gem ? 2 : 1); cfg++) { /* cfg 1: gemma3 local layers */
             float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
             for (uint32_t i = 0; i < half; i++) {
                 double th = pos * m->inv_freq[cfg][i];
@@ -675,31 +675,35 @@ static void forward_chunk(void *arg, int ith, int nth) {
         /* 2. Q, K, V projections (columns) */
         matmul_group(c, qkv, qkv_out, 3, n, ith, nth);
         kvt_threadpool_barrier(tp);
-        /* 3. bias, QK-norm, RoPE, query pre-scale (rows) */
-        for (uint32_t r = r0; r < r1; r++) {
-            float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
-            if (w->bq) {
-                for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
-                for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
-                for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
+        /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
+         *    sequence. write_kv runs on thread 0 only (kv.h does not allow concurrent use of one
+         *    sequence); for small chunks thread 0 also does the row work, saving a barrier. */
+        {
+            const bool solo = n <= 4;
+            uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
+            for (uint32_t r = a0; r < a1; r++) {
+                float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
+                if (w->bq) {
+                    for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
+                    for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
+                    for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
+                }
+                if (w->q_norm) {
+                    for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
+                    for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
+                }
+                const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+                for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
+                for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
+                if (gem)
+                    for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
             }
-            if (w->q_norm) {
-                for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
-                for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
-            }
-            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
-            for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
-            for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
-            if (gem)
-                for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
+            if (!solo) kvt_threadpool_barrier(tp);
+            if (ith == 0)
+                for (uint32_t r = 0; r < n; r++)
+                    kvt_seq_write_kv(c->seq, il, c->pos0 + r, c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+            kvt_threadpool_barrier(tp);
         }
-        kvt_threadpool_barrier(tp);
-        /* 4. write K/V of the chunk into the sequence (thread 0 only: write_kv is not documented as
-         *    safe to call concurrently on one sequence) */
-        if (ith == 0)
-            for (uint32_t r = 0; r < n; r++)
-                kvt_seq_write_kv(c->seq, il, c->pos0 + r, c->k + (size_t)r * KD, c->v + (size_t)r * KD);
-        kvt_threadpool_barrier(tp);
         /* 5. attention (heads) */
         {
             uint32_t h0, h1;

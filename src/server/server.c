@@ -80,6 +80,7 @@ struct kvt_server {
     pthread_mutex_t cmu;
     kvt_server_counters c;
     uint64_t id_counter;
+    uint32_t n_active;        /* HTTP requests between first callback and completion (cmu) */
 };
 
 /* Per-HTTP-request state (MHD con_cls). */
@@ -704,6 +705,9 @@ static MHD_Result_t on_access(void *cls, struct MHD_Connection *c, const char *u
         snprintf(x->method, sizeof x->method, "%s", method);
         snprintf(x->path, sizeof x->path, "%s", url);
         *con_cls = x;
+        pthread_mutex_lock(&s->cmu);
+        s->n_active++;
+        pthread_mutex_unlock(&s->cmu);
         return handle_first(c, x, method);
     }
     if (x->responded) { /* early error answered; drop any body */
@@ -764,6 +768,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!x) return;
     *con_cls = NULL;
     if (x->status) count_status(s, x->status);
+    pthread_mutex_lock(&s->cmu);
+    s->n_active--;
+    pthread_mutex_unlock(&s->cmu);
     if (x->streamed) {
         pthread_mutex_lock(&s->cmu);
         s->c.streamed++;
@@ -903,6 +910,16 @@ bool kvt_server_shutdown(kvt_server *s) {
     if (s->worker_started) {
         pthread_join(s->worker, NULL);
         s->worker_started = false;
+    }
+    /* Let the connection threads deliver the last responses (drained or cancelled) before the
+     * listener and its connections are torn down. */
+    for (;;) {
+        pthread_mutex_lock(&s->cmu);
+        uint32_t act = s->n_active;
+        pthread_mutex_unlock(&s->cmu);
+        if (act == 0 || kvt_now_ms() - t0 > budget * 0.9) break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
     }
     if (s->mhd) {
         MHD_stop_daemon(s->mhd);

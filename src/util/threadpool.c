@@ -8,7 +8,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -21,10 +20,11 @@
 #define KVT_CPU_RELAX() ((void)0)
 #endif
 
-/* Spin iterations before a worker goes to sleep between runs (~ a few hundred µs), and before a
- * thread waiting at a barrier starts yielding its core (the machine may be oversubscribed). */
+/* Spin iterations (one pause each, ~10-60 ns) before a worker sleeps between runs (~0.2-1 ms), and
+ * before a thread waiting at a barrier sleeps (~20-100 µs: longer than a typical decode op, short
+ * enough not to starve a late thread on an oversubscribed machine). */
 #define KVT_TP_IDLE_SPIN 20000
-#define KVT_TP_BARRIER_SPIN 4000
+#define KVT_TP_BARRIER_SPIN 2000
 
 typedef struct kvt_tp_worker {
     struct kvt_threadpool *tp;
@@ -45,7 +45,8 @@ struct kvt_threadpool {
     _Atomic int stop;
     /* barrier */
     _Atomic int32_t bar_count;
-    _Atomic uint32_t bar_phase;
+    _Atomic uint32_t bar_phase;    /* futex word */
+    _Atomic int32_t bar_sleeping;
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
@@ -153,12 +154,19 @@ void kvt_threadpool_barrier(kvt_threadpool *tp) {
     uint32_t phase = atomic_load_explicit(&tp->bar_phase, memory_order_acquire);
     if (atomic_fetch_add_explicit(&tp->bar_count, 1, memory_order_acq_rel) == tp->n - 1) {
         atomic_store_explicit(&tp->bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->bar_phase, 1, memory_order_acq_rel);
+        atomic_fetch_add(&tp->bar_phase, 1); /* seq_cst: pairs with the sleepers' increment */
+        if (atomic_load(&tp->bar_sleeping) > 0) futex_wake(&tp->bar_phase, INT_MAX);
         return;
     }
-    int spins = 0;
+    for (int i = 0; i < KVT_TP_BARRIER_SPIN; i++) {
+        if (atomic_load_explicit(&tp->bar_phase, memory_order_acquire) != phase) return;
+        KVT_CPU_RELAX();
+    }
+    /* Still waiting (slow op or an oversubscribed machine): sleep instead of burning the core the
+     * late thread may need. */
     while (atomic_load_explicit(&tp->bar_phase, memory_order_acquire) == phase) {
-        if (++spins < KVT_TP_BARRIER_SPIN) KVT_CPU_RELAX();
-        else sched_yield();
+        atomic_fetch_add(&tp->bar_sleeping, 1);
+        futex_wait(&tp->bar_phase, phase);
+        atomic_fetch_sub(&tp->bar_sleeping, 1);
     }
 }

@@ -51,6 +51,25 @@ expect 200 POST /v1/completions "$(jbody '{"prompt":[1,2,3,4,5],"max_tokens":3,"
 [ "$(jget "j['usage']['prompt_tokens']")" = 5 ] || fail "token-id prompt length"
 ok "chat + completions (string and token-id prompts)"
 
+# stop string: cut the greedy turn-1 reply at a piece of its own text
+python3 - "$TMP/turn1.json" >"$TMP/stop.json" <<'EOF' || fail "turn-1 reply too short for the stop test"
+import json, sys
+t1 = json.load(open(sys.argv[1]))
+c = t1["choices"][0]["message"]["content"]
+assert len(c) >= 8
+stop = c[len(c) // 2: len(c) // 2 + 3]
+print(json.dumps({"messages": [{"role": "user", "content": "Hello there, tell me a story about a cat."}],
+                  "temperature": 0, "max_tokens": 12, "stop": [stop], "_expect": c[:c.index(stop)]}))
+EOF
+expect 200 POST /v1/chat/completions "$TMP/stop.json"
+python3 - "$TMP/stop.json" "$TMP/resp" <<'EOF' || fail "stop string not honoured"
+import json, sys
+want = json.load(open(sys.argv[1]))["_expect"]
+got = json.load(open(sys.argv[2]))["choices"][0]
+assert got["message"]["content"] == want and got["finish_reason"] == "stop", (got, want)
+EOF
+ok "stop strings cut the output (finish_reason stop)"
+
 # ------------------------------------------------------------------ errors
 chk_err() { # CODE METHOD PATH BODYFILE [curl args]
   local code=$1; shift
