@@ -5,6 +5,7 @@
 
 #include "engine/engine.h"
 #include "model/gen_model.h"
+#include "kv/kv.h"
 
 static char *g_dir;
 
@@ -257,12 +258,72 @@ static void test_errors(void **s) {
     free(m);
 }
 
+
+/* --kv-quant config: kv_config.json beside the model puts exactly the configured codec on each
+ * listed layer, f16 elsewhere; --kv-quant-start keeps early blocks in f16. */
+static void test_kv_config(void **s) {
+    char *m = make_model("qwen3", "f16");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/kv_config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "[{\"layer_idx\": 0, \"bits\": 8, \"group_size\": 32}, {\"layer_idx\": 1, \"bits\": 4, \"group_size\": 32}]");
+    fclose(f);
+    kvt_engine *e = open_engine(m, "config", 1.0, NULL);
+    const kvt_kv_layout *l = kvt_engine_layout(e);
+    uint32_t nl = kvt_kv_layout_n_layers(l);
+    assert_true(nl >= 2);
+    kvt_codec c0 = kvt_kv_layout_codec_at(l, 0, 0), c1 = kvt_kv_layout_codec_at(l, 1, 0);
+    assert_int_equal(c0.kind, KVT_CODEC_AFFINE);
+    assert_int_equal(c0.bits, 8);
+    assert_int_equal(c0.group_size, 32);
+    assert_int_equal(c1.kind, KVT_CODEC_AFFINE);
+    assert_int_equal(c1.bits, 4);
+    for (uint32_t i = 2; i < nl; i++) assert_int_equal(kvt_kv_layout_codec_at(l, i, 0).kind, KVT_CODEC_F16);
+    assert_non_null(strstr(kvt_engine_scheme_key(e), "cfg"));
+    /* a cache hit with mixed codecs still equals the cold run */
+    int32_t ids[80];
+    fill(ids, 80, kvt_engine_n_vocab(e), 8);
+    run_out a, b;
+    gen(e, ids, 80, 6, true, NULL, &a);
+    gen(e, ids, 80, 6, false, NULL, &b);
+    gen(e, ids, 80, 6, false, NULL, &b);
+    assert_int_equal(b.reused, 79);
+    assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 6);
+    kvt_engine_free(e);
+    /* a bad config is a clear error */
+    f = fopen(path, "w");
+    fprintf(f, "[{\"layer_idx\": 99, \"bits\": 8}]");
+    fclose(f);
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = m;
+    o.kv_quant = "config";
+    char err[512] = "";
+    kvt_engine *e2 = NULL;
+    assert_int_not_equal(kvt_engine_create(&o, &e2, err, sizeof err), KVT_OK);
+    assert_non_null(strstr(err, "layer_idx 99"));
+    unlink(path);
+    /* quant start: blocks before the start stay f16 */
+    o.kv_quant = "8";
+    o.kv_quant_group = 32;
+    o.block_tokens = 16;
+    o.kv_quant_start = 40;
+    assert_int_equal(kvt_engine_create(&o, &e2, err, sizeof err), KVT_OK);
+    l = kvt_engine_layout(e2);
+    assert_int_equal(kvt_kv_layout_codec_at(l, 0, 0).kind, KVT_CODEC_F16);
+    assert_int_equal(kvt_kv_layout_codec_at(l, 0, 2).kind, KVT_CODEC_F16);
+    assert_int_equal(kvt_kv_layout_codec_at(l, 0, 3).kind, KVT_CODEC_AFFINE);
+    kvt_engine_free(e2);
+    free(m);
+}
+
 int main(void) {
     g_dir = tu_tmpdir("engine");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

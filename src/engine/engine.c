@@ -81,6 +81,32 @@ uint32_t kvt_engine_n_ctx(const kvt_engine *e) { return e->n_ctx; }
 uint32_t kvt_engine_n_vocab(const kvt_engine *e) { return e->n_vocab; }
 const char *kvt_engine_model_name(const kvt_engine *e) { return e->name; }
 const char *kvt_engine_scheme_key(const kvt_engine *e) { return e->scheme; }
+const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e) { return e->layout; }
+
+/* One log line per distinct layer declaration, e.g. "kv: layers 0-4,6-10 window(512)/f16". */
+static void log_layout(const kvt_kv_layout *l) {
+    uint32_t n = kvt_kv_layout_n_layers(l);
+    char done[KVT_MAX_LAYERS] = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        if (done[i]) continue;
+        char d[96], d2[96], list[512];
+        kvt_kv_layout_describe_layer(l, i, d, sizeof d);
+        size_t off = 0;
+        uint32_t cnt = 0;
+        list[0] = 0;
+        for (uint32_t j = i; j < n; j++) {
+            kvt_kv_layout_describe_layer(l, j, d2, sizeof d2);
+            if (strcmp(d, d2)) continue;
+            done[j] = 1;
+            cnt++;
+            if (off < sizeof list - 16) off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", off ? "," : "", j);
+        }
+        KVT_INFO("kv: %u layer%s %s: %s", cnt, cnt > 1 ? "s" : "", d, list);
+    }
+    char key[128];
+    kvt_kv_layout_key(l, key, sizeof key);
+    KVT_INFO("kv: %.0f bytes/token, block %u tokens, scheme %s", kvt_kv_layout_bytes_per_token(l), kvt_kv_layout_block_tokens(l), key);
+}
 
 /* ---- KV scheme resolution ---------------------------------------------------------------- */
 
@@ -163,6 +189,7 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
     if (st == KVT_OK) {
         kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
+        log_layout(e->layout);
         for (uint32_t g = 0; g < kvt_kv_layout_n_groups(e->layout); g++)
             if (kvt_kv_layout_group_kind(e->layout, g) == KVT_KIND_WINDOW) {
                 uint32_t w = kvt_kv_layout_group_window(e->layout, g);

@@ -12,6 +12,7 @@
 #define KVT_ENGINE_H
 
 #include "../text/chat.h"
+#include "../kv/kv.h"
 #include "../text/tokenizer.h"
 
 typedef struct kvt_engine kvt_engine;
@@ -47,6 +48,7 @@ uint32_t kvt_engine_n_ctx(const kvt_engine *e);
 uint32_t kvt_engine_n_vocab(const kvt_engine *e);
 const char *kvt_engine_model_name(const kvt_engine *e); /* general.name or file basename */
 const char *kvt_engine_scheme_key(const kvt_engine *e); /* KV scheme cache key */
+const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e);
 
 typedef struct kvt_sampling {
     float temperature;       /* 0 = greedy; default 0.8 for servers, CLI decides */
