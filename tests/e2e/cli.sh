@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# cli.sh — end-to-end checks of the kvtier CLI on a tiny generated model: run (text, ids, --chat,
+# --json, --repeat cache reuse), chat (piped multi-turn shows reuse), tokenize, bench, SSD tier
+# restart through `run` + `kvtier cache ls|verify|inspect|prune`, and usage errors.
+set -u
+BUILD=${BUILD:-build}
+KV=$BUILD/kvtier
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-cli-XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+ok() { echo "ok: $*"; }
+M=$TMP/m.gguf
+"$KV" gen-model --arch llama --shape tiny --type f16 -o "$M" >/dev/null 2>&1 || fail "gen-model"
+
+# run: text prompt, timings line
+out=$("$KV" run -m "$M" -p "Hello world" -n 8 -t 2 2>/dev/null) || fail "run -p"
+echo "$out" | grep -q "prefill .* tok/s, decode .* tok/s" || fail "run prints timings: $out"
+ok "run -p prints continuation and timings"
+
+# run --json with token ids; deterministic greedy
+j1=$("$KV" run -m "$M" --tokens 300,301,302,303 -n 6 --json 2>/dev/null) || fail "run --tokens --json"
+j2=$("$KV" run -m "$M" --tokens 300,301,302,303 -n 6 --json 2>/dev/null) || fail "run --tokens --json (2)"
+python3 - "$j1" "$j2" <<'PY' || fail "run --json content"
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["prompt_tokens"] == [300, 301, 302, 303], a
+assert len(a["tokens"]) == 6 and a["tokens"] == b["tokens"], (a, b)
+for k in ("ttft_ms", "prefill_tps", "decode_tps", "peak_kv_bytes"): assert k in a["timings"], k
+assert isinstance(a["text"], str)
+PY
+ok "run --json (ids, text, timings), deterministic greedy"
+
+# --repeat: second run reuses n-1 prompt tokens from the RAM tier
+r=$("$KV" run -m "$M" -p "The quick brown fox jumps over the lazy dog again and again" -n 4 --repeat 2 --json 2>/dev/null) || fail "run --repeat"
+python3 - "$r" <<'PY' || fail "run --repeat reuse"
+import json, sys
+runs = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
+assert len(runs) == 2
+assert runs[0]["n_reused"] == 0 and runs[1]["n_reused"] == runs[1]["n_prompt"] - 1, runs
+assert runs[1]["reused_from"] == "ram" and runs[0]["tokens"] == runs[1]["tokens"]
+PY
+ok "run --repeat reuses n-1 tokens from RAM with identical output"
+
+# --chat applies the template
+"$KV" run -m "$M" --chat -p "Hi" -n 4 >/dev/null 2>&1 || fail "run --chat"
+ok "run --chat"
+
+# chat: two piped turns; the second reports reused tokens > 0
+printf 'Hello there\nAnd a second question\n/quit\n' | "$KV" chat -m "$M" -n 8 --temp 0 >"$TMP/chat.out" 2>"$TMP/chat.err" || fail "chat exit"
+n=$(grep -c '^\[prompt ' "$TMP/chat.err")
+[ "$n" = 2 ] || fail "chat: expected 2 turn summaries, got $n: $(cat "$TMP/chat.err")"
+second=$(grep '^\[prompt ' "$TMP/chat.err" | sed -n 2p)
+reused=$(echo "$second" | sed -E 's/.*reused ([0-9]+).*/\1/')
+[ "$reused" -gt 0 ] || fail "chat second turn reused nothing: $second"
+ok "chat: second turn reused $reused tokens"
+
+# tokenize
+ids=$("$KV" tokenize -m "$M" --ids "Hello world" 2>/dev/null) || fail "tokenize"
+[ -n "$ids" ] || fail "tokenize printed nothing"
+ok "tokenize --ids: $ids"
+
+# bench (tiny, fast)
+b=$("$KV" bench -m "$M" -p 32 -n 8 -r 1 --json 2>/dev/null) || fail "bench"
+echo "$b" | python3 -c 'import json,sys; d=json.loads(sys.stdin.readline()); assert d["prefill_tps"]>0 and d["decode_tps"]>0' || fail "bench json: $b"
+ok "bench --json"
+
+# SSD tier through run: process 1 writes, process 2 restores from disk
+C=$TMP/cache
+P="A long prompt that should survive a restart of the process because the SSD tier keeps its blocks on disk for later reuse"
+a=$("$KV" run -m "$M" -p "$P" -n 6 --block-tokens 16 --ssd-cache "$C" --json 2>/dev/null) || fail "run with ssd (1)"
+b=$("$KV" run -m "$M" -p "$P" -n 6 --block-tokens 16 --ssd-cache "$C" --json 2>/dev/null) || fail "run with ssd (2)"
+python3 - "$a" "$b" <<'PY' || fail "ssd restart reuse"
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["n_reused"] == 0, a
+assert b["reused_from"] == "ssd" and b["n_reused"] >= 16, b
+assert a["tokens"] == b["tokens"]
+PY
+ok "run --ssd-cache: restart restores from SSD with identical output"
+"$KV" cache ls "$C" >"$TMP/ls" 2>&1 || fail "cache ls"
+grep -q "model=" "$TMP/ls" || grep -qi "entries\|files" "$TMP/ls" || fail "cache ls output: $(cat "$TMP/ls")"
+"$KV" cache verify "$C" >/dev/null 2>&1 || fail "cache verify on a good dir"
+f=$(find "$C" -name '*.kvb' -o -name '*.blk' | head -1)
+[ -n "$f" ] || f=$(find "$C" -type f ! -name '.*' | head -1)
+"$KV" cache inspect "$f" >/dev/null 2>&1 || fail "cache inspect $f"
+# flip a payload byte: verify must fail, and the next run must still be correct (falls back)
+sz=$(stat -c %s "$f")
+printf '\xff' | dd of="$f" bs=1 seek=$((sz - 10)) conv=notrunc 2>/dev/null
+"$KV" cache verify "$C" >/dev/null 2>&1 && fail "cache verify accepted a corrupt file"
+c=$("$KV" run -m "$M" -p "$P" -n 6 --block-tokens 16 --ssd-cache "$C" --json 2>/dev/null) || fail "run after corruption"
+python3 - "$a" "$c" <<'PY' || fail "output after corruption"
+import json, sys
+a, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["tokens"] == c["tokens"], (a, c)
+PY
+"$KV" cache prune "$C" --max-gb 0 >/dev/null 2>&1 || fail "cache prune"
+ok "cache ls/verify/inspect/prune; corrupt file detected and never reused"
+
+# usage errors: exit 2 with a hint; runtime errors: exit 1 with one line
+"$KV" run -m "$M" --bogus 2>"$TMP/e" && fail "unknown flag accepted"
+[ $? -ne 2 ] && true
+"$KV" run -m "$M" --bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown flag exit code"
+grep -q "unknown flag" "$TMP/e" || fail "unknown flag message"
+"$KV" run -m "$M" -p x -n abc >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad value exit code"
+"$KV" run -m "$TMP/missing.gguf" -p x >/dev/null 2>"$TMP/e"; [ $? -eq 1 ] || fail "missing model exit code"
+[ "$(wc -l <"$TMP/e")" -le 2 ] || fail "missing model: expected a one-line error, got: $(cat "$TMP/e")"
+"$KV" run -m "$M" --tokens 1,2,999999 >/dev/null 2>"$TMP/e"; [ $? -eq 1 ] || fail "out-of-vocab id exit code"
+grep -q "outside the vocabulary" "$TMP/e" || fail "out-of-vocab message: $(cat "$TMP/e")"
+"$KV" nosuch >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command exit code"
+for c in run chat bench inspect tokenize gen-model cache serve demo; do
+  "$KV" $c --help >/dev/null 2>&1 || fail "$c --help"
+done
+ok "usage and runtime errors, --help on every subcommand"
+echo "cli.sh: all ok"
