@@ -1,6 +1,6 @@
 /* bench/kernels.c — single-thread micro-benchmark of kvt_matmul_rows (GEMV n_rows=1, GEMM n_rows=64)
  * per weight type and ISA. Built by hand (not part of `make`):
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/*.c -lm -o /tmp/bench_kernels
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/[a-z]*.c -lm -o /tmp/bench_kernels
  *   /tmp/bench_kernels
  * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); Q4_K needs n_in % 256 == 0, so it runs the
  * 1536 in × 576 out ffn_down shape (same FLOPs). GFLOP/s = 2·n_in·n_out·n_rows / time, matmul only

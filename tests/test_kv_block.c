@@ -520,9 +520,60 @@ static void test_recurrent_snapshot(void **st) {
     kvt_kv_layout_free(l);
 }
 
+/* Section layout is [kv_head][token]: the rows write_kv stores for (token t, head h) are found at
+ * kvt_kv_layout_row_offset = section + (h*bt + t)*row_bytes in the raw payload, for both variants,
+ * and sections do not overlap. */
+static void test_row_layout_raw(void **st) {
+    (void)st;
+    enum { BT = 8, NKV = 3, HD = 64, NTOK = 24 };
+    kvt_layer_desc d[2];
+    for (int i = 0; i < 2; i++)
+        d[i] = (kvt_layer_desc){.kind = KVT_KIND_FULL, .n_kv_heads = NKV, .head_dim_k = HD, .head_dim_v = HD,
+                                .codec = {.kind = KVT_CODEC_AFFINE, .bits = 8, .group_size = 64}};
+    kvt_kv_layout *l;
+    char err[128];
+    assert_int_equal(kvt_kv_layout_create(d, 2, BT, (kvt_codec){.kind = KVT_CODEC_F16}, 8, &l, err, sizeof err), KVT_OK);
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+    assert_int_equal(kvt_seq_prepare(s, NTOK), KVT_OK);
+    static float kv[2][NTOK][2][NKV * HD];
+    uint64_t rng = 99;
+    for (uint32_t t = 0; t < NTOK; t++)
+        for (uint32_t li = 0; li < 2; li++) {
+            for (int x = 0; x < 2; x++)
+                for (int i = 0; i < NKV * HD; i++) kv[li][t][x][i] = tu_randf(&rng);
+            kvt_seq_write_kv(s, li, t, kv[li][t][0], kv[li][t][1]);
+        }
+    int32_t toks[NTOK];
+    for (int i = 0; i < NTOK; i++) toks[i] = i + 5;
+    assert_int_equal(kvt_seq_commit(s, toks, NTOK), KVT_OK);
+    uint8_t enc[256];
+    for (uint32_t t = 0; t < NTOK; t++) {
+        const uint32_t bi = t / BT;
+        const uint8_t *data = kvt_block_data(kvt_seq_block(s, 0, bi));
+        for (uint32_t li = 0; li < 2; li++)
+            for (int x = 0; x < 2; x++) {
+                const size_t rb = kvt_kv_layout_row_bytes(l, li, bi, x);
+                const kvt_codec c = kvt_kv_layout_codec_at(l, li, bi);
+                for (uint32_t h = 0; h < NKV; h++) {
+                    size_t off = kvt_kv_layout_row_offset(l, li, bi, x, t % BT, h);
+                    assert_int_equal(off, kvt_kv_layout_section_offset(l, li, bi, x) + ((size_t)h * BT + t % BT) * rb);
+                    assert_true(off + rb <= kvt_kv_layout_block_bytes(l, 0, bi));
+                    kvt_codec_encode_row(c, kv[li][t][x] + h * HD, HD, enc);
+                    assert_memory_equal(data + off, enc, rb);
+                }
+            }
+    }
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_invalid),
+        cmocka_unit_test(test_row_layout_raw),
         cmocka_unit_test(test_layout_groups_variants),
         cmocka_unit_test(test_layout_key),
         cmocka_unit_test(test_hashes),

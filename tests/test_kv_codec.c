@@ -256,12 +256,56 @@ static void test_simd_vs_scalar(void **st) {
     uint8_t row[1024];
     for (int i = 0; i < 256; i++) xr[i] = tu_randf(&rng);
     const uint32_t bits[] = {2, 3, 4, 5, 6, 8};
-    for (int k = 0; k < 6; k++) {
-        kvt_codec_encode_row(aff(bits[k], 64), xr, 256, row);
-        kvt_decode_row_fast(aff(bits[k], 64), row, 256, o1);
-        kvt_decode_row_scalar(aff(bits[k], 64), row, 256, o2);
-        assert_memory_equal(o1, o2, sizeof o1);
+    const uint32_t groups[] = {32, 64, 128};
+    for (int k = 0; k < 6; k++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int sb = 0; sb < 2; sb++) {
+                kvt_codec c = aff(bits[k], groups[gi]);
+                c.scale_bf16 = (uint8_t)sb;
+                kvt_codec_encode_row(c, xr, 256, row);
+                kvt_decode_row_fast(c, row, 256, o1);
+                kvt_decode_row_scalar(c, row, 256, o2);
+                assert_memory_equal(o1, o2, sizeof o1);
+            }
+    /* bf16 rows (AVX2 widening vs scalar), including a tail */
+    kvt_codec bf = {.kind = KVT_CODEC_BF16};
+    kvt_codec_encode_row(bf, xr, 253, row);
+    kvt_decode_row_fast(bf, row, 253, o1);
+    kvt_decode_row_scalar(bf, row, 253, o2);
+    assert_memory_equal(o1, o2, 253 * sizeof(float));
+}
+
+/* Multi-row dot / axpy used by attention == looping the scalar single-row helpers, bit for bit,
+ * for row counts around the 8-row block and dims with and without an 8-multiple. */
+static void test_rows_vs_scalar(void **st) {
+    (void)st;
+    kvt_kv_cpu_init();
+    uint64_t rng = 11;
+    static float k[40 * 136], q[136], s1[40], s2[40], y1[136], y2[136], w[40];
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) k[i] = tu_randf(&rng) * 2;
+    for (int i = 0; i < 136; i++) q[i] = tu_randf(&rng);
+    for (int i = 0; i < 40; i++) w[i] = tu_randf(&rng) + 0.5f;
+    const uint32_t dims[] = {8, 32, 64, 128, 136, 20, 3};
+    for (int di = 0; di < 7; di++) {
+        const uint32_t n = dims[di];
+        for (uint32_t nr = 0; nr <= 40; nr++) {
+            kvt_kv_dot_rows(q, k, n, nr, n, 0.125f, s1);
+            kvt_kv_dot_rows_scalar(q, k, n, nr, n, 0.125f, s2);
+            assert_memory_equal(s1, s2, nr * sizeof(float));
+            for (uint32_t r = 0; r < nr; r++) { /* and each equals the single-row helper */
+                float one = kvt_kv_dot(q, k + (size_t)r * n, n) * 0.125f;
+                assert_memory_equal(&one, &s1[r], 4);
+            }
+            for (uint32_t i = 0; i < n; i++) y1[i] = y2[i] = tu_randf(&rng);
+            kvt_kv_axpy_rows(y1, w, k, n, nr, n);
+            kvt_kv_axpy_rows_scalar(y2, w, k, n, nr, n);
+            assert_memory_equal(y1, y2, n * sizeof(float));
+        }
     }
+    /* the scalar forms are not trivially equal to something else: a different order differs */
+    float a = kvt_kv_dot_scalar(q, k, 128), b = 0.0f;
+    for (int i = 0; i < 128; i++) b += q[i] * k[i];
+    assert_true(fabsf(a - b) < 1e-3f);
 }
 
 int main(void) {
@@ -269,6 +313,7 @@ int main(void) {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_rows_vs_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

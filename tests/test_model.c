@@ -9,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "kernels/quant.h"
 #include "kv/kv.h"
+#include "model/gen_model.h"
 #include "model/model.h"
 #include "util/threadpool.h"
 
@@ -139,12 +140,8 @@ typedef struct fx {
     kvt_block_pool *pool;
 } fx;
 
-static void fx_open(fx *f, const spec *s, uint32_t block_tokens) {
-    memset(f, 0, sizeof(*f));
-    f->dir = tu_tmpdir("model");
-    assert_non_null(f->dir);
-    snprintf(f->path, sizeof(f->path), "%s/m.gguf", f->dir);
-    write_model(s, f->path);
+/* Open the model at f->path (written by the caller) with an f16 KV layout. */
+static void fx_open_written(fx *f, uint32_t block_tokens) {
     char err[256];
     if (kvt_gguf_open(f->path, &f->g, err, sizeof(err)) != KVT_OK) fail_msg("open: %s", err);
     if (kvt_model_load(f->g, &f->m, err, sizeof(err)) != KVT_OK) fail_msg("load: %s", err);
@@ -160,6 +157,15 @@ static void fx_open(fx *f, const spec *s, uint32_t block_tokens) {
     free(d);
     f->pool = kvt_block_pool_create(f->layout, 0);
     assert_non_null(f->pool);
+}
+
+static void fx_open(fx *f, const spec *s, uint32_t block_tokens) {
+    memset(f, 0, sizeof(*f));
+    f->dir = tu_tmpdir("model");
+    assert_non_null(f->dir);
+    snprintf(f->path, sizeof(f->path), "%s/m.gguf", f->dir);
+    write_model(s, f->path);
+    fx_open_written(f, block_tokens);
 }
 
 static void fx_close(fx *f) {
@@ -198,12 +204,11 @@ static uint32_t argmax(const float *x, uint32_t n) {
 /* ------------------------------------------------------------------ decode == full recompute */
 
 /* Token-by-token decode logits must equal (bitwise) the all_logits rows of one full pass. */
-static void check_decode_eq_full(const spec *s, uint32_t n_tok, uint32_t block_tokens) {
-    fx f;
-    fx_open(&f, s, block_tokens);
+static void decode_eq_full(fx *fp, const char *what, uint32_t n_tok, uint64_t seed) {
+    fx f = *fp;
     const uint32_t V = kvt_model_hparams(f.m)->n_vocab;
     int32_t *tok = malloc(n_tok * sizeof(int32_t));
-    make_tokens(tok, n_tok, V, s->seed + 7);
+    make_tokens(tok, n_tok, V, seed);
     kvt_ctx *c = new_ctx(&f, 2, n_tok);
     kvt_seq *a = new_seq(&f);
     float *lg;
@@ -215,7 +220,7 @@ static void check_decode_eq_full(const spec *s, uint32_t n_tok, uint32_t block_t
     for (uint32_t i = 0; i < n_tok; i++) {
         assert_int_equal(kvt_model_forward(c, b, tok + i, 1, false, NULL, &lg), KVT_OK);
         if (memcmp(lg, full + (size_t)i * V, V * sizeof(float)) != 0)
-            fail_msg("%s: decode logits of token %u differ from the full recompute", s->arch, i);
+            fail_msg("%s: decode logits of token %u differ from the full recompute", what, i);
     }
     assert_int_equal(kvt_seq_len(b), n_tok);
     /* the logits depend on position/context: rows must not all be equal */
@@ -225,7 +230,37 @@ static void check_decode_eq_full(const spec *s, uint32_t n_tok, uint32_t block_t
     kvt_ctx_free(c);
     free(full);
     free(tok);
+}
+
+static void check_decode_eq_full(const spec *s, uint32_t n_tok, uint32_t block_tokens) {
+    fx f;
+    fx_open(&f, s, block_tokens);
+    decode_eq_full(&f, s->arch, n_tok, s->seed + 7);
     fx_close(&f);
+}
+
+/* The same on the project's model generator (model/gen_model.h) for every arch's tiny shape. */
+static void test_gen_model_archs(void **st) {
+    (void)st;
+    struct { const char *arch, *type; } cases[] = {
+        {"llama", "f16"}, {"llama", "q8_0"}, {"qwen2", "f16"}, {"qwen3", "bf16"}, {"gemma3", "f16"}, {"gemma3", "q8_0"},
+    };
+    for (size_t i = 0; i < KVT_ARRAY_LEN(cases); i++) {
+        fx f;
+        memset(&f, 0, sizeof(f));
+        f.dir = tu_tmpdir("genmodel");
+        assert_non_null(f.dir);
+        snprintf(f.path, sizeof(f.path), "%s/m.gguf", f.dir);
+        kvt_gen_model_opts o = {.arch = cases[i].arch, .shape = "tiny", .type = cases[i].type, .seed = 3, .quiet = true};
+        char err[256];
+        if (kvt_gen_model(&o, f.path, err, sizeof(err)) != KVT_OK) fail_msg("gen-model %s/%s: %s", cases[i].arch, cases[i].type, err);
+        fx_open_written(&f, 16);
+        assert_string_equal(kvt_arch_name(kvt_model_hparams(f.m)->arch), cases[i].arch);
+        char what[64];
+        snprintf(what, sizeof(what), "gen %s/%s", cases[i].arch, cases[i].type);
+        decode_eq_full(&f, what, 40, 21);
+        fx_close(&f);
+    }
 }
 
 static void test_decode_eq_full_llama(void **st) { (void)st; spec s = tiny("llama"); check_decode_eq_full(&s, 24, 16); }
@@ -788,6 +823,7 @@ int main(void) {
         cmocka_unit_test(test_decode_eq_full_llama_q8_0),
         cmocka_unit_test(test_decode_eq_full_llama_q4_k),
         cmocka_unit_test(test_gemma3_window_long),
+        cmocka_unit_test(test_gen_model_archs),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_threads_identical),
         cmocka_unit_test(test_clone_trim_append),

@@ -137,7 +137,7 @@ static void check_seq(fx *f, kvt_seq *s, const int32_t *toks, uint32_t L) {
                 for (uint32_t h = 0; h < HEADS; h++) {
                     for (uint32_t i = 0; i < HD; i++) x[i] = kv_val(toks[pos], pos, layer, kv, h, i);
                     kvt_codec_encode_row(d->codec, x, HD, want);
-                    const uint8_t *row = kvt_block_data(b) + off + ((size_t)(pos % BT) * HEADS + h) * rb;
+                    const uint8_t *row = kvt_block_data(b) + off + ((size_t)h * BT + pos % BT) * rb;
                     assert_memory_equal(row, want, rb);
                 }
             }

@@ -273,6 +273,12 @@ static void test_stats_metrics(void **st) {
     es.pc_reuse_impossible_budget = 2;
     es.pool_budget_bytes = 123456789012ull;
     snprintf(es.scheme, sizeof es.scheme, "f16");
+    kvt_server_counters c0 = {0};
+    es.scheme[0] = 'q';
+    char *m0 = kvt_api_metrics_text(&es, &c0);
+    es.scheme[0] = 'f';
+    assert_non_null(strstr(m0, "\nkvtier_kv_scheme_info{scheme=\"q16\"} 1\n"));
+    free(m0);
     kvt_server_counters c = {.total = 9, .ok = 7, .client_errors = 2};
     char *s = kvt_api_stats_json(&es, &c, "tiny");
     cJSON *j = cJSON_Parse(s);
@@ -324,12 +330,76 @@ static void test_stats_metrics(void **st) {
     free(s);
 }
 
+/* Random mutations of valid bodies: every outcome is either a parsed request or a 400 with a
+ * message, never a crash (run under ASan/UBSan by `make sanitize`). */
+static void test_parse_fuzz(void **st) {
+    (void)st;
+    const char *seeds[] = {
+        ("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}],"
+        "\"stop\":[\"a\",\"b\"],\"temperature\":0.5,\"stream\":true,\"stream_options\":{\"include_usage\":true}}"),
+        "{\"prompt\":[1,2,3,999],\"max_tokens\":4,\"seed\":7,\"top_k\":3}",
+        "{\"prompt\":\"abc\\u00e9\\ud83d\\ude00\",\"stop\":\"x\"}",
+    };
+    uint64_t seed = 12345;
+    int n_ok = 0, n_bad = 0;
+    char buf[512];
+    for (int it = 0; it < 6000; it++) {
+        const char *src = seeds[it % 3];
+        size_t n = strlen(src);
+        memcpy(buf, src, n);
+        int n_mut = 1 + (int)(tu_rand(&seed) % 4);
+        for (int m = 0; m < n_mut; m++) {
+            size_t at = (size_t)(tu_rand(&seed) % n);
+            switch (tu_rand(&seed) % 4) {
+            case 0: buf[at] = (char)(tu_rand(&seed) & 0xff); break;           /* replace */
+            case 1: n = at + 1; break;                                          /* truncate */
+            case 2: memmove(buf + at, buf + at + 1, n - at - 1); n--; break;    /* delete */
+            default:                                                            /* duplicate */
+                if (n + 1 < sizeof buf) { memmove(buf + at + 1, buf + at, n - at); n++; }
+            }
+            if (n == 0) n = 1;
+        }
+        kvt_api_req r;
+        kvt_api_err e;
+        cJSON *root;
+        memset(&e, 0, sizeof e);
+        kvt_api_kind k = it % 3 == 0 ? KVT_API_CHAT : KVT_API_COMPLETION;
+        if (kvt_api_parse(k, buf, n, 1000, &root, &r, &e)) {
+            assert_non_null(root);
+            if (k == KVT_API_CHAT) assert_true(r.n_msgs > 0);
+            else assert_true(r.prompt_text || r.n_prompt_ids > 0);
+            kvt_api_req_free(&r);
+            cJSON_Delete(root);
+            n_ok++;
+        } else {
+            assert_null(root);
+            assert_int_equal(e.http, 400);
+            assert_true(e.message[0] != '\0');
+            n_bad++;
+        }
+    }
+    assert_true(n_ok > 0 && n_bad > 0); /* both paths were exercised */
+    /* nesting bomb */
+    char deep[4200];
+    size_t d = 0;
+    d += (size_t)sprintf(deep, "{\"prompt\":");
+    for (int i = 0; i < 2000; i++) deep[d++] = '[';
+    for (int i = 0; i < 2000; i++) deep[d++] = ']';
+    deep[d++] = '}';
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    assert_false(kvt_api_parse(KVT_API_COMPLETION, deep, d, 1000, &root, &r, &e));
+    assert_int_equal(e.http, 400);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8),          cmocka_unit_test(test_auth),
         cmocka_unit_test(test_parse_chat_ok), cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_parse_completion_ok), cmocka_unit_test(test_model_match),
         cmocka_unit_test(test_responses),     cmocka_unit_test(test_stats_metrics),
+        cmocka_unit_test(test_parse_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

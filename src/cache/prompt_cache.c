@@ -545,9 +545,12 @@ static kvt_status copy_partial(kvt_prompt_cache *pc, kvt_block *src, uint32_t g,
         uint32_t layer = kvt_kv_layout_group_layer(pc->layout, g, i);
         uint32_t heads = kvt_kv_layout_layer(pc->layout, layer)->n_kv_heads;
         for (int kv = 0; kv < 2; kv++) {
-            size_t off = kvt_kv_layout_section_offset(pc->layout, layer, index, kv);
-            size_t stride = (size_t)heads * kvt_kv_layout_row_bytes(pc->layout, layer, index, kv);
-            memcpy(d + off, s + off, stride * m);
+            /* sections are [kv_head][token]: tokens [0, m) are one byte range per head */
+            size_t rb = kvt_kv_layout_row_bytes(pc->layout, layer, index, kv);
+            for (uint32_t h = 0; h < heads; h++) {
+                size_t off = kvt_kv_layout_row_offset(pc->layout, layer, index, kv, 0, h);
+                memcpy(d + off, s + off, rb * m);
+            }
         }
     }
     st = kvt_block_seal(b, parent, toks, m, 0);

@@ -7,18 +7,18 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <strings.h>
-#if defined(__x86_64__) || defined(__i386__)
+#if KVT_X86
 #include <cpuid.h>
 #endif
 
 static kq_table g_tab;          /* active table */
 static kvt_isa g_isa = KVT_ISA_SCALAR;
 static kvt_isa g_best = KVT_ISA_SCALAR;
-static bool g_vnni = false;
+static bool g_vnni = false; /* AVX-512 VNNI present (selects the VNNI AVX-512 table) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
-#if defined(__x86_64__) || defined(__i386__)
+#if KVT_X86
     __builtin_cpu_init();
     /* F16C via CPUID leaf 1 ECX bit 29 (clang's __builtin_cpu_supports lacks "f16c") */
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -30,12 +30,13 @@ static void detect(void) {
     g_best = avx512 ? KVT_ISA_AVX512 : avx2 ? KVT_ISA_AVX2 : KVT_ISA_SCALAR;
 #else
     g_best = KVT_ISA_SCALAR;
+    (void)g_vnni;
 #endif
 }
 
 static void fill(kvt_isa isa) {
     memset(&g_tab, 0, sizeof g_tab);
-#if defined(__x86_64__) || defined(__i386__)
+#if KVT_X86
     if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
     if (isa == KVT_ISA_AVX512) kq_fill_avx512(&g_tab, g_vnni);
 #endif

@@ -5,7 +5,7 @@
  */
 #include "kernels_internal.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if KVT_X86
 #define KVT_SFX avx2
 #define KVT_TGT_STR "avx2,fma,f16c"
 #define KVT_VNNI 0

@@ -6,7 +6,7 @@
  */
 #include "kernels_internal.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if KVT_X86
 #define KVT_SFX avx512
 #define KVT_TGT_STR "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 #define KVT_VNNI 1

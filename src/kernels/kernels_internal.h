@@ -9,6 +9,14 @@
 
 #include "quant.h"
 
+/* x86 SIMD kernels are built when the target is x86 (per-function target attributes, no global -m
+ * flags); -DKVT_NO_SIMD builds the scalar-only configuration used on other CPUs (e.g. ARM). */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(KVT_NO_SIMD)
+#define KVT_X86 1
+#else
+#define KVT_X86 0
+#endif
+
 /* ---- ggml block layouts (packed, sizes checked below) ---- */
 #define QK4_0 32
 #define QK8_0 32

@@ -177,7 +177,8 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int j = 0; j < NR; j++) sumf[i][j] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wp[4];
-        int16_t sc[4][16]; /* per-group int16 scale (Q4/5_K: sc[g]; Q6_K: 16-value scales) */
+        uint8_t sm[4][16]; /* Q4/5_K: unpacked 6-bit scales sc[0..7] then mins m[0..7] */
+        int16_t sc6[4][16]; /* Q6_K: the 16 int8 scales widened */
         __m256i mvec[4];   /* Q4/5_K: mins paired with bsums; Q6_K: scales paired with bsums */
         float dw[4], dmw[4];
 #pragma GCC unroll 4
@@ -187,20 +188,24 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
             if (wt == KVT_TYPE_Q6_K) {
                 dw[i] = F(h2f)(p + 208);
                 dmw[i] = 0.0f;
-                const __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
-                mvec[i] = _mm256_cvtepi8_epi16(s8);
-                for (int g = 0; g < 16; g++) sc[i][g] = (int8_t)p[192 + g];
+                mvec[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+                for (int g = 0; g < 16; g++) sc6[i][g] = (int8_t)p[192 + g];
             } else {
                 dw[i] = F(h2f)(p);
                 dmw[i] = F(h2f)(p + 2);
-                int16_t mm[16];
-                for (int g = 0; g < 8; g++) {
-                    uint8_t s, m;
-                    kq_scale_min_k4(g, p + 4, &s, &m);
-                    sc[i][g] = s;
-                    mm[2 * g] = mm[2 * g + 1] = m;
-                }
-                mvec[i] = _mm256_loadu_si256((const __m256i *)mm);
+                /* unpack the 12 packed bytes into 8 scales + 8 mins with 32-bit masks (same
+                 * values as kq_scale_min_k4) */
+                uint32_t u[4];
+                memcpy(u, p + 4, 12);
+                const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+                const uint32_t m03 = u[1] & k1;
+                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+                u[2] = m03;
+                u[0] &= k1;
+                memcpy(sm[i], u, 16);
+                const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm[i] + 8)));
+                mvec[i] = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
             }
         }
         __m256i iacc[4][KVT_TR];
@@ -212,9 +217,9 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
             for (int i = 0; i < NW; i++) {
                 q[i] = F(kgroup)(wt, wp[i], g);
                 if (wt == KVT_TYPE_Q6_K)
-                    s[i] = _mm256_set_m128i(_mm_set1_epi16(sc[i][2 * g + 1]), _mm_set1_epi16(sc[i][2 * g]));
+                    s[i] = _mm256_set_m128i(_mm_set1_epi16(sc6[i][2 * g + 1]), _mm_set1_epi16(sc6[i][2 * g]));
                 else
-                    s[i] = _mm256_set1_epi16(sc[i][g]);
+                    s[i] = _mm256_set1_epi16(sm[i][g]);
             }
 #pragma GCC unroll 4
             for (int j = 0; j < NR; j++) {
@@ -228,7 +233,8 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int j = 0; j < NR; j++) {
             const blk_q8_K *xa = (const blk_q8_K *)(A + (size_t)j * arb + (size_t)b * abb);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
-            const float dx = xa->d;
+            float dx;
+            memcpy(&dx, &xa->d, 4); /* act buffers need not be 4-aligned */
 #pragma GCC unroll 4
             for (int i = 0; i < NW; i++) {
                 const int32_t isum = F(hsum_i32)(iacc[i][j]);

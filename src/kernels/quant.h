@@ -7,6 +7,16 @@
  * instruction sequence whatever n_rows, the [o0,o1) split or the thread count, so chunked prefill,
  * unchunked prefill and single-token decode give bit-identical rows.
  *
+ * Implementation notes (kvtier kernels):
+ *  - Activations: Q8_0 (f16 d) for Q4_0/Q5_0/Q8_0, Q8_1 (f16 d, s = d·Σq) for Q4_1/Q5_1, Q8_K (f32 d,
+ *    int8 qs[256], int16 bsums[16]) for K-quants. F32, F16 and BF16 weights use the f32 activations
+ *    unchanged (F16 weights are widened to f32 in registers; activations are not rounded to f16).
+ *    kvt_act_quantize's SIMD versions write exactly the bytes of kvt_quantize_ref(vec_dot_type).
+ *  - kvt_matmul_rows tiles 4 weight rows × (4 on AVX-512, 2 on AVX2) activation rows. K-quant
+ *    results equal kvt_matmul_rows_ref bit for bit on every ISA; the other types differ from the
+ *    reference only by float summation order (lane-parallel), |diff| <= 1e-5·Σ|w·x| in the tests.
+ *  - Build with -DKVT_NO_SIMD (or on non-x86) for the scalar-only configuration.
+ *
  * Ownership: stateless; all buffers are caller-owned. kvt_kernels_init() must be called once (it is
  * idempotent and thread-safe) before the dispatched functions are used.
  */

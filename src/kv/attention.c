@@ -7,9 +7,12 @@
  *   s_j = kvt_kv_dot(q, k_j, hd_k) * scale           (same helper, same order)
  *   m = max_j s_j; e_j = expf(s_j - m); sum = e_lo + ... + e_hi (ascending j)
  *   o = 0; for j ascending: kvt_kv_axpy(o, e_j, v_j); o *= 1/sum
- * so for the same decoded f32 K/V they produce identical bits. The block walker decodes each K/V row
- * once into a small buffer and reuses it for up to ATT_TILE (query, head) pairs that share the KV
- * head (GQA and multi-row prefill), never gathering the context.
+ * so for the same decoded f32 K/V they produce identical bits. The block walker never gathers the
+ * context: per KV head it streams that head's rows (contiguous within a block: sections are ordered
+ * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once into a small f32 tile and uses it
+ * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
+ * come from kvt_kv_dot_rows and the weighted sum from kvt_kv_axpy_rows, which are bit-identical to
+ * looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
  */
 #include <assert.h>
 #include <math.h>
@@ -21,19 +24,36 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define ATT_TILE 8
+#define ATT_TILE 16 /* (query, head) pairs sharing one pass over the KV head's rows */
+#define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
-    return pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1);
+    return (size_t)ATT_KC * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1);
+}
+
+/* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
+ * so only the sign of a zero maximum can depend on the order, and exp(s - m) is the same for m = +0
+ * and m = -0 (s - 0 == s for s != 0, and exp(±0) = 1). */
+static float max_scores(const float *sc, uint32_t n) {
+    float m8[8];
+    for (int l = 0; l < 8; l++) m8[l] = -INFINITY;
+    uint32_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++)
+            m8[l] = sc[j + l] > m8[l] ? sc[j + l] : m8[l];
+    float m = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        if (m8[l] > m) m = m8[l];
+    for (; j < n; j++)
+        if (sc[j] > m) m = sc[j];
+    return m;
 }
 
 /* Softmax over sc[lo..hi] in place (ascending order); returns 1/sum, or 0 when nothing is visible. */
 static float softmax_inplace(float *sc, uint32_t n) {
-    float m = -INFINITY;
-    for (uint32_t j = 0; j < n; j++)
-        if (sc[j] > m) m = sc[j];
+    const float m = max_scores(sc, n);
     if (m == -INFINITY) return 0.0f;
     float sum = 0.0f;
     for (uint32_t j = 0; j < n; j++) {
@@ -101,8 +121,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     if (n_q == 0 || h0 >= h1) return;
     /* keys beyond the held blocks cannot have been written; clamp for safety */
     const uint64_t held = (uint64_t)s->n_slots * bt;
-    float *row = scratch;
-    float *sc_base = scratch + pad16(l->max_head_dim);
+    float *tile = scratch; /* ATT_KC decoded rows, row r at tile + r*hd */
+    float *sc_base = scratch + (size_t)ATT_KC * pad16(l->max_head_dim);
     kvt_block *const *slots = s->slots[g];
 
     for (uint32_t kvh = h0 / rep; kvh <= (h1 - 1) / rep; kvh++) {
@@ -132,7 +152,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
             const size_t span = (size_t)uhi - ulo + 1;
             /* scores of pair j at key position p: sc_base[j*span + (p - ulo)] */
 
-            /* Pass 1: K rows -> scores. */
+            /* Pass 1: K rows -> scores, ATT_KC keys at a time. */
             for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const kvt_block *b = slots[bi];
@@ -145,13 +165,22 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const int var = kvt_layout_variant(l, bi);
                 const kvt_codec c = li->codec[var];
                 const size_t rb = li->row_bytes[var][0];
-                const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * rb;
-                const size_t tstride = (size_t)n_kv * rb;
-                for (uint32_t p = pa; p <= pb; p++) {
-                    kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * tstride, hd_k, row);
+                /* rows of this KV head: contiguous, token t at base + t*rb */
+                const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
+                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                    bool decoded = false;
                     for (uint32_t j = 0; j < np; j++) {
-                        if (p < pr[j].lo || p > pr[j].hi) continue;
-                        sc_base[j * span + (p - ulo)] = kvt_kv_dot(pr[j].q, row, hd_k) * scale;
+                        const uint32_t a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
+                        if (a > e) continue;
+                        if (!decoded) {
+                            for (uint32_t p = p0; p <= p1; p++)
+                                kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_k,
+                                                    tile + (size_t)(p - p0) * hd_k);
+                            decoded = true;
+                        }
+                        kvt_kv_dot_rows(pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
+                                        sc_base + j * span + (a - ulo));
                     }
                 }
             }
@@ -161,25 +190,30 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 if (pr[j].lo > pr[j].hi) continue;
                 pr[j].inv = softmax_inplace(sc_base + j * span + (pr[j].lo - ulo), pr[j].hi - pr[j].lo + 1);
             }
-            /* Pass 2: V rows, weighted accumulation in ascending key order. */
+            /* Pass 2: V rows, weighted accumulation in ascending key order. Keys of dropped blocks
+             * have weight exactly 0, and adding 0*v changes nothing, so they are skipped. */
             for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
                 const kvt_block *b = slots[bi];
-                if (!b) continue; /* weights of dropped keys are exactly 0 */
+                if (!b) continue;
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const int var = kvt_layout_variant(l, bi);
                 const kvt_codec c = li->codec[var];
                 const size_t rb = li->row_bytes[var][1];
-                const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * rb;
-                const size_t tstride = (size_t)n_kv * rb;
-                for (uint32_t p = pa; p <= pb; p++) {
-                    bool need = false;
-                    for (uint32_t j = 0; j < np; j++)
-                        if (pr[j].inv != 0.0f && p >= pr[j].lo && p <= pr[j].hi) need = true;
-                    if (!need) continue;
-                    kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * tstride, hd_v, row);
+                const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * bt * rb;
+                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                    bool decoded = false;
                     for (uint32_t j = 0; j < np; j++) {
-                        if (pr[j].inv == 0.0f || p < pr[j].lo || p > pr[j].hi) continue;
-                        kvt_kv_axpy(pr[j].o, sc_base[j * span + (p - ulo)], row, hd_v);
+                        const uint32_t a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
+                        if (pr[j].inv == 0.0f || a > e) continue;
+                        if (!decoded) {
+                            for (uint32_t p = p0; p <= p1; p++)
+                                kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_v,
+                                                    tile + (size_t)(p - p0) * hd_v);
+                            decoded = true;
+                        }
+                        kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * hd_v,
+                                         hd_v, e - a + 1, hd_v);
                     }
                 }
             }

@@ -188,6 +188,55 @@ static void affine_decode_row(kvt_codec c, const uint8_t *src, uint32_t dim, flo
     }
 }
 
+#ifdef KVT_X86
+/* AVX2 affine decode for the common 8- and 4-bit codes: x = s*q + b with mul then add separately
+ * rounded (no "fma" in the target), exactly the scalar expression above. Other widths use the
+ * scalar path. Requires G % 8 == 0 (always true: G in {32,64,128}). */
+__attribute__((target("avx2"))) static void affine_decode_avx2(kvt_codec c, const uint8_t *src, uint32_t dim,
+                                                              float *dst) {
+    const uint32_t b = c.bits, G = c.group_size, n_groups = dim / G;
+    const uint8_t *sc = src + (size_t)dim * b / 8, *bi = sc + 2 * (size_t)n_groups;
+    const __m256i lo4 = _mm256_set1_epi32(15);
+    for (uint32_t g = 0; g < n_groups; g++) {
+        uint16_t hs, hb;
+        memcpy(&hs, sc + 2 * (size_t)g, 2);
+        memcpy(&hb, bi + 2 * (size_t)g, 2);
+        const __m256 vs = _mm256_set1_ps(load_scale(hs, c.scale_bf16)), vb = _mm256_set1_ps(load_scale(hb, c.scale_bf16));
+        float *o = dst + (size_t)g * G;
+        const uint32_t j0 = g * G;
+        if (b == 8) {
+            for (uint32_t i = 0; i < G; i += 8) {
+                __m128i q8 = _mm_loadl_epi64((const __m128i *)(src + j0 + i));
+                __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8));
+                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(vs, q), vb));
+            }
+        } else { /* b == 4: byte k holds element 2k (low nibble) and 2k+1 (high nibble) */
+            for (uint32_t i = 0; i < G; i += 8) {
+                uint32_t w;
+                memcpy(&w, src + (j0 + i) / 2, 4);
+                /* lane e takes nibble e of w: shift each lane by 4*e */
+                __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+                __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(v, lo4));
+                _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(vs, q), vb));
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void bf16_decode_avx2(const uint8_t *src, uint32_t dim, float *dst) {
+    uint32_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 2 * (size_t)i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+    }
+    for (; i < dim; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * (size_t)i, 2);
+        dst[i] = kvt_bf16_to_f32(h);
+    }
+}
+#endif
+
 /* ------------------------------------------------------------------ f16 / bf16 rows */
 static void f16_decode_scalar(const uint8_t *src, uint32_t dim, float *dst) {
     for (uint32_t i = 0; i < dim; i++) {
@@ -271,8 +320,24 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
 #endif
         f16_decode_table(src, dim, dst);
         return;
-    case KVT_CODEC_BF16: bf16_decode(src, dim, dst); return;
-    case KVT_CODEC_AFFINE: affine_decode_row(c, src, dim, dst); return;
+    case KVT_CODEC_BF16:
+#ifdef KVT_X86
+        if (g_has_avx2) {
+            bf16_decode_avx2(src, dim, dst);
+            return;
+        }
+#endif
+        bf16_decode(src, dim, dst);
+        return;
+    case KVT_CODEC_AFFINE:
+#ifdef KVT_X86
+        if (g_has_avx2 && (c.bits == 8 || c.bits == 4)) {
+            affine_decode_avx2(c, src, dim, dst);
+            return;
+        }
+#endif
+        affine_decode_row(c, src, dim, dst);
+        return;
     }
 }
 
@@ -344,4 +409,114 @@ void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n) {
     }
 #endif
     kvt_kv_axpy_scalar(y, a, x, n);
+}
+
+/* ------------------------------------------------------------------ multi-row dot / axpy */
+/* kvt_kv_dot_rows: out[r] = kvt_kv_dot(q, k + r*stride, n) * scale for r < n_rows, computed 8 rows
+ * at a time with one accumulator per row, then reduced with the same lane tree for all 8 rows at
+ * once (see reduce8 below). Bit-identical to the per-row helper. */
+void kvt_kv_dot_rows_scalar(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                            float *out) {
+    for (uint32_t r = 0; r < n_rows; r++) out[r] = kvt_kv_dot_scalar(q, k + r * stride, n) * scale;
+}
+
+/* kvt_kv_axpy_rows: for r ascending, y += w[r] * x[r*stride .. +n] — the same sequence of
+ * separately rounded mul/add per element as n_rows calls of kvt_kv_axpy. */
+void kvt_kv_axpy_rows_scalar(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
+    for (uint32_t r = 0; r < n_rows; r++) kvt_kv_axpy_scalar(y, w[r], x + r * stride, n);
+}
+
+#ifdef KVT_X86
+/* acc[r] holds row r's 8 lane sums l0..l7. Result lane r = ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)) of
+ * acc[r], i.e. lane_reduce: first the 128-bit halves are added (a=l0+l4, b=l1+l5, c=l2+l6, d=l3+l7),
+ * then two rounds of hadd form (a+b) and then (a+b)+(c+d). IEEE addition is commutative, so hadd's
+ * operand order does not matter. */
+__attribute__((target("avx2"))) static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                                              __m256 a5, __m256 a6, __m256 a7) {
+    /* u_r = [row r: a b c d | row r+4: a b c d] */
+    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a4, 0x20), _mm256_permute2f128_ps(a0, a4, 0x31));
+    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a1, a5, 0x20), _mm256_permute2f128_ps(a1, a5, 0x31));
+    const __m256 u2 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a6, 0x20), _mm256_permute2f128_ps(a2, a6, 0x31));
+    const __m256 u3 = _mm256_add_ps(_mm256_permute2f128_ps(a3, a7, 0x20), _mm256_permute2f128_ps(a3, a7, 0x31));
+    const __m256 h01 = _mm256_hadd_ps(u0, u1); /* [r0: a+b c+d, r1: a+b c+d | r4 .., r5 ..] */
+    const __m256 h23 = _mm256_hadd_ps(u2, u3);
+    return _mm256_hadd_ps(h01, h23); /* [r0 r1 r2 r3 | r4 r5 r6 r7] */
+}
+
+/* Eight named accumulators (an array would live in memory at -O2). */
+__attribute__((target("avx2"))) static void dot_rows_avx2(const float *q, const float *k, size_t stride,
+                                                         uint32_t n_rows, uint32_t n, float scale, float *out) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    uint32_t r = 0;
+    for (; r + 8 <= n_rows; r += 8) {
+        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        const float *k4 = k3 + stride, *k5 = k4 + stride, *k6 = k5 + stride, *k7 = k6 + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (uint32_t i = 0; i < n; i += 8) {
+            const __m256 vq = _mm256_loadu_ps(q + i);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(vq, _mm256_loadu_ps(k0 + i)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(vq, _mm256_loadu_ps(k1 + i)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(vq, _mm256_loadu_ps(k2 + i)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(vq, _mm256_loadu_ps(k3 + i)));
+            a4 = _mm256_add_ps(a4, _mm256_mul_ps(vq, _mm256_loadu_ps(k4 + i)));
+            a5 = _mm256_add_ps(a5, _mm256_mul_ps(vq, _mm256_loadu_ps(k5 + i)));
+            a6 = _mm256_add_ps(a6, _mm256_mul_ps(vq, _mm256_loadu_ps(k6 + i)));
+            a7 = _mm256_add_ps(a7, _mm256_mul_ps(vq, _mm256_loadu_ps(k7 + i)));
+        }
+        _mm256_storeu_ps(out + r, _mm256_mul_ps(reduce8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+    }
+    for (; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
+}
+
+/* y is kept in registers 32 floats at a time while all rows stream past. */
+__attribute__((target("avx2"))) static void axpy_rows_avx2(float *y, const float *w, const float *x, size_t stride,
+                                                          uint32_t n_rows, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const float *xr = x + r * stride + i;
+            const __m256 a = _mm256_set1_ps(w[r]);
+            y0 = _mm256_add_ps(y0, _mm256_mul_ps(a, _mm256_loadu_ps(xr)));
+            y1 = _mm256_add_ps(y1, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 8)));
+            y2 = _mm256_add_ps(y2, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 16)));
+            y3 = _mm256_add_ps(y3, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 24)));
+        }
+        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 y0 = _mm256_loadu_ps(y + i);
+        for (uint32_t r = 0; r < n_rows; r++)
+            y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(x + r * stride + i)));
+        _mm256_storeu_ps(y + i, y0);
+    }
+    for (; i < n; i++) {
+        float yi = y[i];
+        for (uint32_t r = 0; r < n_rows; r++) yi += w[r] * x[r * stride + i];
+        y[i] = yi;
+    }
+}
+#endif
+
+void kvt_kv_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                     float *out) {
+#ifdef KVT_X86
+    if (g_has_avx2 && n % 8 == 0) {
+        dot_rows_avx2(q, k, stride, n_rows, n, scale, out);
+        return;
+    }
+#endif
+    for (uint32_t r = 0; r < n_rows; r++) out[r] = kvt_kv_dot(q, k + r * stride, n) * scale;
+}
+
+void kvt_kv_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
+#ifdef KVT_X86
+    if (g_has_avx2) {
+        axpy_rows_avx2(y, w, x, stride, n_rows, n);
+        return;
+    }
+#endif
+    kvt_kv_axpy_rows_scalar(y, w, x, stride, n_rows, n);
 }

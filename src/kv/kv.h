@@ -17,9 +17,11 @@
  *   rewrites a block, so immutability holds.
  * - Block payload layout (per group, per variant): for each layer of the group in increasing layer
  *   order, a K section then a V section; a section holds block_tokens rows per KV head, ordered
- *   [token][kv_head], each row = one head of one token encoded by the layer's codec
- *   (kvt_codec_row_bytes). Sections start at 64-byte aligned offsets. Quantization groups run along
- *   head_dim and never span tokens, so any token range is a byte range of each section.
+ *   [kv_head][token] (the rows of one head are contiguous, so attention streams them), each row =
+ *   one head of one token encoded by the layer's codec (kvt_codec_row_bytes). Sections start at
+ *   64-byte aligned offsets. Quantization groups run along head_dim and never span tokens, so a
+ *   token range of one head is a byte range: tokens [0, m) of head h are the m*row_bytes bytes at
+ *   section_offset + h*block_tokens*row_bytes (kvt_kv_layout_row_offset).
  * - Chain hash: hash(parent_hash, tokens of the block) with XXH3-64; the root parent of a sequence
  *   is `root` = hash(compatibility key, namespace) supplied by the caller. The chain hash of a
  *   block index is the same for all groups; a block is identified by (chain hash, group).
@@ -115,10 +117,13 @@ uint32_t kvt_kv_layout_group_layer(const kvt_kv_layout *l, uint32_t group, uint3
 kvt_codec kvt_kv_layout_codec_at(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index);
 /* payload bytes of a block of `group` at `block_index` */
 size_t kvt_kv_layout_block_bytes(const kvt_kv_layout *l, uint32_t group, uint32_t block_index);
-/* byte offset of layer's K (kv=0) or V (kv=1) section inside such a block; row stride of a token
- * is n_kv_heads * row_bytes. */
+/* byte offset of layer's K (kv=0) or V (kv=1) section inside such a block. The section is ordered
+ * [kv_head][token]: the row of (token t, head h) is at section_offset + (h*block_tokens + t)*row_bytes. */
 size_t kvt_kv_layout_section_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv);
 size_t kvt_kv_layout_row_bytes(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv);
+/* byte offset inside the block of the row of (token, head) of layer's K (kv=0) or V (kv=1) section */
+size_t kvt_kv_layout_row_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv, uint32_t token,
+                                uint32_t head);
 /* Steady-state KV bytes per token over all layers (after quant_start), for admission/accounting. */
 double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l);
 /* Total bytes of recurrent state per sequence. */

@@ -113,5 +113,14 @@ void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n);
 float kvt_kv_dot_scalar(const float *a, const float *b, uint32_t n);
 void kvt_kv_axpy_scalar(float *y, float a, const float *x, uint32_t n);
 void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
+/* Multi-row forms used by attention (codec.c), bit-identical to looping the single-row helpers:
+ * dot_rows: out[r] = kvt_kv_dot(q, k + r*stride, n) * scale, r < n_rows;
+ * axpy_rows: for r ascending, kvt_kv_axpy(y, w[r], x + r*stride, n). */
+void kvt_kv_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                     float *out);
+void kvt_kv_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
+void kvt_kv_dot_rows_scalar(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                            float *out);
+void kvt_kv_axpy_rows_scalar(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
 
 #endif

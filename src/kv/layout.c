@@ -263,6 +263,14 @@ size_t kvt_kv_layout_row_bytes(const kvt_kv_layout *l, uint32_t layer, uint32_t 
     return l->info[layer].row_bytes[kvt_layout_variant(l, block_index)][kv ? 1 : 0];
 }
 
+size_t kvt_kv_layout_row_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv, uint32_t token,
+                                uint32_t head) {
+    if (layer >= l->n_layers || l->info[layer].group == UINT32_MAX) return 0;
+    const int var = kvt_layout_variant(l, block_index), k = kv ? 1 : 0;
+    const size_t rb = l->info[layer].row_bytes[var][k];
+    return l->info[layer].offset[var][k] + ((size_t)head * l->block_tokens + token) * rb;
+}
+
 double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l) {
     double s = 0;
     for (uint32_t i = 0; i < l->n_layers; i++) {

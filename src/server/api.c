@@ -617,6 +617,15 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "ssd_cache_failed_total", "counter", "SSD writes that failed", (double)st->ssd_failed);
     metric(&b, "ssd_cache_longest_durable_prefix_tokens", "gauge", "Longest prefix known durable on SSD",
            (double)st->ssd_longest_durable_prefix_tokens);
+    /* the KV scheme as an info-style metric; label value escaped per the exposition format */
+    sb_printf(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
+                  "kvtier_kv_scheme_info{scheme=\"");
+    for (const char *p = st->scheme; *p && p < st->scheme + sizeof st->scheme; p++) {
+        if (*p == '\\' || *p == '"') sb_printf(&b, "\\%c", *p);
+        else if (*p == '\n') sb_printf(&b, "\\n");
+        else sb_printf(&b, "%c", *p);
+    }
+    sb_printf(&b, "\"} 1\n");
     metric(&b, "kv_pool_used_bytes", "gauge", "KV block pool bytes in use", (double)st->pool_used_bytes);
     metric(&b, "kv_pool_peak_bytes", "gauge", "KV block pool peak bytes", (double)st->pool_peak_bytes);
     metric(&b, "kv_pool_budget_bytes", "gauge", "KV block pool byte budget", (double)st->pool_budget_bytes);

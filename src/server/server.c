@@ -500,7 +500,7 @@ static MHD_Result_t job_error_response(struct MHD_Connection *c, conn_ctx *x, jo
     case KVT_ERR_INVALID_ARG:
         return send_err(c, x, 400, "invalid_request_error", NULL, NULL, "%s", j->err);
     case KVT_ERR_POOL_EXHAUSTED:
-        return send_err(c, x, 503, "server_error", NULL, "out_of_memory", "out of KV memory: %s", j->err);
+        return send_err(c, x, 503, "server_error", NULL, "out_of_memory", "%s", j->err);
     case KVT_ERR_CANCELLED:
         return send_err(c, x, 503, "server_error", NULL, "shutting_down", "generation cancelled (%s)",
                         x->s->shutting_down ? "server shutting down" : "client gone");

@@ -171,10 +171,25 @@ EOF
 ok "8 concurrent clients, identical greedy output"
 
 # ------------------------------------------------------------------ client disconnect mid-stream
-curl -sN --max-time 1 --data-binary '{"prompt":"disconnect me","max_tokens":1500,"temperature":1,"stream":true}' \
-  "$SRV_URL/v1/completions" >/dev/null 2>&1
+curl -sN --max-time 1 --data-binary '{"prompt":"disconnect me","max_tokens":2000,"temperature":1,"stream":true}' \
+  "$SRV_URL/v1/completions" >/dev/null 2>&1; crc=$?
 expect 200 POST /v1/completions "$(jbody '{"prompt":"still alive?","max_tokens":2,"temperature":0}')"
-ok "server survives a client disconnecting mid-stream"
+if [ "$crc" -eq 28 ]; then # the client really left mid-generation: the generation must have been cancelled
+  expect 200 GET /stats
+  [ "$(jget "j['requests']['cancelled'] >= 1")" = True ] || fail "disconnect did not cancel the generation"
+fi
+curl -s --max-time 1 --data-binary '{"prompt":"disconnect me too","max_tokens":2000,"temperature":1}' \
+  "$SRV_URL/v1/completions" >/dev/null 2>&1; crc2=$?
+expect 200 GET /health
+if [ "$crc" -eq 28 ] && [ "$crc2" -eq 28 ]; then
+  for i in $(seq 1 50); do # the worker notices within a token or two; bounded wait
+    expect 200 GET /stats
+    [ "$(jget "j['requests']['cancelled'] >= 2")" = True ] && break
+    sleep 0.2
+  done
+  [ "$(jget "j['requests']['cancelled'] >= 2")" = True ] || fail "non-streaming disconnect did not cancel"
+fi
+ok "server survives clients disconnecting mid-generation (stream and non-stream)"
 
 srv_stop TERM
 ok "SIGTERM: exit 0"
@@ -225,6 +240,15 @@ T1=$(date +%s)
 [ $((T1 - T0)) -le 10 ] || fail "shutdown with --shutdown-timeout 2 took $((T1 - T0)) s"
 case "$(cat "$TMP/to.code")" in 200|503) ;; *) fail "request cancelled by shutdown: HTTP $(cat "$TMP/to.code")";; esac
 ok "--shutdown-timeout cancels a long request (HTTP $(cat "$TMP/to.code")) and exits 0 in $((T1 - T0)) s"
+
+# ------------------------------------------------------------------ out of KV memory -> 503
+srv_start --kv-pool-gb 0.0001 --block-tokens 64
+python3 -c "import json; print(json.dumps({'prompt': 'word ' * 1200, 'max_tokens': 4}))" >"$TMP/oom.json"
+expect 503 POST /v1/completions "$TMP/oom.json"
+[ "$(jget "j['error']['code']")" = out_of_memory ] || fail "out-of-KV-memory code"
+expect 200 POST /v1/completions "$(jbody '{"prompt":"hi","max_tokens":2}')"
+srv_stop TERM
+ok "out of KV memory: 503 out_of_memory, server keeps serving"
 
 # ------------------------------------------------------------------ SSD restart
 mkdir -p "$TMP/ssd"

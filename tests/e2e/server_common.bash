@@ -43,13 +43,13 @@ srv_start() {
     local i
     for i in $(seq 1 300); do # up to 60 s for the model to load
       if ! kill -0 "$SRV_PID" 2>/dev/null; then break; fi
-      if grep -q "^listening on" "$SRV_LOG"; then return 0; fi
+      if grep -q "^listening on" "$SRV_LOG" 2>/dev/null; then return 0; fi
       sleep 0.2
     done
     if kill -0 "$SRV_PID" 2>/dev/null; then fail "server did not become ready in 60 s"; fi
     wait "$SRV_PID" 2>/dev/null
     SRV_PID=""
-    grep -q "cannot listen" "$SRV_LOG" || fail "server exited during start-up"
+    grep -q "cannot listen" "$SRV_LOG" 2>/dev/null || fail "server exited during start-up"
   done
   fail "no free port after 10 tries"
 }
