@@ -128,7 +128,8 @@ kvt_status kvt_block_alloc(kvt_block_pool *p, uint32_t group, uint32_t block_ind
     if (st != KVT_OK) return st;
     kvt_block *b = calloc(1, sizeof *b);
     int32_t *tokens = calloc(l->block_tokens, sizeof(int32_t));
-    uint8_t *data = kvt_aligned_alloc(64, bytes);
+    /* page-aligned payloads let the SSD tier restore with O_DIRECT straight into block memory */
+    uint8_t *data = kvt_aligned_alloc(bytes >= 4096 ? 4096 : 64, bytes);
     if (!b || !tokens || !data) {
         free(b);
         free(tokens);

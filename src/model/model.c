@@ -442,7 +442,13 @@ static size_t max_act(size_t cur, const kvt_wmat *w, uint32_t rows) {
     return b > cur ? b : cur;
 }
 
-static void *falloc(size_t n_floats) { return kvt_aligned_alloc(64, (n_floats ? n_floats : 1) * sizeof(float)); }
+/* Activation buffers: 64-byte aligned and NOT zeroed (every element is written before it is read;
+ * the logits buffer alone can be ~100 MB, and untouched pages then cost nothing). */
+static void *falloc(size_t n_floats) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (n_floats ? n_floats : 16) * sizeof(float)) != 0) return NULL;
+    return p;
+}
 
 kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out) {
     *out = NULL;
@@ -486,7 +492,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
     c->act_bytes = ab;
     bool ok = c->x && c->xn && c->q && c->k && c->v && c->att && c->tmp && c->gate && c->up && c->logits && c->rope_cs;
     for (int i = 0; i < KVT_N_ACT; i++) {
-        c->act[i] = kvt_aligned_alloc(64, ab ? ab : 64);
+        c->act[i] = falloc(ab / sizeof(float) + 16);
         ok = ok && c->act[i];
     }
     c->att_scratch = calloc((size_t)n_threads, sizeof(float *));
@@ -518,7 +524,7 @@ static kvt_status ensure_scratch(kvt_ctx *c, size_t need) {
     if (need <= c->att_scratch_floats) return KVT_OK;
     for (int i = 0; i < c->nth; i++) {
         free(c->att_scratch[i]);
-        c->att_scratch[i] = falloc(need);
+        c->att_scratch[i] = kvt_aligned_alloc(64, need * sizeof(float));
         if (!c->att_scratch[i]) {
             c->att_scratch_floats = 0;
             for (int j = 0; j <= i; j++) {
