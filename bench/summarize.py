@@ -61,8 +61,9 @@ if a:
     for r in a["results"]:
         out.append("- %s: %d/%d = %.1f%% (first mismatch at %d)" % (r["scheme"], r["match"], a["n"], 100 * r["rate"], r["first_mismatch"]))
     out.append("")
-s = load("swa.json")
-if s:
+for s in (load("swa.json"), load("swa-gemma3-1b.json")):
+    if not s:
+        continue
     full = s["full_cache_bytes_computed"]
     out.append("Sliding window (%s, %d tokens): live KV peak %s vs full cache %s (computed: %.0f bytes/token x tokens; the engine "
                "cannot force full attention) = %.3f of full.\n" % (s["model"], s["depth"] + s["n_gen"] - 1, mib(s["peak_kv_bytes"]),
@@ -96,12 +97,15 @@ if x:
     out.append("| new process, same prompt (restore from SSD), median | %.0f ms (%.0fx) |" % (x["ttft_restart_ms"], x["speedup"]))
     out.append("| restore bandwidth (median) | %.1f MB/s |" % x["restore_mb_s"])
     out.append("| disk sequential read, O_DIRECT / buffered | %.1f / %.1f MB/s (page cache drop %s) |" % (
-        x["disk_read_direct_mb_s"], x["disk_read_buffered_mb_s"], "accepted" if x["page_cache_dropped"] else "not permitted"))
+        x["disk_read_direct_mb_s"], x["disk_read_buffered_mb_s"], "write accepted, effect unverified" if x["page_cache_dropped"] else "not permitted"))
     out.append("| restore / O_DIRECT disk read | %.2f |" % x["restore_vs_direct"])
     out.append("| decode t/s write-behind on / off | %.2f / %.2f |" % (x["decode_tps_writeback_on"], x["decode_tps_writeback_off"]))
     t = x["turns"]
     out.append("| %d-turn conversation: bytes on disk vs sum of prompt KV | %s vs %s = %.3f |" % (
         len(t["turns"]), mib(x["turns_disk_bytes"]), mib(t["sum_prompt_kv_bytes"]), x["turns_disk_vs_sum_prompt_kv"]))
+    fin = t["final_tokens"] * t["kv_bytes_per_token_layout"]
+    out.append("| same: bytes on disk vs the final conversation's KV (%d tokens) | %s vs %s = %.3f |" % (
+        t["final_tokens"], mib(x["turns_disk_bytes"]), mib(fin), x["turns_disk_bytes"] / fin))
     out.append("")
 
 st = []

@@ -437,6 +437,7 @@ kvt_status kvt_gguf_open(const char *path, kvt_gguf **out, char *err, size_t err
                         (long long)st.st_size);
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p != MAP_FAILED) (void)madvise(p, (size_t)st.st_size, MADV_WILLNEED); /* start readahead of the weights */
     int e = errno;
     close(fd);
     if (p == MAP_FAILED) return kvt_errf(err, errlen, KVT_ERR_IO, "%s: mmap failed: %s", path, strerror(e));

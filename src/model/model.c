@@ -417,6 +417,13 @@ uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
 /* ------------------------------------------------------------------ context */
 
 #define KVT_N_ACT 3 /* distinct activation formats a group of matmuls sharing one input may need */
+#define KVT_REPL_ROWS 4 /* chunks up to this many rows run in replicated mode (see forward_chunk) */
+
+/* Per-thread private buffers for replicated mode: KVT_REPL_ROWS rows each. */
+typedef struct kvt_thread_buf {
+    float *x, *xn, *t;
+    void *act[KVT_N_ACT];
+} kvt_thread_buf;
 
 struct kvt_ctx {
     const kvt_model *m;
@@ -428,7 +435,9 @@ struct kvt_ctx {
     void *act[KVT_N_ACT];    /* quantized activations, act_bytes each */
     size_t act_bytes;
     float **att_scratch;     /* per thread */
+    kvt_thread_buf *tbuf;    /* per thread */
     size_t att_scratch_floats;
+    uint32_t logits_rows;    /* rows the logits buffer holds */
 
     /* per-chunk state read by the workers */
     kvt_seq *seq;
@@ -444,6 +453,17 @@ static size_t max_act(size_t cur, const kvt_wmat *w, uint32_t rows) {
 
 /* Activation buffers: 64-byte aligned and NOT zeroed (every element is written before it is read;
  * the logits buffer alone can be ~100 MB, and untouched pages then cost nothing). */
+/* Largest activation buffer any matmul input of the model needs for `rows` rows. */
+static size_t model_act_bytes(const kvt_model *m, uint32_t rows) {
+    size_t ab = kvt_act_bytes(m->output.type, m->output.n_in, rows);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const kvt_layer_w *w = &m->layers[il];
+        const kvt_wmat *ws[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++) ab = max_act(ab, ws[i], rows);
+    }
+    return ab;
+}
+
 static void *falloc(size_t n_floats) {
     void *p = NULL;
     if (posix_memalign(&p, 64, (n_floats ? n_floats : 16) * sizeof(float)) != 0) return NULL;
@@ -476,19 +496,10 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
     c->tmp = falloc(U * E);
     c->gate = falloc(U * F);
     c->up = falloc(U * F);
-    c->logits = falloc(U * (size_t)hp->n_vocab);
+    c->logits = falloc(hp->n_vocab); /* one row; all_logits calls grow it (see forward) */
+    c->logits_rows = 1;
     c->rope_cs = falloc(U * 2 * hp->n_rot);
-    size_t ab = kvt_act_bytes(m->output.type, m->output.n_in, ubatch);
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const kvt_layer_w *w = &m->layers[il];
-        ab = max_act(ab, &w->wq, ubatch);
-        ab = max_act(ab, &w->wk, ubatch);
-        ab = max_act(ab, &w->wv, ubatch);
-        ab = max_act(ab, &w->wo, ubatch);
-        ab = max_act(ab, &w->gate, ubatch);
-        ab = max_act(ab, &w->up, ubatch);
-        ab = max_act(ab, &w->down, ubatch);
-    }
+    size_t ab = model_act_bytes(m, ubatch);
     c->act_bytes = ab;
     bool ok = c->x && c->xn && c->q && c->k && c->v && c->att && c->tmp && c->gate && c->up && c->logits && c->rope_cs;
     for (int i = 0; i < KVT_N_ACT; i++) {
@@ -496,7 +507,23 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
         ok = ok && c->act[i];
     }
     c->att_scratch = calloc((size_t)n_threads, sizeof(float *));
-    c->tp = ok && c->att_scratch ? kvt_threadpool_create(n_threads) : NULL;
+    c->tbuf = calloc((size_t)n_threads, sizeof(kvt_thread_buf));
+    ok = ok && c->att_scratch && c->tbuf;
+    if (ok && n_threads > 1) {
+        size_t abs = model_act_bytes(m, KVT_REPL_ROWS), RW = (size_t)KVT_REPL_ROWS * E;
+        for (int t = 0; t < n_threads && ok; t++) {
+            kvt_thread_buf *tb = &c->tbuf[t];
+            tb->x = falloc(RW);
+            tb->xn = falloc(RW);
+            tb->t = falloc(E);
+            ok = tb->x && tb->xn && tb->t;
+            for (int i = 0; i < KVT_N_ACT; i++) {
+                tb->act[i] = falloc(abs / sizeof(float) + 16);
+                ok = ok && tb->act[i];
+            }
+        }
+    }
+    c->tp = ok ? kvt_threadpool_create(n_threads) : NULL;
     if (!c->tp) {
         kvt_ctx_free(c);
         return KVT_ERR_NOMEM;
@@ -514,6 +541,14 @@ void kvt_ctx_free(kvt_ctx *c) {
     if (c->att_scratch)
         for (int i = 0; i < c->nth; i++) free(c->att_scratch[i]);
     free(c->att_scratch);
+    if (c->tbuf)
+        for (int t = 0; t < c->nth; t++) {
+            free(c->tbuf[t].x);
+            free(c->tbuf[t].xn);
+            free(c->tbuf[t].t);
+            for (int i = 0; i < KVT_N_ACT; i++) free(c->tbuf[t].act[i]);
+        }
+    free(c->tbuf);
     free(c);
 }
 
@@ -607,17 +642,17 @@ static void act_slots(const kvt_wmat *const *ws, int nw, int *slot, uint32_t *sl
 }
 
 /* Quantize rows [r0, r1) of x (n_in wide) for every slot of the group. */
-static void quantize_rows(kvt_ctx *c, const kvt_wmat *const *ws, int nw, const float *x, uint32_t r0, uint32_t r1) {
+static void quantize_rows(void *const *act, const kvt_wmat *const *ws, int nw, const float *x, uint32_t r0, uint32_t r1) {
     if (r0 >= r1) return;
     int slot[KVT_N_ACT], ns;
     uint32_t st[KVT_N_ACT];
     act_slots(ws, nw, slot, st, &ns);
-    for (int s = 0; s < ns; s++) kvt_act_quantize(st[s], x, ws[0]->n_in, r0, r1, c->act[s]);
+    for (int s = 0; s < ns; s++) kvt_act_quantize(st[s], x, ws[0]->n_in, r0, r1, act[s]);
 }
 
 /* This thread's output columns of every matrix of the group, all n_rows rows. */
-static void matmul_group(kvt_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, uint32_t n_rows, int ith,
-                         int nth) {
+static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *const *ys, int nw, uint32_t n_rows,
+                         int ith, int nth) {
     int slot[KVT_N_ACT], ns;
     uint32_t st[KVT_N_ACT];
     act_slots(ws, nw, slot, st, &ns);
@@ -625,12 +660,23 @@ static void matmul_group(kvt_ctx *c, const kvt_wmat *const *ws, float *const *ys
         int64_t o0, o1;
         col_range(ws[i]->n_out, ith, nth, &o0, &o1);
         if (o0 < o1)
-            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
+            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
     }
 }
 
 /* ------------------------------------------------------------------ forward: the chunk */
 
+/*
+ * Two modes, identical per-row math (so identical bits):
+ *  - split (large chunks): row ops take rows [r0, r1) of the shared x/xn and quantize them into the
+ *    shared activation buffers; a barrier precedes every matmul.
+ *  - replicated (chunks of <= KVT_REPL_ROWS rows with several threads, i.e. decode): every thread
+ *    keeps its own copy of the residual stream and does the (tiny) row ops and activation
+ *    quantization itself into private buffers, so a matmul can start right after the previous
+ *    one's barrier: 6 barriers per layer instead of 10.
+ * Shared buffers written by a matmul (q/k/v, tmp, gate/up, logits) are only read after the barrier
+ * that follows it, and are next overwritten only after a later barrier.
+ */
 static void forward_chunk(void *arg, int ith, int nth) {
     kvt_ctx *c = arg;
     const kvt_model *m = c->m;
@@ -640,18 +686,29 @@ static void forward_chunk(void *arg, int ith, int nth) {
     const uint32_t QD = NH * HD, KD = NKV * HD, F = hp->n_ff, half = hp->n_rot / 2;
     const float eps = hp->norm_eps;
     const bool gem = hp->arch == KVT_ARCH_GEMMA3;
-    uint32_t r0, r1;
-    split_range(n, ith, nth, &r0, &r1);
+    const bool repl = nth > 1 && n <= KVT_REPL_ROWS;
+    kvt_thread_buf *tb = &c->tbuf[ith];
+    float *X = repl ? tb->x : c->x, *XN = repl ? tb->xn : c->xn;
+    void *const *ACT = repl ? tb->act : c->act;
+    uint32_t r0, r1; /* rows of this thread's row ops */
+    if (repl) {
+        r0 = 0;
+        r1 = n;
+    } else {
+        split_range(n, ith, nth, &r0, &r1);
+    }
 
-    /* embeddings + RoPE tables for my rows */
+    /* embeddings; RoPE tables (read by the thread doing step 3 of a row: in replicated mode
+     * thread 0 does all of step 3, so only thread 0 writes them) */
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (uint64_t)c->tokens[r] * m->tok_embd.row_bytes;
-        float *xr = c->x + (size_t)r * E;
+        float *xr = X + (size_t)r * E;
         kvt_dequant_row(m->tok_embd.type, row, xr, E);
         if (gem) {
             const float sc = sqrtf((float)E);
             for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
         }
+        if (repl && ith != 0) continue;
         double pos = (double)(c->pos0 + r);
         for (int cfg = 0; cfg < (gem ? 2 : 1); cfg++) { /* cfg 1: gemma3 local layers */
             float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
@@ -670,22 +727,22 @@ static void forward_chunk(void *arg, int ith, int nth) {
         const kvt_wmat *gu[2] = {&w->gate, &w->up};
         float *gu_out[2] = {c->gate, c->up};
         const kvt_wmat *wo[1] = {&w->wo};
-        float *wo_out[1] = {c->tmp};
         const kvt_wmat *dn[1] = {&w->down};
+        float *tmp_out[1] = {c->tmp};
         const int cfg = kvt_model_layer_is_swa(m, il) ? 1 : 0;
 
         /* 1. attention norm + quantize (rows) */
-        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, eps);
-        quantize_rows(c, qkv, 3, c->xn, r0, r1);
-        kvt_threadpool_barrier(tp);
+        for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, eps);
+        quantize_rows(ACT, qkv, 3, XN, r0, r1);
+        if (!repl) kvt_threadpool_barrier(tp);
         /* 2. Q, K, V projections (columns) */
-        matmul_group(c, qkv, qkv_out, 3, n, ith, nth);
+        matmul_group(ACT, qkv, qkv_out, 3, n, ith, nth);
         kvt_threadpool_barrier(tp);
         /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
          *    sequence. write_kv runs on thread 0 only (kv.h does not allow concurrent use of one
          *    sequence); for small chunks thread 0 also does the row work, saving a barrier. */
         {
-            const bool solo = n <= 4;
+            const bool solo = n <= KVT_REPL_ROWS;
             uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
             for (uint32_t r = a0; r < a1; r++) {
                 float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
@@ -720,21 +777,25 @@ static void forward_chunk(void *arg, int ith, int nth) {
         }
         kvt_threadpool_barrier(tp);
         /* 6. output projection */
-        quantize_rows(c, wo, 1, c->att, r0, r1);
-        kvt_threadpool_barrier(tp);
-        matmul_group(c, wo, wo_out, 1, n, ith, nth);
+        quantize_rows(ACT, wo, 1, c->att, r0, r1);
+        if (!repl) kvt_threadpool_barrier(tp);
+        matmul_group(ACT, wo, tmp_out, 1, n, ith, nth);
         kvt_threadpool_barrier(tp);
         /* 7. (post-attention norm,) residual, FFN norm, quantize (rows) */
         for (uint32_t r = r0; r < r1; r++) {
-            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
-            if (w->post_attn_norm) rmsnorm(tr, tr, w->post_attn_norm, E, eps);
+            float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            if (w->post_attn_norm) {
+                float *dst = repl ? tb->t : tr; /* tmp is shared: replicated threads norm privately */
+                rmsnorm(dst, tr, w->post_attn_norm, E, eps);
+                tr = dst;
+            }
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
-            rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, eps);
+            rmsnorm(XN + (size_t)r * E, xr, w->ffn_norm, E, eps);
         }
-        quantize_rows(c, gu, 2, c->xn, r0, r1);
-        kvt_threadpool_barrier(tp);
+        quantize_rows(ACT, gu, 2, XN, r0, r1);
+        if (!repl) kvt_threadpool_barrier(tp);
         /* 8. gate, up and the gated activation on this thread's own columns */
-        matmul_group(c, gu, gu_out, 2, n, ith, nth);
+        matmul_group(ACT, gu, gu_out, 2, n, ith, nth);
         {
             int64_t o0, o1;
             col_range(F, ith, nth, &o0, &o1);
@@ -748,32 +809,35 @@ static void forward_chunk(void *arg, int ith, int nth) {
         }
         kvt_threadpool_barrier(tp);
         /* 9. down projection */
-        quantize_rows(c, dn, 1, c->gate, r0, r1);
-        kvt_threadpool_barrier(tp);
-        float *dn_out[1] = {c->tmp};
-        matmul_group(c, dn, dn_out, 1, n, ith, nth);
+        quantize_rows(ACT, dn, 1, c->gate, r0, r1);
+        if (!repl) kvt_threadpool_barrier(tp);
+        matmul_group(ACT, dn, tmp_out, 1, n, ith, nth);
         kvt_threadpool_barrier(tp);
         /* 10. (post-FFN norm,) residual (rows; the next layer continues on the same rows) */
         for (uint32_t r = r0; r < r1; r++) {
-            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
-            if (w->post_ffw_norm) rmsnorm(tr, tr, w->post_ffw_norm, E, eps);
+            float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            if (w->post_ffw_norm) {
+                float *dst = repl ? tb->t : tr;
+                rmsnorm(dst, tr, w->post_ffw_norm, E, eps);
+                tr = dst;
+            }
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
         }
     }
 
-    /* final norm + logits: all rows, or only the last row (normed into xn row 0) */
+    /* final norm + logits: all rows, or only the last row (normed into XN row 0) */
     const kvt_wmat *ow[1] = {&m->output};
     float *lo[1] = {c->logits};
     uint32_t n_out_rows = c->all_logits ? n : 1;
     if (c->all_logits) {
-        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, m->output_norm, E, eps);
-        quantize_rows(c, ow, 1, c->xn, r0, r1);
-    } else if (n - 1 >= r0 && n - 1 < r1) { /* the thread that owns the last row */
-        rmsnorm(c->xn, c->x + (size_t)(n - 1) * E, m->output_norm, E, eps);
-        quantize_rows(c, ow, 1, c->xn, 0, 1);
+        for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, m->output_norm, E, eps);
+        quantize_rows(ACT, ow, 1, XN, r0, r1);
+    } else if (n - 1 >= r0 && n - 1 < r1) { /* the thread(s) holding the last row */
+        rmsnorm(XN, X + (size_t)(n - 1) * E, m->output_norm, E, eps);
+        quantize_rows(ACT, ow, 1, XN, 0, 1);
     }
-    kvt_threadpool_barrier(tp);
-    matmul_group(c, ow, lo, 1, n_out_rows, ith, nth);
+    if (!repl) kvt_threadpool_barrier(tp);
+    matmul_group(ACT, ow, lo, 1, n_out_rows, ith, nth);
 }
 
 /* ------------------------------------------------------------------ forward: driver */
@@ -810,6 +874,13 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         uint64_t target = end * 2 > 1024 ? end * 2 : 1024;
         size_t want = kvt_attention_scratch_floats(l, (uint32_t)(target < UINT32_MAX / 2 ? target : end));
         if ((st = ensure_scratch(c, want > need ? want : need)) != KVT_OK) return st;
+    }
+    if (all_logits && n > c->logits_rows) { /* grown here, never inside the chunk loop */
+        float *nl = falloc((size_t)n * m->hp.n_vocab);
+        if (!nl) return KVT_ERR_NOMEM;
+        free(c->logits);
+        c->logits = nl;
+        c->logits_rows = n;
     }
     for (uint32_t off = 0; off < n; off += c->ubatch) {
         if (cancel && *cancel) return KVT_ERR_CANCELLED;

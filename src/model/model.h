@@ -63,7 +63,8 @@ kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx);
 
 /* Run tokens[0..n) at positions kvt_seq_len(seq) .. +n-1: prepares, writes KV, commits the tokens
  * to seq. Splits into ubatch chunks internally. Returns logits of the last token (n_vocab floats,
- * owned by ctx, valid until the next call), or, if all_logits (requires n <= ubatch), n rows.
+ * owned by ctx, valid until the next call), or, if all_logits (requires n <= ubatch), n rows (the
+ * buffer for n rows is allocated on the first such call, before any token is processed).
  * Errors: KVT_ERR_POOL_EXHAUSTED from the pool (the sequence keeps the chunks committed so far),
  * KVT_ERR_INVALID_ARG for a token id out of range, KVT_ERR_CANCELLED if *cancel became non-zero
  * between chunks. */
