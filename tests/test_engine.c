@@ -318,12 +318,61 @@ static void test_kv_config(void **s) {
     free(m);
 }
 
+/* Idle demotion: with write-behind off, entries idle past --ssd-demote-idle move to the SSD tier on
+ * the next tick (nothing is lost), and a new process restores them. */
+static void test_demote_idle(void **s) {
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-demote");
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = m;
+    o.n_ctx = 512;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 1.0;
+    o.ssd_dir = dir;
+    o.ssd_writeback = false;
+    o.ssd_demote_idle_s = 0.5;
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    int32_t ids[100];
+    fill(ids, 100, kvt_engine_n_vocab(e), 77);
+    run_out a, b;
+    gen(e, ids, 100, 4, false, NULL, &a);
+    kvt_engine_stats st;
+    kvt_engine_stats_get(e, &st);
+    assert_true(st.pc_blocks > 0);
+    kvt_flush_result fr;
+    kvt_engine_flush(e, 10000, &fr);
+    assert_int_equal(fr.entries, 0); /* write-behind is off: nothing on disk yet */
+    usleep(1200 * 1000);
+    kvt_engine_tick(e);
+    kvt_engine_flush(e, 10000, &fr);
+    assert_true(fr.durable);
+    assert_true(fr.entries > 0);
+    kvt_engine_stats_get(e, &st);
+    assert_true(st.ssd_demotions > 0);
+    assert_int_equal(st.pc_blocks, 0);
+    kvt_engine_free(e);
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    gen(e, ids, 100, 4, false, NULL, &b);
+    assert_int_equal(b.tier, KVT_TIER_SSD);
+    assert_true(b.reused >= 96);
+    assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
 int main(void) {
     g_dir = tu_tmpdir("engine");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];
