@@ -7,6 +7,7 @@
 
 #include "cmds.h"
 #include "engine_flags.h"
+#include "util/strbuf.h"
 
 static void usage(void) {
     printf("usage: kvtier chat -m MODEL [--system TEXT] [-n N] [options]\n\n"
@@ -17,28 +18,15 @@ static void usage(void) {
            kvt_engine_flags_help, kvt_sampling_flags_help);
 }
 
-typedef struct reply {
-    char *s;
-    size_t n, cap;
-} reply;
-
+/* Streams the reply to stdout and collects it in the kvt_strbuf at ctx; stops the generation when
+ * the reply can no longer be stored. */
 static bool on_token(void *ctx, int32_t id, const char *text, size_t len) {
-    reply *r = ctx;
+    kvt_strbuf *r = ctx;
     if (!len) return true;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
-    if (r->n + len + 1 > r->cap) {
-        size_t c = r->cap ? r->cap * 2 : 1024;
-        while (c < r->n + len + 1) c *= 2;
-        char *q = realloc(r->s, c);
-        if (!q) return false;
-        r->s = q;
-        r->cap = c;
-    }
-    memcpy(r->s + r->n, text, len);
-    r->n += len;
-    r->s[r->n] = 0;
-    return true;
+    kvt_strbuf_add(r, text, len);
+    return !r->oom;
 }
 
 int cmd_chat(int argc, char **argv) {
@@ -118,7 +106,7 @@ int cmd_chat(int argc, char **argv) {
             free(owned[--nm]);
             continue;
         }
-        reply r = {0};
+        kvt_strbuf r = {0};
         kvt_gen_request req = {.prompt = ids, .n_prompt = (uint32_t)n_ids, .max_tokens = n_predict, .sampling = sp,
                                .on_token = on_token, .cb_ctx = &r};
         kvt_gen_result res;
@@ -127,14 +115,21 @@ int cmd_chat(int argc, char **argv) {
         if (st != KVT_OK) {
             fprintf(stderr, "\nkvtier chat: %s\n", err);
             free(owned[--nm]);
-            free(r.s);
+            kvt_strbuf_free(&r);
             continue;
         }
         static const char *tiers[] = {"none", "RAM", "SSD"};
         fprintf(stderr, "\n[prompt %u tokens, reused %u from %s, TTFT %.0f ms, %.1f tok/s, %u tokens]\n", res.n_prompt,
                 res.n_reused, tiers[res.reused_from], res.ttft_ms, res.decode_tps, res.n_gen);
         free(res.tokens);
-        owned[nm] = r.s ? r.s : strdup("");
+        /* on a failed allocation the reply was cut short; keep what was stored of it */
+        r.oom = false;
+        owned[nm] = kvt_strbuf_take(&r, NULL);
+        if (!owned[nm]) {
+            fprintf(stderr, "kvtier chat: out of memory\n");
+            rc = 1;
+            break;
+        }
         msgs[nm] = (kvt_chat_msg){.role = "assistant", .content = owned[nm], .content_len = strlen(owned[nm])};
         nm++;
     }

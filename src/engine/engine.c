@@ -27,6 +27,7 @@
 #include "../cache/ssd_cache.h"
 #include "../kernels/quant.h"
 #include "../model/model.h"
+#include "../util/strbuf.h"
 #include "sampler.h"
 
 #define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
@@ -335,37 +336,19 @@ void kvt_engine_free(kvt_engine *e) {
 
 /* ---- stop strings --------------------------------------------------------------------------- */
 
-/* Text produced so far is kept in `text`; `emitted` bytes of it were passed to the callback. Text
- * that could still become the start of a stop string is held back. */
-typedef struct textbuf {
-    char *s;
-    size_t n, cap, emitted;
-} textbuf;
-
-static bool tb_append(textbuf *t, const char *p, size_t n) {
-    if (t->n + n + 1 > t->cap) {
-        size_t c = t->cap ? t->cap * 2 : 4096;
-        while (c < t->n + n + 1) c *= 2;
-        char *q = realloc(t->s, c);
-        if (!q) return false;
-        t->s = q;
-        t->cap = c;
-    }
-    memcpy(t->s + t->n, p, n);
-    t->n += n;
-    t->s[t->n] = 0;
-    return true;
-}
+/* With stop strings, the text produced so far is kept in a kvt_strbuf `tb`; `emitted` bytes of it
+ * were passed to the callback. Text that could still become the start of a stop string is held
+ * back. */
 
 /* Returns the index of the earliest full stop-string match at or after `from`, or -1. */
-static int64_t find_stop(const textbuf *t, const char *const *stop, uint32_t n_stop, size_t from, size_t *match_len) {
+static int64_t find_stop(const kvt_strbuf *t, const char *const *stop, uint32_t n_stop, size_t from, size_t *match_len) {
     int64_t best = -1;
     for (uint32_t i = 0; i < n_stop; i++) {
         size_t L = strlen(stop[i]);
         if (!L) continue;
         size_t start = from > L ? from - L : 0;
         for (size_t p = start; p + L <= t->n; p++) {
-            if (!memcmp(t->s + p, stop[i], L)) {
+            if (!memcmp(t->p + p, stop[i], L)) {
                 if (best < 0 || (int64_t)p < best) {
                     best = (int64_t)p;
                     *match_len = L;
@@ -378,12 +361,12 @@ static int64_t find_stop(const textbuf *t, const char *const *stop, uint32_t n_s
 }
 
 /* How many bytes at the end of the text could be the beginning of some stop string. */
-static size_t stop_holdback(const textbuf *t, const char *const *stop, uint32_t n_stop) {
+static size_t stop_holdback(const kvt_strbuf *t, const char *const *stop, uint32_t n_stop) {
     size_t hold = 0;
     for (uint32_t i = 0; i < n_stop; i++) {
         size_t L = strlen(stop[i]);
         for (size_t k = KVT_MIN(L - (L > 0), t->n); k > hold; k--) {
-            if (!memcmp(t->s + t->n - k, stop[i], k)) {
+            if (!memcmp(t->p + t->n - k, stop[i], k)) {
                 hold = k;
                 break;
             }
@@ -412,7 +395,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     kvt_status st = KVT_OK;
     kvt_seq *seq = NULL;
     kvt_detok *dt = NULL;
-    textbuf tb = {0};
+    kvt_strbuf tb = {0};
+    size_t emitted = 0; /* bytes of tb already passed to on_token */
     int32_t *gen = malloc(sizeof(int32_t) * (max_new + 1));
     if (!gen) {
         st = KVT_ERR_NOMEM;
@@ -523,7 +507,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         bool stop_hit = false;
         if (req->n_stop) {
             size_t before = tb.n;
-            if (!tb_append(&tb, d, dl)) {
+            kvt_strbuf_add(&tb, d, dl);
+            if (tb.oom) {
                 st = KVT_ERR_NOMEM;
                 break;
             }
@@ -537,9 +522,9 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                 upto = tb.n - stop_holdback(&tb, req->stop, req->n_stop);
             }
             bool keep = true;
-            if (upto > tb.emitted) {
-                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb.s + tb.emitted, upto - tb.emitted);
-                tb.emitted = upto;
+            if (upto > emitted) {
+                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb.p + emitted, upto - emitted);
+                emitted = upto;
             } else if (req->on_token) {
                 keep = req->on_token(req->cb_ctx, id, "", 0);
             }
@@ -578,8 +563,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         const char *f = kvt_detok_flush(dt, &fl);
         if (req->n_stop) {
             if (res->finish != KVT_FINISH_STOP) {
-                tb_append(&tb, f, fl);
-                if (tb.n > tb.emitted) req->on_token(req->cb_ctx, -1, tb.s + tb.emitted, tb.n - tb.emitted);
+                kvt_strbuf_add(&tb, f, fl);
+                if (tb.n > emitted) req->on_token(req->cb_ctx, -1, tb.p + emitted, tb.n - emitted);
             }
         } else if (fl) {
             req->on_token(req->cb_ctx, -1, f, fl);
@@ -607,7 +592,7 @@ put_back:
 done:
     if (seq) kvt_seq_free(seq);
     kvt_detok_free(dt);
-    free(tb.s);
+    kvt_strbuf_free(&tb);
     free(gen);
     pthread_mutex_unlock(&e->gen_mu);
     return st;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "util/strbuf.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Small utilities
@@ -547,45 +548,12 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     return s;
 }
 
-typedef struct strbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} strbuf;
-
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t nc = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-}
-
-static void metric(strbuf *b, const char *name, const char *type, const char *help, double v) {
-    sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %.17g\n", name, help, name, type, name, v);
+static void metric(kvt_strbuf *b, const char *name, const char *type, const char *help, double v) {
+    kvt_strbuf_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\nkvtier_%s %.17g\n", name, help, name, type, name, v);
 }
 
 char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters *c) {
-    strbuf b = {0};
+    kvt_strbuf b = {0};
     metric(&b, "prompt_cache_enabled", "gauge", "1 when the RAM prompt cache is on", st->pc_enabled);
     metric(&b, "prompt_cache_entries", "gauge", "Entries in the RAM prompt cache", (double)st->pc_entries);
     metric(&b, "prompt_cache_blocks", "gauge", "KV blocks held by the RAM prompt cache", (double)st->pc_blocks);
@@ -618,14 +586,17 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "ssd_cache_longest_durable_prefix_tokens", "gauge", "Longest prefix known durable on SSD",
            (double)st->ssd_longest_durable_prefix_tokens);
     /* the KV scheme as an info-style metric; label value escaped per the exposition format */
-    sb_printf(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
-                  "kvtier_kv_scheme_info{scheme=\"");
+    kvt_strbuf_addstr(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
+                          "kvtier_kv_scheme_info{scheme=\"");
     for (const char *p = st->scheme; *p && p < st->scheme + sizeof st->scheme; p++) {
-        if (*p == '\\' || *p == '"') sb_printf(&b, "\\%c", *p);
-        else if (*p == '\n') sb_printf(&b, "\\n");
-        else sb_printf(&b, "%c", *p);
+        if (*p == '\n') {
+            kvt_strbuf_addstr(&b, "\\n");
+            continue;
+        }
+        if (*p == '\\' || *p == '"') kvt_strbuf_addstr(&b, "\\");
+        kvt_strbuf_add(&b, p, 1);
     }
-    sb_printf(&b, "\"} 1\n");
+    kvt_strbuf_addstr(&b, "\"} 1\n");
     metric(&b, "kv_pool_used_bytes", "gauge", "KV block pool bytes in use", (double)st->pool_used_bytes);
     metric(&b, "kv_pool_peak_bytes", "gauge", "KV block pool peak bytes", (double)st->pool_peak_bytes);
     metric(&b, "kv_pool_budget_bytes", "gauge", "KV block pool byte budget", (double)st->pool_budget_bytes);
@@ -645,9 +616,5 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "prompt_tokens_total", "counter", "Prompt tokens processed", (double)st->prompt_tokens);
     metric(&b, "generated_tokens_total", "counter", "Tokens generated", (double)st->generated_tokens);
     metric(&b, "cached_tokens_total", "counter", "Prompt tokens served from a cache tier", (double)st->cached_tokens);
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return kvt_strbuf_take(&b, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "chat.h"
+#include "util/strbuf.h"
 
 struct kvt_chat_template {
     kvt_chat_family family;
@@ -119,38 +120,20 @@ kvt_status kvt_chat_template_create_text(const char *tt, size_t tl, const kvt_to
 void kvt_chat_template_free(kvt_chat_template *c) { free(c); }
 kvt_chat_family kvt_chat_family_of(const kvt_chat_template *c) { return c->family; }
 
-/* ---- string builder ---- */
-typedef struct sb {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sb;
-
-static void sb_add(sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_str(sb *b, const char *s) { sb_add(b, s, strlen(s)); }
-
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-static void sb_trim(sb *b, const char *s, size_t n) {
+/* Length of s[0..n) without its leading and trailing whitespace; *start gets the first kept byte. */
+static size_t trimmed(const char *s, size_t n, const char **start) {
     size_t a = 0;
     while (a < n && is_ws(s[a])) a++;
     while (n > a && is_ws(s[n - 1])) n--;
-    sb_add(b, s + a, n - a);
+    *start = s + a;
+    return n - a;
+}
+/* Appends s[0..n) without its leading and trailing whitespace. */
+static void add_trimmed(kvt_strbuf *b, const char *s, size_t n) {
+    const char *t;
+    size_t len = trimmed(s, n, &t);
+    kvt_strbuf_add(b, t, len);
 }
 
 typedef enum { R_SYSTEM, R_USER, R_ASSISTANT } role_t;
@@ -178,6 +161,13 @@ static kvt_status check_alternation(const kvt_chat_msg *m, size_t n, const char 
     return KVT_OK;
 }
 
+/* Gemma and Llama 2 fold a leading system message into the first user turn: *sys gets it (or NULL)
+ * and the return value is the index of the first turn message. */
+static size_t split_system(const kvt_chat_msg *m, size_t n, const kvt_chat_msg **sys) {
+    *sys = n && role_of(m[0].role) == R_SYSTEM ? &m[0] : NULL;
+    return *sys ? 1 : 0;
+}
+
 kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
                            bool add_generation_prompt, char **out, size_t *out_len, char *err, size_t errlen) {
     *out = NULL;
@@ -189,106 +179,90 @@ kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs,
         if (!msgs[i].content && msgs[i].content_len)
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: message %zu has no content", i);
     }
-    sb b = {0};
-    sb_add(&b, "", 0);
+    if (c->family == KVT_CHAT_GEMMA || c->family == KVT_CHAT_MISTRAL) {
+        kvt_status st = check_alternation(msgs, n_msgs, c->family == KVT_CHAT_GEMMA ? "gemma" : "mistral/llama2",
+                                          err, errlen);
+        if (st != KVT_OK) return st;
+    }
+    kvt_strbuf b = {0};
     switch (c->family) {
     case KVT_CHAT_CHATML:
         if (c->qwen_default_system && (n_msgs == 0 || role_of(msgs[0].role) != R_SYSTEM))
-            sb_str(&b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-                       "assistant.<|im_end|>\n");
+            kvt_strbuf_addstr(&b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                                  "assistant.<|im_end|>\n");
         for (size_t i = 0; i < n_msgs; i++) {
-            sb_str(&b, "<|im_start|>");
-            sb_str(&b, msgs[i].role);
-            sb_str(&b, "\n");
-            sb_add(&b, msgs[i].content, msgs[i].content_len);
-            sb_str(&b, "<|im_end|>\n");
+            kvt_strbuf_addstr(&b, "<|im_start|>");
+            kvt_strbuf_addstr(&b, msgs[i].role);
+            kvt_strbuf_addstr(&b, "\n");
+            kvt_strbuf_add(&b, msgs[i].content, msgs[i].content_len);
+            kvt_strbuf_addstr(&b, "<|im_end|>\n");
         }
-        if (add_generation_prompt) sb_str(&b, "<|im_start|>assistant\n");
+        if (add_generation_prompt) kvt_strbuf_addstr(&b, "<|im_start|>assistant\n");
         break;
     case KVT_CHAT_LLAMA3: {
-        sb_str(&b, c->bos_text);
+        kvt_strbuf_addstr(&b, c->bos_text);
         size_t i = 0;
         if (c->llama3_date) { /* 3.1 / 3.2: the system block with the date lines is always there */
-            sb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-                       "Today Date: 26 Jul 2024\n\n");
+            kvt_strbuf_addstr(&b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                                  "Today Date: 26 Jul 2024\n\n");
             if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
-                sb_trim(&b, msgs[0].content, msgs[0].content_len);
+                add_trimmed(&b, msgs[0].content, msgs[0].content_len);
                 i = 1;
             }
-            sb_str(&b, "<|eot_id|>");
+            kvt_strbuf_addstr(&b, "<|eot_id|>");
         }
         for (; i < n_msgs; i++) {
-            sb_str(&b, "<|start_header_id|>");
-            sb_str(&b, msgs[i].role);
-            sb_str(&b, "<|end_header_id|>\n\n");
-            sb_trim(&b, msgs[i].content, msgs[i].content_len);
-            sb_str(&b, "<|eot_id|>");
+            kvt_strbuf_addstr(&b, "<|start_header_id|>");
+            kvt_strbuf_addstr(&b, msgs[i].role);
+            kvt_strbuf_addstr(&b, "<|end_header_id|>\n\n");
+            add_trimmed(&b, msgs[i].content, msgs[i].content_len);
+            kvt_strbuf_addstr(&b, "<|eot_id|>");
         }
-        if (add_generation_prompt) sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation_prompt) kvt_strbuf_addstr(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     }
     case KVT_CHAT_GEMMA: {
-        kvt_status st = check_alternation(msgs, n_msgs, "gemma", err, errlen);
-        if (st != KVT_OK) {
-            free(b.p);
-            return st;
-        }
-        sb_str(&b, c->bos_text);
-        size_t i = 0;
-        const kvt_chat_msg *sys = NULL;
-        if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
-            sys = &msgs[0];
-            i = 1;
-        }
+        kvt_strbuf_addstr(&b, c->bos_text);
+        const kvt_chat_msg *sys;
+        size_t i = split_system(msgs, n_msgs, &sys);
         for (; i < n_msgs; i++) {
             bool user = role_of(msgs[i].role) == R_USER;
-            sb_str(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+            kvt_strbuf_addstr(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
             if (user && sys) {
-                sb b2 = {0};
-                sb_trim(&b2, sys->content, sys->content_len);
-                if (b2.n) {
-                    sb_add(&b, b2.p, b2.n);
-                    sb_str(&b, "\n\n");
+                const char *t;
+                size_t tl = trimmed(sys->content, sys->content_len, &t);
+                if (tl) {
+                    kvt_strbuf_add(&b, t, tl);
+                    kvt_strbuf_addstr(&b, "\n\n");
                 }
-                if (b2.oom) b.oom = true;
-                free(b2.p);
                 sys = NULL;
             }
-            sb_trim(&b, msgs[i].content, msgs[i].content_len);
-            sb_str(&b, "<end_of_turn>\n");
+            add_trimmed(&b, msgs[i].content, msgs[i].content_len);
+            kvt_strbuf_addstr(&b, "<end_of_turn>\n");
         }
-        if (add_generation_prompt) sb_str(&b, "<start_of_turn>model\n");
+        if (add_generation_prompt) kvt_strbuf_addstr(&b, "<start_of_turn>model\n");
         break;
     }
     case KVT_CHAT_MISTRAL: {
         /* Llama 2 format: <s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A</s><s>[INST] U2 [/INST] */
-        kvt_status st = check_alternation(msgs, n_msgs, "mistral/llama2", err, errlen);
-        if (st != KVT_OK) {
-            free(b.p);
-            return st;
-        }
-        size_t i = 0;
-        const kvt_chat_msg *sys = NULL;
-        if (n_msgs && role_of(msgs[0].role) == R_SYSTEM) {
-            sys = &msgs[0];
-            i = 1;
-        }
+        const kvt_chat_msg *sys;
+        size_t i = split_system(msgs, n_msgs, &sys);
         for (; i < n_msgs; i++) {
             if (role_of(msgs[i].role) == R_USER) {
-                sb_str(&b, c->bos_text);
-                sb_str(&b, "[INST] ");
+                kvt_strbuf_addstr(&b, c->bos_text);
+                kvt_strbuf_addstr(&b, "[INST] ");
                 if (sys) {
-                    sb_str(&b, "<<SYS>>\n");
-                    sb_trim(&b, sys->content, sys->content_len);
-                    sb_str(&b, "\n<</SYS>>\n\n");
+                    kvt_strbuf_addstr(&b, "<<SYS>>\n");
+                    add_trimmed(&b, sys->content, sys->content_len);
+                    kvt_strbuf_addstr(&b, "\n<</SYS>>\n\n");
                     sys = NULL;
                 }
-                sb_trim(&b, msgs[i].content, msgs[i].content_len);
-                sb_str(&b, " [/INST]");
+                add_trimmed(&b, msgs[i].content, msgs[i].content_len);
+                kvt_strbuf_addstr(&b, " [/INST]");
             } else {
-                sb_str(&b, " ");
-                sb_trim(&b, msgs[i].content, msgs[i].content_len);
-                sb_str(&b, c->eos_text);
+                kvt_strbuf_addstr(&b, " ");
+                add_trimmed(&b, msgs[i].content, msgs[i].content_len);
+                kvt_strbuf_addstr(&b, c->eos_text);
             }
         }
         /* the generation prompt is implicit: the text already ends with " [/INST]" */
@@ -296,21 +270,19 @@ kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs,
     }
     case KVT_CHAT_PHI3:
         for (size_t i = 0; i < n_msgs; i++) {
-            sb_str(&b, "<|");
-            sb_str(&b, msgs[i].role);
-            sb_str(&b, "|>\n");
-            sb_add(&b, msgs[i].content, msgs[i].content_len);
-            sb_str(&b, "<|end|>\n");
+            kvt_strbuf_addstr(&b, "<|");
+            kvt_strbuf_addstr(&b, msgs[i].role);
+            kvt_strbuf_addstr(&b, "|>\n");
+            kvt_strbuf_add(&b, msgs[i].content, msgs[i].content_len);
+            kvt_strbuf_addstr(&b, "<|end|>\n");
         }
-        if (add_generation_prompt) sb_str(&b, "<|assistant|>\n");
+        if (add_generation_prompt) kvt_strbuf_addstr(&b, "<|assistant|>\n");
         break;
     }
-    if (b.oom) {
-        free(b.p);
-        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
-    }
-    *out = b.p;
-    if (out_len) *out_len = b.n;
+    size_t len;
+    *out = kvt_strbuf_take(&b, &len);
+    if (!*out) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    if (out_len) *out_len = len;
     return KVT_OK;
 }
 

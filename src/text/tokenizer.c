@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "tok_internal.h"
+#include "util/strbuf.h"
 
 /* ------------------------------------------------------------------ id vector */
 
@@ -586,32 +587,8 @@ int32_t kvt_token_to_bytes(const kvt_tokenizer *t, int32_t id, bool render_speci
     return (int32_t)n;
 }
 
-typedef struct bytebuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} bytebuf;
-
-static void bb_append(bytebuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
 /* Appends token id's bytes, applying the leading-space strip for the first token. */
-static void append_token(const kvt_tokenizer *t, bytebuf *b, int32_t id, bool render_special, bool first) {
+static void append_token(const kvt_tokenizer *t, kvt_strbuf *b, int32_t id, bool render_special, bool first) {
     char small[256];
     int32_t n = kvt_token_to_bytes(t, id, render_special, small, sizeof small);
     char *src = small;
@@ -630,25 +607,22 @@ static void append_token(const kvt_tokenizer *t, bytebuf *b, int32_t id, bool re
         src++;
         n--;
     }
-    bb_append(b, src, (size_t)n);
+    kvt_strbuf_add(b, src, (size_t)n);
     free(heap);
 }
 
 char *kvt_detokenize(const kvt_tokenizer *t, const int32_t *ids, int64_t n, bool render_special, size_t *out_len) {
-    bytebuf b = {0};
-    bb_append(&b, "", 0);
+    kvt_strbuf b = {0};
     bool first = true;
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || (uint32_t)ids[i] >= t->n_vocab) continue; /* untrusted ids: skipped */
         append_token(t, &b, ids[i], render_special, first);
         first = false;
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    if (out_len) *out_len = b.n;
-    return b.p;
+    size_t len;
+    char *text = kvt_strbuf_take(&b, &len);
+    if (text && out_len) *out_len = len;
+    return text;
 }
 
 /* ------------------------------------------------------------------ streaming detok */
@@ -657,7 +631,7 @@ struct kvt_detok {
     const kvt_tokenizer *t;
     bool render_special;
     bool first;
-    bytebuf pending; /* bytes not yet emitted (an incomplete code point at most) */
+    kvt_strbuf pending; /* bytes not yet emitted (an incomplete code point at most) */
     char *out;       /* last returned text */
 };
 
@@ -672,7 +646,7 @@ kvt_detok *kvt_detok_create(const kvt_tokenizer *t, bool render_special) {
 
 void kvt_detok_free(kvt_detok *d) {
     if (!d) return;
-    free(d->pending.p);
+    kvt_strbuf_free(&d->pending);
     free(d->out);
     free(d);
 }

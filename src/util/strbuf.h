@@ -11,7 +11,8 @@
  * Errors: an allocation failure (or a size overflow, or a printf encoding error) sets the sticky
  * `oom` flag; every later append is then a no-op, and the contents stay the valid,
  * NUL-terminated prefix appended before the failure. Check `oom` once at the end instead of
- * after every append. Callers may read `p`/`n` directly and may shorten the contents in place
+ * after every append; a caller that wants that truncated prefix anyway may clear `oom` before
+ * kvt_strbuf_take. Callers may read `p`/`n` directly and may shorten the contents in place
  * (keeping p[n] == 0). Not thread-safe: one buffer, one thread at a time.
  */
 #ifndef KVT_STRBUF_H
