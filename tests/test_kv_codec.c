@@ -308,12 +308,64 @@ static void test_rows_vs_scalar(void **st) {
     assert_true(fabsf(a - b) < 1e-3f);
 }
 
+/* dot/axpy/exp numerics v2: every SIMD level (AVX-512, AVX2+FMA, scalar) and the 4-query kernels give
+ * the bits of the scalar definitions; exp is accurate and maps -inf to 0 and NaN to NaN. Runs last:
+ * it lowers the process-wide SIMD level. */
+static void test_fma_levels(void **st) {
+    (void)st;
+    uint64_t rng = 99;
+    enum { N = 128, R = 37 };
+    static float q[4][N], k[R * N], w[4][R], ref_s[4][R], y0[4][N], y1[4][N], e0[R + 20], e1[R + 20];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
+    for (int j = 0; j < 4; j++)
+        for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
+    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
+        kvt_kv_force_simd_level(level);
+        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
+            for (int j = 0; j < 4; j++)
+                for (int r = 0; r < R; r++) {
+                    float d = kvt_kv_dot(q[j], k + r * N, n), s = kvt_kv_dot_scalar(q[j], k + r * N, n);
+                    assert_memory_equal(&d, &s, 4);
+                }
+            const float *qq[4] = {q[0], q[1], q[2], q[3]};
+            float out[4][R], *oo[4] = {out[0], out[1], out[2], out[3]};
+            kvt_kv_dot_q4(qq, k, N, R, n, 0.125f, oo);
+            for (int j = 0; j < 4; j++) {
+                kvt_kv_dot_rows_scalar(q[j], k, N, R, n, 0.125f, ref_s[j]);
+                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
+                kvt_kv_dot_rows(q[j], k, N, R, n, 0.125f, out[j]);
+                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
+            }
+            memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
+            float *yy[4] = {y1[0], y1[1], y1[2], y1[3]};
+            const float *ww[4] = {w[0], w[1], w[2], w[3]};
+            kvt_kv_axpy_q4(yy, ww, k, N, R, n);
+            for (int j = 0; j < 4; j++) {
+                kvt_kv_axpy_rows_scalar(y0[j], w[j], k, N, R, n);
+                assert_memory_equal(y0[j], y1[j], sizeof(float) * n);
+            }
+        }
+        for (int n = 0; n < R + 20; n++) e0[n] = e1[n] = (float)(n % 11) * -3.7f + (n == 5 ? -INFINITY : 0.0f);
+        float s0 = kvt_kv_exp_sum_scalar(e0, R + 20, 0.5f), s1 = kvt_kv_exp_sum(e1, R + 20, 0.5f);
+        assert_memory_equal(&s0, &s1, 4);
+        assert_memory_equal(e0, e1, sizeof e0);
+        assert_true(e0[5] == 0.0f);
+    }
+    for (float x = -87.0f; x <= 0.0f; x += 0.37f) {
+        double ref = exp((double)x), got = kvt_kv_exp(x);
+        assert_true(fabs(got - ref) <= 4e-7 * ref);
+    }
+    assert_true(kvt_kv_exp(-INFINITY) == 0.0f && kvt_kv_exp(0.0f) == 1.0f && isnan(kvt_kv_exp(NAN)));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
-        cmocka_unit_test(test_rows_vs_scalar),
+        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

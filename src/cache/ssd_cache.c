@@ -12,6 +12,7 @@
  */
 #include "ssd_cache.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -481,30 +482,66 @@ static kvt_status header_decode(uint8_t *buf, uint64_t hsize, uint64_t file_size
     return KVT_OK;
 }
 
-/* Reads and decodes the header of an open file. *bufp receives the malloc'd header buffer. */
-static kvt_status header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, size_t errlen) {
+/* Reads up to len bytes at off; stops early only at end of file. Returns bytes read or -1 (errno). */
+static int64_t read_upto(int fd, uint8_t *dst, uint64_t len, uint64_t off) {
+    uint64_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, dst + got, len - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (uint64_t)r;
+    }
+    return (int64_t)got;
+}
+
+/* Reads and decodes the header of an open file. *bufp receives the header buffer (page-aligned,
+ * release with free). direct: fd was opened with O_DIRECT, so reads are whole pages (files are padded
+ * to a page multiple; a truncated file just reads short). errno_out (may be NULL) receives the errno
+ * of a failed read, so a caller can fall back from O_DIRECT on EINVAL. */
+static kvt_status header_read_any(int fd, bool direct, uint8_t **bufp, hdr_out *h, int *errno_out, char *err,
+                                  size_t errlen) {
     *bufp = NULL;
+    if (errno_out) *errno_out = 0;
     struct stat st;
     if (fstat(fd, &st) != 0) return kvt_errf(err, errlen, KVT_ERR_IO, "stat: %s", strerror(errno));
     uint64_t fsz = (uint64_t)st.st_size;
     if (fsz < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "file too short (%llu bytes)", (unsigned long long)fsz);
-    uint8_t fixed[SSD_FIXED_HDR];
-    ssize_t r = pread(fd, fixed, SSD_FIXED_HDR, 0);
-    if (r != (ssize_t)SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_IO, "short header read");
-    if (memcmp(fixed, SSD_MAGIC, 8) != 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "not a kvtier cache file (bad magic)");
-    uint32_t hsize = get_u32(fixed + 12);
-    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > fsz)
+    uint8_t *buf = NULL;
+    if (posix_memalign((void **)&buf, SSD_PAGE, SSD_PAGE) != 0) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    int64_t r = read_upto(fd, buf, direct ? SSD_PAGE : SSD_FIXED_HDR, 0);
+    if (r < (int64_t)SSD_FIXED_HDR) {
+        if (r < 0 && errno_out) *errno_out = errno;
+        free(buf);
+        return kvt_errf(err, errlen, KVT_ERR_IO, "short header read");
+    }
+    uint64_t got = (uint64_t)r;
+    if (memcmp(buf, SSD_MAGIC, 8) != 0) {
+        free(buf);
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "not a kvtier cache file (bad magic)");
+    }
+    uint32_t hsize = get_u32(buf + 12);
+    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > fsz) {
+        free(buf);
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "header length out of range (truncated or corrupt)");
-    uint8_t *buf = malloc(hsize);
-    if (!buf) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
-    uint64_t got = 0;
-    while (got < hsize) {
-        r = pread(fd, buf + got, hsize - got, (off_t)got);
-        if (r <= 0) {
+    }
+    if (hsize > got) {
+        uint64_t cap = align_up(hsize, SSD_PAGE);
+        uint8_t *nb = NULL;
+        if (posix_memalign((void **)&nb, SSD_PAGE, cap) != 0) {
+            free(buf);
+            return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+        }
+        memcpy(nb, buf, got);
+        free(buf);
+        buf = nb;
+        uint64_t want = direct ? cap - got : hsize - got; /* got is a page multiple when direct */
+        r = read_upto(fd, buf + got, want, got);
+        if (r < 0 || got + (uint64_t)r < hsize) {
+            if (r < 0 && errno_out) *errno_out = errno;
             free(buf);
             return kvt_errf(err, errlen, KVT_ERR_IO, "header read failed");
         }
-        got += (uint64_t)r;
     }
     kvt_status st2 = header_decode(buf, hsize, fsz, h, err, errlen);
     if (st2 != KVT_OK) {
@@ -513,6 +550,10 @@ static kvt_status header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, 
     }
     *bufp = buf;
     return KVT_OK;
+}
+
+static kvt_status header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, size_t errlen) {
+    return header_read_any(fd, false, bufp, h, NULL, err, errlen);
 }
 
 static kvt_status read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off) {
@@ -570,6 +611,89 @@ kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd
     return st;
 }
 
+/* ------------------------------------------------------------------ compact tails */
+/* A tail of m tokens stores, for each layer of its group (increasing), K then V, for each KV head
+ * (increasing), only the m rows of that head: m*row_bytes bytes that live at
+ * kvt_kv_layout_row_offset(layer, index, kv, 0, head) in the block. Chunks are visited in increasing
+ * block offset order. fn(ctx, block_offset, compact_offset, len) per chunk; returns the total. */
+typedef void (*tail_chunk_fn)(void *ctx, uint64_t block_off, uint64_t compact_off, uint64_t len);
+static uint64_t tail_walk(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint32_t m, tail_chunk_fn fn, void *ctx) {
+    uint64_t c = 0;
+    for (uint32_t li = 0; li < kvt_kv_layout_group_n_layers(l, g); li++) {
+        uint32_t layer = kvt_kv_layout_group_layer(l, g, li);
+        uint32_t nh = kvt_kv_layout_layer(l, layer)->n_kv_heads;
+        for (int kv = 0; kv < 2; kv++) {
+            uint64_t len = (uint64_t)m * kvt_kv_layout_row_bytes(l, layer, bi, kv);
+            for (uint32_t h = 0; h < nh; h++) {
+                if (fn) fn(ctx, kvt_kv_layout_row_offset(l, layer, bi, kv, 0, h), c, len);
+                c += len;
+            }
+        }
+    }
+    return c;
+}
+static uint64_t tail_bytes(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint32_t m) {
+    return tail_walk(l, g, bi, m, NULL, NULL);
+}
+
+typedef struct tail_ctx {
+    uint8_t *block;
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t cursor;
+} tail_ctx;
+static void tail_pack_chunk(void *ctx, uint64_t bo, uint64_t co, uint64_t len) {
+    tail_ctx *t = ctx;
+    memcpy(t->dst + co, t->src + bo, len);
+}
+static void tail_zero_gap(void *ctx, uint64_t bo, uint64_t co, uint64_t len) {
+    tail_ctx *t = ctx;
+    (void)co;
+    if (bo > t->cursor) memset(t->block + t->cursor, 0, bo - t->cursor);
+    t->cursor = bo + len;
+}
+typedef struct tail_move_ctx {
+    uint8_t *block;
+    uint64_t *chunks; /* 3 entries per chunk: block offset, compact offset, length */
+    uint64_t n;
+} tail_move_ctx;
+static void tail_collect(void *ctx, uint64_t bo, uint64_t co, uint64_t len) {
+    tail_move_ctx *t = ctx;
+    t->chunks[3 * t->n] = bo;
+    t->chunks[3 * t->n + 1] = co;
+    t->chunks[3 * t->n + 2] = len;
+    t->n++;
+}
+
+/* Packs the m-token tail of a block into out (tail_bytes long). */
+static void tail_pack(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint32_t m, const uint8_t *block, uint8_t *out) {
+    tail_ctx t = {.src = block, .dst = out};
+    tail_walk(l, g, bi, m, tail_pack_chunk, &t);
+}
+
+/* Expands a compact tail held at block[0, tail_bytes) in place into the block layout (rows >= m and
+ * padding zeroed). In place works back to front: every chunk moves to a higher (or equal) offset,
+ * and the source of an earlier chunk ends at or before the destination of a later one. */
+static bool tail_unpack_inplace(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint32_t m, uint8_t *block,
+                                uint64_t block_bytes) {
+    uint64_t n = 0;
+    for (uint32_t li = 0; li < kvt_kv_layout_group_n_layers(l, g); li++)
+        n += 2ull * kvt_kv_layout_layer(l, kvt_kv_layout_group_layer(l, g, li))->n_kv_heads;
+    tail_move_ctx t = {.block = block, .chunks = malloc((size_t)(n ? n : 1) * 3 * sizeof(uint64_t))};
+    if (!t.chunks) return false;
+    tail_walk(l, g, bi, m, tail_collect, &t);
+    for (uint64_t i = t.n; i-- > 0;) {
+        uint64_t bo = t.chunks[3 * i], co = t.chunks[3 * i + 1], len = t.chunks[3 * i + 2];
+        assert(bo >= co && bo + len <= block_bytes);
+        if (bo != co) memmove(block + bo, block + co, len);
+    }
+    free(t.chunks);
+    tail_ctx z = {.block = block};
+    tail_walk(l, g, bi, m, tail_zero_gap, &z);
+    if (block_bytes > z.cursor) memset(block + z.cursor, 0, block_bytes - z.cursor);
+    return true;
+}
+
 /* Checks a decoded header against this tier's key and layout (and against the name it came from). */
 static kvt_status header_matches(const kvt_ssd *s, const hdr_out *h, uint64_t chain, uint32_t group,
                                  uint32_t kind, char *err, size_t errlen) {
@@ -603,8 +727,9 @@ static kvt_status header_matches(const kvt_ssd *s, const hdr_out *h, uint64_t ch
             if (hdr_section_at(h, i).length != exp[i].state_bytes)
                 return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot section size");
     } else {
-        if (I->n_sections != 1 ||
-            hdr_section_at(h, 0).length != kvt_kv_layout_block_bytes(s->layout, group, bi))
+        uint64_t want = kind == KVT_SSD_KIND_TAIL ? tail_bytes(s->layout, group, bi, I->n_tokens)
+                                                  : kvt_kv_layout_block_bytes(s->layout, group, bi);
+        if (I->n_sections != 1 || hdr_section_at(h, 0).length != want)
             return kvt_errf(err, errlen, KVT_ERR_FORMAT, "block payload size mismatch");
     }
     return KVT_OK;
@@ -781,6 +906,7 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     hdr_layer layers[KVT_MAX_LAYERS];
     hdr_section secs[KVT_MAX_LAYERS];
     const uint8_t *payload[KVT_MAX_LAYERS];
+    uint8_t *packed = NULL; /* compact tail payload */
     h.compat = s->compat;
     h.block_tokens = s->bt;
     if (it->b) {
@@ -796,8 +922,16 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
         h.n_ids = h.n_tokens;
         h.n_layers = expected_layers(s->layout, h.group, h.block_index, layers);
         h.n_sections = 1;
-        secs[0].length = kvt_block_data_bytes(b);
-        payload[0] = kvt_block_data(b);
+        if (h.kind == KVT_SSD_KIND_TAIL) { /* compact: only the n_tokens rows of every head */
+            secs[0].length = tail_bytes(s->layout, h.group, h.block_index, h.n_tokens);
+            packed = malloc(secs[0].length ? secs[0].length : 1);
+            if (!packed) return KVT_ERR_NOMEM;
+            tail_pack(s->layout, h.group, h.block_index, h.n_tokens, kvt_block_data(b), packed);
+            payload[0] = packed;
+        } else {
+            secs[0].length = kvt_block_data_bytes(b);
+            payload[0] = kvt_block_data(b);
+        }
     } else {
         kvt_snapshot *sn = it->s;
         h.kind = KVT_SSD_KIND_SNAPSHOT;
@@ -828,11 +962,15 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     }
     uint64_t fsize = cur;
     if (s->o.max_bytes && fsize > s->o.max_bytes) {
+        free(packed);
         errno = EFBIG;
         return KVT_ERR_RANGE;
     }
     uint8_t *hbuf = malloc(hsize);
-    if (!hbuf) return KVT_ERR_NOMEM;
+    if (!hbuf) {
+        free(packed);
+        return KVT_ERR_NOMEM;
+    }
     header_encode(&h, hbuf, hsize);
 
     char name[64], path[PATH_MAX], tmp[PATH_MAX + 8];
@@ -863,6 +1001,7 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
         }
     }
     free(hbuf);
+    free(packed);
     if (st != KVT_OK) return st;
 
     ssd_entry *e = calloc(1, sizeof(*e));
@@ -1677,49 +1816,231 @@ static void drop_bad(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind, 
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Loads one block file into a fresh pool block. Returns KVT_OK, a pool error (caller aborts), or
- * an I/O/format error (caller drops the file and retries). */
-/* toks: the file's full token list (pi->n_tokens); use: how many of them the sequence keeps (a
- * block used partially is sealed as a shorter tail over the same payload, so no trim is needed). */
-static kvt_status load_block(kvt_ssd *s, uint32_t g, uint32_t i, const plan_idx *pi, const int32_t *toks,
-                             uint32_t use, kvt_block **out, char *err, size_t errlen) {
-    *out = NULL;
-    char path[PATH_MAX];
-    int fd;
-    uint8_t *buf;
+/* ---- streamed block restore: a reader thread loads block k+1 while the caller verifies block k.
+ *
+ * A job is one (index j, group g) file. The reader opens it (O_DIRECT when the filesystem allows,
+ * else buffered with POSIX_FADV_SEQUENTIAL), reads and checks the header against the plan, allocates
+ * the pool block and reads the whole payload straight into block memory with one large request
+ * (a compact tail lands at the start of the block; a final partial page goes through a one-page
+ * bounce buffer). The caller verifies the XXH3 of the payload in block memory (once), expands a
+ * compact tail in place, seals and appends. The reader starts job k+1 only after the caller took job
+ * k, so at most one block beyond those being restored is in memory. */
+typedef struct rjob {
+    uint32_t j, g, use;   /* index, group, tokens the sequence keeps from this file */
+    const int32_t *toks;  /* the file's expected token ids (plan idx n_tokens of them) */
+} rjob;
+
+typedef struct rload {
+    kvt_status st;
+    char err[200];
+    kvt_block *b;
+    uint64_t len, hash;   /* payload section length and checksum (from the checked header) */
+} rload;
+
+typedef struct rpipe {
+    kvt_ssd *s;
+    const plan *pl;
+    const rjob *jobs;
+    uint32_t n_jobs;
+    uint8_t *bounce;      /* one page, for the last partial page of an O_DIRECT read */
+    pthread_t th;
+    bool threaded;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool full, stop, done;
+    rload slot;
+} rpipe;
+
+/* Reads len payload bytes at file offset off into dst. direct: fd has O_DIRECT, dst is page-aligned
+ * and off is a page multiple (the format guarantees it); the file is padded to a page multiple. */
+static kvt_status read_payload(kvt_ssd *s, int fd, bool direct, uint8_t *dst, uint64_t len, uint64_t off,
+                               uint8_t *bounce) {
+    if (atomic_load(&s->fault) == KVT_SSD_FAULT_EIO_READ) {
+        errno = EIO;
+        return KVT_ERR_IO;
+    }
+    if (!direct) return read_full(fd, dst, len, off);
+    uint64_t whole = len / SSD_PAGE * SSD_PAGE;
+    if (whole && read_upto(fd, dst, whole, off) != (int64_t)whole) return KVT_ERR_IO;
+    if (len > whole) {
+        if (read_upto(fd, bounce, SSD_PAGE, off + whole) < (int64_t)(len - whole)) return KVT_ERR_IO;
+        memcpy(dst + whole, bounce, len - whole);
+    }
+    return KVT_OK;
+}
+
+/* Opens a file for restore: O_DIRECT when possible, else buffered + sequential readahead. */
+static int open_restore(const char *path, bool *direct) {
+    int fd = -1;
+#ifdef O_DIRECT
+    fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+#endif
+    *direct = fd >= 0;
+    if (fd < 0) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    return fd;
+}
+
+/* Loads job k: everything but the payload checksum, tail expansion and seal. */
+static void load_job(rpipe *P, uint32_t k, rload *L) {
+    kvt_ssd *s = P->s;
+    const rjob *jb = &P->jobs[k];
+    const plan_idx *pi = &P->pl->idx[jb->j];
+    memset(L, 0, sizeof(*L));
+    char name[64], path[PATH_MAX];
+    entry_name(name, sizeof(name), pi->chain, jb->g, pi->kind);
+    snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+    bool direct;
+    int fd = open_restore(path, &direct);
+    if (fd < 0) {
+        L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
+        return;
+    }
+    uint8_t *buf = NULL;
     hdr_out h;
-    kvt_status st = open_checked(s, pi->chain, g, pi->kind, path, sizeof(path), &fd, &buf, &h, err, errlen);
-    if (st != KVT_OK) return st;
-    if (h.info.block_index != i || h.info.parent != pi->parent || h.info.n_tokens != pi->n_tokens) {
-        st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "header position mismatch");
-    } else {
-        for (uint32_t t = 0; t < pi->n_tokens; t++)
-            if (hdr_id_at(&h, t) != toks[t]) {
-                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "token mismatch");
-                break;
-            }
+    int rerr = 0;
+    kvt_status st = header_read_any(fd, direct, &buf, &h, &rerr, L->err, sizeof(L->err));
+    if (st == KVT_ERR_IO && direct && rerr == EINVAL) { /* O_DIRECT accepted at open, refused at read */
+        close(fd);
+        direct = false;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
+            return;
+        }
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        L->err[0] = 0;
+        st = header_read_any(fd, false, &buf, &h, NULL, L->err, sizeof(L->err));
     }
-    kvt_block *b = NULL;
+    if (st == KVT_OK) st = header_matches(s, &h, pi->chain, jb->g, pi->kind, L->err, sizeof(L->err));
+    if (st == KVT_OK && (h.info.block_index != jb->j || h.info.parent != pi->parent || h.info.n_tokens != pi->n_tokens))
+        st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "header position mismatch");
+    for (uint32_t t = 0; st == KVT_OK && t < pi->n_tokens; t++)
+        if (hdr_id_at(&h, t) != jb->toks[t]) st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "token mismatch");
     if (st == KVT_OK) {
-        kvt_status ast = kvt_block_alloc(s->pool, g, i, &b);
+        hdr_section sc = hdr_section_at(&h, 0);
+        L->len = sc.length;
+        L->hash = sc.hash;
+        kvt_status ast = kvt_block_alloc(s->pool, jb->g, jb->j, &L->b);
         if (ast != KVT_OK) {
-            close(fd);
-            free(buf);
-            return ast == KVT_ERR_POOL_EXHAUSTED ? ast : KVT_ERR_NOMEM;
-        }
-        st = read_section(s, fd, path, &h, 0, kvt_block_data_mut(b), kvt_block_data_bytes(b));
-        if (st != KVT_OK) kvt_errf(err, errlen, st, "payload %s", st == KVT_ERR_CORRUPT ? "checksum mismatch" : "read failed");
-        if (st == KVT_OK)
-            st = kvt_block_seal(b, pi->parent, toks, use, use == pi->n_tokens ? pi->chain : 0);
-        if (st != KVT_OK) {
-            if (!err[0]) kvt_errf(err, errlen, st, "seal failed");
-            kvt_block_release(b);
-            b = NULL;
+            st = ast == KVT_ERR_POOL_EXHAUSTED ? ast : KVT_ERR_NOMEM;
+        } else if (sc.length > kvt_block_data_bytes(L->b)) { /* header_matches makes this impossible */
+            st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "payload larger than the block");
+        } else {
+            uint8_t *dst = kvt_block_data_mut(L->b);
+            if (direct && (uintptr_t)dst % SSD_PAGE != 0) { /* small block: not page-aligned */
+                close(fd);
+                direct = false;
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+            }
+            st = fd < 0 ? KVT_ERR_IO : read_payload(s, fd, direct, dst, sc.length, sc.offset, P->bounce);
+            if (st != KVT_OK) kvt_errf(L->err, sizeof(L->err), st, "payload read failed");
         }
     }
-    close(fd);
+    if (fd >= 0) close(fd);
     free(buf);
-    *out = b;
+    if (st != KVT_OK && L->b) {
+        kvt_block_release(L->b);
+        L->b = NULL;
+    }
+    L->st = st;
+}
+
+static void *reader_main(void *arg) {
+    rpipe *P = arg;
+    for (uint32_t k = 0; k < P->n_jobs; k++) {
+        pthread_mutex_lock(&P->mu);
+        while (P->full && !P->stop) pthread_cond_wait(&P->cv, &P->mu); /* caller took job k-1 */
+        bool stop = P->stop;
+        pthread_mutex_unlock(&P->mu);
+        if (stop) break;
+        rload L;
+        load_job(P, k, &L);
+        pthread_mutex_lock(&P->mu);
+        if (P->stop) {
+            pthread_mutex_unlock(&P->mu);
+            if (L.b) kvt_block_release(L.b);
+            break;
+        }
+        P->slot = L;
+        P->full = true;
+        pthread_cond_broadcast(&P->cv);
+        pthread_mutex_unlock(&P->mu);
+        if (L.st != KVT_OK) break;
+    }
+    pthread_mutex_lock(&P->mu);
+    P->done = true;
+    pthread_cond_broadcast(&P->cv);
+    pthread_mutex_unlock(&P->mu);
+    return NULL;
+}
+
+static bool pipe_start(rpipe *P) {
+    if (posix_memalign((void **)&P->bounce, SSD_PAGE, SSD_PAGE) != 0) return false;
+    pthread_mutex_init(&P->mu, NULL);
+    pthread_cond_init(&P->cv, NULL);
+    P->threaded = pthread_create(&P->th, NULL, reader_main, P) == 0; /* else: load inline */
+    return true;
+}
+
+/* Result of job k (in order). */
+static void pipe_take(rpipe *P, uint32_t k, rload *L) {
+    if (!P->threaded) {
+        load_job(P, k, L);
+        return;
+    }
+    pthread_mutex_lock(&P->mu);
+    while (!P->full && !P->done) pthread_cond_wait(&P->cv, &P->mu);
+    if (P->full) {
+        *L = P->slot;
+        P->full = false;
+        pthread_cond_broadcast(&P->cv);
+    } else { /* cannot happen: the reader stops only after handing over an error */
+        memset(L, 0, sizeof(*L));
+        L->st = KVT_ERR_IO;
+    }
+    pthread_mutex_unlock(&P->mu);
+}
+
+static void pipe_stop(rpipe *P) {
+    if (P->threaded) {
+        pthread_mutex_lock(&P->mu);
+        P->stop = true;
+        pthread_cond_broadcast(&P->cv);
+        pthread_mutex_unlock(&P->mu);
+        pthread_join(P->th, NULL);
+        if (P->full && P->slot.b) kvt_block_release(P->slot.b);
+        P->full = false;
+    }
+    pthread_mutex_destroy(&P->mu);
+    pthread_cond_destroy(&P->cv);
+    free(P->bounce);
+    P->bounce = NULL;
+}
+
+/* Caller side of job k: payload checksum (once, over block memory), tail expansion, seal. On
+ * failure releases the block and returns the error (err filled). */
+static kvt_status finish_job(kvt_ssd *s, const plan_idx *pi, const rjob *jb, rload *L) {
+    if (XXH3_64bits(kvt_block_data(L->b), L->len) != L->hash) {
+        snprintf(L->err, sizeof(L->err), "payload checksum mismatch");
+        kvt_block_release(L->b);
+        L->b = NULL;
+        return KVT_ERR_CORRUPT;
+    }
+    kvt_status st = KVT_OK;
+    if (pi->kind == KVT_SSD_KIND_TAIL &&
+        !tail_unpack_inplace(s->layout, jb->g, jb->j, pi->n_tokens, kvt_block_data_mut(L->b), kvt_block_data_bytes(L->b)))
+        st = KVT_ERR_NOMEM;
+    if (st == KVT_OK) {
+        st = kvt_block_seal(L->b, pi->parent, jb->toks, jb->use, jb->use == pi->n_tokens ? pi->chain : 0);
+        if (st != KVT_OK) snprintf(L->err, sizeof(L->err), "seal failed: %s", kvt_status_str(st));
+    }
+    if (st != KVT_OK) {
+        kvt_block_release(L->b);
+        L->b = NULL;
+    }
     return st;
 }
 
@@ -1792,32 +2113,67 @@ kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64
             return st;
         }
         bool retry = false;
-        kvt_block *blocks[KVT_MAX_GROUPS];
-        for (uint32_t j = 0; j < pl.n_idx && st == KVT_OK && !retry; j++) {
-            memset(blocks, 0, sizeof(blocks));
-            for (uint32_t g = 0; g < G && st == KVT_OK && !retry; g++) {
-                if (!pl.need[(size_t)j * G + g]) continue;
-                char err[256] = "";
-                const int32_t *toks = (j == pl.n_idx - 1 && pl.child_tokens) ? pl.child_tokens : prompt + (size_t)j * bt;
-                uint32_t use = KVT_MIN(pl.idx[j].n_tokens, pl.p - j * bt);
-                kvt_status ls = load_block(s, g, j, &pl.idx[j], toks, use, &blocks[g], err, sizeof(err));
-                if (ls == KVT_ERR_POOL_EXHAUSTED || ls == KVT_ERR_NOMEM) {
-                    st = ls;
-                } else if (ls != KVT_OK) {
-                    drop_bad(s, pl.idx[j].chain, g, pl.idx[j].kind, err[0] ? err : kvt_status_str(ls));
-                    retry = true;
-                }
-            }
-            if (st == KVT_OK && !retry) {
-                kvt_status as = kvt_seq_append_blocks(seq, blocks);
-                if (as != KVT_OK) {
-                    KVT_WARN("ssd cache: cannot append restored block %u: %s", j, kvt_status_str(as));
-                    st = as;
-                }
-            }
-            for (uint32_t g = 0; g < G; g++)
-                if (blocks[g]) kvt_block_release(blocks[g]);
+        /* jobs: every needed (index, group) file, in index then group order */
+        uint32_t n_jobs = 0;
+        rjob *jobs = malloc((size_t)pl.n_idx * G * sizeof(*jobs) + sizeof(*jobs));
+        if (!jobs) {
+            kvt_seq_free(seq);
+            plan_free(&pl);
+            return KVT_ERR_NOMEM;
         }
+        for (uint32_t j = 0; j < pl.n_idx; j++)
+            for (uint32_t g = 0; g < G; g++) {
+                if (!pl.need[(size_t)j * G + g]) continue;
+                rjob *jb = &jobs[n_jobs++];
+                jb->j = j;
+                jb->g = g;
+                jb->toks = (j == pl.n_idx - 1 && pl.child_tokens) ? pl.child_tokens : prompt + (size_t)j * bt;
+                jb->use = KVT_MIN(pl.idx[j].n_tokens, pl.p - j * bt);
+            }
+        rpipe P;
+        memset(&P, 0, sizeof(P));
+        P.s = s;
+        P.pl = &pl;
+        P.jobs = jobs;
+        P.n_jobs = n_jobs;
+        if (!pipe_start(&P)) {
+            free(jobs);
+            kvt_seq_free(seq);
+            plan_free(&pl);
+            return KVT_ERR_NOMEM;
+        }
+        kvt_block *blocks[KVT_MAX_GROUPS];
+        memset(blocks, 0, sizeof(blocks));
+        for (uint32_t k = 0; k < n_jobs && st == KVT_OK && !retry; k++) {
+            const rjob *jb = &jobs[k];
+            const plan_idx *pi = &pl.idx[jb->j];
+            rload L;
+            pipe_take(&P, k, &L);
+            kvt_status ls = L.st;
+            if (ls == KVT_OK) ls = finish_job(s, pi, jb, &L);
+            if (ls == KVT_ERR_POOL_EXHAUSTED || ls == KVT_ERR_NOMEM) {
+                st = ls;
+            } else if (ls != KVT_OK) {
+                drop_bad(s, pi->chain, jb->g, pi->kind, L.err[0] ? L.err : kvt_status_str(ls));
+                retry = true;
+            } else {
+                blocks[jb->g] = L.b;
+                if (k + 1 == n_jobs || jobs[k + 1].j != jb->j) {
+                    kvt_status as = kvt_seq_append_blocks(seq, blocks);
+                    if (as != KVT_OK) {
+                        KVT_WARN("ssd cache: cannot append restored block %u: %s", jb->j, kvt_status_str(as));
+                        st = as;
+                    }
+                    for (uint32_t g = 0; g < G; g++)
+                        if (blocks[g]) kvt_block_release(blocks[g]);
+                    memset(blocks, 0, sizeof(blocks));
+                }
+            }
+        }
+        for (uint32_t g = 0; g < G; g++)
+            if (blocks[g]) kvt_block_release(blocks[g]);
+        pipe_stop(&P);
+        free(jobs);
         if (st == KVT_OK && !retry && pl.snap) {
             char err[256] = "";
             kvt_status ss = load_snapshot(s, pl.snap_chain, pl.p, seq, err, sizeof(err));

@@ -27,9 +27,9 @@
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
-#define KVT_NUMERICS_VERSION 1
+#define KVT_NUMERICS_VERSION 2
 /* On-disk format version (docs/cache-format.md). */
-#define KVT_SSD_FORMAT_VERSION 1
+#define KVT_SSD_FORMAT_VERSION 2 /* 2: tails store only their rows (compact) */
 #define KVT_SSD_COMPAT_KEY_MAX 512
 
 typedef struct kvt_ssd kvt_ssd;

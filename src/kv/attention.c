@@ -26,6 +26,7 @@
 
 #define ATT_TILE 16 /* (query, head) pairs sharing one pass over the KV head's rows */
 #define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
+#define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -51,17 +52,12 @@ static float max_scores(const float *sc, uint32_t n) {
     return m;
 }
 
-/* Softmax over sc[lo..hi] in place (ascending order); returns 1/sum, or 0 when nothing is visible. */
+/* Softmax over sc[0..n) in place: e_j = kvt_kv_exp(s_j - m), summed in the 16-lane order of the dot
+ * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. */
 static float softmax_inplace(float *sc, uint32_t n) {
     const float m = max_scores(sc, n);
     if (m == -INFINITY) return 0.0f;
-    float sum = 0.0f;
-    for (uint32_t j = 0; j < n; j++) {
-        float e = expf(sc[j] - m);
-        sc[j] = e;
-        sum += e;
-    }
-    return 1.0f / sum;
+    return 1.0f / kvt_kv_exp_sum(sc, n, m);
 }
 
 static void scale_row(float *o, float inv, uint32_t n) {
@@ -124,6 +120,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     float *tile = scratch; /* ATT_KC decoded rows, row r at tile + r*hd */
     float *sc_base = scratch + (size_t)ATT_KC * pad16(l->max_head_dim);
     kvt_block *const *slots = s->slots[g];
+    float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
     for (uint32_t kvh = h0 / rep; kvh <= (h1 - 1) / rep; kvh++) {
         const uint32_t ha = KVT_MAX(h0, kvh * rep), hb = KVT_MIN(h1, (kvh + 1) * rep), nh = hb - ha;
@@ -169,18 +166,30 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
-                    bool decoded = false;
-                    for (uint32_t j = 0; j < np; j++) {
-                        const uint32_t a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        if (a > e) continue;
-                        if (!decoded) {
-                            for (uint32_t p = p0; p <= p1; p++)
-                                kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_k,
-                                                    tile + (size_t)(p - p0) * hd_k);
-                            decoded = true;
-                        }
+                    uint32_t act[ATT_TILE], na = 0;
+                    for (uint32_t j = 0; j < np; j++)
+                        if (KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
+                    if (na == 0) continue;
+                    for (uint32_t p = p0; p <= p1; p++)
+                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_k, tile + (size_t)(p - p0) * hd_k);
+                    if (na == 1) {
+                        const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
                         kvt_kv_dot_rows(pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
                                         sc_base + j * span + (a - ulo));
+                        continue;
+                    }
+                    /* Groups of four pairs score the whole chunk: scores outside a pair's visible
+                     * range land in its own span and are never read. Short groups repeat a pair
+                     * (same inputs, same bits, same destination). */
+                    for (uint32_t g0 = 0; g0 < na; g0 += 4) {
+                        const float *qq[4];
+                        float *oo[4];
+                        for (uint32_t t = 0; t < 4; t++) {
+                            const uint32_t j = act[g0 + t < na ? g0 + t : g0];
+                            qq[t] = pr[j].q;
+                            oo[t] = sc_base + j * span + (p0 - ulo);
+                        }
+                        kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
                     }
                 }
             }
@@ -202,16 +211,49 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * bt * rb;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
-                    bool decoded = false;
-                    for (uint32_t j = 0; j < np; j++) {
-                        const uint32_t a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        if (pr[j].inv == 0.0f || a > e) continue;
-                        if (!decoded) {
-                            for (uint32_t p = p0; p <= p1; p++)
-                                kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_v,
-                                                    tile + (size_t)(p - p0) * hd_v);
-                            decoded = true;
+                    uint32_t act[ATT_TILE], na = 0;
+                    for (uint32_t j = 0; j < np; j++)
+                        if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
+                    if (na == 0) continue;
+                    for (uint32_t p = p0; p <= p1; p++)
+                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_v, tile + (size_t)(p - p0) * hd_v);
+                    uint32_t g0 = 0;
+                    if (na >= 2 && hd_v <= ATT_DUMMY)
+                        for (; g0 < na; g0 += 4) {
+                            /* common range [A, E] of the group through the 4-output kernel; each
+                             * pair's keys before A go first and after E last, so every output still
+                             * sees its keys in ascending order. Short groups write a dummy row. */
+                            const uint32_t ng = KVT_MIN(4u, na - g0);
+                            uint32_t A = p0, E = p1;
+                            for (uint32_t t = 0; t < ng; t++) {
+                                A = KVT_MAX(A, pr[act[g0 + t]].lo);
+                                E = KVT_MIN(E, pr[act[g0 + t]].hi);
+                            }
+                            for (uint32_t t = 0; t < ng; t++) {
+                                const uint32_t j = act[g0 + t], a = KVT_MAX(p0, pr[j].lo);
+                                const uint32_t e = A > E ? KVT_MIN(p1, pr[j].hi) : A - 1;
+                                if (a <= e)
+                                    kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (a - ulo),
+                                                     tile + (size_t)(a - p0) * hd_v, hd_v, e - a + 1, hd_v);
+                            }
+                            if (A > E) continue;
+                            float *yy[4];
+                            const float *ww[4];
+                            for (uint32_t t = 0; t < 4; t++) {
+                                const uint32_t j = act[g0 + (t < ng ? t : 0)];
+                                yy[t] = t < ng ? pr[j].o : dummy;
+                                ww[t] = sc_base + j * span + (A - ulo);
+                            }
+                            kvt_kv_axpy_q4(yy, ww, tile + (size_t)(A - p0) * hd_v, hd_v, E - A + 1, hd_v);
+                            for (uint32_t t = 0; t < ng; t++) {
+                                const uint32_t j = act[g0 + t], e = KVT_MIN(p1, pr[j].hi);
+                                if (E + 1 <= e)
+                                    kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (E + 1 - ulo),
+                                                     tile + (size_t)(E + 1 - p0) * hd_v, hd_v, e - E, hd_v);
+                            }
                         }
+                    for (; g0 < na; g0++) {
+                        const uint32_t j = act[g0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
                         kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * hd_v,
                                          hd_v, e - a + 1, hd_v);
                     }

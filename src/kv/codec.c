@@ -28,7 +28,8 @@
 #endif
 
 /* ------------------------------------------------------------------ cpu features */
-static int g_has_avx2; /* avx2 + f16c */
+static int g_has_avx2; /* avx2 + f16c (row decoders) */
+static int g_simd;     /* dot/axpy/exp level: 0 scalar, 1 AVX2+FMA, 2 AVX-512F */
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
 static void cpu_detect(void) {
@@ -39,10 +40,20 @@ static void cpu_detect(void) {
     int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)); /* CPUID.1:ECX.F16C */
     g_has_avx2 = __builtin_cpu_supports("avx2") && f16c;
 #endif
-    if (getenv("KVT_NO_SIMD")) g_has_avx2 = 0;
+    if (g_has_avx2 && __builtin_cpu_supports("fma")) g_simd = __builtin_cpu_supports("avx512f") ? 2 : 1;
+    if (getenv("KVT_NO_AVX512") && g_simd > 1) g_simd = 1;
+    if (getenv("KVT_NO_SIMD")) g_has_avx2 = 0, g_simd = 0;
 }
 
 void kvt_kv_cpu_init(void) { pthread_once(&g_cpu_once, cpu_detect); }
+int kvt_kv_simd_level(void) {
+    kvt_kv_cpu_init();
+    return g_simd;
+}
+void kvt_kv_force_simd_level(int level) {
+    kvt_kv_cpu_init();
+    if (level < g_simd) g_simd = level < 0 ? 0 : level;
+}
 bool kvt_kv_cpu_has_avx2(void) {
     kvt_kv_cpu_init();
     return g_has_avx2 != 0;
@@ -350,127 +361,130 @@ void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst
     kvt_decode_row_fast(c, src, dim, dst);
 }
 
-/* ------------------------------------------------------------------ dot / axpy */
-/* The dot product is defined as 8 interleaved lane sums (lane l takes elements i ≡ l mod 8 of the
- * first n & ~7), combined as ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)), then the tail added in order.
- * The AVX2 version computes exactly this (mul then add, no FMA), so both give the same bits. */
-static inline float lane_reduce(const float *acc) {
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+/* ------------------------------------------------------------------ dot / axpy / exp */
+/* Numerics (KVT_NUMERICS_VERSION 2). Every multiply-add is a fused fmaf (one rounding).
+ * dot(a, b, n): 16 lane sums, lane l taking elements i ≡ l (mod 16) of the first n & ~15 via
+ *   acc[l] = fmaf(a[i], b[i], acc[l]); then t[l] = acc[l] + acc[l+8] (l < 8) and
+ *   s = ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)); then the tail in order: s = fmaf(a[i], b[i], s).
+ *   AVX-512 keeps the 16 lanes in one register, AVX2 in two (elements 0-7 and 8-15 of each step);
+ *   adding the two 256-bit halves gives t, so every path produces the same bits.
+ * axpy: y[i] = fmaf(a, x[i], y[i]) — elementwise, so any vector width gives the same bits.
+ * exp (softmax): see kvt_kv_exp_sum. */
+static inline float lane_reduce(const float *t) {
+    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
 float kvt_kv_dot_scalar(const float *a, const float *b, uint32_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint32_t n8 = n & ~7u, i;
-    for (i = 0; i < n8; i += 8)
-        for (uint32_t l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    float s = lane_reduce(acc);
-    for (; i < n; i++) s += a[i] * b[i];
+    float acc[16] = {0};
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16)
+        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 
 void kvt_kv_axpy_scalar(float *y, float a, const float *x, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (uint32_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
-#ifdef KVT_X86
-/* No "fma" in the target on purpose: mul and add must stay separately rounded. */
-__attribute__((target("avx2"))) static float dot_avx2(const float *a, const float *b, uint32_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    uint32_t n8 = n & ~7u, i;
-    for (i = 0; i < n8; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float s = lane_reduce(lanes);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-__attribute__((target("avx2"))) static void axpy_avx2(float *y, float a, const float *x, uint32_t n) {
-    __m256 va = _mm256_set1_ps(a);
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
-    for (; i < n; i++) y[i] += a * x[i];
-}
-#endif
-
-float kvt_kv_dot(const float *a, const float *b, uint32_t n) {
-#ifdef KVT_X86
-    if (g_has_avx2) return dot_avx2(a, b, n);
-#endif
-    return kvt_kv_dot_scalar(a, b, n);
-}
-
-void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n) {
-#ifdef KVT_X86
-    if (g_has_avx2) {
-        axpy_avx2(y, a, x, n);
-        return;
-    }
-#endif
-    kvt_kv_axpy_scalar(y, a, x, n);
-}
-
-/* ------------------------------------------------------------------ multi-row dot / axpy */
-/* kvt_kv_dot_rows: out[r] = kvt_kv_dot(q, k + r*stride, n) * scale for r < n_rows, computed 8 rows
- * at a time with one accumulator per row, then reduced with the same lane tree for all 8 rows at
- * once (see reduce8 below). Bit-identical to the per-row helper. */
 void kvt_kv_dot_rows_scalar(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
                             float *out) {
     for (uint32_t r = 0; r < n_rows; r++) out[r] = kvt_kv_dot_scalar(q, k + r * stride, n) * scale;
 }
 
-/* kvt_kv_axpy_rows: for r ascending, y += w[r] * x[r*stride .. +n] — the same sequence of
- * separately rounded mul/add per element as n_rows calls of kvt_kv_axpy. */
 void kvt_kv_axpy_rows_scalar(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
     for (uint32_t r = 0; r < n_rows; r++) kvt_kv_axpy_scalar(y, w[r], x + r * stride, n);
 }
 
-#ifdef KVT_X86
-/* acc[r] holds row r's 8 lane sums l0..l7. Result lane r = ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)) of
- * acc[r], i.e. lane_reduce: first the 128-bit halves are added (a=l0+l4, b=l1+l5, c=l2+l6, d=l3+l7),
- * then two rounds of hadd form (a+b) and then (a+b)+(c+d). IEEE addition is commutative, so hadd's
- * operand order does not matter. */
-__attribute__((target("avx2"))) static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
-                                                              __m256 a5, __m256 a6, __m256 a7) {
-    /* u_r = [row r: a b c d | row r+4: a b c d] */
-    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a4, 0x20), _mm256_permute2f128_ps(a0, a4, 0x31));
-    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a1, a5, 0x20), _mm256_permute2f128_ps(a1, a5, 0x31));
-    const __m256 u2 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a6, 0x20), _mm256_permute2f128_ps(a2, a6, 0x31));
-    const __m256 u3 = _mm256_add_ps(_mm256_permute2f128_ps(a3, a7, 0x20), _mm256_permute2f128_ps(a3, a7, 0x31));
-    const __m256 h01 = _mm256_hadd_ps(u0, u1); /* [r0: a+b c+d, r1: a+b c+d | r4 .., r5 ..] */
-    const __m256 h23 = _mm256_hadd_ps(u2, u3);
-    return _mm256_hadd_ps(h01, h23); /* [r0 r1 r2 r3 | r4 r5 r6 r7] */
+/* exp for softmax arguments (x <= 0 in use, but any x works): Cephes-style range reduction
+ * x = k·ln2 + r with k = rint(x·log2e), r = fma(-k, C1, x), r = fma(-k, C2, r); a degree-5 Horner
+ * polynomial in fmaf; e^r = fma(p, r·r, r) + 1; times 2^k built from the exponent bits. x < -87
+ * gives exactly 0 (masked keys: -inf), NaN stays NaN, x > 88 is clamped. The AVX-512 version
+ * performs the same operations per lane. Relative error ~2 ulp. */
+#define EXP_LO (-87.0f)
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static inline float exp_scalar(float x) {
+    if (x != x) return x;
+    if (x < EXP_LO) return 0.0f;
+    if (x > EXP_HI) x = EXP_HI;
+    const float k = rintf(x * EXP_LOG2E);
+    float r = fmaf(-k, EXP_C1, x);
+    r = fmaf(-k, EXP_C2, r);
+    float p = EXP_P0;
+    p = fmaf(p, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return y * two_k;
 }
 
-/* Eight named accumulators (an array would live in memory at -O2). */
-__attribute__((target("avx2"))) static void dot_rows_avx2(const float *q, const float *k, size_t stride,
-                                                         uint32_t n_rows, uint32_t n, float scale, float *out) {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    uint32_t r = 0;
-    for (; r + 8 <= n_rows; r += 8) {
-        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-        const float *k4 = k3 + stride, *k5 = k4 + stride, *k6 = k5 + stride, *k7 = k6 + stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (uint32_t i = 0; i < n; i += 8) {
-            const __m256 vq = _mm256_loadu_ps(q + i);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(vq, _mm256_loadu_ps(k0 + i)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(vq, _mm256_loadu_ps(k1 + i)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(vq, _mm256_loadu_ps(k2 + i)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(vq, _mm256_loadu_ps(k3 + i)));
-            a4 = _mm256_add_ps(a4, _mm256_mul_ps(vq, _mm256_loadu_ps(k4 + i)));
-            a5 = _mm256_add_ps(a5, _mm256_mul_ps(vq, _mm256_loadu_ps(k5 + i)));
-            a6 = _mm256_add_ps(a6, _mm256_mul_ps(vq, _mm256_loadu_ps(k6 + i)));
-            a7 = _mm256_add_ps(a7, _mm256_mul_ps(vq, _mm256_loadu_ps(k7 + i)));
+float kvt_kv_exp(float x) { return exp_scalar(x); }
+
+/* sc[j] = exp(sc[j] - m) for j < n; returns their sum in the dot's order (16 lanes, lane tree,
+ * tail in order). */
+float kvt_kv_exp_sum_scalar(float *sc, uint32_t n, float m) {
+    float acc[16] = {0};
+    uint32_t n16 = n & ~15u, j;
+    for (j = 0; j < n16; j += 16)
+        for (uint32_t l = 0; l < 16; l++) {
+            sc[j + l] = exp_scalar(sc[j + l] - m);
+            acc[l] += sc[j + l];
         }
-        _mm256_storeu_ps(out + r, _mm256_mul_ps(reduce8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+    float s = lane_reduce(t);
+    for (; j < n; j++) {
+        sc[j] = exp_scalar(sc[j] - m);
+        s += sc[j];
     }
-    for (; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
+    return s;
 }
 
-/* y is kept in registers 32 floats at a time while all rows stream past. */
-__attribute__((target("avx2"))) static void axpy_rows_avx2(float *y, const float *w, const float *x, size_t stride,
-                                                          uint32_t n_rows, uint32_t n) {
+#ifdef KVT_X86
+/* ---- AVX2 + FMA (16 lanes in two registers) */
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, uint32_t n) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(lo, hi));
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float a, const float *x, uint32_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* y kept in registers 32 floats at a time while the rows stream past. */
+__attribute__((target("avx2,fma"))) static void axpy_rows_avx2(float *y, const float *w, const float *x,
+                                                              size_t stride, uint32_t n_rows, uint32_t n) {
     uint32_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
@@ -478,10 +492,10 @@ __attribute__((target("avx2"))) static void axpy_rows_avx2(float *y, const float
         for (uint32_t r = 0; r < n_rows; r++) {
             const float *xr = x + r * stride + i;
             const __m256 a = _mm256_set1_ps(w[r]);
-            y0 = _mm256_add_ps(y0, _mm256_mul_ps(a, _mm256_loadu_ps(xr)));
-            y1 = _mm256_add_ps(y1, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 8)));
-            y2 = _mm256_add_ps(y2, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 16)));
-            y3 = _mm256_add_ps(y3, _mm256_mul_ps(a, _mm256_loadu_ps(xr + 24)));
+            y0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(xr), y0);
+            y1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(xr + 8), y1);
+            y2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(xr + 16), y2);
+            y3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(xr + 24), y3);
         }
         _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
         _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
@@ -489,22 +503,272 @@ __attribute__((target("avx2"))) static void axpy_rows_avx2(float *y, const float
     for (; i + 8 <= n; i += 8) {
         __m256 y0 = _mm256_loadu_ps(y + i);
         for (uint32_t r = 0; r < n_rows; r++)
-            y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(x + r * stride + i)));
+            y0 = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(x + r * stride + i), y0);
         _mm256_storeu_ps(y + i, y0);
     }
     for (; i < n; i++) {
         float yi = y[i];
-        for (uint32_t r = 0; r < n_rows; r++) yi += w[r] * x[r * stride + i];
+        for (uint32_t r = 0; r < n_rows; r++) yi = fmaf(w[r], x[r * stride + i], yi);
         y[i] = yi;
     }
 }
+
+/* ---- AVX-512F */
+/* acc[r] holds row r's 8 values t0..t7 (after adding the 256-bit halves). Result lane r is
+ * ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)) of acc[r]: the 128-bit halves are added, then two rounds
+ * of hadd (IEEE addition is commutative, so hadd's operand order does not matter). */
+__attribute__((target("avx512f,avx2,fma"))) static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2,
+                                                                          __m256 a3, __m256 a4, __m256 a5,
+                                                                          __m256 a6, __m256 a7) {
+    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a4, 0x20), _mm256_permute2f128_ps(a0, a4, 0x31));
+    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a1, a5, 0x20), _mm256_permute2f128_ps(a1, a5, 0x31));
+    const __m256 u2 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a6, 0x20), _mm256_permute2f128_ps(a2, a6, 0x31));
+    const __m256 u3 = _mm256_add_ps(_mm256_permute2f128_ps(a3, a7, 0x20), _mm256_permute2f128_ps(a3, a7, 0x31));
+    return _mm256_hadd_ps(_mm256_hadd_ps(u0, u1), _mm256_hadd_ps(u2, u3));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static inline __m256 half_sum(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static float dot_avx512(const float *a, const float *b, uint32_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    float t[8];
+    _mm256_storeu_ps(t, half_sum(acc));
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* Requires n % 16 == 0. Eight rows at a time, one accumulator each, reduced together. */
+__attribute__((target("avx512f,avx2,fma"))) static void dot_rows_avx512(const float *q, const float *k,
+                                                                       size_t stride, uint32_t n_rows, uint32_t n,
+                                                                       float scale, float *out) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    uint32_t r = 0;
+    for (; r + 8 <= n_rows; r += 8) {
+        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        const float *k4 = k3 + stride, *k5 = k4 + stride, *k6 = k5 + stride, *k7 = k6 + stride;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (uint32_t i = 0; i < n; i += 16) {
+            const __m512 vq = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k0 + i), a0);
+            a1 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k1 + i), a1);
+            a2 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k2 + i), a2);
+            a3 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k3 + i), a3);
+            a4 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k4 + i), a4);
+            a5 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k5 + i), a5);
+            a6 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k6 + i), a6);
+            a7 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k7 + i), a7);
+        }
+        const __m256 s = reduce8(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3), half_sum(a4),
+                                 half_sum(a5), half_sum(a6), half_sum(a7));
+        _mm256_storeu_ps(out + r, _mm256_mul_ps(s, vscale));
+    }
+    for (; r < n_rows; r++) out[r] = dot_avx512(q, k + r * stride, n) * scale;
+}
+
+/* Four queries x four keys per step (16 accumulators, 8 loads per 16 FMAs). Requires n % 16 == 0.
+ * out[qi][r] = dot(q[qi], k + r*stride) * scale. */
+__attribute__((target("avx512f,avx2,fma"))) static void dot_q4_avx512(const float *const *q, const float *k,
+                                                                     size_t stride, uint32_t n_rows, uint32_t n,
+                                                                     float scale, float *const *out) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    uint32_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        for (uint32_t i = 0; i < n; i += 16) {
+            const __m512 x0 = _mm512_loadu_ps(k0 + i), x1 = _mm512_loadu_ps(k1 + i);
+            const __m512 x2 = _mm512_loadu_ps(k2 + i), x3 = _mm512_loadu_ps(k3 + i);
+            __m512 v = _mm512_loadu_ps(q0 + i);
+            a00 = _mm512_fmadd_ps(v, x0, a00), a01 = _mm512_fmadd_ps(v, x1, a01);
+            a02 = _mm512_fmadd_ps(v, x2, a02), a03 = _mm512_fmadd_ps(v, x3, a03);
+            v = _mm512_loadu_ps(q1 + i);
+            a10 = _mm512_fmadd_ps(v, x0, a10), a11 = _mm512_fmadd_ps(v, x1, a11);
+            a12 = _mm512_fmadd_ps(v, x2, a12), a13 = _mm512_fmadd_ps(v, x3, a13);
+            v = _mm512_loadu_ps(q2 + i);
+            a20 = _mm512_fmadd_ps(v, x0, a20), a21 = _mm512_fmadd_ps(v, x1, a21);
+            a22 = _mm512_fmadd_ps(v, x2, a22), a23 = _mm512_fmadd_ps(v, x3, a23);
+            v = _mm512_loadu_ps(q3 + i);
+            a30 = _mm512_fmadd_ps(v, x0, a30), a31 = _mm512_fmadd_ps(v, x1, a31);
+            a32 = _mm512_fmadd_ps(v, x2, a32), a33 = _mm512_fmadd_ps(v, x3, a33);
+        }
+        /* lanes 0-3: query A's four keys, lanes 4-7: query B's */
+        __m256 s01 = _mm256_mul_ps(reduce8(half_sum(a00), half_sum(a01), half_sum(a02), half_sum(a03),
+                                           half_sum(a10), half_sum(a11), half_sum(a12), half_sum(a13)), vscale);
+        __m256 s23 = _mm256_mul_ps(reduce8(half_sum(a20), half_sum(a21), half_sum(a22), half_sum(a23),
+                                           half_sum(a30), half_sum(a31), half_sum(a32), half_sum(a33)), vscale);
+        _mm_storeu_ps(out[0] + r, _mm256_castps256_ps128(s01));
+        _mm_storeu_ps(out[1] + r, _mm256_extractf128_ps(s01, 1));
+        _mm_storeu_ps(out[2] + r, _mm256_castps256_ps128(s23));
+        _mm_storeu_ps(out[3] + r, _mm256_extractf128_ps(s23, 1));
+    }
+    for (; r < n_rows; r++)
+        for (int j = 0; j < 4; j++) out[j][r] = dot_avx512(q[j], k + r * stride, n) * scale;
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void axpy_avx512(float *y, float a, const float *x, uint32_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void axpy_rows_avx512(float *y, const float *w, const float *x,
+                                                                        size_t stride, uint32_t n_rows, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
+        __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const float *xr = x + r * stride + i;
+            const __m512 a = _mm512_set1_ps(w[r]);
+            y0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(xr), y0);
+            y1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(xr + 16), y1);
+            y2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(xr + 32), y2);
+            y3 = _mm512_fmadd_ps(a, _mm512_loadu_ps(xr + 48), y3);
+        }
+        _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
+        _mm512_storeu_ps(y + i + 32, y2), _mm512_storeu_ps(y + i + 48, y3);
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m512 y0 = _mm512_loadu_ps(y + i);
+        for (uint32_t r = 0; r < n_rows; r++)
+            y0 = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), _mm512_loadu_ps(x + r * stride + i), y0);
+        _mm512_storeu_ps(y + i, y0);
+    }
+    for (; i < n; i++) {
+        float yi = y[i];
+        for (uint32_t r = 0; r < n_rows; r++) yi = fmaf(w[r], x[r * stride + i], yi);
+        y[i] = yi;
+    }
+}
+
+/* Four outputs share each streamed row: y[qi] += w[qi][r] * x_r for r ascending. n % 16 == 0. */
+__attribute__((target("avx512f,avx2,fma"))) static void axpy_q4_avx512(float *const *y, const float *const *w,
+                                                                      const float *x, size_t stride,
+                                                                      uint32_t n_rows, uint32_t n) {
+    float *y0 = y[0], *y1 = y[1], *y2 = y[2], *y3 = y[3];
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    uint32_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 b00 = _mm512_loadu_ps(y0 + i), b01 = _mm512_loadu_ps(y0 + i + 16), b02 = _mm512_loadu_ps(y0 + i + 32),
+               b03 = _mm512_loadu_ps(y0 + i + 48);
+        __m512 b10 = _mm512_loadu_ps(y1 + i), b11 = _mm512_loadu_ps(y1 + i + 16), b12 = _mm512_loadu_ps(y1 + i + 32),
+               b13 = _mm512_loadu_ps(y1 + i + 48);
+        __m512 b20 = _mm512_loadu_ps(y2 + i), b21 = _mm512_loadu_ps(y2 + i + 16), b22 = _mm512_loadu_ps(y2 + i + 32),
+               b23 = _mm512_loadu_ps(y2 + i + 48);
+        __m512 b30 = _mm512_loadu_ps(y3 + i), b31 = _mm512_loadu_ps(y3 + i + 16), b32 = _mm512_loadu_ps(y3 + i + 32),
+               b33 = _mm512_loadu_ps(y3 + i + 48);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const float *xr = x + r * stride + i;
+            const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
+            const __m512 x2 = _mm512_loadu_ps(xr + 32), x3 = _mm512_loadu_ps(xr + 48);
+            __m512 a = _mm512_set1_ps(w0[r]);
+            b00 = _mm512_fmadd_ps(a, x0, b00), b01 = _mm512_fmadd_ps(a, x1, b01);
+            b02 = _mm512_fmadd_ps(a, x2, b02), b03 = _mm512_fmadd_ps(a, x3, b03);
+            a = _mm512_set1_ps(w1[r]);
+            b10 = _mm512_fmadd_ps(a, x0, b10), b11 = _mm512_fmadd_ps(a, x1, b11);
+            b12 = _mm512_fmadd_ps(a, x2, b12), b13 = _mm512_fmadd_ps(a, x3, b13);
+            a = _mm512_set1_ps(w2[r]);
+            b20 = _mm512_fmadd_ps(a, x0, b20), b21 = _mm512_fmadd_ps(a, x1, b21);
+            b22 = _mm512_fmadd_ps(a, x2, b22), b23 = _mm512_fmadd_ps(a, x3, b23);
+            a = _mm512_set1_ps(w3[r]);
+            b30 = _mm512_fmadd_ps(a, x0, b30), b31 = _mm512_fmadd_ps(a, x1, b31);
+            b32 = _mm512_fmadd_ps(a, x2, b32), b33 = _mm512_fmadd_ps(a, x3, b33);
+        }
+        _mm512_storeu_ps(y0 + i, b00), _mm512_storeu_ps(y0 + i + 16, b01);
+        _mm512_storeu_ps(y0 + i + 32, b02), _mm512_storeu_ps(y0 + i + 48, b03);
+        _mm512_storeu_ps(y1 + i, b10), _mm512_storeu_ps(y1 + i + 16, b11);
+        _mm512_storeu_ps(y1 + i + 32, b12), _mm512_storeu_ps(y1 + i + 48, b13);
+        _mm512_storeu_ps(y2 + i, b20), _mm512_storeu_ps(y2 + i + 16, b21);
+        _mm512_storeu_ps(y2 + i + 32, b22), _mm512_storeu_ps(y2 + i + 48, b23);
+        _mm512_storeu_ps(y3 + i, b30), _mm512_storeu_ps(y3 + i + 16, b31);
+        _mm512_storeu_ps(y3 + i + 32, b32), _mm512_storeu_ps(y3 + i + 48, b33);
+    }
+    for (; i < n; i += 16) {
+        __m512 b0 = _mm512_loadu_ps(y0 + i), b1 = _mm512_loadu_ps(y1 + i);
+        __m512 b2 = _mm512_loadu_ps(y2 + i), b3 = _mm512_loadu_ps(y3 + i);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * stride + i);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[r]), xv, b0);
+            b1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[r]), xv, b1);
+            b2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[r]), xv, b2);
+            b3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[r]), xv, b3);
+        }
+        _mm512_storeu_ps(y0 + i, b0), _mm512_storeu_ps(y1 + i, b1);
+        _mm512_storeu_ps(y2 + i, b2), _mm512_storeu_ps(y3 + i, b3);
+    }
+}
+
+/* Same operations as exp_scalar per lane, and the same 16-lane sum. */
+__attribute__((target("avx512f,avx2,fma"))) static float exp_sum_avx512(float *sc, uint32_t n, float m) {
+    const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(EXP_LO), hi = _mm512_set1_ps(EXP_HI);
+    __m512 acc = _mm512_setzero_ps();
+    uint32_t n16 = n & ~15u, j;
+    for (j = 0; j < n16; j += 16) {
+        const __m512 x0 = _mm512_sub_ps(_mm512_loadu_ps(sc + j), vm);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
+        const __mmask16 small = _mm512_cmp_ps_mask(x0, lo, _CMP_LT_OQ);
+        const __m512 x = _mm512_min_ps(_mm512_max_ps(x0, lo), hi);
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 nk = _mm512_sub_ps(_mm512_setzero_ps(), k);
+        __m512 r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C1), x);
+        r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C2), r);
+        __m512 p = _mm512_set1_ps(EXP_P0);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+        __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        const __m512i ki = _mm512_cvtps_epi32(k); /* k is integral: conversion is exact */
+        const __m512 two_k = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23));
+        y = _mm512_mul_ps(y, two_k);
+        y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+        y = _mm512_mask_mov_ps(y, nan, x0);
+        _mm512_storeu_ps(sc + j, y);
+        acc = _mm512_add_ps(acc, y);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, half_sum(acc));
+    float s = lane_reduce(t);
+    for (; j < n; j++) {
+        sc[j] = exp_scalar(sc[j] - m);
+        s += sc[j];
+    }
+    return s;
+}
 #endif
+
+float kvt_kv_dot(const float *a, const float *b, uint32_t n) {
+#ifdef KVT_X86
+    if (g_simd == 2) return dot_avx512(a, b, n);
+    if (g_simd == 1) return dot_avx2(a, b, n);
+#endif
+    return kvt_kv_dot_scalar(a, b, n);
+}
+
+void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n) {
+#ifdef KVT_X86
+    if (g_simd == 2) return axpy_avx512(y, a, x, n);
+    if (g_simd == 1) return axpy_avx2(y, a, x, n);
+#endif
+    kvt_kv_axpy_scalar(y, a, x, n);
+}
 
 void kvt_kv_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
                      float *out) {
 #ifdef KVT_X86
-    if (g_has_avx2 && n % 8 == 0) {
-        dot_rows_avx2(q, k, stride, n_rows, n, scale, out);
+    if (g_simd == 2 && n % 16 == 0) {
+        dot_rows_avx512(q, k, stride, n_rows, n, scale, out);
         return;
     }
 #endif
@@ -513,10 +777,37 @@ void kvt_kv_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_r
 
 void kvt_kv_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
 #ifdef KVT_X86
-    if (g_has_avx2) {
-        axpy_rows_avx2(y, w, x, stride, n_rows, n);
+    if (g_simd == 2) return axpy_rows_avx512(y, w, x, stride, n_rows, n);
+    if (g_simd == 1) return axpy_rows_avx2(y, w, x, stride, n_rows, n);
+#endif
+    kvt_kv_axpy_rows_scalar(y, w, x, stride, n_rows, n);
+}
+
+void kvt_kv_dot_q4(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                   float *const *out) {
+#ifdef KVT_X86
+    if (g_simd == 2 && n % 16 == 0) {
+        dot_q4_avx512(q, k, stride, n_rows, n, scale, out);
         return;
     }
 #endif
-    kvt_kv_axpy_rows_scalar(y, w, x, stride, n_rows, n);
+    for (int j = 0; j < 4; j++) kvt_kv_dot_rows(q[j], k, stride, n_rows, n, scale, out[j]);
+}
+
+void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                    uint32_t n) {
+#ifdef KVT_X86
+    if (g_simd == 2 && n % 16 == 0) {
+        axpy_q4_avx512(y, w, x, stride, n_rows, n);
+        return;
+    }
+#endif
+    for (int j = 0; j < 4; j++) kvt_kv_axpy_rows(y[j], w[j], x, stride, n_rows, n);
+}
+
+float kvt_kv_exp_sum(float *sc, uint32_t n, float m) {
+#ifdef KVT_X86
+    if (g_simd == 2) return exp_sum_avx512(sc, n, m);
+#endif
+    return kvt_kv_exp_sum_scalar(sc, n, m);
 }

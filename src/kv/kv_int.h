@@ -122,5 +122,21 @@ void kvt_kv_axpy_rows(float *y, const float *w, const float *x, size_t stride, u
 void kvt_kv_dot_rows_scalar(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
                             float *out);
 void kvt_kv_axpy_rows_scalar(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
+/* SIMD level of the dot/axpy/exp helpers: 0 scalar, 1 AVX2+FMA, 2 AVX-512F (KVT_NO_AVX512=1 caps
+ * at 1, KVT_NO_SIMD=1 at 0). force_simd_level only lowers it (tests compare levels). */
+int kvt_kv_simd_level(void);
+void kvt_kv_force_simd_level(int level);
+/* Four-query forms (exactly 4 distinct outputs; callers pad q/out with duplicates, y/w with a
+ * dummy): dot_q4: out[j][r] = kvt_kv_dot(q[j], k + r*stride, n) * scale; axpy_q4: for each j,
+ * kvt_kv_axpy_rows(y[j], w[j], x, stride, n_rows, n). Bit-identical to those loops. */
+void kvt_kv_dot_q4(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                   float *const *out);
+void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                    uint32_t n);
+/* Softmax exponentials: sc[j] = kvt_kv_exp(sc[j] - m) for j < n; returns their sum in the dot's
+ * 16-lane order. kvt_kv_exp is the scalar definition every path reproduces. */
+float kvt_kv_exp(float x);
+float kvt_kv_exp_sum(float *sc, uint32_t n, float m);
+float kvt_kv_exp_sum_scalar(float *sc, uint32_t n, float m);
 
 #endif

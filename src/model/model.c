@@ -614,6 +614,16 @@ static void split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1
     *r1 = a + per < n ? a + per : n;
 }
 
+/* First query row of part t of n rows split into nth parts of about equal attention work (row r of a
+ * chunk at pos0 attends to pos0 + r + 1 keys). att_row_split(.., 0, ..) = 0, (.., nth, ..) = n. */
+static uint32_t att_row_split(uint32_t n, uint32_t pos0, uint32_t t, uint32_t nth) {
+    if (t >= nth) return n;
+    const double tot = (double)n * pos0 + (double)n * (n + 1) / 2, goal = tot * t / nth;
+    uint32_t r = 0;
+    while (r < n && (double)r * pos0 + (double)r * (r + 1) / 2 < goal) r++;
+    return r;
+}
+
 /* Output-column split: contiguous ranges aligned to 16 columns. */
 static void col_range(uint32_t n_out, int ith, int nth, int64_t *o0, int64_t *o1) {
     uint32_t per = (n_out + (uint32_t)nth - 1) / (uint32_t)nth;
@@ -767,13 +777,29 @@ static void forward_chunk(void *arg, int ith, int nth) {
                     kvt_seq_write_kv(c->seq, il, c->pos0 + r, c->k + (size_t)r * KD, c->v + (size_t)r * KD);
             kvt_threadpool_barrier(tp);
         }
-        /* 5. attention (heads) */
+        /* 5. attention. Threads split on KV-head boundaries so no KV row is read by two threads;
+         *    when the KV heads do not divide evenly, a prefill chunk is split by query rows instead
+         *    (each thread all heads), and a single-row decode falls back to a query-head split.
+         *    Every (row, head) output is computed the same way under any split. */
         {
-            uint32_t h0, h1;
-            split_range(NH, ith, nth, &h0, &h1);
-            if (h0 < h1)
-                kvt_attention(c->seq, il, c->q, n, QD, c->pos0, NH, gem ? 1.0f : hp->attn_scale, h0, h1, c->att, QD,
-                              c->att_scratch[ith]);
+            const float sc = gem ? 1.0f : hp->attn_scale;
+            if (NKV % nth == 0 || n == 1) {
+                uint32_t h0, h1;
+                if (NKV % nth == 0) {
+                    split_range(NKV, ith, nth, &h0, &h1);
+                    h0 *= NH / NKV, h1 *= NH / NKV;
+                } else {
+                    split_range(NH, ith, nth, &h0, &h1);
+                }
+                if (h0 < h1)
+                    kvt_attention(c->seq, il, c->q, n, QD, c->pos0, NH, sc, h0, h1, c->att, QD, c->att_scratch[ith]);
+            } else {
+                /* rows balanced by visible keys: row r sees about pos0 + r + 1 of them */
+                const uint32_t q0 = att_row_split(n, c->pos0, ith, nth), q1 = att_row_split(n, c->pos0, ith + 1, nth);
+                if (q0 < q1)
+                    kvt_attention(c->seq, il, c->q + (size_t)q0 * QD, q1 - q0, QD, c->pos0 + q0, NH, sc, 0, NH,
+                                  c->att + (size_t)q0 * QD, QD, c->att_scratch[ith]);
+            }
         }
         kvt_threadpool_barrier(tp);
         /* 6. output projection */
