@@ -1,7 +1,7 @@
 // bench/ssd_restore.c — SSD-tier restore bandwidth and tail file sizes, without a model.
 // Built by hand (not part of `make`):
-//   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/ssd_restore.c src/util/common.c src/kv/*.c \
-//       src/cache/ssd_cache.c -lxxhash -lssl -lcrypto -lm -o /tmp/bench_ssd_restore
+//   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/ssd_restore.c src/util/common.c src/kv/*.c
+//     + src/cache/ssd_cache.c -lxxhash -lssl -lcrypto -lm -o /tmp/bench_ssd_restore
 //   /tmp/bench_ssd_restore [dir] [n_blocks] [reps]      (defaults: a fresh /tmp dir, 28, 3)
 // Layout: SmolLM2-135M shape (30 FULL layers, 3 KV heads, head_dim 64, f16, block 256 tokens).
 // Writes n_blocks full blocks plus a 17-token tail through kvt_ssd_enqueue_block + flush, then per
