@@ -1,6 +1,7 @@
 /*
  * cmds.h — the kvtier subcommands. Each returns a process exit status (0 ok, 1 runtime error,
  * 2 usage error) and prints its own --help. main.c dispatches on argv[1].
+ * Ownership: argv is borrowed; each command creates and frees everything it uses before returning.
  */
 #ifndef KVT_CMDS_H
 #define KVT_CMDS_H

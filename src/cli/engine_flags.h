@@ -1,6 +1,7 @@
 /*
  * engine_flags.h — the model/cache/sampling flags shared by `run`, `chat`, `bench`, `serve` and
  * `demo`, parsed into kvt_engine_opts / kvt_sampling, and their help text.
+ * Ownership: string options point into argv (borrowed; argv outlives the engine options).
  */
 #ifndef KVT_ENGINE_FLAGS_H
 #define KVT_ENGINE_FLAGS_H

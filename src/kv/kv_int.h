@@ -1,6 +1,7 @@
 /*
  * kv_int.h — internal structures of the KV block substrate, shared by the .c files of src/kv only.
- * Nothing outside src/kv may include this file; the public contract is kv.h.
+ * Nothing outside src/kv may include this file; the public contract is kv.h, whose ownership rules
+ * apply to these structures too.
  */
 #ifndef KVT_KV_INT_H
 #define KVT_KV_INT_H
