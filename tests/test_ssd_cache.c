@@ -837,10 +837,282 @@ static void test_compat_key(void **state) {
     fx_done(&f);
 }
 
+static bool file_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+/* Supersession: a published longer file at the same position (same parent, extending tokens)
+ * removes the shorter tail files; non-prefix tails, other parents and snapshots are kept. */
+static void test_supersede(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 8, 0, "ssd-sup");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t tok[32], other[32], third[32];
+    gen_tokens(tok, 32, 41);
+    memcpy(other, tok, sizeof(tok));
+    other[10] += 1; /* diverges inside block 1: its tail is not a prefix of the extension */
+    memcpy(third, tok, sizeof(tok));
+    third[0] += 1; /* another parent for block 1, same block-1 tokens */
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_seq *a = build_seq(&f, root, tok, 13);    /* block 0 + 5-token tail */
+    kvt_seq *n = build_seq(&f, root, other, 12);  /* block 0 + 4-token tail, not a prefix */
+    kvt_seq *p = build_seq(&f, root, third, 11);  /* block 0' + 3-token tail (prefix tokens) */
+    kvt_ssd_enqueue_seq(s, a, NULL);
+    kvt_ssd_enqueue_seq(s, n, NULL);
+    kvt_ssd_enqueue_seq(s, p, NULL);
+    flush_ok(s);
+    char pa[1024], pn[1024], pp[1024], saved[1100];
+    block_path(s, kvt_seq_block(a, 0, 1), pa, sizeof(pa));
+    block_path(s, kvt_seq_block(n, 0, 1), pn, sizeof(pn));
+    block_path(s, kvt_seq_block(p, 0, 1), pp, sizeof(pp));
+    assert_true(file_exists(pa) && file_exists(pn) && file_exists(pp));
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 3);
+    snprintf(saved, sizeof(saved), "%s.saved", f.dir);
+    char cmd[2400];
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", pa, saved);
+    assert_int_equal(system(cmd), 0);
+    kvt_ssd_stats st0;
+    kvt_ssd_stats_get(s, &st0);
+
+    /* a longer tail (7 tokens) supersedes the 5-token one */
+    kvt_seq *a7 = build_seq(&f, root, tok, 15);
+    kvt_ssd_enqueue_seq(s, a7, NULL);
+    flush_ok(s);
+    char p7[1024];
+    block_path(s, kvt_seq_block(a7, 0, 1), p7, sizeof(p7));
+    assert_false(file_exists(pa));
+    assert_true(file_exists(p7));
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.superseded, 1);
+    assert_int_equal(st.entries, st0.entries);
+    assert_int_equal(kvt_ssd_find(s, tok, 14, root), 13); /* the 5-token prefix via the 7-token tail */
+
+    /* the full block supersedes the 7-token tail */
+    kvt_seq *full = build_seq(&f, root, tok, 16);
+    kvt_ssd_enqueue_seq(s, full, NULL);
+    flush_ok(s);
+    assert_false(file_exists(p7));
+    assert_true(file_exists(pn)); /* not a prefix */
+    assert_true(file_exists(pp)); /* another parent */
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.superseded, 2);
+    uint64_t bytes_on_disk = 0;
+    {
+        DIR *d = opendir(kvt_ssd_dir(s));
+        struct dirent *de;
+        char q[2048];
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.' || !strcmp(de->d_name, "KEY")) continue;
+            struct stat sb;
+            snprintf(q, sizeof(q), "%s/%s", kvt_ssd_dir(s), de->d_name);
+            assert_int_equal(stat(q, &sb), 0);
+            bytes_on_disk += (uint64_t)sb.st_size;
+        }
+        closedir(d);
+    }
+    assert_int_equal(st.bytes, bytes_on_disk); /* byte accounting follows the unlinks */
+    /* the 5-token prefix is still found and restored (cut from the full block) */
+    assert_int_equal(kvt_ssd_find(s, tok, 14, root), 13);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, tok, 14, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 13);
+    assert_true(check_seq(&f, r));
+    kvt_seq_free(r);
+    assert_int_equal(kvt_ssd_find(s, other, 13, root), 12); /* the kept non-prefix tail */
+    assert_int_equal(kvt_ssd_find(s, third, 12, root), 11); /* the kept other-parent tail */
+    kvt_ssd_free(s);
+
+    /* crash between publish and removal leaves both: the next scan finishes the supersession */
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", saved, pa);
+    assert_int_equal(system(cmd), 0);
+    unlink(saved);
+    s = open_ssd(&f, COMPAT_A, 0);
+    assert_false(file_exists(pa));
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.superseded, 1);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 2);
+    assert_int_equal(kvt_ssd_find(s, tok, 14, root), 13);
+    kvt_ssd_free(s);
+    kvt_seq_free(a);
+    kvt_seq_free(n);
+    kvt_seq_free(p);
+    kvt_seq_free(a7);
+    kvt_seq_free(full);
+    fx_done(&f);
+}
+
+/* Two groups (FULL + WINDOW): a tail goes only once the longer file is in every group holding it;
+ * with recurrent layers, snapshot files are never removed, nor the tail at a snapshot position. */
+static void test_supersede_groups_and_snapshots(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 1, "ssd-sup-w");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t tok[16];
+    gen_tokens(tok, 16, 43);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_seq *a = build_seq(&f, root, tok, 6); /* block 0 + 2-token tail, both groups */
+    kvt_ssd_enqueue_seq(s, a, NULL);
+    flush_ok(s);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 2);
+    kvt_seq *full = build_seq(&f, root, tok, 8);
+    assert_true(kvt_ssd_enqueue_block(s, kvt_seq_block(full, 0, 1), root));
+    flush_ok(s);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 2); /* group 1 has no longer file yet */
+    assert_int_equal(kvt_ssd_find(s, tok, 7, root), 6);
+    assert_true(kvt_ssd_enqueue_block(s, kvt_seq_block(full, 1, 1), root));
+    flush_ok(s);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 0);
+    assert_int_equal(kvt_ssd_find(s, tok, 7, root), 6);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, tok, 7, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 6);
+    assert_true(check_seq(&f, r));
+    kvt_seq_free(r);
+    kvt_ssd_free(s);
+    kvt_seq_free(a);
+    kvt_seq_free(full);
+    fx_done(&f);
+
+    fx_init(&f, 4, 2, "ssd-sup-r"); /* FULL + RECURRENT */
+    s = open_ssd(&f, COMPAT_A, 0);
+    a = build_seq(&f, root, tok, 6);
+    kvt_snapshot *snap = NULL;
+    assert_int_equal(kvt_seq_snapshot(a, &snap), KVT_OK);
+    kvt_ssd_enqueue_seq(s, a, snap);
+    kvt_seq *b = build_seq(&f, root, tok, 7); /* a 3-token tail without a snapshot */
+    kvt_ssd_enqueue_seq(s, b, NULL);
+    flush_ok(s);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvs"), 1);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 2);
+    full = build_seq(&f, root, tok, 8);
+    kvt_ssd_enqueue_seq(s, full, NULL);
+    flush_ok(s);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvs"), 1); /* snapshot kept */
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvt"), 1); /* the snapshot's tail kept, the other gone */
+    int32_t div[16]; /* diverges right after the snapshot position: only tail + snapshot serve it */
+    memcpy(div, tok, sizeof(div));
+    div[6] += 1;
+    assert_int_equal(kvt_ssd_find(s, div, 9, root), 6);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.superseded, 1);
+    kvt_ssd_free(s);
+    kvt_snapshot_release(snap);
+    kvt_seq_free(a);
+    kvt_seq_free(b);
+    kvt_seq_free(full);
+    fx_done(&f);
+}
+
+/* The writer thread runs at idle priority (SCHED_IDLE = 5, or nice 19) so it only uses idle CPU;
+ * lowering one's own priority never needs privileges. Reads /proc/self/task/<tid>/stat. */
+static int count_idle_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", de->d_name);
+        FILE *fp = fopen(path, "r");
+        if (!fp) continue;
+        size_t got = fread(buf, 1, sizeof(buf) - 1, fp);
+        fclose(fp);
+        buf[got] = 0;
+        char *q = strrchr(buf, ')'); /* fields after comm: state is field 3 */
+        if (!q) continue;
+        long field[64];
+        int nf = 0;
+        for (char *tk = strtok(q + 2, " "); tk && nf < 64; tk = strtok(NULL, " ")) field[nf++] = strtol(tk, NULL, 10);
+        if (nf < 39) continue;
+        long nice = field[19 - 3], policy = field[41 - 3];
+        if (policy == 5 || nice == 19) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_writer_idle_priority(void **state) {
+    (void)state;
+#ifdef __linux__
+    fx f;
+    fx_init(&f, 4, 0, "ssd-prio");
+    int before = count_idle_threads();
+    if (before < 0) { /* no /proc: nothing to check */
+        fx_done(&f);
+        return;
+    }
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    int after = -1;
+    for (int i = 0; i < 200 && after <= before; i++) { /* the writer lowers itself when it starts */
+        after = count_idle_threads();
+        if (after <= before) usleep(5000);
+    }
+    assert_true(after == before + 1);
+    /* flush still completes while the writer is idle-priority */
+    int32_t tok[12];
+    gen_tokens(tok, 12, 5);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    kvt_seq *seq = build_seq(&f, root, tok, 10);
+    assert_int_equal(kvt_ssd_enqueue_seq(s, seq, NULL), 3);
+    flush_ok(s);
+    kvt_ssd_free(s);
+    kvt_seq_free(seq);
+    fx_done(&f);
+#endif
+}
+
+/* Busy deferral: while the engine decodes, queued writes wait (bounded); a flush overrides it, and
+ * the 2 s bound writes them even if the engine stays busy. */
+static void test_busy_deferral(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-busy");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t tok[20];
+    gen_tokens(tok, 20, 9);
+    kvt_seq *seq = build_seq(&f, root, tok, 16);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_set_busy(s, true);
+    assert_int_equal(kvt_ssd_enqueue_seq(s, seq, NULL), 4);
+    usleep(300 * 1000);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 0); /* deferred while busy */
+    assert_int_equal(st.pending_blocks, 4);
+    flush_ok(s); /* a flush overrides the deferral */
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 4);
+    /* still busy: new items are written once they are 2 s old */
+    kvt_seq *seq2 = build_seq(&f, kvt_root_hash(COMPAT_A, "other"), tok, 8);
+    assert_int_equal(kvt_ssd_enqueue_seq(s, seq2, NULL), 2);
+    usleep(300 * 1000);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 4);
+    for (int i = 0; i < 100 && st.entries < 6; i++) {
+        usleep(50 * 1000);
+        kvt_ssd_stats_get(s, &st);
+    }
+    assert_int_equal(st.entries, 6);
+    kvt_ssd_set_busy(s, false);
+    kvt_ssd_free(s);
+    kvt_seq_free(seq);
+    kvt_seq_free(seq2);
+    fx_done(&f);
+}
+
 int main(void) {
     kvt_log_set_level(KVT_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_busy_deferral),
         cmocka_unit_test(test_partial_prefix_and_isolation),
         cmocka_unit_test(test_corruption),
         cmocka_unit_test(test_compact_tail),
@@ -852,6 +1124,9 @@ int main(void) {
         cmocka_unit_test(test_recurrent_snapshot),
         cmocka_unit_test(test_window_layout),
         cmocka_unit_test(test_compat_key),
+        cmocka_unit_test(test_supersede),
+        cmocka_unit_test(test_supersede_groups_and_snapshots),
+        cmocka_unit_test(test_writer_idle_priority),
         cmocka_unit_test(test_crash_sigkill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,6 +126,8 @@ typedef struct kvt_ssd_stats {
     uint64_t evictions, corrupt_removed;  /* cap evictions; bad files removed (scan or read) */
     uint64_t longest_durable_prefix_tokens; /* longest contiguous on-disk chain (tokens) */
     double restore_ms_last;
+    uint64_t superseded;                  /* tail files removed because a longer file at the same
+                                             position (same parent, extending tokens) was published */
 } kvt_ssd_stats;
 void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
 
@@ -140,6 +142,10 @@ typedef enum kvt_ssd_fault {
 /* Overrides the process-wide fault, which defaults to env KVT_SSD_FAULT=
  * enospc|short-write|eio-read|eio-write (read at open). */
 void kvt_ssd_set_fault(kvt_ssd *ssd, kvt_ssd_fault f);
+/* The engine marks its decode loop busy: the writer then defers writes (bounded: a waiting flush, a
+ * half-full queue or an item older than 2 s ends the deferral) so persistence does not compete with
+ * the memory-bandwidth-bound token loop. */
+void kvt_ssd_set_busy(kvt_ssd *ssd, bool busy);
 /* Tests: pause/resume the writer thread (items stay queued, so queue bounds can be exercised). */
 void kvt_ssd_pause_writer(kvt_ssd *ssd, bool paused);
 

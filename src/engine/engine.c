@@ -484,7 +484,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
     }
 
-    /* 4. decode */
+    /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
+    if (e->ssd) kvt_ssd_set_busy(e->ssd, true);
     dt = kvt_detok_create(e->tok, false);
     if (!dt) {
         st = KVT_ERR_NOMEM;
@@ -577,6 +578,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     gen = NULL;
 
 put_back:
+    if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
     /* 5. what was computed stays cached, also for cancelled requests */
     if (seq && use_cache && kvt_seq_len(seq) > 0) {
         kvt_prompt_cache_put(e->pc, seq);
