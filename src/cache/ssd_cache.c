@@ -1282,18 +1282,24 @@ static bool on_disk(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind) {
     return e != NULL;
 }
 
-static bool put_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
-    if (!b || !kvt_block_sealed(b) || kvt_block_n_tokens(b) == 0) return false;
-    uint32_t nt = kvt_block_n_tokens(b);
-    if (on_disk(s, kvt_block_hash(b), kvt_block_group(b), nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL))
-        return true;
+/* A zeroed queue item; an allocation failure counts as a dropped write (never silent). */
+static ssd_item *item_new(kvt_ssd *s) {
     ssd_item *it = calloc(1, sizeof(*it));
     if (!it) {
         pthread_mutex_lock(&s->mu);
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
-        return false;
     }
+    return it;
+}
+
+static bool put_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
+    if (!b || !kvt_block_sealed(b) || kvt_block_n_tokens(b) == 0) return false;
+    uint32_t nt = kvt_block_n_tokens(b);
+    if (on_disk(s, kvt_block_hash(b), kvt_block_group(b), nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL))
+        return true;
+    ssd_item *it = item_new(s);
+    if (!it) return false;
     kvt_block_retain(b);
     it->b = b;
     it->root = root;
@@ -1304,13 +1310,8 @@ static bool put_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
 static bool put_snapshot(kvt_ssd *s, kvt_snapshot *sn, uint64_t root) {
     if (!sn || kvt_snapshot_pos(sn) == 0 || kvt_kv_layout_state_bytes(s->layout) == 0) return false;
     if (on_disk(s, kvt_snapshot_chain(sn), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT)) return true;
-    ssd_item *it = calloc(1, sizeof(*it));
-    if (!it) {
-        pthread_mutex_lock(&s->mu);
-        s->dropped++;
-        pthread_mutex_unlock(&s->mu);
-        return false;
-    }
+    ssd_item *it = item_new(s);
+    if (!it) return false;
     kvt_snapshot_retain(sn);
     it->s = sn;
     it->root = root;
