@@ -102,7 +102,15 @@ static void log_layout(const kvt_kv_layout *l) {
             cnt++;
             if (off < sizeof list - 16) off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", off ? "," : "", j);
         }
-        KVT_INFO("kv: %u layer%s %s: %s", cnt, cnt > 1 ? "s" : "", d, list);
+        const kvt_layer_desc *ld = kvt_kv_layout_layer(l, i);
+        double bpt = 0;
+        const char *trim = "never trimmable (exact snapshots only)";
+        if (ld->kind != KVT_KIND_RECURRENT) {
+            bpt = (double)ld->n_kv_heads *
+                  (double)(kvt_codec_row_bytes(ld->codec, ld->head_dim_k) + kvt_codec_row_bytes(ld->codec, ld->head_dim_v));
+            trim = ld->kind == KVT_KIND_FULL ? "trimmable anywhere" : "trimmable while its window's blocks are held";
+        }
+        KVT_INFO("kv: %u layer%s %s (%.0f B/token each, %s): %s", cnt, cnt > 1 ? "s" : "", d, bpt, trim, list);
     }
     char key[128];
     kvt_kv_layout_key(l, key, sizeof key);
