@@ -104,6 +104,12 @@ AI __m256i F(unpack_small)(const uint32_t wt, const uint8_t *p) {
     }
 }
 
+/* GEMV software prefetch distance in weight rows (3 tiles ahead). Single-row matmuls (decode) are
+ * bound by DRAM latency on the streamed weights; prefetching doubled Q8_0 decode speed on the
+ * SmolLM2-135M shape (8-16 measured alike, 4 and 32 slower). Prefetch never changes results. */
+#ifndef KQ_PF_ROWS
+#define KQ_PF_ROWS 12
+#endif
 AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
                       const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
     const bool sgn = wt == KVT_TYPE_Q8_0 || wt == KVT_TYPE_Q4_0 || wt == KVT_TYPE_Q5_0;
@@ -119,6 +125,10 @@ AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8
 #pragma GCC unroll 4
         for (int i = 0; i < NW; i++) {
             const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            /* GEMV (decode): weights stream from DRAM once; fetch the same block of the row
+             * KQ_PF_ROWS rows ahead (a later tile) so the loads overlap this tile's math. A
+             * prefetch past the matrix end is harmless (no fault). */
+            if (NR == 1) _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb), _MM_HINT_T0);
             dw[i] = _mm256_set1_ps(F(h2f)(p));
             wq[i] = F(unpack_small)(wt, p);
             if (sgn) wa[i] = _mm256_abs_epi8(wq[i]);
@@ -185,6 +195,9 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int i = 0; i < NW; i++) {
             const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
             wp[i] = p;
+            if (NR == 1) /* GEMV: prefetch a later tile's super-block (see tile_small) */
+                for (size_t cl = 0; cl < wbb; cl += 64)
+                    _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
             if (wt == KVT_TYPE_Q6_K) {
                 dw[i] = F(h2f)(p + 208);
                 dmw[i] = 0.0f;
@@ -288,6 +301,10 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
     int64_t k = 0;
     for (; k + FV_W <= n; k += FV_W) {
         FV wv[4];
+        if (NR == 1 && (k * (wt == KVT_TYPE_F32 ? 4 : 2)) % 64 == 0) /* GEMV: see tile_small */
+            for (int i = 0; i < NW; i++)
+                _mm_prefetch((const char *)(W + (KQ_PF_ROWS + (size_t)i) * wrb) + k * (wt == KVT_TYPE_F32 ? 4 : 2),
+                             _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < NW; i++)
 #if KVT_ZMM
