@@ -1703,6 +1703,33 @@ static ssd_entry *match_entry(kvt_ssd *s, uint64_t chain, uint32_t g, uint32_t k
 /* First block index a WINDOW group needs at final length p (conservative: covers key p-W). */
 static uint32_t window_lo(uint32_t p, uint32_t w, uint32_t bt) { return p > w ? (p - w) / bt : 0; }
 
+/* True if, for every WINDOW group, the blocks [window_lo(pos), upto) the window at pos needs are on
+ * disk (present[] covers block indexes < K). */
+static bool windows_held(kvt_ssd *s, const bool *present, uint32_t K, uint32_t pos, uint32_t upto) {
+    uint32_t G = s->n_groups, bt = s->bt;
+    for (uint32_t g = 0; g < G; g++) {
+        if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
+        for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < upto && j < K; j++)
+            if (!present[(size_t)j * G + g]) return false;
+    }
+    return true;
+}
+
+/* Recurrent layouts: the longest block boundary i*bt (<= n-1, i <= K) with a snapshot file whose
+ * window groups are held; 0 if none. */
+static uint32_t boundary_snapshot(kvt_ssd *s, const uint64_t *h, const bool *present, uint32_t K, uint32_t n,
+                                  uint64_t *snap_chain) {
+    for (uint32_t i = K; i >= 1; i--) {
+        uint32_t pos = i * s->bt;
+        if (pos > n - 1) continue;
+        ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+        if (!sn || sn->n_tokens != pos || !windows_held(s, present, K, pos, i)) continue;
+        *snap_chain = h[i];
+        return pos;
+    }
+    return 0;
+}
+
 /* Builds the restore plan (index only). Lock held. */
 static bool build_plan(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, plan *pl) {
     memset(pl, 0, sizeof(*pl));
@@ -1790,49 +1817,10 @@ static bool build_plan(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t r
                 pl->snap_chain = best->chain;
             }
         }
-        for (uint32_t i = K; p == 0 && i >= 1; i--) {
-            uint32_t pos = i * bt;
-            if (pos > n - 1) continue;
-            ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
-            if (!sn || sn->n_tokens != pos) continue;
-            bool ok = true; /* window groups must hold their window at pos */
-            for (uint32_t g = 0; g < G && ok; g++) {
-                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
-                for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < i && ok; j++)
-                    ok = present[(size_t)j * G + g];
-            }
-            if (ok) {
-                p = pos;
-                pl->snap_chain = h[i];
-            }
-        }
-        if (p && p == cand_child) { /* window check for the child candidate */
-            for (uint32_t g = 0; g < G; g++) {
-                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
-                for (uint32_t j = window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt); j < K; j++)
-                    if (!present[(size_t)j * G + g]) {
-                        p = 0; /* fall back to a boundary snapshot: recompute without the child */
-                        break;
-                    }
-            }
-            if (p == 0) {
-                for (uint32_t i = K; p == 0 && i >= 1; i--) {
-                    uint32_t pos = i * bt;
-                    if (pos > n - 1) continue;
-                    ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
-                    if (!sn || sn->n_tokens != pos) continue;
-                    bool ok = true;
-                    for (uint32_t g = 0; g < G && ok; g++) {
-                        if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
-                        for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < i && ok; j++)
-                            ok = present[(size_t)j * G + g];
-                    }
-                    if (ok) {
-                        p = pos;
-                        pl->snap_chain = h[i];
-                    }
-                }
-            }
+        if (p == 0) p = boundary_snapshot(s, h, present, K, n, &pl->snap_chain);
+        if (p && p == cand_child && !windows_held(s, present, K, p, K)) {
+            /* the child's window is incomplete: fall back to a boundary snapshot */
+            p = boundary_snapshot(s, h, present, K, n, &pl->snap_chain);
         }
         pl->snap = p > 0;
     }
