@@ -330,6 +330,144 @@ static void test_stats_metrics(void **st) {
     free(s);
 }
 
+/* Every integer and float field: out-of-range, non-integer and huge values are a 400 naming the
+ * field; in-range extremes parse exactly (no saturating or undefined casts). */
+static void test_numeric_ranges(void **st) {
+    (void)st;
+    static const struct {
+        const char *field, *value;
+    } bad[] = {
+        {"seed", "1e19"},          {"seed", "1.5e19"},        {"seed", "1.7e19"},
+        {"seed", "-1e19"},         {"seed", "9007199254740993"}, {"seed", "0.5"},
+        {"seed", "\"7\""},         {"seed", "true"},          {"max_tokens", "-1"},
+        {"max_tokens", "1e10"},    {"max_tokens", "1e300"},   {"max_completion_tokens", "0"},
+        {"temperature", "-0.1"},   {"temperature", "2.5"},    {"temperature", "1e999"},
+        {"top_p", "1.01"},         {"top_p", "-1"},           {"top_k", "-1"},
+        {"top_k", "1e7"},          {"top_k", "2.5"},          {"min_p", "2"},
+        {"presence_penalty", "3"}, {"frequency_penalty", "-2.5"}, {"repeat_penalty", "0"},
+        {"repeat_penalty", "11"},  {"n", "0"},                {"n", "2"},
+        {"n", "1e30"},             {"best_of", "2"},          {"top_logprobs", "21"},
+        {"top_logprobs", "3"},     {"logprobs", "5"},         {"logprobs", "30"},
+        {"logit_bias", "{\"5\": 101}"}, {"logit_bias", "{\"5\": 1}"}, {"logit_bias", "[1]"},
+        {"echo", "true"},
+    };
+    char body[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", bad[i].field, bad[i].value);
+        kvt_api_req r;
+        kvt_api_err e;
+        cJSON *root;
+        if (parse(KVT_API_COMPLETION, body, &r, &e, &root)) {
+            print_error("accepted %s\n", body);
+            kvt_api_req_free(&r);
+            cJSON_Delete(root);
+            fail();
+        }
+        assert_int_equal(e.http, 400);
+        assert_non_null(e.param);
+        assert_string_equal(e.param, bad[i].field);
+    }
+    /* the extremes that are accepted come through exactly */
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    assert_true(parse(KVT_API_COMPLETION,
+                      "{\"prompt\":\"x\",\"seed\":9007199254740991,\"top_k\":0,\"temperature\":2,\"top_p\":1,"
+                      "\"max_tokens\":1000000000,\"n\":1,\"best_of\":1,\"logprobs\":0,\"logit_bias\":{},"
+                      "\"echo\":false}",
+                      &r, &e, &root));
+    assert_true(r.sampling.seed == 9007199254740991ull);
+    assert_int_equal(r.max_tokens, 1000000000);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+    assert_true(parse(KVT_API_COMPLETION, "{\"prompt\":\"x\",\"seed\":-1}", &r, &e, &root));
+    assert_true(r.sampling.seed == UINT64_MAX); /* -1 mod 2^64 */
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+    assert_true(parse(KVT_API_COMPLETION, "{\"prompt\":\"x\",\"seed\":1e15}", &r, &e, &root));
+    assert_true(r.sampling.seed == 1000000000000000ull);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+}
+
+/* cJSON is lenient; kvt_json_strict_check is not. */
+static void test_json_strict(void **st) {
+    (void)st;
+    static const char *ok[] = {
+        "{}", " {\"a\" : [1, -0.5e+3, 0, true, false, null, \"\\u00e9\\ud83d\\ude00\\n\\/\"]}\r\n", "[]", "\"s\"", "-0",
+        "{\"a\":{\"b\":[[],{}]}}",
+    };
+    static const char *bad[] = {
+        "\xef\xbb\xbf{}",            /* BOM */
+        "{\"a\":\"x\ny\"}",          /* raw newline in a string */
+        "{\"a\":\"x\ty\"}",          /* raw tab */
+        "{\"a\":\"\\u0000\"}",       /* escaped NUL */
+        "{\"a\":\"\\x41\"}",         /* bad escape */
+        "{\"a\":\"\\ud800\"}",       /* lone high surrogate */
+        "{\"a\":\"\\udc00\"}",       /* lone low surrogate */
+        "{\"a\":\"\\u12\"}",         /* short \u */
+        "{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":+1}", "{\"a\":1e}", "{\"a\":-}",
+        "{\"a\":NaN}", "{\"a\":Infinity}", "{\"a\":tru}", "{\"a\":1,}", "[1,]", "{,}", "{\"a\"}", "{\"a\" 1}",
+        "{a:1}", "{'a':1}", "{\"a\":1} {}", "{\"a\":1", "[", "", "   ", "{\"a\":\"x",
+        "{\"a\":1}\x0c",             /* form feed is not JSON whitespace */
+        "{\"a\":[}", "{\"a\":]}", "[1 2]",
+    };
+    size_t off;
+    const char *why;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        if (!kvt_json_strict_check(ok[i], strlen(ok[i]), &off, &why)) fail_msg("rejected %s: %s at %zu", ok[i], why, off);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why = NULL;
+        if (kvt_json_strict_check(bad[i], strlen(bad[i]), &off, &why)) fail_msg("accepted [%s]", bad[i]);
+        assert_non_null(why);
+        assert_true(off <= strlen(bad[i]));
+    }
+    /* nesting: KVT_JSON_MAX_DEPTH levels pass, one more fails */
+    char deep[2 * KVT_JSON_MAX_DEPTH + 4];
+    for (int extra = 0; extra <= 1; extra++) {
+        size_t d = 0, n = KVT_JSON_MAX_DEPTH + (size_t)extra;
+        for (size_t i = 0; i < n; i++) deep[d++] = '[';
+        for (size_t i = 0; i < n; i++) deep[d++] = ']';
+        assert_int_equal(kvt_json_strict_check(deep, d, &off, &why), extra == 0);
+    }
+    /* through the request parser: 400 with the reason, and cJSON never sees the body */
+    expect_400(KVT_API_COMPLETION, "\xef\xbb\xbf{\"prompt\":\"hi\"}", "byte order mark");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":\"line1\nline2\"}", "control character");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":\"ab\\u0000cd\"}", "NUL");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000\"}]}", "NUL");
+    /* escaped newline is fine and kept */
+    kvt_api_req r;
+    kvt_api_err e;
+    cJSON *root;
+    assert_true(parse(KVT_API_COMPLETION, "{\"prompt\":\"line1\\nline2\"}", &r, &e, &root));
+    assert_int_equal(r.prompt_text_len, 11);
+    kvt_api_req_free(&r);
+    cJSON_Delete(root);
+}
+
+/* Random bodies: whatever the strict checker accepts, cJSON parses (the checker is never looser). */
+static void test_json_strict_vs_cjson(void **st) {
+    (void)st;
+    static const char alphabet[] = "{}[]\":,0123456789-+.eEtrufalsn \\u\n\t";
+    uint64_t seed = 99;
+    char buf[48];
+    int n_ok = 0;
+    for (int it = 0; it < 200000; it++) {
+        size_t n = 1 + tu_rand(&seed) % (sizeof buf - 1);
+        for (size_t i = 0; i < n; i++) buf[i] = alphabet[tu_rand(&seed) % (sizeof alphabet - 1)];
+        size_t off;
+        const char *why;
+        if (!kvt_json_strict_check(buf, n, &off, &why)) continue;
+        n_ok++;
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithLengthOpts(buf, n, &end, false);
+        if (!j) fail_msg("strict accepted what cJSON rejects: %.*s", (int)n, buf);
+        cJSON_Delete(j);
+    }
+    assert_true(n_ok > 100);
+}
+
 /* Random mutations of valid bodies: every outcome is either a parsed request or a 400 with a
  * message, never a crash (run under ASan/UBSan by `make sanitize`). */
 static void test_parse_fuzz(void **st) {
@@ -399,7 +537,8 @@ int main(void) {
         cmocka_unit_test(test_parse_chat_ok), cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_parse_completion_ok), cmocka_unit_test(test_model_match),
         cmocka_unit_test(test_responses),     cmocka_unit_test(test_stats_metrics),
-        cmocka_unit_test(test_parse_fuzz),
+        cmocka_unit_test(test_parse_fuzz),    cmocka_unit_test(test_numeric_ranges),
+        cmocka_unit_test(test_json_strict),   cmocka_unit_test(test_json_strict_vs_cjson),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

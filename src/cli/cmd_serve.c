@@ -21,7 +21,16 @@ static void usage(void) {
            "      --shutdown-timeout S  seconds to drain and flush on SIGINT/SIGTERM (default 120)\n"
            "      --max-body-mb N       largest accepted request body (default 16)\n"
            "      --max-queue N         queued + running requests before 503 (default 256)\n"
-           "      --model-alias NAME    model id reported and accepted in the 'model' field\n"
+           "      --model-alias NAME    model id reported and accepted in the 'model' field\n\n"
+           "abuse limits (see docs/server.md, Limits):\n"
+           "      --max-connections N   connections held at once (default 256)\n"
+           "      --max-conns-per-addr N  connections per client address still sending a request (default 32)\n"
+           "      --conn-reserve N      connections generations never take, kept for /health and new requests\n"
+           "                            (default 16; the queue holds at most max-connections - N)\n"
+           "      --header-timeout S    seconds to send the request line and headers, also the keep-alive idle\n"
+           "                            limit (default 10)\n"
+           "      --body-timeout S      seconds to send the body once the headers are in (default 60)\n"
+           "      --tokenize-budget-mb N  prompt text tokenized at once across requests (default 4)\n"
            "  -v, --verbose             debug logging\n\n"
            "%s",
            kvt_engine_flags_help);
@@ -46,6 +55,12 @@ int cmd_serve(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--max-body-mb")) so.max_body_mb = kvt_args_u32(&a, 1, 4096);
         else if (kvt_args_is(&a, NULL, "--max-queue")) so.max_queue = kvt_args_u32(&a, 1, 1u << 20);
         else if (kvt_args_is(&a, NULL, "--model-alias")) so.model_alias = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--max-connections")) so.max_connections = kvt_args_u32(&a, 2, 65536);
+        else if (kvt_args_is(&a, NULL, "--max-conns-per-addr")) so.max_conns_per_addr = kvt_args_u32(&a, 1, 65536);
+        else if (kvt_args_is(&a, NULL, "--conn-reserve")) so.conn_reserve = kvt_args_u32(&a, 1, 65535);
+        else if (kvt_args_is(&a, NULL, "--header-timeout")) so.header_timeout_s = kvt_args_f64(&a, 0.1, 3600);
+        else if (kvt_args_is(&a, NULL, "--body-timeout")) so.body_timeout_s = kvt_args_f64(&a, 0.1, 3600);
+        else if (kvt_args_is(&a, NULL, "--tokenize-budget-mb")) so.tokenize_budget_mb = kvt_args_u32(&a, 1, 65536);
         else if (kvt_args_flag(&a, "-v", "--verbose")) kvt_log_set_level(KVT_LOG_DEBUG);
         else kvt_args_unknown(&a);
     }
@@ -56,6 +71,10 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (!kvt_engine_flags_check("serve", &eo)) return 2;
+    if (so.conn_reserve >= so.max_connections) {
+        fprintf(stderr, "kvtier serve: --conn-reserve must be smaller than --max-connections\n");
+        return 2;
+    }
     if (key && !*key) {
         fprintf(stderr, "kvtier serve: --api-key must not be empty\n");
         return 2;

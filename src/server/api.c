@@ -129,14 +129,23 @@ static bool get_num(const cJSON *root, const char *name, double lo, double hi, b
     return true;
 }
 
+/* JSON numbers arrive as doubles; integers are exact only up to 2^53, so every integer field is
+ * bounded inside +-KVT_API_MAX_SAFE_INT: the cast below is then exact and defined, and two different
+ * integers can never collapse into one (a seed of 1e19 is a 400, not a saturated cast). */
+#define KVT_API_MAX_SAFE_INT 9007199254740991.0 /* 2^53 - 1 */
+
 static bool get_int(const cJSON *root, const char *name, double lo, double hi, bool *given, int64_t *out,
                     kvt_api_err *err) {
-    double x = 0;
-    if (!get_num(root, name, lo, hi, given, &x, err)) return false;
-    if (*given) {
-        if (x != floor(x)) return BAD(name, "'%s' must be an integer", name);
-        *out = (int64_t)x;
-    }
+    lo = fmax(lo, -KVT_API_MAX_SAFE_INT);
+    hi = fmin(hi, KVT_API_MAX_SAFE_INT);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    *given = false;
+    if (!v || cJSON_IsNull(v)) return true;
+    double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!isfinite(x) || x != floor(x) || x < lo || x > hi)
+        return BAD(name, "'%s' must be an integer in [%.0f, %.0f]", name, lo, hi);
+    *given = true;
+    *out = (int64_t)x;
     return true;
 }
 
@@ -169,7 +178,8 @@ static bool parse_sampling(const cJSON *root, kvt_api_req *r, kvt_api_err *err) 
     if (g) s->frequency_penalty = (float)x;
     if (!get_num(root, "repeat_penalty", 0.01, 10, &g, &x, err)) return false;
     if (g) s->repeat_penalty = (float)x;
-    if (!get_int(root, "seed", -9.2e18, 1.8e19, &g, &i, err)) return false;
+    /* negative seeds are taken modulo 2^64 (two's complement), as an int64 seed would be */
+    if (!get_int(root, "seed", -KVT_API_MAX_SAFE_INT, KVT_API_MAX_SAFE_INT, &g, &i, err)) return false;
     if (g) {
         s->seed = (uint64_t)i;
         r->seed_given = true;
@@ -181,9 +191,31 @@ static bool parse_sampling(const cJSON *root, kvt_api_req *r, kvt_api_err *err) 
     int64_t n = 1;
     if (!get_int(root, "n", 1, 1e9, &g, &n, err)) return false;
     if (n != 1) return BAD("n", "only n = 1 is supported");
+    if (!get_int(root, "best_of", 1, 1e9, &g, &n, err)) return false;
+    if (g && n != 1) return BAD("best_of", "only best_of = 1 is supported");
     bool lp = false;
-    if (!get_bool(root, "logprobs", &lp, err)) return false;
+    if (!get_bool(root, "logprobs", &lp, err)) {
+        /* the completions API spells logprobs as an integer count */
+        int64_t k = 0;
+        if (!get_int(root, "logprobs", 0, 20, &g, &k, err)) return false;
+        lp = k > 0;
+    }
     if (lp) return BAD("logprobs", "logprobs are not supported");
+    if (!get_int(root, "top_logprobs", 0, 20, &g, &i, err)) return false;
+    if (g && i > 0) return BAD("top_logprobs", "logprobs are not supported");
+    bool echo = false;
+    if (!get_bool(root, "echo", &echo, err)) return false;
+    if (echo) return BAD("echo", "echo is not supported");
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb)) return BAD("logit_bias", "'logit_bias' must be an object");
+        const cJSON *it;
+        cJSON_ArrayForEach(it, lb) {
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || fabs(it->valuedouble) > 100)
+                return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+        }
+        if (lb->child) return BAD("logit_bias", "logit_bias is not supported");
+    }
 
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (stop && !cJSON_IsNull(stop)) {
@@ -327,6 +359,9 @@ bool kvt_api_parse(kvt_api_kind kind, const char *body, size_t len, uint32_t n_v
     if (!body || len == 0) return BAD(NULL, "request body is empty (expected JSON)");
     if (memchr(body, '\0', len)) return BAD(NULL, "request body contains a NUL byte");
     if (!kvt_utf8_valid(body, len)) return BAD(NULL, "request body is not valid UTF-8");
+    size_t bad_at = 0;
+    const char *why = NULL;
+    if (!kvt_json_strict_check(body, len, &bad_at, &why)) return BAD(NULL, "malformed JSON near byte %zu: %s", bad_at, why);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -543,6 +578,11 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     cJSON_AddNumberToObject(rq, "prompt_tokens", (double)st->prompt_tokens);
     cJSON_AddNumberToObject(rq, "generated_tokens", (double)st->generated_tokens);
     cJSON_AddNumberToObject(rq, "cached_tokens", (double)st->cached_tokens);
+    cJSON *cn = cJSON_AddObjectToObject(root, "connections");
+    cJSON_AddNumberToObject(cn, "open", (double)c->conn_open);
+    cJSON_AddNumberToObject(cn, "refused", (double)c->conn_refused);
+    cJSON_AddNumberToObject(cn, "evicted", (double)c->conn_evicted);
+    cJSON_AddNumberToObject(cn, "timed_out", (double)c->conn_timed_out);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
@@ -612,6 +652,13 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
            (double)c->rejected_shutdown);
     metric(&b, "requests_in_flight", "gauge", "Generation jobs running", (double)c->in_flight);
     metric(&b, "requests_queued", "gauge", "Generation jobs waiting", (double)c->queued);
+    metric(&b, "http_connections_open", "gauge", "HTTP connections held", (double)c->conn_open);
+    metric(&b, "http_connections_refused_total", "counter", "HTTP connections refused at accept (limits)",
+           (double)c->conn_refused);
+    metric(&b, "http_connections_evicted_total", "counter",
+           "HTTP connections still sending a request closed to make room for a new one", (double)c->conn_evicted);
+    metric(&b, "http_connections_timed_out_total", "counter",
+           "HTTP connections closed for missing the header or body deadline", (double)c->conn_timed_out);
     metric(&b, "generations_total", "counter", "Engine generations", (double)st->requests);
     metric(&b, "prompt_tokens_total", "counter", "Prompt tokens processed", (double)st->prompt_tokens);
     metric(&b, "generated_tokens_total", "counter", "Tokens generated", (double)st->generated_tokens);

@@ -1,5 +1,14 @@
 /* server.c — HTTP plumbing (libmicrohttpd, thread per connection), the FIFO job queue and the single
- * generation worker. See server.h for the threading model. */
+ * generation worker. See server.h for the threading model.
+ *
+ * Abuse limits enforced here (docs/server.md, "Limits"):
+ *   - connections: admission, eviction and header/body deadlines are decided by conn_guard.c; this
+ *     file feeds it the library's connection events and shuts down the sockets it picks;
+ *   - request line / headers: longer URLs and more or larger headers than the KVT_MAX_* limits get
+ *     a JSON 414/431 here (what exceeds libmicrohttpd's own buffer gets the library's answer);
+ *   - prompts: a text that cannot fit the context even at the vocabulary's longest token is refused
+ *     before tokenizing; tokenizing stops once the count passes the context; the text bytes being
+ *     tokenized at once across all requests are bounded by the tokenize budget. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -13,7 +22,15 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "conn_guard.h"
 #include "server.h"
+
+/* Request-line and header limits answered with JSON (below the library's own buffer, see
+ * KVT_MHD_MEMORY_LIMIT, past which libmicrohttpd answers by itself). */
+#define KVT_MAX_URL_BYTES 4096
+#define KVT_MAX_HEADERS 64
+#define KVT_MAX_HEADER_BYTES 16384
+#define KVT_MHD_MEMORY_LIMIT (64u * 1024u)
 
 #if MHD_VERSION < 0x00097002
 typedef int MHD_Result_t;
@@ -81,6 +98,16 @@ struct kvt_server {
     kvt_server_counters c;
     uint64_t id_counter;
     uint32_t n_active;        /* HTTP requests between first callback and completion (cmu) */
+    /* connections */
+    kvt_conn_guard *guard;
+    pthread_t sweeper;
+    bool sweeper_started, stop_sweeper;
+    pthread_mutex_t swmu;
+    pthread_cond_t swcv;
+    /* tokenize budget: prompt text bytes being tokenized right now (tmu) */
+    pthread_mutex_t tmu;
+    pthread_cond_t tcv;
+    uint64_t tok_in_use;
 };
 
 /* Per-HTTP-request state (MHD con_cls). */
@@ -284,12 +311,11 @@ static void *worker_main(void *arg) {
         s->q_head = j->next;
         if (!s->q_head) s->q_tail = NULL;
         j->next = NULL;
-        s->n_queued--;
+        s->n_queued--; /* n_queued is qmu's; /stats reads it under qmu (counters_snapshot) */
         s->running = j;
         pthread_mutex_unlock(&s->qmu);
 
         pthread_mutex_lock(&s->cmu);
-        s->c.queued = s->n_queued;
         s->c.in_flight = 1;
         pthread_mutex_unlock(&s->cmu);
 
@@ -317,7 +343,11 @@ static bool enqueue(kvt_server *s, job *j, bool *full) {
         pthread_mutex_unlock(&s->qmu);
         return false;
     }
-    if (s->n_queued + (s->running ? 1u : 0u) >= s->o.max_queue) {
+    /* generations never take the last conn_reserve connections (kept for /health and new requests) */
+    uint32_t cap = s->o.max_queue;
+    uint32_t by_conns = s->o.max_connections > s->o.conn_reserve ? s->o.max_connections - s->o.conn_reserve : 1;
+    if (cap > by_conns) cap = by_conns;
+    if (s->n_queued + (s->running ? 1u : 0u) >= cap) {
         pthread_mutex_unlock(&s->qmu);
         *full = true;
         return false;
@@ -331,9 +361,6 @@ static bool enqueue(kvt_server *s, job *j, bool *full) {
     s->n_queued++;
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
-    pthread_mutex_lock(&s->cmu);
-    s->c.queued = s->n_queued;
-    pthread_mutex_unlock(&s->cmu);
     return true;
 }
 
@@ -404,6 +431,22 @@ static int route_of(const char *path, const char *method, bool *method_ok) {
     else if (!strcmp(path, "/admin/cache/flush")) r = R_FLUSH, want_post = true;
     *method_ok = want_post ? post : get;
     return r;
+}
+
+/* The counters for /stats and /metrics, each read under the lock that owns it. */
+static void counters_snapshot(kvt_server *s, kvt_server_counters *cs) {
+    pthread_mutex_lock(&s->cmu);
+    *cs = s->c;
+    pthread_mutex_unlock(&s->cmu);
+    pthread_mutex_lock(&s->qmu);
+    cs->queued = s->n_queued;
+    pthread_mutex_unlock(&s->qmu);
+    kvt_conn_guard_stats gs;
+    kvt_conn_guard_stats_get(s->guard, &gs);
+    cs->conn_open = gs.open;
+    cs->conn_refused = gs.refused;
+    cs->conn_evicted = gs.evicted;
+    cs->conn_timed_out = gs.timed_out;
 }
 
 static void count_status(kvt_server *s, int status) {
@@ -509,6 +552,46 @@ static MHD_Result_t job_error_response(struct MHD_Connection *c, conn_ctx *x, jo
     }
 }
 
+/* True unless a text of len bytes needs more than room tokens even if every token were the
+ * vocabulary's longest (the cheap refusal before tokenizing). */
+static bool prompt_can_fit(const kvt_tokenizer *tok, size_t len, int64_t room) {
+    if (room <= 0) return false;
+    uint64_t maxb = kvt_tokenizer_max_token_bytes(tok);
+    return (len + maxb - 1) / maxb <= (uint64_t)room;
+}
+
+/* 400 context_length_exceeded. n_prompt: the count when known, the count at which tokenizing
+ * stopped (> the room) when > 0 and text_len > 0, or -1 when refused before tokenizing. */
+static MHD_Result_t send_ctx_err(struct MHD_Connection *c, conn_ctx *x, const char *param, uint32_t n_ctx,
+                                 int64_t max_tokens, size_t text_len, int64_t n_prompt) {
+    char comp[96] = "";
+    if (max_tokens > 0) snprintf(comp, sizeof comp, " with %lld tokens for the completion", (long long)max_tokens);
+    if (n_prompt < 0)
+        return send_err(c, x, 400, "invalid_request_error", param, "context_length_exceeded",
+                        "This model's maximum context length is %u tokens. However, your prompt of %zu bytes needs "
+                        "more tokens than fit%s.", n_ctx, text_len, comp);
+    return send_err(c, x, 400, "invalid_request_error", param, "context_length_exceeded",
+                    "This model's maximum context length is %u tokens. However, your prompt has %s%lld tokens%s.",
+                    n_ctx, text_len ? "more than " : "", (long long)(text_len ? n_prompt - 1 : n_prompt), comp);
+}
+
+/* The tokenize budget: waits until len more text bytes fit in tokenize_budget_mb (a text larger
+ * than the whole budget runs alone). Bounded: every holder tokenizes at most a context's worth. */
+static void tok_budget_acquire(kvt_server *s, size_t len) {
+    uint64_t budget = (uint64_t)s->o.tokenize_budget_mb << 20;
+    pthread_mutex_lock(&s->tmu);
+    while (s->tok_in_use > 0 && s->tok_in_use + len > budget) pthread_cond_wait(&s->tcv, &s->tmu);
+    s->tok_in_use += len;
+    pthread_mutex_unlock(&s->tmu);
+}
+
+static void tok_budget_release(kvt_server *s, size_t len) {
+    pthread_mutex_lock(&s->tmu);
+    s->tok_in_use -= len;
+    pthread_cond_broadcast(&s->tcv);
+    pthread_mutex_unlock(&s->tmu);
+}
+
 static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     kvt_server *s = x->s;
     kvt_api_kind kind = x->route == R_CHAT ? KVT_API_CHAT : KVT_API_COMPLETION;
@@ -523,35 +606,69 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     MHD_Result_t ret;
     int32_t *ids = NULL;
     int64_t n_ids = 0;
+    char *rendered = NULL; /* chat: the rendered template text */
     job *j = NULL;
     if (!kvt_api_model_matches(rq.model, s->o.model_alias, kvt_engine_model_name(s->e), s->o.model_path)) {
         ret = send_err(c, x, 404, "invalid_request_error", "model", "model_not_found",
                        "The model '%.100s' does not exist (this server serves '%.100s')", rq.model, s->model_name);
         goto out;
     }
-    /* tokenize */
+    /* Tokenize, bounded. The prompt may take at most `room` tokens: the context less max_tokens
+     * (or less one generated token). A text that needs more even if every token were the longest
+     * one in the vocabulary is refused before tokenizing; otherwise tokenizing stops as soon as the
+     * count passes `room`, and the text bytes tokenized at once are capped by the tokenize budget. */
+    const char *param = kind == KVT_API_CHAT ? "messages" : "prompt";
+    int64_t room = rq.max_tokens > 0 ? (int64_t)n_ctx - rq.max_tokens : (int64_t)n_ctx - 1;
+    const char *text = NULL;
+    size_t text_len = 0;
+    uint32_t tflags = KVT_TOK_PARSE_SPECIAL;
     if (kind == KVT_API_CHAT) {
-        char err[256] = "";
-        kvt_status st = kvt_chat_tokenize(kvt_engine_chat(s->e), tok, rq.msgs, rq.n_msgs, true, &ids, &n_ids, err,
-                                          sizeof err);
-        if (st != KVT_OK) {
-            ret = send_err(c, x, st == KVT_ERR_NOMEM ? 500 : 400, "invalid_request_error", "messages", NULL,
-                           "cannot render messages: %s", err[0] ? err : kvt_status_str(st));
+        for (size_t i = 0; i < rq.n_msgs; i++) text_len += rq.msgs[i].content_len;
+        if (!prompt_can_fit(tok, text_len, room)) {
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1);
             goto out;
         }
+        char err[256] = "";
+        kvt_status st = kvt_chat_render(kvt_engine_chat(s->e), rq.msgs, rq.n_msgs, true, &rendered, &text_len, err,
+                                        sizeof err);
+        if (st != KVT_OK) {
+            ret = send_err(c, x, st == KVT_ERR_NOMEM ? 500 : 400, st == KVT_ERR_NOMEM ? "server_error" : "invalid_request_error",
+                           "messages", NULL, "cannot render messages: %s", err[0] ? err : kvt_status_str(st));
+            goto out;
+        }
+        text = rendered;
     } else if (rq.prompt_ids) {
         ids = rq.prompt_ids;
         n_ids = rq.n_prompt_ids;
         rq.prompt_ids = NULL;
-    } else {
-        bool bos = kvt_tokenizer_add_bos(tok);
-        int64_t need = kvt_tokenize(tok, rq.prompt_text, rq.prompt_text_len, bos, true, NULL, 0);
-        if (need > 0) {
-            ids = malloc((size_t)need * sizeof *ids);
-            if (ids) n_ids = kvt_tokenize(tok, rq.prompt_text, rq.prompt_text_len, bos, true, ids, need);
+        if (n_ids > room) {
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, 0, n_ids);
+            goto out;
         }
-        if (need < 0 || (need > 0 && (!ids || n_ids != need))) {
-            ret = send_err(c, x, 500, "server_error", NULL, NULL, "tokenization failed");
+    } else {
+        text = rq.prompt_text;
+        text_len = rq.prompt_text_len;
+        if (kvt_tokenizer_add_bos(tok)) tflags |= KVT_TOK_ADD_SPECIAL;
+    }
+    if (text) {
+        if (!prompt_can_fit(tok, text_len, room)) {
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1);
+            goto out;
+        }
+        ids = malloc((size_t)(room + 1) * sizeof *ids);
+        if (!ids) {
+            ret = send_err(c, x, 500, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
+        tok_budget_acquire(s, text_len);
+        n_ids = kvt_tokenize_limit(tok, text, text_len, tflags, ids, room + 1, room);
+        tok_budget_release(s, text_len);
+        if (n_ids < 0) {
+            ret = send_err(c, x, 500, "server_error", NULL, NULL, "tokenization failed (out of memory)");
+            goto out;
+        }
+        if (n_ids > room) {
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, n_ids);
             goto out;
         }
     }
@@ -559,28 +676,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
         ret = send_err(c, x, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty after tokenization");
         goto out;
     }
-    uint64_t max_tokens;
-    if (rq.max_tokens > 0) {
-        max_tokens = (uint64_t)rq.max_tokens;
-        if ((uint64_t)n_ids + max_tokens > n_ctx) {
-            ret = send_err(c, x, 400, "invalid_request_error", kind == KVT_API_CHAT ? "messages" : "prompt",
-                           "context_length_exceeded",
-                           "This model's maximum context length is %u tokens. However, you requested %llu tokens "
-                           "(%lld in the prompt, %llu for the completion).",
-                           n_ctx, (unsigned long long)((uint64_t)n_ids + max_tokens), (long long)n_ids,
-                           (unsigned long long)max_tokens);
-            goto out;
-        }
-    } else {
-        if ((uint64_t)n_ids >= n_ctx) {
-            ret = send_err(c, x, 400, "invalid_request_error", kind == KVT_API_CHAT ? "messages" : "prompt",
-                           "context_length_exceeded",
-                           "This model's maximum context length is %u tokens. However, your prompt has %lld tokens.",
-                           n_ctx, (long long)n_ids);
-            goto out;
-        }
-        max_tokens = n_ctx - (uint64_t)n_ids;
-    }
+    uint64_t max_tokens = rq.max_tokens > 0 ? (uint64_t)rq.max_tokens : n_ctx - (uint64_t)n_ids;
 
     j = calloc(1, sizeof *j);
     if (!j) {
@@ -659,6 +755,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     }
 out:
     free(ids);
+    free(rendered);
     kvt_api_req_free(&rq);
     cJSON_Delete(root);
     return ret;
@@ -667,8 +764,76 @@ out:
 /* ---------------------------------------------------------------------------------------------
  * MHD callbacks
  * ------------------------------------------------------------------------------------------- */
-static MHD_Result_t handle_first(struct MHD_Connection *c, conn_ctx *x, const char *method) {
+/* The conn_guard entry of a connection (NULL once closed or when untracked). Always read fresh from
+ * the library: the notify callback clears it when the connection closes. */
+static kvt_conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? (kvt_conn *)ci->socket_context : NULL;
+}
+
+static void addr_key(const struct sockaddr *sa, char *out, size_t n) {
+    snprintf(out, n, "?");
+    if (!sa) return;
+    if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)n);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)n);
+}
+
+static MHD_Result_t on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)addrlen;
+    kvt_server *s = cls;
+    char key[64];
+    addr_key(addr, key, sizeof key);
+    if (kvt_conn_guard_admit(s->guard, key, kvt_now_ms())) return MHD_YES;
+    KVT_DEBUG("refused a connection from %s (connection limits)", key);
+    return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    kvt_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        char key[64];
+        addr_key(ai ? ai->client_addr : NULL, key, sizeof key);
+        *socket_context = kvt_conn_guard_open(s->guard, key, fi ? fi->connect_fd : -1, kvt_now_ms());
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        kvt_conn_guard_close(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* The guard's kill function: a shutdown makes the connection's thread see end-of-stream and close
+ * the socket itself (the fd stays valid until then, see conn_guard.c invariant 1). */
+static void kill_conn(void *ctx, int fd) {
+    (void)ctx;
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+/* Counts request headers and their bytes (MHD_KeyValueIterator). */
+typedef struct hdr_acc {
+    unsigned n;
+    size_t bytes;
+} hdr_acc;
+static MHD_Result_t count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    hdr_acc *a = cls;
+    a->n++;
+    a->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+static MHD_Result_t handle_first(struct MHD_Connection *c, conn_ctx *x, const char *url, const char *method) {
     kvt_server *s = x->s;
+    if (strlen(url) > KVT_MAX_URL_BYTES)
+        return send_err(c, x, 414, "invalid_request_error", NULL, "uri_too_long", "request URI exceeds %d bytes",
+                        KVT_MAX_URL_BYTES);
+    hdr_acc ha = {0, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &ha);
+    if (ha.n > KVT_MAX_HEADERS || ha.bytes > KVT_MAX_HEADER_BYTES)
+        return send_err(c, x, 431, "invalid_request_error", NULL, "request_header_fields_too_large",
+                        "request has %u headers / %zu header bytes (limits %d / %d)", ha.n, ha.bytes, KVT_MAX_HEADERS,
+                        KVT_MAX_HEADER_BYTES);
     if (s->o.api_key) {
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
         if (!kvt_api_check_bearer(auth, s->o.api_key))
@@ -708,8 +873,10 @@ static MHD_Result_t on_access(void *cls, struct MHD_Connection *c, const char *u
         pthread_mutex_lock(&s->cmu);
         s->n_active++;
         pthread_mutex_unlock(&s->cmu);
-        return handle_first(c, x, method);
+        kvt_conn_guard_stage(s->guard, conn_of(c), KVT_CONN_BODY, x->t0); /* headers are in */
+        return handle_first(c, x, url, method);
     }
+    if (*upload_size == 0) kvt_conn_guard_stage(s->guard, conn_of(c), KVT_CONN_BUSY, kvt_now_ms()); /* body is in */
     if (x->responded) { /* early error answered; drop any body */
         *upload_size = 0;
         return MHD_YES;
@@ -750,9 +917,7 @@ static MHD_Result_t on_access(void *cls, struct MHD_Connection *c, const char *u
         memset(&st, 0, sizeof st);
         kvt_engine_stats_get(s->e, &st);
         kvt_server_counters cs;
-        pthread_mutex_lock(&s->cmu);
-        cs = s->c;
-        pthread_mutex_unlock(&s->cmu);
+        counters_snapshot(s, &cs);
         if (x->route == R_STATS) return send_json(c, x, 200, kvt_api_stats_json(&st, &cs, s->model_name));
         return send_body(c, x, 200, kvt_api_metrics_text(&st, &cs), "text/plain; version=0.0.4; charset=utf-8");
     }
@@ -762,8 +927,9 @@ static MHD_Result_t on_access(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     kvt_server *s = cls;
+    /* keep-alive: the next request's headers are due within the header deadline */
+    if (c) kvt_conn_guard_stage(s->guard, conn_of(c), KVT_CONN_WAITING, kvt_now_ms());
     conn_ctx *x = *con_cls;
     if (!x) return;
     *con_cls = NULL;
@@ -785,8 +951,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         bool done = j->state == JOB_DONE;
         pthread_mutex_unlock(&j->mu);
         const char *tier = r.reused_from == KVT_TIER_RAM ? "ram" : r.reused_from == KVT_TIER_SSD ? "ssd" : "none";
-        KVT_INFO("%s %s %d prompt=%u reused=%u(%s) gen=%u ttft=%.1fms %.1f tok/s total=%.0fms%s%s", x->method,
-                 x->path, x->status, j->n_prompt, r.n_reused, tier, r.n_gen, r.ttft_ms, r.decode_tps, ms,
+        KVT_INFO("%s %s %d prompt=%u reused=%u(%s) gen=%u ttft=%.1fms prefill=%.1f tok/s decode=%.1f tok/s "
+                 "total=%.0fms%s%s",
+                 x->method, x->path, x->status, j->n_prompt, r.n_reused, tier, r.n_gen, r.ttft_ms, r.prefill_tps,
+                 r.decode_tps, ms,
                  done ? "" : " (client gone)", toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " [aborted]");
         job_unref(j);
     } else {
@@ -807,6 +975,26 @@ void kvt_server_opts_default(kvt_server_opts *o) {
     o->max_body_mb = 16;
     o->max_queue = 256;
     o->max_connections = 256;
+    o->max_conns_per_addr = 32;
+    o->conn_reserve = 16;
+    o->header_timeout_s = 10;
+    o->body_timeout_s = 60;
+    o->tokenize_budget_mb = 4;
+}
+
+static void *sweeper_main(void *arg) {
+    kvt_server *s = arg;
+    pthread_mutex_lock(&s->swmu);
+    while (!s->stop_sweeper) {
+        timed_wait(&s->swcv, &s->swmu, 250);
+        if (s->stop_sweeper) break;
+        pthread_mutex_unlock(&s->swmu);
+        uint32_t n = kvt_conn_guard_sweep(s->guard, kvt_now_ms());
+        if (n) KVT_DEBUG("closed %u connection(s) past their header/body deadline", n);
+        pthread_mutex_lock(&s->swmu);
+    }
+    pthread_mutex_unlock(&s->swmu);
+    return NULL;
 }
 
 static bool is_loopback(const struct sockaddr *sa) {
@@ -848,6 +1036,11 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
     if (!s->o.max_queue) s->o.max_queue = 256;
     if (!s->o.max_connections) s->o.max_connections = 256;
     if (!s->o.max_body_mb) s->o.max_body_mb = 16;
+    if (!s->o.max_conns_per_addr) s->o.max_conns_per_addr = 32;
+    if (s->o.conn_reserve >= s->o.max_connections) s->o.conn_reserve = s->o.max_connections - 1;
+    if (s->o.header_timeout_s <= 0) s->o.header_timeout_s = 10;
+    if (s->o.body_timeout_s <= 0) s->o.body_timeout_s = 60;
+    if (!s->o.tokenize_budget_mb) s->o.tokenize_budget_mb = 4;
     s->e = e;
     s->started_at = (int64_t)time(NULL);
     const char *mn = o->model_alias ? o->model_alias : kvt_engine_model_name(e);
@@ -857,6 +1050,17 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_mutex_init(&s->cmu, NULL);
     pthread_mutex_init(&s->shut_mu, NULL);
+    pthread_mutex_init(&s->swmu, NULL);
+    pthread_cond_init(&s->swcv, NULL);
+    pthread_mutex_init(&s->tmu, NULL);
+    pthread_cond_init(&s->tcv, NULL);
+    kvt_conn_guard_opts go = {.max_conns = s->o.max_connections, .per_addr = s->o.max_conns_per_addr,
+                              .header_s = s->o.header_timeout_s, .body_s = s->o.body_timeout_s};
+    if (kvt_conn_guard_create(&go, kill_conn, s, &s->guard) != KVT_OK) {
+        freeaddrinfo(ai);
+        kvt_server_free(s);
+        return KVT_ERR_NOMEM;
+    }
     if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
         freeaddrinfo(ai);
         kvt_server_free(s);
@@ -865,10 +1069,16 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
     s->worker_started = true;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, o->port, NULL, NULL, (MHD_AccessHandlerCallback)on_access, s,
+    /* The library's own connection limit only backstops conn_guard's (which admits at most
+     * max_connections): evicted connections still count there until their thread has closed them.
+     * Its inactivity timeout stays long (a generation may be silent for minutes); the header/body
+     * deadlines are conn_guard's. */
+    s->mhd = MHD_start_daemon(flags, o->port, on_accept, s, (MHD_AccessHandlerCallback)on_access, s,
                               MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)s->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+                              (unsigned)s->o.max_connections * 2 + 16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVT_MHD_MEMORY_LIMIT,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
+                              on_completed, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
         int en = errno;
@@ -878,6 +1088,8 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
+    if (pthread_create(&s->sweeper, NULL, sweeper_main, s) == 0) s->sweeper_started = true;
+    else KVT_WARN("cannot start the connection sweeper: header/body deadlines are not enforced");
     *out = s;
     return KVT_OK;
 }
@@ -956,8 +1168,20 @@ void kvt_server_free(kvt_server *s) {
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_cond_destroy(&s->idle_cv);
+    if (s->sweeper_started) {
+        pthread_mutex_lock(&s->swmu);
+        s->stop_sweeper = true;
+        pthread_cond_broadcast(&s->swcv);
+        pthread_mutex_unlock(&s->swmu);
+        pthread_join(s->sweeper, NULL);
+    }
+    kvt_conn_guard_free(s->guard); /* after the listener: its close notifications use the guard */
     pthread_mutex_destroy(&s->cmu);
     pthread_mutex_destroy(&s->shut_mu);
+    pthread_mutex_destroy(&s->swmu);
+    pthread_cond_destroy(&s->swcv);
+    pthread_mutex_destroy(&s->tmu);
+    pthread_cond_destroy(&s->tcv);
     free(s);
 }
 

@@ -2,8 +2,9 @@
  * server.h — the OpenAI-compatible HTTP server (libmicrohttpd + cJSON) in front of one kvt_engine.
  * The engine flags themselves are parsed by src/cli/engine_flags.h (shared with run/chat).
  *
- * Threading: HTTP connection threads (thread-per-connection) parse and validate requests, tokenize,
- * and put a job on a FIFO queue; exactly one worker thread runs kvt_engine_generate, one job at a
+ * Threading: HTTP connection threads (thread-per-connection) parse and validate requests, tokenize
+ * (bounded: see do_generate), and put a job on a FIFO queue; a small sweeper thread enforces the
+ * connection deadlines of conn_guard.h; exactly one worker thread runs kvt_engine_generate, one job at a
  * time. Streaming responses are fed from the worker through a per-job buffer guarded by a mutex and
  * condvar. A client that disconnects sets its job's cancel flag; the engine stops and keeps what it
  * computed in the cache.
@@ -32,7 +33,13 @@ typedef struct kvt_server_opts {
     const char *model_alias;   /* NULL = engine model name */
     const char *model_path;    /* for the basename match of the `model` field */
     uint32_t max_queue;        /* queued + running jobs before 503, default 256 */
-    uint32_t max_connections;  /* default 256 */
+    uint32_t max_connections;  /* connections held at once, default 256 */
+    uint32_t max_conns_per_addr; /* connections per client address still sending a request, default 32 */
+    uint32_t conn_reserve;     /* connections generations may never take (kept for /health, new
+                                  requests), default 16; the queue holds at most max_connections - this */
+    double header_timeout_s;   /* request line + headers (and keep-alive idle) deadline, default 10 */
+    double body_timeout_s;     /* request body deadline after the headers, default 60 */
+    uint32_t tokenize_budget_mb; /* prompt text tokenized at once across requests, default 4 */
 } kvt_server_opts;
 
 void kvt_server_opts_default(kvt_server_opts *o);
@@ -102,6 +109,14 @@ bool kvt_ct_equal(const char *given, size_t given_len, const char *expected);
 /* Checks an Authorization header value "Bearer KEY" against key in constant time. */
 bool kvt_api_check_bearer(const char *header, const char *key);
 
+/* Strict RFC 8259 syntax check (json_strict.c), run by kvt_api_parse before cJSON, which is lenient:
+ * rejects a leading BOM, raw control characters in strings, bad escapes and lone surrogates, an
+ * escaped NUL (\u0000: refused rather than silently cutting the string), malformed numbers,
+ * trailing data and nesting deeper than KVT_JSON_MAX_DEPTH. UTF-8 is checked by kvt_utf8_valid.
+ * On failure: false, *off = byte offset of the problem, *why = a static message. */
+#define KVT_JSON_MAX_DEPTH 64
+bool kvt_json_strict_check(const char *s, size_t n, size_t *off, const char **why);
+
 /* Parses body (len bytes) into a cJSON tree and a request. n_vocab bounds token ids. On failure
  * fills *err and returns false (the tree, if any, is freed). On success *root must be freed with
  * cJSON_Delete after kvt_api_req_free. */
@@ -137,6 +152,8 @@ const char *kvt_api_finish_str(kvt_finish f);
 typedef struct kvt_server_counters {
     uint64_t total, ok, client_errors, server_errors, cancelled, rejected_shutdown, in_flight, queued,
         streamed;
+    /* connections (conn_guard.h): held now, refused at accept, evicted, timed out */
+    uint64_t conn_open, conn_refused, conn_evicted, conn_timed_out;
 } kvt_server_counters;
 char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *c, const char *model);
 char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters *c);

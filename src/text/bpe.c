@@ -356,7 +356,7 @@ static void split_stage(const kvt_tokenizer *t, uint32_t k, const char *text, si
         return;
     }
     size_t pos = 0;
-    while (pos < len) {
+    while (pos < len && !out->over) {
         int rc = pcre2_match(t->re[k], (PCRE2_SPTR)text, len, pos, 0, md, NULL);
         if (rc < 0) { /* no match (or a match error): the rest is one gap piece */
             split_stage(t, k + 1, text + pos, len - pos, out, md);

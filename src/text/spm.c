@@ -121,7 +121,7 @@ void kvt_spm_encode_opt(const kvt_tokenizer *t, const char *text, size_t len, kv
         return;
     }
     size_t start = 0;
-    for (size_t i = 1; allow_split && t->spm_split_ws && i + 3 <= len; i++) {
+    for (size_t i = 1; allow_split && t->spm_split_ws && i + 3 <= len && !out->over; i++) {
         /* split before a U+2581 that follows something else */
         if (text[i] == '\xE2' && !memcmp(text + i, "\xE2\x96\x81", 3) &&
             !(i >= 3 && !memcmp(text + i - 3, "\xE2\x96\x81", 3))) {
@@ -129,7 +129,7 @@ void kvt_spm_encode_opt(const kvt_tokenizer *t, const char *text, size_t len, kv
             start = i;
         }
     }
-    encode_chunk(t, text + start, len - start, s, &h, out);
+    if (!out->over) encode_chunk(t, text + start, len - start, s, &h, out);
     free(s);
     free(h.v);
 }

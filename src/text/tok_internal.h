@@ -79,6 +79,7 @@ struct kvt_tokenizer {
     int32_t byte_tok[256];  /* <0xXX> token (or single-byte token), -1 if absent */
     bool spm_split_ws;      /* text may be cut before each U+2581 run (see spm.c) */
 
+    uint32_t max_token_len; /* longest vocabulary token text in bytes (kvt_tokenizer_max_token_bytes) */
     uint64_t hash;
 };
 
@@ -91,11 +92,13 @@ static inline const char *kvt_tok_text(const kvt_tokenizer *t, int32_t id, uint3
 /* Appends a symbol that is not a vocab token (BPE merge parts); returns its id or -1. */
 int32_t kvt_tok_add_extra(kvt_tokenizer *t, const char *s, size_t len);
 
-/* growable id vector */
+/* growable id vector; with limit > 0, `over` is set once more than limit ids were pushed and the
+ * encoders stop at their next piece/chunk boundary (kvt_tokenize_limit) */
 typedef struct kvt_idvec {
     int32_t *v;
     int64_t n, cap;
-    bool oom;
+    int64_t limit;
+    bool oom, over;
 } kvt_idvec;
 void kvt_idvec_push(kvt_idvec *v, int32_t id);
 

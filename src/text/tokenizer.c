@@ -25,6 +25,7 @@ void kvt_idvec_push(kvt_idvec *v, int32_t id) {
         v->cap = nc;
     }
     v->v[v->n++] = id;
+    if (v->limit > 0 && v->n > v->limit) v->over = true;
 }
 
 /* ------------------------------------------------------------------ string map */
@@ -304,6 +305,12 @@ kvt_status kvt_tokenizer_create(const kvt_gguf *g, kvt_tokenizer **out, char *er
         for (uint32_t i = 0; i < t->n_specials; i++) t->sp_bucket[fill[(unsigned char)t->blob[t->specials[i].off]]++] = i;
     }
 
+    /* Upper bound on the input bytes one emitted token can cover: token texts are stored escaped
+     * (byte-level BPE maps a byte to 1-2 UTF-8 bytes, SPM writes a space as the 3-byte U+2581), so
+     * the stored length never undercounts; 4 covers an unk standing for one 4-byte character. */
+    t->max_token_len = 4;
+    for (uint32_t i = 0; i < t->n_vocab; i++) t->max_token_len = KVT_MAX(t->max_token_len, t->lens[i]);
+
     /* stable hash of everything that changes tokenization */
     {
         XXH3_state_t *hs = XXH3_createState();
@@ -476,9 +483,9 @@ static void spm_fragment(const kvt_tokenizer *t, const char *text, size_t len, b
     if (buf != stackbuf) free(buf);
 }
 
-int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags, int32_t *ids,
-                        int64_t cap) {
-    kvt_idvec out = {0};
+int64_t kvt_tokenize_limit(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags, int32_t *ids,
+                           int64_t cap, int64_t limit) {
+    kvt_idvec out = {.limit = limit > 0 ? limit : 0};
     bool add_special = flags & KVT_TOK_ADD_SPECIAL;
     if (add_special && t->add_bos && t->bos >= 0) kvt_idvec_push(&out, t->bos);
     uint32_t nocc = 0;
@@ -495,7 +502,7 @@ int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, ui
     }
     bool prev_special = !(flags & KVT_TOK_NO_SPACE_PREFIX);
     size_t pos = 0;
-    for (uint32_t i = 0; i <= nocc; i++) {
+    for (uint32_t i = 0; i <= nocc && !out.over; i++) {
         size_t end = i < nocc ? oc[i].pos : len;
         if (end > pos) {
             if (t->model == KVT_TOKM_BPE) kvt_bpe_encode(t, text + pos, end - pos, &out, md);
@@ -509,7 +516,7 @@ int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, ui
             prev_special = true;
         }
     }
-    if (add_special && t->add_eos && t->eos >= 0) kvt_idvec_push(&out, t->eos);
+    if (add_special && t->add_eos && t->eos >= 0 && !out.over) kvt_idvec_push(&out, t->eos);
     free(oc);
     if (md) pcre2_match_data_free(md);
     if (out.oom) {
@@ -521,6 +528,13 @@ int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, ui
     free(out.v);
     return n;
 }
+
+int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags, int32_t *ids,
+                        int64_t cap) {
+    return kvt_tokenize_limit(t, text, len, flags, ids, cap, 0);
+}
+
+uint32_t kvt_tokenizer_max_token_bytes(const kvt_tokenizer *t) { return t->max_token_len; }
 
 int64_t kvt_tokenize(const kvt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                      int32_t *ids, int64_t cap) {

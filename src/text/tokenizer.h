@@ -69,6 +69,16 @@ const char *kvt_detok_flush(kvt_detok *d, size_t *len);
 enum { KVT_TOK_ADD_SPECIAL = 1, KVT_TOK_PARSE_SPECIAL = 2, KVT_TOK_NO_SPACE_PREFIX = 4 };
 int64_t kvt_tokenize_ex(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags,
                         int32_t *ids, int64_t cap);
+/* kvt_tokenize_ex that gives up early: with limit > 0 it stops at the first piece/chunk boundary
+ * after more than limit ids were produced and returns that count (> limit, not the full count), so
+ * an over-long text costs time and memory for about limit tokens, not for all of it. Untrusted
+ * text: reject it first when len / kvt_tokenizer_max_token_bytes(t) already exceeds the limit.
+ * limit <= 0: no limit (exactly kvt_tokenize_ex). */
+int64_t kvt_tokenize_limit(const kvt_tokenizer *t, const char *text, size_t len, uint32_t flags, int32_t *ids,
+                           int64_t cap, int64_t limit);
+/* Upper bound on the input bytes a single token can stand for (the longest vocabulary text, at
+ * least 4): a text of len bytes needs at least ceil(len / this) tokens. */
+uint32_t kvt_tokenizer_max_token_bytes(const kvt_tokenizer *t);
 bool kvt_tokenizer_add_eos(const kvt_tokenizer *t);
 bool kvt_tokenizer_add_space_prefix(const kvt_tokenizer *t);
 /* Token type from tokenizer.ggml.token_type (0 undefined, 1 normal, 2 unknown, 3 control,
