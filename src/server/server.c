@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -560,10 +561,10 @@ static bool prompt_can_fit(const kvt_tokenizer *tok, size_t len, int64_t room) {
     return (len + maxb - 1) / maxb <= (uint64_t)room;
 }
 
-/* 400 context_length_exceeded. n_prompt: the count when known, the count at which tokenizing
- * stopped (> the room) when > 0 and text_len > 0, or -1 when refused before tokenizing. */
+/* 400 context_length_exceeded. n_prompt: the prompt's token count, or with more_than the room it
+ * exceeded (tokenizing stopped there), or -1 when refused before tokenizing (text_len bytes). */
 static MHD_Result_t send_ctx_err(struct MHD_Connection *c, conn_ctx *x, const char *param, uint32_t n_ctx,
-                                 int64_t max_tokens, size_t text_len, int64_t n_prompt) {
+                                 int64_t max_tokens, size_t text_len, int64_t n_prompt, bool more_than) {
     char comp[96] = "";
     if (max_tokens > 0) snprintf(comp, sizeof comp, " with %lld tokens for the completion", (long long)max_tokens);
     if (n_prompt < 0)
@@ -572,7 +573,7 @@ static MHD_Result_t send_ctx_err(struct MHD_Connection *c, conn_ctx *x, const ch
                         "more tokens than fit%s.", n_ctx, text_len, comp);
     return send_err(c, x, 400, "invalid_request_error", param, "context_length_exceeded",
                     "This model's maximum context length is %u tokens. However, your prompt has %s%lld tokens%s.",
-                    n_ctx, text_len ? "more than " : "", (long long)(text_len ? n_prompt - 1 : n_prompt), comp);
+                    n_ctx, more_than ? "more than " : "", (long long)n_prompt, comp);
 }
 
 /* The tokenize budget: waits until len more text bytes fit in tokenize_budget_mb (a text larger
@@ -625,7 +626,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     if (kind == KVT_API_CHAT) {
         for (size_t i = 0; i < rq.n_msgs; i++) text_len += rq.msgs[i].content_len;
         if (!prompt_can_fit(tok, text_len, room)) {
-            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1);
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1, false);
             goto out;
         }
         char err[256] = "";
@@ -642,7 +643,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
         n_ids = rq.n_prompt_ids;
         rq.prompt_ids = NULL;
         if (n_ids > room) {
-            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, 0, n_ids);
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, 0, n_ids, false);
             goto out;
         }
     } else {
@@ -652,7 +653,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     }
     if (text) {
         if (!prompt_can_fit(tok, text_len, room)) {
-            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1);
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, -1, false);
             goto out;
         }
         ids = malloc((size_t)(room + 1) * sizeof *ids);
@@ -668,7 +669,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
             goto out;
         }
         if (n_ids > room) {
-            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, n_ids);
+            ret = send_ctx_err(c, x, param, n_ctx, rq.max_tokens, text_len, room, true);
             goto out;
         }
     }
@@ -779,6 +780,16 @@ static void addr_key(const struct sockaddr *sa, char *out, size_t n) {
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)n);
 }
 
+/* libmicrohttpd's own messages (one per dropped connection under attack) go to the debug log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[256];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    KVT_DEBUG("http: %s", msg);
+}
+
 static MHD_Result_t on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
     (void)addrlen;
     kvt_server *s = cls;
@@ -825,7 +836,9 @@ static MHD_Result_t count_header(void *cls, enum MHD_ValueKind kind, const char 
 }
 static MHD_Result_t handle_first(struct MHD_Connection *c, conn_ctx *x, const char *url, const char *method) {
     kvt_server *s = x->s;
-    if (strlen(url) > KVT_MAX_URL_BYTES)
+    hdr_acc qa = {0, 0}; /* the library hands the path and the query arguments over separately */
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, count_header, &qa);
+    if (strlen(url) + qa.bytes > KVT_MAX_URL_BYTES)
         return send_err(c, x, 414, "invalid_request_error", NULL, "uri_too_long", "request URI exceeds %d bytes",
                         KVT_MAX_URL_BYTES);
     hdr_acc ha = {0, 0};
@@ -1078,7 +1091,7 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
                               (unsigned)s->o.max_connections * 2 + 16, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVT_MHD_MEMORY_LIMIT,
                               MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_NOTIFY_COMPLETED,
-                              on_completed, s, MHD_OPTION_END);
+                              on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
         int en = errno;
