@@ -114,6 +114,8 @@ struct kvt_ssd {
     pthread_t writer;
     bool writer_started, stop, paused;
     bool busy; /* the engine is decoding: defer writes (bounded), see writer_should_defer */
+    kvt_ssd_progress_fn progress; /* restore progress (kvt_ssd_set_progress), restore thread only */
+    void *progress_ctx;
 
     /* index */
     ssd_entry **ents;
@@ -1146,6 +1148,12 @@ static bool writer_should_defer(kvt_ssd *s, uint64_t now_ns, uint64_t *wake_ns) 
     if (now_ns >= deadline) return false;
     *wake_ns = deadline;
     return true;
+}
+
+void kvt_ssd_set_progress(kvt_ssd *s, kvt_ssd_progress_fn fn, void *ctx) {
+    if (!s) return;
+    s->progress = fn;
+    s->progress_ctx = ctx;
 }
 
 void kvt_ssd_set_busy(kvt_ssd *s, bool busy) {
@@ -2290,6 +2298,7 @@ kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64
                     for (uint32_t g = 0; g < G; g++)
                         if (blocks[g]) kvt_block_release(blocks[g]);
                     memset(blocks, 0, sizeof(blocks));
+                    if (as == KVT_OK && s->progress) s->progress(s->progress_ctx, KVT_MIN((jb->j + 1) * bt, pl.p), pl.p);
                 }
             }
         }

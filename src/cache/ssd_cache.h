@@ -146,6 +146,11 @@ void kvt_ssd_set_fault(kvt_ssd *ssd, kvt_ssd_fault f);
  * half-full queue or an item older than 2 s ends the deferral) so persistence does not compete with
  * the memory-bandwidth-bound token loop. */
 void kvt_ssd_set_busy(kvt_ssd *ssd, bool busy);
+/* Restore progress for terminal indicators: kvt_ssd_restore calls fn(ctx, tokens restored so far,
+ * tokens being restored) on its calling thread after each restored block. NULL fn = none. Set it
+ * while no restore runs. */
+typedef void (*kvt_ssd_progress_fn)(void *ctx, uint32_t done, uint32_t total);
+void kvt_ssd_set_progress(kvt_ssd *ssd, kvt_ssd_progress_fn fn, void *ctx);
 /* Tests: pause/resume the writer thread (items stay queued, so queue bounds can be exercised). */
 void kvt_ssd_pause_writer(kvt_ssd *ssd, bool paused);
 

@@ -20,6 +20,7 @@
 #include "../model/model.h"
 #include "cmds.h"
 #include "engine_flags.h"
+#include "progress.h"
 
 static void usage(void) {
     printf("usage: kvtier bench -m MODEL [-p 512] [-n 128] [-r 3] [--cache] [--json] [options]\n\n"
@@ -121,6 +122,10 @@ out:
     return bpt;
 }
 
+/* Terminal progress for every engine a mode opens: NULL unless on a terminal without --json; set
+ * once the flags are parsed (bench_cmd), freed by cmd_bench. */
+static kvt_progress *g_progress;
+
 static kvt_engine *open_engine(const kvt_engine_opts *o) {
     char err[512] = "";
     kvt_engine *e = NULL;
@@ -128,6 +133,7 @@ static kvt_engine *open_engine(const kvt_engine_opts *o) {
         fprintf(stderr, "kvtier bench: %s\n", err);
         return NULL;
     }
+    kvt_progress_attach(g_progress, e);
     return e;
 }
 
@@ -424,7 +430,7 @@ static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p
     return rc;
 }
 
-int cmd_bench(int argc, char **argv) {
+static int bench_cmd(int argc, char **argv) {
     kvt_engine_opts eo;
     kvt_engine_opts_default(&eo);
     uint32_t n_p = 512, n_g = 128, reps = 3, suffix = 100;
@@ -456,6 +462,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "kvtier bench: --cache, --decode-at, --agreement, --once and --turns are exclusive\n");
         return 2;
     }
+    g_progress = kvt_progress_create(stderr, json);
     if (agreement) return bench_agreement(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, json);
     if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, json);
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);
@@ -467,6 +474,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "kvtier bench: %s\n", err);
         return 1;
     }
+    kvt_progress_attach(g_progress, e);
     uint32_t nv = kvt_engine_n_vocab(e);
     int32_t *ids = malloc(sizeof(int32_t) * (n_p + suffix + 1));
     double *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double)), *t3 = calloc(reps, sizeof(double));
@@ -543,5 +551,12 @@ out:
     free(tg);
     free(t3);
     kvt_engine_free(e);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    int rc = bench_cmd(argc, argv);
+    kvt_progress_free(g_progress);
+    g_progress = NULL;
     return rc;
 }

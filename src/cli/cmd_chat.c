@@ -7,6 +7,7 @@
 
 #include "cmds.h"
 #include "engine_flags.h"
+#include "progress.h"
 #include "util/strbuf.h"
 
 static void usage(void) {
@@ -55,6 +56,8 @@ int cmd_chat(int argc, char **argv) {
         fprintf(stderr, "kvtier chat: %s\n", err);
         return 1;
     }
+    kvt_progress *prog = kvt_progress_create(stderr, false); /* NULL unless on a terminal */
+    kvt_progress_attach(prog, e);
     size_t cap = 64, nm = 0;
     kvt_chat_msg *msgs = calloc(cap, sizeof *msgs);
     char **owned = calloc(cap, sizeof *owned);
@@ -137,5 +140,6 @@ int cmd_chat(int argc, char **argv) {
     free(owned);
     free(msgs);
     kvt_engine_free(e);
+    kvt_progress_free(prog);
     return rc;
 }

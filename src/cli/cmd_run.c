@@ -7,6 +7,7 @@
 
 #include "cmds.h"
 #include "engine_flags.h"
+#include "progress.h"
 
 static void usage(void) {
     printf("usage: kvtier run -m MODEL (-p TEXT | --tokens 1,2,3) [-n N] [options]\n\n"
@@ -146,6 +147,8 @@ int cmd_run(int argc, char **argv) {
     }
 
     int rc = 0;
+    kvt_progress *prog = kvt_progress_create(stderr, json); /* NULL unless on a terminal */
+    kvt_progress_attach(prog, e);
     for (uint32_t r = 0; r < repeat; r++) {
         out_ctx oc = {.json = json};
         kvt_gen_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_predict, .sampling = sp,
@@ -198,5 +201,6 @@ int cmd_run(int argc, char **argv) {
     }
     free(ids);
     kvt_engine_free(e);
+    kvt_progress_free(prog);
     return rc;
 }

@@ -54,7 +54,21 @@ struct kvt_engine {
     pthread_mutex_t stats_mu; /* request counters */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
     double last_tick_ms;
+    kvt_progress_cb progress; /* kvt_engine_set_progress */
+    void *progress_ctx;
 };
+
+static void report(kvt_engine *e, kvt_progress_phase ph, uint32_t done, uint32_t total) {
+    if (e->progress) e->progress(e->progress_ctx, ph, done, total);
+}
+
+static void restore_progress(void *ctx, uint32_t done, uint32_t total) { report(ctx, KVT_PROGRESS_RESTORE, done, total); }
+
+void kvt_engine_set_progress(kvt_engine *e, kvt_progress_cb cb, void *ctx) {
+    e->progress = cb;
+    e->progress_ctx = ctx;
+    if (e->ssd) kvt_ssd_set_progress(e->ssd, cb ? restore_progress : NULL, e);
+}
 
 void kvt_engine_opts_default(kvt_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -426,7 +440,10 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                 double r0 = kvt_now_ms();
                 kvt_seq *rs = NULL;
                 uint32_t got = 0;
-                if (kvt_ssd_restore(e->ssd, req->prompt, n, root, &rs, &got) == KVT_OK && rs && got > reused) {
+                report(e, KVT_PROGRESS_RESTORE, 0, on_disk);
+                kvt_status rst = kvt_ssd_restore(e->ssd, req->prompt, n, root, &rs, &got);
+                report(e, KVT_PROGRESS_RESTORE, on_disk, on_disk);
+                if (rst == KVT_OK && rs && got > reused) {
                     if (seq) kvt_seq_free(seq);
                     seq = rs;
                     reused = got;
@@ -469,12 +486,16 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     const bool keep_window = use_cache && e->min_window > 0;
     uint32_t chunk = n - reused;
     if (keep_window) chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), chunk);
+    if (e->progress) chunk = KVT_MIN(e->o.ubatch, chunk); /* same chunks the model makes, reported one by one */
+    report(e, KVT_PROGRESS_PREFILL, 0, n - reused);
     for (uint32_t done_tok = reused; done_tok < n && st == KVT_OK;) {
         uint32_t m = KVT_MIN(chunk, n - done_tok);
         st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
         done_tok += m;
         if (st == KVT_OK && keep_window && done_tok < n) kvt_prompt_cache_put_blocks(e->pc, seq);
+        if (done_tok < n) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, n - reused);
     }
+    report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
     if (st) {
         if (st == KVT_ERR_POOL_EXHAUSTED)
             kvt_errf(err, errlen, st, "out of KV memory during prefill (pool %.0f MB in use)", (double)kvt_block_pool_used_bytes(e->pool) / 1e6);

@@ -102,6 +102,15 @@ typedef struct kvt_gen_result {
 kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res,
                                char *err, size_t errlen);
 
+/* Progress of long work inside kvt_engine_generate, for terminal indicators (src/cli/progress.h).
+ * Called on the generating thread: once with done = 0 when a phase starts, after each prefill
+ * chunk / restored block, and once with done == total when the phase ends (also when it stops
+ * early). Prefill counts the tokens being computed (the prompt less what was reused). NULL cb =
+ * none (the default). Set it while no generation runs. */
+typedef enum kvt_progress_phase { KVT_PROGRESS_PREFILL = 1, KVT_PROGRESS_RESTORE = 2 } kvt_progress_phase;
+typedef void (*kvt_progress_cb)(void *ctx, kvt_progress_phase phase, uint32_t done, uint32_t total);
+void kvt_engine_set_progress(kvt_engine *e, kvt_progress_cb cb, void *ctx);
+
 /* Cache statistics and control for /stats, /metrics and the CLI. */
 typedef struct kvt_engine_stats {
     /* prompt cache */
