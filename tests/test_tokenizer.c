@@ -209,6 +209,51 @@ static void test_spm_chunking_exact(void **s) {
     }
 }
 
+/* kvt_tokenize_limit: under the limit it is kvt_tokenize_ex; over it, it stops early with a
+ * count > limit whose ids are the full result's prefix; and no text ever needs fewer tokens than
+ * len / kvt_tokenizer_max_token_bytes (the server's pre-check relies on that bound). */
+static void test_tokenize_limit(void **s) {
+    (void)s;
+    NEED_VOCAB();
+    const kvt_tokenizer *ts[2] = {g_gpt2.t, g_spm.t};
+    uint64_t rng = 777;
+    char buf[1024];
+    int32_t full[1100], part[1100];
+    for (int v = 0; v < 2; v++) {
+        const kvt_tokenizer *t = ts[v];
+        uint32_t maxb = kvt_tokenizer_max_token_bytes(t);
+        assert_true(maxb >= 4 && maxb < 1024);
+        for (int it = 0; it < 600; it++) {
+            size_t n = 0;
+            while (n + 80 < sizeof buf && (n == 0 || tu_rand(&rng) % 8)) n += rand_text(&rng, buf + n, sizeof buf - n);
+            uint32_t flags = (it & 1 ? KVT_TOK_PARSE_SPECIAL : 0) | (it & 2 ? KVT_TOK_ADD_SPECIAL : 0);
+            int64_t nf = kvt_tokenize_ex(t, buf, n, flags, full, KVT_ARRAY_LEN(full));
+            assert_true(nf >= 0 && nf <= (int64_t)KVT_ARRAY_LEN(full));
+            assert_true((uint64_t)nf >= (n + maxb - 1) / maxb);
+            int64_t limits[] = {1, nf / 2, nf - 1, nf, nf + 3};
+            for (size_t k = 0; k < KVT_ARRAY_LEN(limits); k++) {
+                int64_t lim = limits[k];
+                if (lim < 1) continue;
+                int64_t np = kvt_tokenize_limit(t, buf, n, flags, part, KVT_ARRAY_LEN(part), lim);
+                if (nf <= lim) {
+                    assert_int_equal(np, nf);
+                } else {
+                    assert_true(np > lim && np <= nf);
+                }
+                if (np > 0) assert_memory_equal(part, full, (size_t)np * sizeof(int32_t));
+            }
+        }
+        /* a long text stops near the limit instead of running to its end */
+        size_t big = 1u << 20;
+        char *text = malloc(big);
+        assert_non_null(text);
+        for (size_t i = 0; i < big; i++) text[i] = "abcdefgh ijklmnop"[tu_rand(&rng) % 17];
+        int64_t np = kvt_tokenize_limit(t, text, big, 0, part, KVT_ARRAY_LEN(part), 100);
+        assert_true(np > 100 && np < 1000);
+        free(text);
+    }
+}
+
 static void test_fuzz_roundtrip(void **s) {
     (void)s;
     NEED_VOCAB();
@@ -447,7 +492,7 @@ int main(void) {
         cmocka_unit_test(test_fuzz_roundtrip), cmocka_unit_test(test_stream_detok),
         cmocka_unit_test(test_spm_chunking_exact),
         cmocka_unit_test(test_special_tokens), cmocka_unit_test(test_bos_eos_eog),
-        cmocka_unit_test(test_speed_1mb),
+        cmocka_unit_test(test_speed_1mb),      cmocka_unit_test(test_tokenize_limit),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

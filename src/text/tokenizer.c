@@ -509,6 +509,7 @@ int64_t kvt_tokenize_limit(const kvt_tokenizer *t, const char *text, size_t len,
             else spm_fragment(t, text + pos, end - pos, prev_special && t->add_space_prefix, &out);
             prev_special = false;
         }
+        if (out.over) break; /* the fragment may have stopped early: nothing after it may follow */
         if (i < nocc) {
             const kvt_special *sp = &t->specials[oc[i].sp];
             kvt_idvec_push(&out, sp->id);
