@@ -279,10 +279,16 @@ static void test_stats_metrics(void **st) {
     es.scheme[0] = 'f';
     assert_non_null(strstr(m0, "\nkvtier_kv_scheme_info{scheme=\"q16\"} 1\n"));
     free(m0);
-    kvt_server_counters c = {.total = 9, .ok = 7, .client_errors = 2};
+    kvt_server_counters c = {.total = 9, .ok = 7, .client_errors = 2, .conn_open = 3, .conn_refused = 4,
+                             .conn_evicted = 5, .conn_timed_out = 6};
     char *s = kvt_api_stats_json(&es, &c, "tiny");
     cJSON *j = cJSON_Parse(s);
     assert_non_null(j);
+    cJSON *cn = cJSON_GetObjectItem(j, "connections");
+    assert_int_equal(cJSON_GetObjectItem(cn, "open")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(cn, "refused")->valueint, 4);
+    assert_int_equal(cJSON_GetObjectItem(cn, "evicted")->valueint, 5);
+    assert_int_equal(cJSON_GetObjectItem(cn, "timed_out")->valueint, 6);
     cJSON *pc = cJSON_GetObjectItem(j, "prompt_cache");
     assert_int_equal(cJSON_GetObjectItem(pc, "entries")->valueint, 3);
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(pc, "reuse_impossible"), "budget")->valueint, 2);
@@ -313,6 +319,8 @@ static void test_stats_metrics(void **st) {
     assert_non_null(strstr(s, "\nkvtier_kv_pool_budget_bytes 123456789012\n"));
     assert_non_null(strstr(s, "\nkvtier_ssd_cache_pending_blocks 4\n"));
     assert_non_null(strstr(s, "\nkvtier_http_requests_total 9\n"));
+    assert_non_null(strstr(s, "\nkvtier_http_connections_refused_total 4\n"));
+    assert_non_null(strstr(s, "\nkvtier_http_connections_timed_out_total 6\n"));
     /* every sample line is preceded by its HELP and TYPE lines */
     int n_samples = 0, n_help = 0, n_type = 0;
     for (char *l = s; *l;) {
