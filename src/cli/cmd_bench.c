@@ -97,8 +97,8 @@ static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, 
     kvt_layer_desc *descs = calloc(hp->n_layer, sizeof *descs);
     if (codecs && descs) {
         kvt_codec c = base;
-        if (!strcmp(q, "8") || !strcmp(q, "4"))
-            c = (kvt_codec){.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(q), .group_size = (uint16_t)(o->kv_quant_group ? o->kv_quant_group : 64)};
+        if (strcmp(q, "off") && kvt_engine_uniform_codec(q, o->kv_quant_group, hp->head_dim, &c, err, sizeof err) != KVT_OK)
+            c = base;
         for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
         kvt_model_layer_descs(m, codecs, descs);
         for (uint32_t i = 0; i < hp->n_layer; i++) {

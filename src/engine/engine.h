@@ -24,8 +24,8 @@ typedef struct kvt_engine_opts {
     uint32_t ubatch;            /* prefill chunk, default 512 */
     uint32_t block_tokens;      /* default 256 */
     double kv_pool_gb;          /* block pool budget, 0 = derived (ctx*bytes/token + prompt cache) */
-    const char *kv_quant;       /* "off" | "8" | "4" | "config"; NULL = off */
-    uint32_t kv_quant_group;    /* affine group size, default 64 */
+    const char *kv_quant;       /* "off" | "8" | "4" | "turbo[:k<b>v<b>]" | "config"; NULL = off */
+    uint32_t kv_quant_group;    /* affine group size; 0 (default) = largest of 128/64/32 dividing head_dim */
     uint32_t kv_quant_start;    /* tokens kept in f16 before quantized blocks start, default 0 */
     bool kv_bf16;               /* base codec bf16 instead of f16 */
     double prompt_cache_gb;     /* RAM tier cap, default 8, 0 disables */
@@ -38,6 +38,10 @@ typedef struct kvt_engine_opts {
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);
+/* The layer codec of a uniform --kv-quant mode ("8", "4", "turbo[:k<b>v<b>]") for a model with this
+ * head_dim; group 0 = auto. The one place that maps the option to a codec (engine and bench). */
+kvt_status kvt_engine_uniform_codec(const char *mode, uint32_t group, uint32_t head_dim, kvt_codec *out, char *err,
+                                    size_t errlen);
 
 kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *err, size_t errlen);
 void kvt_engine_free(kvt_engine *e); /* flushes the SSD tier (bounded wait) */
