@@ -104,6 +104,15 @@ void kvt_turbo_unrotate(uint32_t layer, int kv, uint32_t head, const float *y, u
 const float *kvt_turbo_codebook(uint32_t bits);
 /* The Lloyd iteration behind the codebook, in double (exposed for tests): c gets 2^bits centroids. */
 void kvt_turbo_lloyd_max(uint32_t bits, double *c);
+/* TurboQuant_prod QJL residual for a rotated key y (measured by tests and docs; the codec stores
+ * MSE-only keys). S: d*d floats from kvt_turbo_qjl_matrix (i.i.d. N(0,1) from seed). mse_row gets
+ * d*bits_mse/8 + 4 bytes, signs d/8 bytes, rho the residual norm. kvt_turbo_qjl_dot estimates
+ * <q, y> for a rotated query q (unbiased over S). d <= KVT_TURBO_MAX_DIM. */
+void kvt_turbo_qjl_matrix(uint64_t seed, uint32_t d, float *S);
+void kvt_turbo_qjl_encode(const float *S, uint32_t bits_mse, const float *y, uint32_t d, uint8_t *mse_row,
+                          uint8_t *signs, float *rho);
+float kvt_turbo_qjl_dot(const float *S, uint32_t bits_mse, const float *q, uint32_t d, const uint8_t *mse_row,
+                        const uint8_t *signs, float rho);
 
 /* ------------------------------------------------------------------ layout */
 typedef enum kvt_layer_kind {

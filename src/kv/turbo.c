@@ -293,3 +293,59 @@ void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *
 #endif
     kvt_turbo_decode_row_scalar(bits, src, d, dst);
 }
+
+/* ------------------------------------------------------------------ QJL residual (measured only) */
+/* TurboQuant_prod (kv-codecs.md §3.5) on a rotated key y: an MSE row at bits_mse bits, then the 1-bit
+ * QJL sketch z = sign(S r) of the residual r = y - ŷ with S a d×d i.i.d. N(0,1) matrix, and ρ = ||r||.
+ * Estimate: <q, y> ≈ <q, ŷ> + ρ·√(π/2)/d · <S q, z>, unbiased over S. Not used by the row codec:
+ * docs/kv-codecs.md gives the measurement behind MSE-only keys. */
+void kvt_turbo_qjl_matrix(uint64_t seed, uint32_t d, float *S) {
+    uint64_t st = seed ^ 0x716a6c5f6d6174ull;
+    for (size_t i = 0; i < (size_t)d * d; i += 2) {
+        const double u1 = ((double)(mix64(st++) >> 11) + 0.5) / 9007199254740992.0;
+        const double u2 = (double)(mix64(st++) >> 11) / 9007199254740992.0;
+        const double r = sqrt(-2.0 * log(u1));
+        S[i] = (float)(r * cos(2.0 * M_PI * u2));
+        if (i + 1 < (size_t)d * d) S[i + 1] = (float)(r * sin(2.0 * M_PI * u2));
+    }
+}
+
+static void matvec(const float *S, const float *x, uint32_t d, float *out) {
+    for (uint32_t i = 0; i < d; i++) {
+        double a = 0;
+        for (uint32_t j = 0; j < d; j++) a += (double)S[(size_t)i * d + j] * x[j];
+        out[i] = (float)a;
+    }
+}
+
+void kvt_turbo_qjl_encode(const float *S, uint32_t bits_mse, const float *y, uint32_t d, uint8_t *mse_row,
+                          uint8_t *signs, float *rho) {
+    float yh[KVT_TURBO_MAX_DIM], r[KVT_TURBO_MAX_DIM] = {0}, sr[KVT_TURBO_MAX_DIM];
+    if (d > KVT_TURBO_MAX_DIM) return;
+    kvt_turbo_encode_row(bits_mse, y, d, mse_row);
+    kvt_turbo_decode_row_scalar(bits_mse, mse_row, d, yh);
+    double ss = 0;
+    for (uint32_t i = 0; i < d; i++) {
+        r[i] = y[i] - yh[i];
+        ss += (double)r[i] * r[i];
+    }
+    *rho = (float)sqrt(ss);
+    matvec(S, r, d, sr);
+    memset(signs, 0, d / 8);
+    for (uint32_t i = 0; i < d; i++)
+        if (sr[i] >= 0) signs[i / 8] |= (uint8_t)(1u << (i % 8));
+}
+
+float kvt_turbo_qjl_dot(const float *S, uint32_t bits_mse, const float *q, uint32_t d, const uint8_t *mse_row,
+                        const uint8_t *signs, float rho) {
+    float yh[KVT_TURBO_MAX_DIM], sq[KVT_TURBO_MAX_DIM];
+    if (d > KVT_TURBO_MAX_DIM) return 0.0f;
+    kvt_turbo_decode_row_scalar(bits_mse, mse_row, d, yh);
+    matvec(S, q, d, sq);
+    double a = 0, b = 0;
+    for (uint32_t i = 0; i < d; i++) {
+        a += (double)q[i] * yh[i];
+        b += (signs[i / 8] >> (i % 8)) & 1 ? sq[i] : -sq[i];
+    }
+    return (float)(a + rho * sqrt(M_PI / 2.0) / d * b);
+}
