@@ -716,3 +716,33 @@ void kvt_engine_tick(kvt_engine *e) {
     uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
     if (n) kvt_ssd_note_demotions(e->ssd, n);
 }
+
+/* ---- scoring (quality harness) ---------------------------------------------------------------- */
+
+kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_prompt, uint32_t n_steps,
+                            kvt_logits_fn fn, void *ctx, char *err, size_t errlen) {
+    if (n_prompt == 0 || n_steps == 0) return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: empty prompt or no steps");
+    if ((uint64_t)n_prompt + n_steps > e->n_ctx)
+        return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: %u + %u tokens exceed the context of %u", n_prompt, n_steps, e->n_ctx);
+    for (uint32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || (uint32_t)prompt[i] >= e->n_vocab)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "score: token id %d at position %u is outside the vocabulary", prompt[i], i);
+    pthread_mutex_lock(&e->gen_mu);
+    kvt_seq *seq = NULL;
+    float *logits = NULL;
+    kvt_status st = kvt_seq_create(e->pool, kvt_root_hash(e->compat, "score"), &seq);
+    if (st == KVT_OK) st = kvt_model_forward(e->ctx, seq, prompt, n_prompt, false, NULL, &logits);
+    for (uint32_t step = 0; st == KVT_OK && step < n_steps; step++) {
+        const int32_t next = fn(ctx, step, logits);
+        if (step + 1 == n_steps) break;
+        if (next < 0 || (uint32_t)next >= e->n_vocab) {
+            st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "score: step %u fed token %d outside the vocabulary", step, next);
+            break;
+        }
+        st = kvt_model_forward(e->ctx, seq, &next, 1, false, NULL, &logits);
+    }
+    if (st && err && !err[0]) kvt_errf(err, errlen, st, "score: forward failed: %s", kvt_status_str(st));
+    if (seq) kvt_seq_free(seq);
+    pthread_mutex_unlock(&e->gen_mu);
+    return st;
+}

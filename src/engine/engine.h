@@ -107,6 +107,17 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                                char *err, size_t errlen);
 
 /* Cache statistics and control for /stats, /metrics and the CLI. */
+/* Scoring pass for quality measurements (kvtier bench --kv-quality): forwards prompt[0..n_prompt)
+ * through a private sequence (no tiers, no sampler), then n_steps - 1 more tokens one at a time.
+ * fn(ctx, step, logits) is called for step = 0 .. n_steps-1 with the next-token logits (n_vocab
+ * floats, valid during the call) and returns the token to feed next (teacher forcing: a reference
+ * token; free running: its own argmax); the return value of the last step is not forwarded. A
+ * returned id outside the vocabulary stops the pass with KVT_ERR_INVALID_ARG. Needs
+ * n_prompt + n_steps <= n_ctx. Serialised with generate. */
+typedef int32_t (*kvt_logits_fn)(void *ctx, uint32_t step, const float *logits);
+kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_prompt, uint32_t n_steps,
+                            kvt_logits_fn fn, void *ctx, char *err, size_t errlen);
+
 typedef struct kvt_engine_stats {
     /* prompt cache */
     bool pc_enabled;
