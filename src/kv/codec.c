@@ -34,6 +34,7 @@ static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
 static void cpu_detect(void) {
     kvt_f16_table_init();
+    kvt_turbo_init();
 #ifdef KVT_X86
     __builtin_cpu_init();
     unsigned a, b, c, d;
@@ -371,7 +372,7 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
 #endif
         affine_decode_row(c, src, dim, dst);
         return;
-    case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst); return;
+    case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, g_has_avx2 != 0); return;
     }
 }
 

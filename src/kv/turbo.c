@@ -255,42 +255,89 @@ void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, 
 }
 
 #ifdef KVT_X86
-/* Eight codes at a time: gather from the codebook, multiply by s (the scalar product per lane). The
- * codes of elements 8k..8k+7 are exactly `bits` bytes starting at byte k*bits; lane e shifts the
- * 64-bit little-endian word right by e*bits. d % 8 == 0 (d is a power of two >= 8). */
+/* Eight codes of a row starting at element j (j % 8 == 0) as 32-bit lanes. The codes of elements
+ * j..j+7 are exactly `bits` bytes at byte j/8*bits; every load below has a constant size, so it
+ * never reads past them. */
+__attribute__((target("avx2"))) static inline __m256i tq_codes8(const uint8_t *src, uint32_t j, uint32_t bits) {
+    const uint8_t *p = src + (size_t)(j / 8) * bits;
+    switch (bits) {
+    case 8: return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    case 4: {
+        uint32_t w;
+        memcpy(&w, p, 4);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                _mm256_set1_epi32(15));
+    }
+    case 3: {
+        uint32_t w = 0;
+        memcpy(&w, p, 3);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
+                                _mm256_set1_epi32(7));
+    }
+    case 2: {
+        uint16_t w;
+        memcpy(&w, p, 2);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                _mm256_set1_epi32(3));
+    }
+    default: { /* 5: 40 bits; shift 64-bit lanes, then pack the low halves in element order */
+        uint64_t w = 0;
+        memcpy(&w, p, 5);
+        const __m256i vw = _mm256_set1_epi64x((long long)w), mask = _mm256_set1_epi64x(31);
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(vw, _mm256_setr_epi64x(0, 5, 10, 15)), mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi64(vw, _mm256_setr_epi64x(20, 25, 30, 35)), mask);
+        const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        return _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(lo, pack), _mm256_permutevar8x32_epi32(hi, pack), 0x20);
+    }
+    }
+}
+
+/* Codebook lookup of eight codes: up to 8 entries is one in-register permute, 16 and 32 entries
+ * select between permutes on code bits 3 and 4 (blendv reads the sign bit), 256 entries gather.
+ * Every path returns exactly cb[idx], so s * cb[idx] matches the scalar decode bit for bit. */
 __attribute__((target("avx2"))) static void turbo_decode_avx2(uint32_t bits, const uint8_t *src, uint32_t d,
                                                              float *dst) {
     const float *cb = g_cb[bits];
     float s;
     memcpy(&s, src + (size_t)d * bits / 8, 4);
     const __m256 vs = _mm256_set1_ps(s);
-    const __m256i mask = _mm256_set1_epi64x((long long)((1u << bits) - 1u));
-    const __m256i sh_lo = _mm256_setr_epi64x(0, bits, 2 * bits, 3 * bits);
-    const __m256i sh_hi = _mm256_setr_epi64x(4 * bits, 5 * bits, 6 * bits, 7 * bits);
-    const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    float pad[8] = {0};
+    if (bits <= 3) memcpy(pad, cb, sizeof(float) << bits);
+    const __m256 t0 = bits <= 3 ? _mm256_loadu_ps(pad) : _mm256_loadu_ps(cb);
+    const __m256 t1 = bits >= 4 && bits <= 5 ? _mm256_loadu_ps(cb + 8) : t0;
+    const __m256 t2 = bits == 5 ? _mm256_loadu_ps(cb + 16) : t0, t3 = bits == 5 ? _mm256_loadu_ps(cb + 24) : t0;
     for (uint32_t j = 0; j < d; j += 8) {
-        uint64_t w = 0;
-        memcpy(&w, src + (size_t)(j / 8) * bits, bits);
-        const __m256i vw = _mm256_set1_epi64x((long long)w);
-        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(vw, sh_lo), mask);
-        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi64(vw, sh_hi), mask);
-        /* 64-bit lanes -> eight 32-bit indices in element order */
-        const __m256i lo32 = _mm256_permutevar8x32_epi32(lo, pack), hi32 = _mm256_permutevar8x32_epi32(hi, pack);
-        const __m256i idx = _mm256_permute2x128_si256(lo32, hi32, 0x20);
-        const __m256 c = _mm256_i32gather_ps(cb, idx, 4);
+        const __m256i idx = tq_codes8(src, j, bits);
+        __m256 c;
+        if (bits <= 3) {
+            c = _mm256_permutevar8x32_ps(t0, idx);
+        } else if (bits == 4) {
+            c = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, idx), _mm256_permutevar8x32_ps(t1, idx),
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+        } else if (bits == 5) {
+            const __m256 b3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+            const __m256 lo = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, idx), _mm256_permutevar8x32_ps(t1, idx), b3);
+            const __m256 hi = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t2, idx), _mm256_permutevar8x32_ps(t3, idx), b3);
+            c = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27)));
+        } else {
+            c = _mm256_i32gather_ps(cb, idx, 4);
+        }
         _mm256_storeu_ps(dst + j, _mm256_mul_ps(vs, c));
     }
 }
 #endif
 
-void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst) {
+void kvt_turbo_init(void) { pthread_once(&g_cb_once, codebook_init); }
+
+/* Hot path (attention): the caller has run kvt_kv_cpu_init, which runs kvt_turbo_init. */
+void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, bool avx2) {
 #ifdef KVT_X86
-    if (kvt_kv_cpu_has_avx2()) {
-        pthread_once(&g_cb_once, codebook_init);
+    if (avx2) {
         turbo_decode_avx2(bits, src, d, dst);
         return;
     }
 #endif
+    (void)avx2;
     kvt_turbo_decode_row_scalar(bits, src, d, dst);
 }
 
