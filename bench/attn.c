@@ -104,21 +104,26 @@ static double time_calls(ctx *c, uint32_t pos0, uint32_t n_q) {
 
 int main(int argc, char **argv) {
     const shape shapes[] = {{"smol-135m", 9, 3, 64}, {"qwen3-0.6b", 16, 8, 128}};
-    kvt_codec codecs[2] = {{.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_AFFINE, .bits = 8, .group_size = 64}};
+    const kvt_codec codecs[] = {{.kind = KVT_CODEC_F16},
+                                {.kind = KVT_CODEC_AFFINE, .bits = 8, .group_size = 64},
+                                {.kind = KVT_CODEC_AFFINE, .bits = 4, .group_size = 64},
+                                {.kind = KVT_CODEC_TURBO, .bits = 8, .vbits = 3},
+                                {.kind = KVT_CODEC_TURBO, .bits = 4, .vbits = 4}};
+    const int n_codecs = (int)(sizeof codecs / sizeof *codecs);
     const uint32_t ctxs[3] = {1024, 4096, 8192};
     for (int si = 0; si < 2; si++) {
         if (argc > 1 && strcmp(argv[1], shapes[si].name) != 0) continue;
-        for (int ci = 0; ci < 2; ci++) {
+        for (int ci = 0; ci < n_codecs; ci++) {
             char cn[32];
             kvt_codec_name(codecs[ci], cn, sizeof cn);
             for (int xi = 0; xi < 3; xi++) {
                 ctx c;
                 ctx_init(&c, shapes[si], codecs[ci], ctxs[xi]);
                 double t = time_calls(&c, ctxs[xi] - 1, 1);
-                printf("%-11s %-6s decode ctx %5u: %8.3f ms/call\n", shapes[si].name, cn, ctxs[xi], t * 1e3);
+                printf("%-11s %-10s decode ctx %5u: %8.3f ms/call\n", shapes[si].name, cn, ctxs[xi], t * 1e3);
                 if (xi == 1) {
                     double tp0 = time_calls(&c, 0, 512), tp1 = time_calls(&c, 4096 - 512, 512);
-                    printf("%-11s %-6s prefill 512 q @0:    %8.0f q/s (%.2f ms)   @3584: %8.0f q/s (%.2f ms)\n",
+                    printf("%-11s %-10s prefill 512 q @0:    %8.0f q/s (%.2f ms)   @3584: %8.0f q/s (%.2f ms)\n",
                            shapes[si].name, cn, 512 / tp0, tp0 * 1e3, 512 / tp1, tp1 * 1e3);
                 }
                 fflush(stdout);

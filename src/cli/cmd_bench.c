@@ -5,14 +5,17 @@
  *   --decode-at N    prefill N tokens once, then decode -n tokens -r times at that depth (exact-repeat
  *                    prompts reuse the prefix from the RAM tier; with --prompt-cache 0 or --cold every
  *                    repetition is a fresh cold prefill) + KV bytes/token from the layout and the pool;
- *   --agreement N    top-1 agreement of the configured KV codec (or kv8 and kv4) vs f16 KV over N
- *                    greedy tokens, teacher-forced through the engine with the prompt cache on;
+ *   --agreement N    top-1 agreement (and KL) of the configured KV codec (or kv8 and kv4) vs f16 KV
+ *                    over N greedy tokens, teacher-forced (kvt_engine_score);
+ *   --kv-quality N   the same for a list of codecs (--kv-codecs; default kv8, kv4 g32/g64, turbo
+ *                    k8v3/k4v4/k4v3/k4v2) plus bytes/token and decode t/s at --kv-quality-ctx;
  *   --once           one cached request (for multi-process SSD runs), then flush the SSD tier;
  *   --turns K        a K-turn conversation (each turn = previous prompt + answer + --suffix new
  *                    tokens), then flush; reports reuse per turn and the sum of prompt tokens.
  *
  * Prompts are seeded random token ids (no tokenizer involved), so runs are reproducible. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +37,12 @@ static void usage(void) {
            "      --suffix N new tokens after the shared prefix in --cache mode (default 100)\n"
            "      --decode-at N   prefill N tokens, then decode -n tokens -r times at that depth\n"
            "      --cold          with --decode-at: a fresh cold prefill for every repetition\n"
-           "      --agreement N   top-1 agreement vs f16 KV over N greedy tokens (teacher-forced)\n"
+           "      --agreement N   top-1 agreement and KL vs f16 KV over N greedy tokens (teacher-forced)\n"
+           "      --kv-quality N  per KV codec vs f16 KV over N teacher-forced tokens (prompt of -p, default\n"
+           "                      1024, random tokens): top-1 agreement, mean/p99 KL, bytes/token, decode t/s\n"
+           "      --kv-quality-ctx N  depth for the decode timing (default 4096; 0 skips it); -n tokens, -r runs\n"
+           "      --kv-codecs LIST    codecs for --agreement/--kv-quality, e.g. 8,4:g32,turbo,turbo:k4v2\n"
+           "                      (default: the --kv-quant given, else kv8/kv4 resp. all of issue 14's set)\n"
            "      --once          one cached request of -p tokens (--prompt-seed), then flush the SSD tier\n"
            "      --turns K       K-turn conversation: -p first prompt, -n answer, --suffix new tokens a turn\n"
            "      --prompt-seed S seed of the random prompt (default 1)\n"
@@ -98,8 +106,8 @@ static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, 
     kvt_layer_desc *descs = calloc(hp->n_layer, sizeof *descs);
     if (codecs && descs) {
         kvt_codec c = base;
-        if (!strcmp(q, "8") || !strcmp(q, "4"))
-            c = (kvt_codec){.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(q), .group_size = (uint16_t)(o->kv_quant_group ? o->kv_quant_group : 64)};
+        if (strcmp(q, "off") && kvt_engine_uniform_codec(q, o->kv_quant_group, hp->head_dim, &c, err, sizeof err) != KVT_OK)
+            c = base;
         for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
         kvt_model_layer_descs(m, codecs, descs);
         for (uint32_t i = 0; i < hp->n_layer; i++) {
@@ -215,94 +223,231 @@ out:
     return rc;
 }
 
-/* ---- --agreement: top-1 agreement of quantized KV vs f16 KV ------------------------------------- */
+/* ---- --agreement / --kv-quality: every KV codec against f16 KV ---------------------------------
+ *
+ * One pass per codec through kvt_engine_score over the same tokens: a seeded random prompt of plen
+ * tokens, then n steps. The f16 pass runs free (each step feeds its own argmax: the f16 run's greedy
+ * continuation) and keeps every step's log-softmax; each codec's pass is teacher-forced on that
+ * continuation and reports top-1 agreement with it, KL(p_f16 || p_codec) per step (mean and p99),
+ * and the layout's bytes/token. --kv-quality also times decode at a depth (--kv-quality-ctx, default
+ * 4096; 0 skips it): a prompt of that many random tokens, then -n tokens, median of -r runs. */
 
-static int bench_agreement(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen, uint64_t seed, bool json) {
+typedef struct quality_pass {
+    uint32_t nv, n;
+    float *ref_lp;       /* [n][nv] f16 log-probabilities (filled by the reference pass) */
+    int32_t *ref_tok;    /* [n] f16 greedy tokens */
+    bool reference;
+    uint32_t match, first_miss;
+    double *kl;          /* [n] */
+} quality_pass;
+
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* log-softmax of logits into lp (double accumulation) */
+static void log_softmax(const float *x, uint32_t n, float *lp) {
+    float m = x[0];
+    for (uint32_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    double z = 0;
+    for (uint32_t i = 0; i < n; i++) z += exp((double)x[i] - m);
+    const double lz = m + log(z);
+    for (uint32_t i = 0; i < n; i++) lp[i] = (float)((double)x[i] - lz);
+}
+
+static int32_t quality_step(void *vctx, uint32_t step, const float *logits) {
+    quality_pass *q = vctx;
+    const uint32_t top = argmax(logits, q->nv);
+    if (q->reference) {
+        log_softmax(logits, q->nv, q->ref_lp + (size_t)step * q->nv);
+        q->ref_tok[step] = (int32_t)top;
+        return (int32_t)top;
+    }
+    const float *rp = q->ref_lp + (size_t)step * q->nv;
+    double lz, z = 0, kl = 0;
+    float m = logits[0];
+    for (uint32_t i = 1; i < q->nv; i++) m = logits[i] > m ? logits[i] : m;
+    for (uint32_t i = 0; i < q->nv; i++) z += exp((double)logits[i] - m);
+    lz = m + log(z);
+    for (uint32_t i = 0; i < q->nv; i++) {
+        const double lp = rp[i];
+        if (lp > -80) kl += exp(lp) * (lp - ((double)logits[i] - lz));
+    }
+    q->kl[step] = kl > 0 ? kl : 0;
+    if ((int32_t)top == q->ref_tok[step]) q->match++;
+    else if (q->first_miss == UINT32_MAX) q->first_miss = step;
+    return q->ref_tok[step];
+}
+
+/* "8", "4", "4:g32", "turbo", "turbo:k4v2": the --kv-quant value and an optional affine group. */
+static void split_codec(const char *spec, char *mode, size_t n, uint32_t *group) {
+    snprintf(mode, n, "%s", spec);
+    *group = 0;
+    char *g = strstr(mode, ":g");
+    if (g && mode[0] != 't') {
+        *group = (uint32_t)atoi(g + 2);
+        *g = 0;
+    }
+}
+
+static double decode_tps_at(const kvt_engine_opts *o, uint32_t depth, uint32_t n_g, uint32_t reps, char *err, size_t errlen) {
+    kvt_engine_opts so = *o;
+    so.n_ctx = depth + n_g + 16;
+    so.prompt_cache_gb = 0;
+    so.ssd_dir = NULL;
+    kvt_engine *e = NULL;
+    if (kvt_engine_create(&so, &e, err, errlen) != KVT_OK) return -1;
+    int32_t *ids = malloc(sizeof(int32_t) * depth);
+    double *t = calloc(reps, sizeof(double)), med = -1;
+    if (ids && t) {
+        uint32_t r = 0;
+        for (; r < reps; r++) {
+            fill_prompt(ids, depth, kvt_engine_n_vocab(e), 7 + r);
+            kvt_gen_request req = {.prompt = ids, .n_prompt = depth, .max_tokens = n_g, .ignore_eog = true, .no_cache = true};
+            kvt_sampling_default(&req.sampling);
+            kvt_gen_result res;
+            if (kvt_engine_generate(e, &req, &res, err, errlen) != KVT_OK) break;
+            t[r] = res.decode_tps;
+            free(res.tokens);
+        }
+        if (r == reps) med = median(t, reps);
+    }
+    free(ids);
+    free(t);
+    kvt_engine_free(e);
+    return med;
+}
+
+static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen, uint64_t seed, const char *codecs,
+                         uint32_t speed_ctx, uint32_t n_g, uint32_t reps, bool quality_mode, bool json) {
     kvt_engine_opts o = *o_in;
-    if (!o.n_ctx) o.n_ctx = plen + n + 16;
+    o.n_ctx = plen + n + 16;
+    o.prompt_cache_gb = 0; /* the scoring pass uses a private sequence; no tiers needed */
+    o.ssd_dir = NULL;
     const char *q = o.kv_quant ? o.kv_quant : "off";
-    const char *list2[2] = {"8", "4"};
-    const char *list1[1] = {q};
-    const char *const *list = strcmp(q, "off") ? list1 : list2;
-    const uint32_t n_list = strcmp(q, "off") ? 1 : 2;
+    char list[512];
+    if (codecs) snprintf(list, sizeof list, "%s", codecs);
+    else if (strcmp(q, "off")) snprintf(list, sizeof list, "%s", q);
+    else snprintf(list, sizeof list, "%s", quality_mode ? "8,4:g32,4:g64,turbo,turbo:k4v4,turbo:k4v3,turbo:k4v2" : "8,4");
     char err[512] = "";
-    int rc = 0;
-    int32_t *buf = malloc(sizeof(int32_t) * (plen + n));
-    if (!buf) return 1;
-    /* reference: free-running greedy decode with f16 KV */
+    quality_pass qp = {.first_miss = UINT32_MAX, .reference = true, .n = n};
+    int32_t *prompt = malloc(sizeof(int32_t) * plen);
     kvt_engine_opts ro = o;
     ro.kv_quant = "off";
-    kvt_engine *e = open_engine(&ro);
+    kvt_engine *e = prompt ? open_engine(&ro) : NULL;
     if (!e) {
-        free(buf);
+        free(prompt);
         return 1;
     }
-    fill_prompt(buf, plen, kvt_engine_n_vocab(e), seed);
-    kvt_gen_request req = {.prompt = buf, .n_prompt = plen, .max_tokens = n, .ignore_eog = true, .no_cache = true};
-    kvt_sampling_default(&req.sampling);
-    kvt_gen_result res;
+    qp.nv = kvt_engine_n_vocab(e);
+    qp.ref_lp = malloc(sizeof(float) * qp.nv * (size_t)n);
+    qp.ref_tok = malloc(sizeof(int32_t) * n);
+    qp.kl = malloc(sizeof(double) * n);
+    int rc = 0;
+    if (!qp.ref_lp || !qp.ref_tok || !qp.kl) {
+        fprintf(stderr, "kvtier bench: out of memory (%u steps x %u vocab)\n", n, qp.nv);
+        rc = 1;
+        goto out;
+    }
+    fill_prompt(prompt, plen, qp.nv, seed);
     double t0 = kvt_now_ms();
-    if (kvt_engine_generate(e, &req, &res, err, sizeof err) != KVT_OK || res.n_gen != n) {
-        fprintf(stderr, "kvtier bench: reference run: %s (generated %u of %u)\n", err, res.n_gen, n);
-        free(res.tokens);
-        kvt_engine_free(e);
-        free(buf);
-        return 1;
+    if (kvt_engine_score(e, prompt, plen, n, quality_step, &qp, err, sizeof err) != KVT_OK) {
+        fprintf(stderr, "kvtier bench: reference run: %s\n", err);
+        rc = 1;
+        goto out;
     }
-    memcpy(buf + plen, res.tokens, sizeof(int32_t) * n);
-    free(res.tokens);
     const double ref_s = (kvt_now_ms() - t0) / 1000.0;
     char ref_scheme[128];
     snprintf(ref_scheme, sizeof ref_scheme, "%s", kvt_engine_scheme_key(e));
+    const double ref_bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
     kvt_engine_free(e);
-    if (json) printf("{\"mode\":\"agreement\",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"results\":[", n, plen, ref_scheme, ref_s);
-    else printf("top-1 agreement vs %s over %u greedy tokens (teacher-forced, prompt %u random tokens)\n", ref_scheme, n, plen);
-    for (uint32_t k = 0; k < n_list && rc == 0; k++) {
+    e = NULL;
+    double ref_tps = -1;
+    if (speed_ctx) ref_tps = decode_tps_at(&ro, speed_ctx, n_g, reps, err, sizeof err);
+    if (json) {
+        printf("{\"mode\":\"%s\",\"model\":", quality_mode ? "kv_quality" : "agreement");
+        json_str(o.model_path);
+        printf(",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"reference_bytes_per_token\":%.1f,"
+               "\"speed_ctx\":%u,\"reference_decode_tps\":%.3f,\"results\":[",
+               n, plen, ref_scheme, ref_s, ref_bpt, speed_ctx, ref_tps);
+    } else {
+        printf("KV codecs vs %s over %u tokens (prompt %u random tokens, then the f16 run's greedy continuation)\n",
+               ref_scheme, n, plen);
+        printf("| scheme | bytes/token | x f16 | top-1 agreement | mean KL | p99 KL |%s\n|---|---|---|---|---|---|%s\n",
+               speed_ctx ? " decode t/s |" : "", speed_ctx ? "---|" : "");
+        printf("| %s | %.0f | 1.000 | 100%% | 0 | 0 |", ref_scheme, ref_bpt);
+        if (speed_ctx) printf(" %.2f |", ref_tps);
+        printf("\n");
+    }
+    uint32_t k = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save), k++) {
+        char mode[64];
         kvt_engine_opts to = o;
-        to.kv_quant = list[k];
-        if (to.prompt_cache_gb <= 0) to.prompt_cache_gb = 1;
-        e = open_engine(&to);
-        if (!e) {
+        split_codec(tok, mode, sizeof mode, &to.kv_quant_group);
+        to.kv_quant = mode;
+        err[0] = 0;
+        if (kvt_engine_create(&to, &e, err, sizeof err) != KVT_OK) {
+            /* a codec the model cannot take (e.g. a group that does not divide head_dim) is reported, not fatal */
+            if (json) {
+                printf("%s{\"kv_quant\":", k ? "," : "");
+                json_str(tok);
+                printf(",\"error\":");
+                json_str(err);
+                printf("}");
+            } else {
+                printf("| %s | skipped: %s |\n", tok, err);
+            }
+            e = NULL;
+            continue;
+        }
+        qp.reference = false;
+        qp.match = 0;
+        qp.first_miss = UINT32_MAX;
+        t0 = kvt_now_ms();
+        if (kvt_engine_score(e, prompt, plen, n, quality_step, &qp, err, sizeof err) != KVT_OK) {
+            fprintf(stderr, "kvtier bench: %s: %s\n", tok, err);
             rc = 1;
             break;
         }
-        uint32_t match = 0, first_miss = UINT32_MAX;
-        uint64_t reused = 0;
-        t0 = kvt_now_ms();
-        for (uint32_t i = 0; i < n; i++) {
-            /* prompt = prefix + the f16 tokens before i; the cache holds the previous step's prefix */
-            kvt_gen_request rq = {.prompt = buf, .n_prompt = plen + i, .max_tokens = 1, .ignore_eog = true};
-            kvt_sampling_default(&rq.sampling);
-            kvt_gen_result rr;
-            if (kvt_engine_generate(e, &rq, &rr, err, sizeof err) != KVT_OK || rr.n_gen != 1) {
-                fprintf(stderr, "kvtier bench: agreement step %u: %s\n", i, err);
-                free(rr.tokens);
-                rc = 1;
-                break;
-            }
-            if (rr.tokens[0] == buf[plen + i]) match++;
-            else if (first_miss == UINT32_MAX) first_miss = i;
-            reused += rr.n_reused;
-            free(rr.tokens);
-        }
         const double secs = (kvt_now_ms() - t0) / 1000.0;
-        const double avg_new = n ? ((double)n * plen + (double)n * (n - 1) / 2 - (double)reused) / n : 0;
-        if (rc == 0) {
-            if (json) {
-                printf("%s{\"kv_quant\":\"%s\",\"scheme\":", k ? "," : "", list[k]);
-                json_str(kvt_engine_scheme_key(e));
-                printf(",\"match\":%u,\"rate\":%.4f,\"first_mismatch\":%d,\"avg_recomputed_tokens\":%.2f,\"seconds\":%.1f}", match,
-                       (double)match / n, first_miss == UINT32_MAX ? -1 : (int)first_miss, avg_new, secs);
-            } else {
-                printf("  %-24s %u/%u = %.1f%% (first mismatch at %d; %.2f tokens recomputed per step; %.1f s)\n",
-                       kvt_engine_scheme_key(e), match, n, 100.0 * match / n, first_miss == UINT32_MAX ? -1 : (int)first_miss,
-                       avg_new, secs);
-            }
-        }
+        char scheme[128];
+        snprintf(scheme, sizeof scheme, "%s", kvt_engine_scheme_key(e));
+        const double bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
         kvt_engine_free(e);
+        e = NULL;
+        double klm = 0;
+        for (uint32_t i = 0; i < n; i++) klm += qp.kl[i];
+        klm /= n;
+        qsort(qp.kl, n, sizeof(double), cmp_d);
+        const double klp99 = qp.kl[(uint32_t)((n - 1) * 0.99)];
+        const double tps = speed_ctx ? decode_tps_at(&to, speed_ctx, n_g, reps, err, sizeof err) : -1;
+        if (json) {
+            printf("%s{\"kv_quant\":", k ? "," : "");
+            json_str(tok);
+            printf(",\"scheme\":");
+            json_str(scheme);
+            printf(",\"bytes_per_token\":%.1f,\"bytes_ratio\":%.4f,\"match\":%u,\"rate\":%.4f,\"first_mismatch\":%d,"
+                   "\"kl_mean\":%.6g,\"kl_p99\":%.6g,\"decode_tps\":%.3f,\"seconds\":%.1f}",
+                   bpt, bpt / ref_bpt, qp.match, (double)qp.match / n, qp.first_miss == UINT32_MAX ? -1 : (int)qp.first_miss,
+                   klm, klp99, tps, secs);
+        } else {
+            printf("| %s | %.0f | %.3f | %.1f%% (first miss %d) | %.4g | %.4g |", scheme, bpt, bpt / ref_bpt,
+                   100.0 * qp.match / n, qp.first_miss == UINT32_MAX ? -1 : (int)qp.first_miss, klm, klp99);
+            if (speed_ctx) printf(" %.2f |", tps);
+            printf("\n");
+        }
+        fflush(stdout);
     }
     if (json) printf("]}\n");
-    free(buf);
+out:
+    kvt_engine_free(e);
+    free(prompt);
+    free(qp.ref_lp);
+    free(qp.ref_tok);
+    free(qp.kl);
     return rc;
 }
 
@@ -435,7 +580,8 @@ static int bench_cmd(int argc, char **argv) {
     kvt_engine_opts_default(&eo);
     uint32_t n_p = 512, n_g = 128, reps = 3, suffix = 100;
     bool json = false, cache = false, cold = false, once = false;
-    uint32_t decode_at = 0, agreement = 0, turns = 0;
+    uint32_t decode_at = 0, agreement = 0, turns = 0, quality = 0, quality_ctx = 4096;
+    const char *codecs = NULL;
     uint64_t pseed = 1;
     kvt_args a;
     kvt_args_init(&a, argc, argv, "bench", usage);
@@ -449,6 +595,9 @@ static int bench_cmd(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--decode-at")) decode_at = kvt_args_u32(&a, 1, 1u << 20);
         else if (kvt_args_flag(&a, NULL, "--cold")) cold = true;
         else if (kvt_args_is(&a, NULL, "--agreement")) agreement = kvt_args_u32(&a, 1, 1u << 16);
+        else if (kvt_args_is(&a, NULL, "--kv-quality")) quality = kvt_args_u32(&a, 1, 1u << 16);
+        else if (kvt_args_is(&a, NULL, "--kv-quality-ctx")) quality_ctx = kvt_args_u32(&a, 0, 1u << 20);
+        else if (kvt_args_is(&a, NULL, "--kv-codecs")) codecs = kvt_args_str(&a);
         else if (kvt_args_flag(&a, NULL, "--once")) once = true;
         else if (kvt_args_is(&a, NULL, "--turns")) turns = kvt_args_u32(&a, 1, 1000);
         else if (kvt_args_is(&a, NULL, "--prompt-seed")) pseed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
@@ -458,12 +607,15 @@ static int bench_cmd(int argc, char **argv) {
     if (a.help) return 0;
     if (a.failed) return 2;
     if (!kvt_engine_flags_check("bench", &eo)) return 2;
-    if ((cache ? 1 : 0) + (decode_at ? 1 : 0) + (agreement ? 1 : 0) + (once ? 1 : 0) + (turns ? 1 : 0) > 1) {
-        fprintf(stderr, "kvtier bench: --cache, --decode-at, --agreement, --once and --turns are exclusive\n");
+    if ((cache ? 1 : 0) + (decode_at ? 1 : 0) + (agreement ? 1 : 0) + (once ? 1 : 0) + (turns ? 1 : 0) + (quality ? 1 : 0) > 1) {
+        fprintf(stderr, "kvtier bench: --cache, --decode-at, --agreement, --kv-quality, --once and --turns are exclusive\n");
         return 2;
     }
     g_progress = kvt_progress_create(stderr, json);
-    if (agreement) return bench_agreement(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, json);
+    if (agreement) return bench_quality(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, codecs, 0, 0, 1, false, json);
+    if (quality)
+        return bench_quality(&eo, quality, n_p == 512 ? 1024 : n_p, pseed, codecs, quality_ctx, n_g == 128 ? 32 : n_g, reps == 3 ? 1 : reps,
+                             true, json);
     if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, json);
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);
     if (turns) return bench_turns(&eo, turns, n_p, n_g, suffix, pseed, json);

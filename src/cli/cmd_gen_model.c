@@ -7,7 +7,7 @@
 #include "cmds.h"
 
 static void usage(void) {
-    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf] [--seed N] -o OUT.gguf\n"
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf] [--seed N] [--peaked] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
            "  --arch   llama | qwen2 | qwen3 | gemma3      (default: the shape's own arch; llama for tiny)\n"
@@ -17,6 +17,8 @@ static void usage(void) {
            "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default\n"
            "           ../shared/vocab/ggml-vocab-gpt-2.gguf, else $KVT_VOCAB_DIR; else a 256-byte vocab)\n"
            "  --seed   PRNG seed (default 0)\n"
+           "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2):\n"
+           "           makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
            "  -o, --output  output path (written atomically)\n");
 }
 
@@ -37,6 +39,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--type")) o.type = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--vocab")) o.vocab_path = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
+        else if (kvt_args_flag(&a, NULL, "--peaked")) o.peaked = true;
         else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
         else kvt_args_unknown(&a);
     }

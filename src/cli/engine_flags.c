@@ -15,8 +15,9 @@ const char kvt_engine_flags_help[] =
     "  -c, --ctx N               context length in tokens (default: min(model, 8192))\n"
     "      --ubatch N            prefill chunk size (default 512)\n"
     "      --block-tokens N      KV block size in tokens (default 256)\n"
-    "      --kv-quant MODE       off | 8 | 4 | config (config reads kv_config.json beside the model)\n"
-    "      --kv-quant-group N    affine group size along head_dim: 32, 64, 128 (default 64)\n"
+    "      --kv-quant MODE       off | 8 | 4 | turbo[:k<b>v<b>] | config (config reads kv_config.json\n"
+    "                            beside the model); turbo = TurboQuant k8v3, keys 2,4,5,8 / values 2,3,4,5,8 bits\n"
+    "      --kv-quant-group N    affine group size along head_dim: 32, 64, 128 (default: largest dividing head_dim)\n"
     "      --kv-quant-start N    tokens kept in f16 before quantized blocks start (default 0)\n"
     "      --kv-bf16             store unquantized KV as bf16 instead of f16\n"
     "      --kv-pool-gb GB       KV block pool budget (default: one context + the prompt cache)\n"
@@ -48,8 +49,15 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_is(a, NULL, "--block-tokens")) o->block_tokens = kvt_args_u32(a, 16, 4096);
     else if (kvt_args_is(a, NULL, "--kv-quant")) {
         const char *v = kvt_args_str(a);
-        if (v && strcmp(v, "off") && strcmp(v, "8") && strcmp(v, "4") && strcmp(v, "config")) {
-            fprintf(stderr, "kvtier %s: --kv-quant must be off, 8, 4 or config (got '%s')\n", a->cmd, v);
+        kvt_codec tc;
+        char terr[200];
+        if (v && !strncmp(v, "turbo", 5)) {
+            if (kvt_turbo_parse(v, &tc, terr, sizeof terr) != KVT_OK) {
+                fprintf(stderr, "kvtier %s: --kv-quant: %s\n", a->cmd, terr);
+                a->failed = true;
+            }
+        } else if (v && strcmp(v, "off") && strcmp(v, "8") && strcmp(v, "4") && strcmp(v, "config")) {
+            fprintf(stderr, "kvtier %s: --kv-quant must be off, 8, 4, turbo[:k<b>v<b>] or config (got '%s')\n", a->cmd, v);
             a->failed = true;
         }
         o->kv_quant = v;

@@ -75,7 +75,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->ubatch = 512;
     o->block_tokens = KVT_DEFAULT_BLOCK_TOKENS;
     o->kv_quant = "off";
-    o->kv_quant_group = 64;
+    o->kv_quant_group = 0; /* auto: largest supported group dividing head_dim */
     o->prompt_cache_gb = 8.0;
     o->snapshot_min_tokens = 1024;
     o->ssd_writeback = true;
@@ -121,7 +121,8 @@ static void log_layout(const kvt_kv_layout *l) {
         const char *trim = "never trimmable (exact snapshots only)";
         if (ld->kind != KVT_KIND_RECURRENT) {
             bpt = (double)ld->n_kv_heads *
-                  (double)(kvt_codec_row_bytes(ld->codec, ld->head_dim_k) + kvt_codec_row_bytes(ld->codec, ld->head_dim_v));
+                  (double)(kvt_codec_row_bytes(kvt_codec_side(ld->codec, 0), ld->head_dim_k) +
+                           kvt_codec_row_bytes(kvt_codec_side(ld->codec, 1), ld->head_dim_v));
             trim = ld->kind == KVT_KIND_FULL ? "trimmable anywhere" : "trimmable while its window's blocks are held";
         }
         KVT_INFO("kv: %u layer%s %s (%.0f B/token each, %s): %s", cnt, cnt > 1 ? "s" : "", d, bpt, trim, list);
@@ -132,6 +133,27 @@ static void log_layout(const kvt_kv_layout *l) {
 }
 
 /* ---- KV scheme resolution ---------------------------------------------------------------- */
+
+kvt_status kvt_engine_uniform_codec(const char *mode, uint32_t group, uint32_t head_dim, kvt_codec *out, char *err,
+                                    size_t errlen) {
+    if (!strncmp(mode, "turbo", 5)) {
+        kvt_status st = kvt_turbo_parse(mode, out, err, errlen);
+        if (st) return st;
+        if (!kvt_codec_valid(*out, head_dim))
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                            "--kv-quant %s: turbo needs head_dim a power of two in 8..%u (model head_dim %u); use 8 or 4",
+                            mode, KVT_TURBO_MAX_DIM, head_dim);
+        return KVT_OK;
+    }
+    if (strcmp(mode, "8") && strcmp(mode, "4"))
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant must be off, 8, 4, turbo[:k<b>v<b>] or config (got '%s')", mode);
+    const uint32_t g = group ? group : kvt_affine_auto_group(head_dim);
+    *out = (kvt_codec){.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(mode), .group_size = (uint16_t)g};
+    if (!kvt_codec_valid(*out, head_dim))
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant-group %u does not divide head_dim %u (use 32, 64 or 128)",
+                        group, head_dim);
+    return KVT_OK;
+}
 
 static kvt_status read_kv_config(const char *model_path, const kvt_hparams *hp, kvt_codec *codecs,
                                  char *err, size_t errlen) {
@@ -152,13 +174,29 @@ static kvt_status read_kv_config(const char *model_path, const kvt_hparams *hp, 
     free(buf);
     if (!j || !cJSON_IsArray(j)) {
         cJSON_Delete(j);
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: expected a JSON array of {layer_idx, bits, group_size}", path);
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: expected a JSON array of {layer_idx, bits, group_size} or {layer_idx, codec}", path);
     }
     kvt_status st = KVT_OK;
     cJSON *it;
     cJSON_ArrayForEach(it, j) {
         cJSON *li = cJSON_GetObjectItem(it, "layer_idx"), *b = cJSON_GetObjectItem(it, "bits"),
-              *g = cJSON_GetObjectItem(it, "group_size");
+              *g = cJSON_GetObjectItem(it, "group_size"), *cn = cJSON_GetObjectItem(it, "codec");
+        if (cJSON_IsString(cn) && cJSON_IsNumber(li)) { /* {"layer_idx": N, "codec": "turbo[:k<b>v<b>]"} */
+            const int l = li->valueint;
+            if (l < 0 || (uint32_t)l >= hp->n_layer) {
+                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer_idx %d out of range (model has %u layers)", path, l, hp->n_layer);
+                break;
+            }
+            char e2[200];
+            st = kvt_engine_uniform_codec(cn->valuestring, 0, hp->head_dim, &codecs[l], e2, sizeof e2);
+            if (st == KVT_OK && codecs[l].kind != KVT_CODEC_TURBO)
+                st = kvt_errf(e2, sizeof e2, KVT_ERR_FORMAT, "codec must be turbo or turbo:k<b>v<b> (affine layers use bits/group_size)");
+            if (st) {
+                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer %d: %s", path, l, e2);
+                break;
+            }
+            continue;
+        }
         if (!cJSON_IsNumber(li) || !cJSON_IsNumber(b)) {
             st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: each entry needs numeric layer_idx and bits", path);
             break;
@@ -193,20 +231,17 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     }
     for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = base;
     const char *q = e->o.kv_quant ? e->o.kv_quant : "off";
-    if (!strcmp(q, "8") || !strcmp(q, "4")) {
-        kvt_codec c = {.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(q), .group_size = (uint16_t)e->o.kv_quant_group};
-        if (!kvt_codec_valid(c, hp->head_dim)) {
-            st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant-group %u does not divide head_dim %u (use 32, 64 or 128)",
-                          e->o.kv_quant_group, hp->head_dim);
-            goto out;
-        }
-        for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
-    } else if (!strcmp(q, "config")) {
+    if (!strcmp(q, "config")) {
         st = read_kv_config(e->o.model_path, hp, codecs, err, errlen);
         if (st) goto out;
     } else if (strcmp(q, "off") != 0) {
-        st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant must be off, 8, 4 or config (got '%s')", q);
-        goto out;
+        kvt_codec c;
+        st = kvt_engine_uniform_codec(q, e->o.kv_quant_group, hp->head_dim, &c, err, errlen);
+        if (st) goto out;
+        if (c.kind == KVT_CODEC_AFFINE && !e->o.kv_quant_group)
+            KVT_INFO("kv: affine group %u picked (largest of 128/64/32 dividing head_dim %u; --kv-quant-group overrides)",
+                     c.group_size, hp->head_dim);
+        for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
     }
     kvt_model_layer_descs(e->model, codecs, descs);
     st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
@@ -701,4 +736,34 @@ void kvt_engine_tick(kvt_engine *e) {
     e->last_tick_ms = now;
     uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
     if (n) kvt_ssd_note_demotions(e->ssd, n);
+}
+
+/* ---- scoring (quality harness) ---------------------------------------------------------------- */
+
+kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_prompt, uint32_t n_steps,
+                            kvt_logits_fn fn, void *ctx, char *err, size_t errlen) {
+    if (n_prompt == 0 || n_steps == 0) return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: empty prompt or no steps");
+    if ((uint64_t)n_prompt + n_steps > e->n_ctx)
+        return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: %u + %u tokens exceed the context of %u", n_prompt, n_steps, e->n_ctx);
+    for (uint32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || (uint32_t)prompt[i] >= e->n_vocab)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "score: token id %d at position %u is outside the vocabulary", prompt[i], i);
+    pthread_mutex_lock(&e->gen_mu);
+    kvt_seq *seq = NULL;
+    float *logits = NULL;
+    kvt_status st = kvt_seq_create(e->pool, kvt_root_hash(e->compat, "score"), &seq);
+    if (st == KVT_OK) st = kvt_model_forward(e->ctx, seq, prompt, n_prompt, false, NULL, &logits);
+    for (uint32_t step = 0; st == KVT_OK && step < n_steps; step++) {
+        const int32_t next = fn(ctx, step, logits);
+        if (step + 1 == n_steps) break;
+        if (next < 0 || (uint32_t)next >= e->n_vocab) {
+            st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "score: step %u fed token %d outside the vocabulary", step, next);
+            break;
+        }
+        st = kvt_model_forward(e->ctx, seq, &next, 1, false, NULL, &logits);
+    }
+    if (st && err && !err[0]) kvt_errf(err, errlen, st, "score: forward failed: %s", kvt_status_str(st));
+    if (seq) kvt_seq_free(seq);
+    pthread_mutex_unlock(&e->gen_mu);
+    return st;
 }

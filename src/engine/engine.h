@@ -24,8 +24,8 @@ typedef struct kvt_engine_opts {
     uint32_t ubatch;            /* prefill chunk, default 512 */
     uint32_t block_tokens;      /* default 256 */
     double kv_pool_gb;          /* block pool budget, 0 = derived (ctx*bytes/token + prompt cache) */
-    const char *kv_quant;       /* "off" | "8" | "4" | "config"; NULL = off */
-    uint32_t kv_quant_group;    /* affine group size, default 64 */
+    const char *kv_quant;       /* "off" | "8" | "4" | "turbo[:k<b>v<b>]" | "config"; NULL = off */
+    uint32_t kv_quant_group;    /* affine group size; 0 (default) = largest of 128/64/32 dividing head_dim */
     uint32_t kv_quant_start;    /* tokens kept in f16 before quantized blocks start, default 0 */
     bool kv_bf16;               /* base codec bf16 instead of f16 */
     double prompt_cache_gb;     /* RAM tier cap, default 8, 0 disables */
@@ -38,6 +38,10 @@ typedef struct kvt_engine_opts {
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);
+/* The layer codec of a uniform --kv-quant mode ("8", "4", "turbo[:k<b>v<b>]") for a model with this
+ * head_dim; group 0 = auto. The one place that maps the option to a codec (engine and bench). */
+kvt_status kvt_engine_uniform_codec(const char *mode, uint32_t group, uint32_t head_dim, kvt_codec *out, char *err,
+                                    size_t errlen);
 
 kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *err, size_t errlen);
 void kvt_engine_free(kvt_engine *e); /* flushes the SSD tier (bounded wait) */
@@ -112,6 +116,17 @@ typedef void (*kvt_progress_cb)(void *ctx, kvt_progress_phase phase, uint32_t do
 void kvt_engine_set_progress(kvt_engine *e, kvt_progress_cb cb, void *ctx);
 
 /* Cache statistics and control for /stats, /metrics and the CLI. */
+/* Scoring pass for quality measurements (kvtier bench --kv-quality): forwards prompt[0..n_prompt)
+ * through a private sequence (no tiers, no sampler), then n_steps - 1 more tokens one at a time.
+ * fn(ctx, step, logits) is called for step = 0 .. n_steps-1 with the next-token logits (n_vocab
+ * floats, valid during the call) and returns the token to feed next (teacher forcing: a reference
+ * token; free running: its own argmax); the return value of the last step is not forwarded. A
+ * returned id outside the vocabulary stops the pass with KVT_ERR_INVALID_ARG. Needs
+ * n_prompt + n_steps <= n_ctx. Serialised with generate. */
+typedef int32_t (*kvt_logits_fn)(void *ctx, uint32_t step, const float *logits);
+kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_prompt, uint32_t n_steps,
+                            kvt_logits_fn fn, void *ctx, char *err, size_t errlen);
+
 typedef struct kvt_engine_stats {
     /* prompt cache */
     bool pc_enabled;

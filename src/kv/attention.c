@@ -13,6 +13,14 @@
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
  * come from kvt_kv_dot_rows and the weighted sum from kvt_kv_axpy_rows, which are bit-identical to
  * looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
+ *
+ * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
+ * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
+ * rotation), TURBO blocks' weighted values accumulate in a second, rotated accumulator, and after
+ * the 1/sum scaling that accumulator is un-rotated once (Π_V^T) and added to the base-codec part
+ * (or copied, when the pair sees no base-codec keys). Base-codec blocks before quant_start are read
+ * as usual with the unrotated query. For an all-TURBO pair this equals, bit for bit, Π_V^T applied
+ * to kvt_attention_ref over (Π_K q, decoded rotated rows) — what test_kv_turbo checks.
  */
 #include <assert.h>
 #include <math.h>
@@ -31,7 +39,9 @@
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
-    return (size_t)ATT_KC * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1);
+    /* decoded tile, scores, and (TURBO) rotated queries + rotated accumulators */
+    return (size_t)ATT_KC * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1) +
+           2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
@@ -97,6 +107,8 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
 typedef struct att_pair {
     const float *q;
     float *o;
+    const float *qr; /* TURBO: rotated query */
+    float *orot;     /* TURBO: accumulator in the rotated value basis */
     uint32_t lo, hi; /* visible key positions [lo, hi]; lo > hi = none */
     float inv;
 } att_pair;
@@ -115,10 +127,14 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     assert(n_head % n_kv == 0 && h1 <= n_head);
     const uint32_t rep = n_head / n_kv;
     if (n_q == 0 || h0 >= h1) return;
+    const bool turbo = li->codec[1].kind == KVT_CODEC_TURBO;
+    const uint64_t plain_end = (uint64_t)l->quant_block * bt; /* keys below use the base codec */
     /* keys beyond the held blocks cannot have been written; clamp for safety */
     const uint64_t held = (uint64_t)s->n_slots * bt;
     float *tile = scratch; /* ATT_KC decoded rows, row r at tile + r*hd */
     float *sc_base = scratch + (size_t)ATT_KC * pad16(l->max_head_dim);
+    float *rot_base = sc_base + (size_t)ATT_TILE * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
+    const size_t rot_stride = pad16(l->max_head_dim);
     kvt_block *const *slots = s->slots[g];
     float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
@@ -137,6 +153,15 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 pr[j].lo = window && p + 1 > window ? p + 1 - window : 0;
                 pr[j].hi = held == 0 ? 0 : (uint32_t)KVT_MIN((uint64_t)p, held - 1);
                 memset(pr[j].o, 0, (size_t)hd_v * sizeof(float));
+                pr[j].qr = pr[j].q;
+                pr[j].orot = pr[j].o;
+                if (turbo) {
+                    float *qr = rot_base + (size_t)j * rot_stride;
+                    pr[j].orot = rot_base + (size_t)(ATT_TILE + j) * rot_stride;
+                    kvt_turbo_rotate(layer, 0, kvh, pr[j].q, hd_k, qr);
+                    pr[j].qr = qr;
+                    memset(pr[j].orot, 0, (size_t)hd_v * sizeof(float));
+                }
                 if (held == 0 || pr[j].lo > pr[j].hi) {
                     pr[j].lo = 1, pr[j].hi = 0; /* empty */
                     continue;
@@ -160,7 +185,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     continue;
                 }
                 const int var = kvt_layout_variant(l, bi);
-                const kvt_codec c = li->codec[var];
+                const kvt_codec c = kvt_codec_side(li->codec[var], 0);
+                const bool rotq = turbo && var == 1;
                 const size_t rb = li->row_bytes[var][0];
                 /* rows of this KV head: contiguous, token t at base + t*rb */
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
@@ -174,7 +200,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_k, tile + (size_t)(p - p0) * hd_k);
                     if (na == 1) {
                         const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        kvt_kv_dot_rows(pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
+                        kvt_kv_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
                                         sc_base + j * span + (a - ulo));
                         continue;
                     }
@@ -186,7 +212,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         float *oo[4];
                         for (uint32_t t = 0; t < 4; t++) {
                             const uint32_t j = act[g0 + t < na ? g0 + t : g0];
-                            qq[t] = pr[j].q;
+                            qq[t] = rotq ? pr[j].qr : pr[j].q;
                             oo[t] = sc_base + j * span + (p0 - ulo);
                         }
                         kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
@@ -206,7 +232,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 if (!b) continue;
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const int var = kvt_layout_variant(l, bi);
-                const kvt_codec c = li->codec[var];
+                const kvt_codec c = kvt_codec_side(li->codec[var], 1);
+                const bool rotv = turbo && var == 1;
+#define OUT(j) (rotv ? pr[j].orot : pr[j].o)
                 const size_t rb = li->row_bytes[var][1];
                 const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * bt * rb;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
@@ -233,7 +261,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 const uint32_t j = act[g0 + t], a = KVT_MAX(p0, pr[j].lo);
                                 const uint32_t e = A > E ? KVT_MIN(p1, pr[j].hi) : A - 1;
                                 if (a <= e)
-                                    kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (a - ulo),
+                                    kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo),
                                                      tile + (size_t)(a - p0) * hd_v, hd_v, e - a + 1, hd_v);
                             }
                             if (A > E) continue;
@@ -241,26 +269,36 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                             const float *ww[4];
                             for (uint32_t t = 0; t < 4; t++) {
                                 const uint32_t j = act[g0 + (t < ng ? t : 0)];
-                                yy[t] = t < ng ? pr[j].o : dummy;
+                                yy[t] = t < ng ? OUT(j) : dummy;
                                 ww[t] = sc_base + j * span + (A - ulo);
                             }
                             kvt_kv_axpy_q4(yy, ww, tile + (size_t)(A - p0) * hd_v, hd_v, E - A + 1, hd_v);
                             for (uint32_t t = 0; t < ng; t++) {
                                 const uint32_t j = act[g0 + t], e = KVT_MIN(p1, pr[j].hi);
                                 if (E + 1 <= e)
-                                    kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (E + 1 - ulo),
+                                    kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (E + 1 - ulo),
                                                      tile + (size_t)(E + 1 - p0) * hd_v, hd_v, e - E, hd_v);
                             }
                         }
                     for (; g0 < na; g0++) {
                         const uint32_t j = act[g0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        kvt_kv_axpy_rows(pr[j].o, sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * hd_v,
+                        kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * hd_v,
                                          hd_v, e - a + 1, hd_v);
                     }
+#undef OUT
                 }
             }
-            for (uint32_t j = 0; j < np; j++)
-                if (pr[j].inv != 0.0f) scale_row(pr[j].o, pr[j].inv, hd_v);
+            for (uint32_t j = 0; j < np; j++) {
+                if (pr[j].inv == 0.0f) continue;
+                scale_row(pr[j].o, pr[j].inv, hd_v);
+                if (!turbo) continue;
+                scale_row(pr[j].orot, pr[j].inv, hd_v);
+                kvt_turbo_unrotate(layer, 1, kvh, pr[j].orot, hd_v, pr[j].orot);
+                if (pr[j].lo < plain_end)
+                    for (uint32_t d2 = 0; d2 < hd_v; d2++) pr[j].o[d2] += pr[j].orot[d2];
+                else
+                    memcpy(pr[j].o, pr[j].orot, (size_t)hd_v * sizeof(float));
+            }
         }
     }
 }

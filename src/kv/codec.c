@@ -34,6 +34,7 @@ static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
 static void cpu_detect(void) {
     kvt_f16_table_init();
+    kvt_turbo_init();
 #ifdef KVT_X86
     __builtin_cpu_init();
     unsigned a, b, c, d;
@@ -62,9 +63,23 @@ bool kvt_kv_cpu_has_avx2(void) {
 /* ------------------------------------------------------------------ validity / sizes */
 static bool affine_bits_ok(uint32_t b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
 
+kvt_codec kvt_codec_side(kvt_codec c, int kv) {
+    if (c.kind != KVT_CODEC_TURBO) return c;
+    const uint8_t b = kv ? c.vbits : c.bits;
+    return (kvt_codec){.kind = KVT_CODEC_TURBO, .bits = b, .vbits = b};
+}
+
+uint32_t kvt_affine_auto_group(uint32_t head_dim) {
+    static const uint32_t groups[3] = {128, 64, 32};
+    for (int i = 0; i < 3; i++)
+        if (head_dim && head_dim % groups[i] == 0) return groups[i];
+    return 0;
+}
+
 bool kvt_codec_valid(kvt_codec c, uint32_t dim) {
     if (dim == 0) return false;
     switch (c.kind) {
+    case KVT_CODEC_TURBO: return kvt_turbo_bits_ok(c.bits) && kvt_turbo_bits_ok(c.vbits) && kvt_turbo_dim_ok(dim);
     case KVT_CODEC_F16:
     case KVT_CODEC_BF16: return true;
     case KVT_CODEC_AFFINE:
@@ -82,6 +97,9 @@ size_t kvt_codec_row_bytes(kvt_codec c, uint32_t dim) {
     case KVT_CODEC_AFFINE:
         if (!kvt_codec_valid(c, dim)) return 0;
         return (size_t)dim * c.bits / 8 + 2 * 2 * (size_t)(dim / c.group_size);
+    case KVT_CODEC_TURBO: /* a side codec (bits == vbits); see kvt_codec_side */
+        if (!kvt_codec_valid(c, dim) || c.bits != c.vbits) return 0;
+        return kvt_turbo_row_bytes(c.bits, dim);
     }
     return 0;
 }
@@ -94,6 +112,7 @@ void kvt_codec_name(kvt_codec c, char *buf, size_t n) {
     case KVT_CODEC_AFFINE:
         snprintf(buf, n, "q%ug%u%s", (unsigned)c.bits, (unsigned)c.group_size, c.scale_bf16 ? "-bf16s" : "");
         return;
+    case KVT_CODEC_TURBO: snprintf(buf, n, "turbo-k%uv%u", (unsigned)c.bits, (unsigned)c.vbits); return;
     }
     snprintf(buf, n, "invalid");
 }
@@ -307,6 +326,9 @@ void kvt_codec_encode_row(kvt_codec c, const float *x, uint32_t dim, void *dst) 
     case KVT_CODEC_AFFINE:
         if (kvt_codec_valid(c, dim)) affine_encode_row(c, x, dim, d);
         return;
+    case KVT_CODEC_TURBO: /* x is already rotated (kvt_turbo_rotate) */
+        if (kvt_codec_row_bytes(c, dim)) kvt_turbo_encode_row(c.bits, x, dim, d);
+        return;
     }
 }
 
@@ -316,6 +338,7 @@ void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float 
     case KVT_CODEC_F16: f16_decode_scalar(src, dim, dst); return;
     case KVT_CODEC_BF16: bf16_decode(src, dim, dst); return;
     case KVT_CODEC_AFFINE: affine_decode_row(c, src, dim, dst); return;
+    case KVT_CODEC_TURBO: kvt_turbo_decode_row_scalar(c.bits, src, dim, dst); return;
     }
 }
 
@@ -349,12 +372,13 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
 #endif
         affine_decode_row(c, src, dim, dst);
         return;
+    case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, g_has_avx2 != 0); return;
     }
 }
 
 void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst) {
     kvt_kv_cpu_init();
-    if (c.kind == KVT_CODEC_AFFINE && !kvt_codec_valid(c, dim)) {
+    if ((c.kind == KVT_CODEC_AFFINE || c.kind == KVT_CODEC_TURBO) && !kvt_codec_row_bytes(c, dim)) {
         memset(dst, 0, (size_t)dim * sizeof(float));
         return;
     }

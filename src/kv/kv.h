@@ -55,27 +55,64 @@ typedef enum kvt_codec_kind {
     KVT_CODEC_F16 = 1,
     KVT_CODEC_BF16 = 2,
     KVT_CODEC_AFFINE = 3, /* MLX affine: bits in {2,3,4,5,6,8}, group in {32,64,128} along head_dim */
+    KVT_CODEC_TURBO = 4,  /* TurboQuant_mse (turbo.c): bits (keys) and vbits (values) in {2,3,4,5,8};
+                           * head_dim a power of two in [8, KVT_TURBO_MAX_DIM]. Rows hold the vector in
+                           * the rotated basis (see "TurboQuant" below). */
 } kvt_codec_kind;
 
 typedef struct kvt_codec {
     kvt_codec_kind kind;
-    uint8_t bits;        /* AFFINE only */
+    uint8_t bits;        /* AFFINE: code bits; TURBO: key bits */
     uint16_t group_size; /* AFFINE only */
     uint8_t scale_bf16;  /* AFFINE only: scales/biases stored as bf16 (else f16) */
+    uint8_t vbits;       /* TURBO only: value bits */
 } kvt_codec;
 
 bool kvt_codec_valid(kvt_codec c, uint32_t dim);
+/* The codec of the K (kv = 0) or V (kv = 1) rows of a layer codec: TURBO gives a codec with
+ * bits = vbits = that side's bits; every other codec is returned unchanged. Row sizes, encode and
+ * decode always take a side codec. */
+kvt_codec kvt_codec_side(kvt_codec c, int kv);
+/* Largest affine group (128, 64, 32) that divides head_dim; 0 if none does. */
+uint32_t kvt_affine_auto_group(uint32_t head_dim);
 /* Bytes of one encoded row of `dim` elements (affine: packed u32 words, then scales, then biases). */
 size_t kvt_codec_row_bytes(kvt_codec c, uint32_t dim);
 void kvt_codec_encode_row(kvt_codec c, const float *x, uint32_t dim, void *dst);
 void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst);
-/* "f16", "bf16", "q8g64", "q4g32" … */
+/* "f16", "bf16", "q8g64", "q4g32", "turbo-k8v3" … */
 void kvt_codec_name(kvt_codec c, char *buf, size_t n);
 
 /* Scalar reference of MLX affine quantization for one group (kv-codecs.md §1.2). Exposed for tests.
  * codes[i] in [0, 2^bits-1]; scale/bias are the unrounded fp32 values. */
 void kvt_affine_quantize_group(const float *w, uint32_t g, uint32_t bits, uint32_t *codes,
                                float *scale, float *bias);
+
+/* ------------------------------------------------------------------ TurboQuant (turbo.c) */
+/* Fixed rotation seed; recorded in the scheme key ("…-turbo-k8v3-r<seed>…"), so changing it can never
+ * alias cached blocks. Sign vector of (layer, kv, head) = a pure function of the seed. */
+#define KVT_TURBO_SEED 0x7475726230303031ull /* "turb0001" */
+#define KVT_TURBO_MAX_DIM 1024
+bool kvt_turbo_bits_ok(uint32_t bits);     /* 2,3,4,5,8 (values) */
+bool kvt_turbo_key_bits_ok(uint32_t bits); /* 2,4,5,8 (keys, the seed's set) */
+bool kvt_turbo_dim_ok(uint32_t head_dim);  /* power of two in [8, KVT_TURBO_MAX_DIM] */
+/* "turbo" (= k8v3) or "turbo:k<b>v<b>" -> a TURBO layer codec; errors name the accepted values. */
+kvt_status kvt_turbo_parse(const char *s, kvt_codec *out, char *err, size_t errlen);
+/* Rotation Π = H_d/√d · diag(σ(layer, kv, head)) and its inverse Π^T; out may equal x for unrotate. */
+void kvt_turbo_rotate(uint32_t layer, int kv, uint32_t head, const float *x, uint32_t d, float *out);
+void kvt_turbo_unrotate(uint32_t layer, int kv, uint32_t head, const float *y, uint32_t d, float *out);
+/* N(0,1) Lloyd–Max centroids for `bits` (1..8), ascending, 2^bits floats; static storage. */
+const float *kvt_turbo_codebook(uint32_t bits);
+/* The Lloyd iteration behind the codebook, in double (exposed for tests): c gets 2^bits centroids. */
+void kvt_turbo_lloyd_max(uint32_t bits, double *c);
+/* TurboQuant_prod QJL residual for a rotated key y (measured by tests and docs; the codec stores
+ * MSE-only keys). S: d*d floats from kvt_turbo_qjl_matrix (i.i.d. N(0,1) from seed). mse_row gets
+ * d*bits_mse/8 + 4 bytes, signs d/8 bytes, rho the residual norm. kvt_turbo_qjl_dot estimates
+ * <q, y> for a rotated query q (unbiased over S). d <= KVT_TURBO_MAX_DIM. */
+void kvt_turbo_qjl_matrix(uint64_t seed, uint32_t d, float *S);
+void kvt_turbo_qjl_encode(const float *S, uint32_t bits_mse, const float *y, uint32_t d, uint8_t *mse_row,
+                          uint8_t *signs, float *rho);
+float kvt_turbo_qjl_dot(const float *S, uint32_t bits_mse, const float *q, uint32_t d, const uint8_t *mse_row,
+                        const uint8_t *signs, float rho);
 
 /* ------------------------------------------------------------------ layout */
 typedef enum kvt_layer_kind {

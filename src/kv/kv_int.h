@@ -107,6 +107,14 @@ void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens);
 bool kvt_kv_cpu_has_avx2(void);
 void kvt_kv_cpu_init(void);
 
+/* TURBO rows in the rotated basis (turbo.c): encode a rotated vector y; decode s*c[idx]. The AVX2
+ * decode (kvt_turbo_decode_row with avx2 = CPU has AVX2) is bit-identical to the scalar one. */
+size_t kvt_turbo_row_bytes(uint32_t bits, uint32_t d);
+void kvt_turbo_encode_row(uint32_t bits, const float *y, uint32_t d, uint8_t *dst);
+void kvt_turbo_init(void); /* builds the codebooks once (kvt_kv_cpu_init calls it) */
+void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, bool avx2);
+void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, float *dst);
+
 /* Codec helpers shared by attention (codec.c). */
 void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
 float kvt_kv_dot(const float *a, const float *b, uint32_t n);

@@ -25,6 +25,7 @@ static const char *kind_name(kvt_layer_kind k) {
 
 static bool codec_eq(kvt_codec a, kvt_codec b) {
     if (a.kind != b.kind) return false;
+    if (a.kind == KVT_CODEC_TURBO) return a.bits == b.bits && a.vbits == b.vbits;
     if (a.kind != KVT_CODEC_AFFINE) return true;
     return a.bits == b.bits && a.group_size == b.group_size && !a.scale_bf16 == !b.scale_bf16;
 }
@@ -37,9 +38,12 @@ void kvt_kv_layout_free(kvt_kv_layout *l) {
     free(l);
 }
 
-/* Compact codec text used by the key: "8g64", "8g64b" (bf16 scales), "f16", "bf16". */
+/* Compact codec text used by the key: "8g64", "8g64b" (bf16 scales), "f16", "bf16", and
+ * "turbo-k8v3-r<seed>" (the rotation seed is part of what a TURBO block's bytes mean). */
 static void codec_compact(kvt_codec c, char *buf, size_t n) {
-    if (c.kind == KVT_CODEC_AFFINE)
+    if (c.kind == KVT_CODEC_TURBO)
+        snprintf(buf, n, "turbo-k%uv%u-r%08x", (unsigned)c.bits, (unsigned)c.vbits, (unsigned)(KVT_TURBO_SEED & 0xffffffffu));
+    else if (c.kind == KVT_CODEC_AFFINE)
         snprintf(buf, n, "%ug%u%s", (unsigned)c.bits, (unsigned)c.group_size, c.scale_bf16 ? "b" : "");
     else
         kvt_codec_name(c, buf, n);
@@ -66,15 +70,16 @@ static void build_key(kvt_kv_layout *l) {
         return;
     }
     if (all_same) {
-        char cc[16];
+        char cc[40];
         codec_compact(first, cc, sizeof cc);
-        snprintf(l->key, sizeof l->key, "bt%u-%s-kv%s-s%u", l->block_tokens, base, cc, l->quant_start);
+        snprintf(l->key, sizeof l->key, first.kind == KVT_CODEC_TURBO ? "bt%u-%s-%s-s%u" : "bt%u-%s-kv%s-s%u",
+                 l->block_tokens, base, cc, l->quant_start);
         return;
     }
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     for (uint32_t i = 0; i < l->n_layers; i++) {
-        char cc[16] = "r";
+        char cc[40] = "r";
         if (l->layers[i].kind != KVT_KIND_RECURRENT) codec_compact(l->layers[i].codec, cc, sizeof cc);
         XXH3_64bits_update(&st, cc, strlen(cc));
         XXH3_64bits_update(&st, ",", 1);
@@ -151,11 +156,14 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
             char cn[32];
             kvt_codec_name(d.codec, cn, sizeof cn);
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                          "kv layout: layer %u: codec %s invalid for head dims %u/%u", i, cn, d.head_dim_k,
-                          d.head_dim_v);
+                          "kv layout: layer %u: codec %s invalid for head dims %u/%u%s", i, cn, d.head_dim_k,
+                          d.head_dim_v,
+                          d.codec.kind == KVT_CODEC_TURBO ? " (turbo needs a power-of-two head_dim in 8..1024)" : "");
             goto fail;
         }
-        if (d.codec.kind != KVT_CODEC_AFFINE) {
+        if (d.codec.kind == KVT_CODEC_TURBO) {
+            d.codec = (kvt_codec){.kind = KVT_CODEC_TURBO, .bits = d.codec.bits, .vbits = d.codec.vbits};
+        } else if (d.codec.kind != KVT_CODEC_AFFINE) {
             d.codec = (kvt_codec){.kind = d.codec.kind};
         } else {
             d.codec.scale_bf16 = d.codec.scale_bf16 ? 1 : 0;
@@ -196,7 +204,7 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
                 const kvt_layer_desc *d = &l->layers[li];
                 for (int kv = 0; kv < 2; kv++) {
                     uint32_t hd = kv ? d->head_dim_v : d->head_dim_k;
-                    size_t rb = kvt_codec_row_bytes(l->info[li].codec[var], hd);
+                    size_t rb = kvt_codec_row_bytes(kvt_codec_side(l->info[li].codec[var], kv), hd);
                     l->info[li].row_bytes[var][kv] = rb;
                     off = align_up(off, SECTION_ALIGN);
                     l->info[li].offset[var][kv] = off;

@@ -213,15 +213,22 @@ void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, 
     kvt_block *b = s->slots[li->group][i];
     assert(b && !kvt_block_sealed(b) && kvt_block_refcount(b) == 1); /* invariants (2), (3), (8) */
     const int var = kvt_layout_variant(l, i);
-    const kvt_codec c = li->codec[var];
     for (int kv = 0; kv < 2; kv++) {
+        const kvt_codec c = kvt_codec_side(li->codec[var], kv);
         const float *src = kv ? v : k;
         const uint32_t hd = kv ? d->head_dim_v : d->head_dim_k;
         const size_t rb = li->row_bytes[var][kv];
         /* section layout [kv_head][token]: row (h, t) at (h*bt + t) * rb */
         uint8_t *base = b->data + li->offset[var][kv] + (size_t)t * rb;
-        for (uint32_t h = 0; h < d->n_kv_heads; h++)
-            kvt_codec_encode_row(c, src + (size_t)h * hd, hd, base + (size_t)h * bt * rb);
+        for (uint32_t h = 0; h < d->n_kv_heads; h++) {
+            const float *x = src + (size_t)h * hd;
+            float rot[KVT_TURBO_MAX_DIM];
+            if (c.kind == KVT_CODEC_TURBO) { /* TURBO rows hold the rotated vector (turbo.c) */
+                kvt_turbo_rotate(layer, kv, h, x, hd, rot);
+                x = rot;
+            }
+            kvt_codec_encode_row(c, x, hd, base + (size_t)h * bt * rb);
+        }
     }
 }
 

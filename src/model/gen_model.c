@@ -83,7 +83,21 @@ typedef struct gen_ctx {
     uint64_t seed;
     float rope_base;
     uint32_t n_rot;
+    bool peaked;
 } gen_ctx;
+
+/* --peaked: scale factors that make a random model's distributions look trained. Logits: the final
+ * norm weight ×8 (logit std ≈ 0.5 → ≈ 4 over the vocabulary, so top-1 carries real mass). Attention:
+ * Q and K projections ×2 each, and the Q/K norm weights ×2 for archs that renormalise Q/K (qwen3,
+ * gemma3), so scores grow ≈4× (std ≈ 0.2 → ≈ 0.9) instead of averaging V almost uniformly. (×4
+ * each made the 30-layer random smol-135m chaotic: even kv8 KV flipped most top-1 tokens.) */
+static bool ends_with(const char *s, const char *suf);
+static float peak_factor(const char *name) {
+    if (!strcmp(name, "output_norm.weight")) return 8.0f;
+    if (ends_with(name, "attn_q.weight") || ends_with(name, "attn_k.weight")) return 2.0f;
+    if (ends_with(name, "attn_q_norm.weight") || ends_with(name, "attn_k_norm.weight")) return 2.0f;
+    return 1.0f;
+}
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -127,6 +141,7 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
     int kind = ends_with(name, "norm.weight") ? 1 : ends_with(name, ".bias") ? 2
              : !strcmp(name, "rope_freqs.weight") ? 3 : 0;
     const float a = 0.02f * 1.7320508f; /* uniform with std 0.02 */
+    const float pk = c->peaked ? peak_factor(name) : 1.0f;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < n0; i++) {
             switch (kind) {
@@ -135,6 +150,7 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
             case 3: row[i] = kvt_gen_model_llama3_factor(c->rope_base, c->n_rot, (uint32_t)i); break;
             default: row[i] = a * unif(&s); break;
             }
+            row[i] *= pk;
         }
         uint8_t *out = (uint8_t *)dst + (uint64_t)r * rb;
         if (type == KVT_TYPE_F32) {
@@ -303,8 +319,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     char key[160], name[128];
 #define K(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
     kvt_gguf_w_str(w, "general.architecture", an, strlen(an));
-    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu", an, shape_name, type_name,
-             (unsigned long long)o->seed);
+    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu%s", an, shape_name, type_name,
+             (unsigned long long)o->seed, o->peaked ? " peaked" : "");
     kvt_gguf_w_str(w, "general.name", name, strlen(name));
     kvt_gguf_w_u32(w, "general.alignment", 32);
     kvt_gguf_w_u32(w, "general.file_type", ftype);
@@ -342,7 +358,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
                      : s.llama3_rope ? k_tmpl_llama3 : k_tmpl_smol;
     kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
 
-    gen_ctx gc = {o->seed, s.rope_base, s.head_dim};
+    gen_ctx gc = {o->seed, s.rope_base, s.head_dim, o->peaked};
     kvt_status st = KVT_OK;
     const uint32_t qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
 #define T1(nm, n0) do { int64_t ne_[1] = {(n0)}; \

@@ -23,6 +23,8 @@ typedef struct kvt_gen_model_opts {
     uint64_t seed;
     bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
     bool quiet;             /* no warning on the byte-vocab fallback */
+    bool peaked;            /* scale the final norm (x8) and Q/K (x2 each) so logits and attention are
+                             * as peaked as a trained model's (gen_model.c peak_factor) */
 } kvt_gen_model_opts;
 
 /* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */
