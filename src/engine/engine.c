@@ -106,9 +106,8 @@ static void log_layout(const kvt_kv_layout *l) {
         double bpt = 0;
         const char *trim = "never trimmable (exact snapshots only)";
         if (ld->kind != KVT_KIND_RECURRENT) {
-            bpt = (double)ld->n_kv_heads *
-                  (double)(kvt_codec_row_bytes(ld->codec, ld->head_dim_k) + kvt_codec_row_bytes(ld->codec, ld->head_dim_v));
-            trim = ld->kind == KVT_KIND_FULL ? "trimmable anywhere" : "trimmable while its window's blocks are held";
+            bpt = kvt_kv_layout_layer_bytes_per_token(l, i);
+            trim = ld->kind != KVT_KIND_WINDOW ? "trimmable anywhere" : "trimmable while its window's blocks are held";
         }
         KVT_INFO("kv: %u layer%s %s (%.0f B/token each, %s): %s", cnt, cnt > 1 ? "s" : "", d, bpt, trim, list);
     }
