@@ -177,6 +177,19 @@ static void test_ssd_restart(void **s) {
     free(m);
 }
 
+/* --kv-quant on a latent cache is refused with a message, never silently applied. */
+static void test_kv_quant_mla_refused(void **s) {
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = DS2_FIXTURE;
+    o.kv_quant = "8";
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(err, "latent"));
+}
+
 /* Latent blocks persist and restore from SSD like any other: restored == cold. */
 static void test_ssd_restart_deepseek2_mla(void **s) { check_ssd_restart(DS2_FIXTURE); }
 
@@ -387,7 +400,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_hit_deepseek2_mla), cmocka_unit_test(test_ssd_restart_deepseek2_mla),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_hit_deepseek2_mla), cmocka_unit_test(test_ssd_restart_deepseek2_mla),
+        cmocka_unit_test(test_kv_quant_mla_refused),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

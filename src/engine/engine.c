@@ -180,7 +180,7 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     const char *q = e->o.kv_quant ? e->o.kv_quant : "off";
     if (!strcmp(q, "8") || !strcmp(q, "4")) {
         kvt_codec c = {.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(q), .group_size = (uint16_t)e->o.kv_quant_group};
-        if (!kvt_codec_valid(c, hp->head_dim)) {
+        if (!kvt_codec_valid(c, hp->head_dim) && !hp->mla.kv_lora_rank) { /* MLA: refused below */
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant-group %u does not divide head_dim %u (use 32, 64 or 128)",
                           e->o.kv_quant_group, hp->head_dim);
             goto out;
@@ -193,6 +193,16 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
         st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant must be off, 8, 4 or config (got '%s')", q);
         goto out;
     }
+    /* Latent (MLA) blocks stay 16-bit: affine quantization of the latent has not been measured
+     * against the model's quality yet (docs/models.md), so it is refused rather than guessed. */
+    for (uint32_t i = 0; i < hp->n_layer && hp->mla.kv_lora_rank; i++)
+        if (codecs[i].kind == KVT_CODEC_AFFINE) {
+            st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                          "--kv-quant %s: quantized latent (MLA) blocks are not supported for %s; the latent cache "
+                          "is already %u values per layer and token (use --kv-quant off)",
+                          q, kvt_arch_name(hp->arch), hp->mla.kv_lora_rank + hp->mla.d_rope);
+            goto out;
+        }
     kvt_model_layer_descs(e->model, codecs, descs);
     st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
     if (st == KVT_OK) {
