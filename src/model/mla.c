@@ -12,8 +12,8 @@
  * to the head's value space. That is the same quantity as expanding K/V per head
  * ((W_UKᵀ q)·c = q·(W_UK c), W_UV Σ a c = Σ a W_UV c), computed without ever materializing K/V:
  * per key and head it costs r + d_r + r multiply-adds instead of d_n + d_r + d_v plus the
- * expansion of every cached latent (H·(d_n + d_v)·r per key per chunk), so absorbed wins for decode
- * and for prefill chunks alike at DeepSeek-V2-Lite's shape (docs/models.md has the numbers).
+ * expansion of every cached latent (H·(d_n + d_v)·r per key per chunk). Decode and prefill both
+ * use this form (docs/models.md: an expanded prefill path is not implemented).
  *
  * Threading (every thread calls kvt_mla_attention; barriers between stages):
  *   1 norm + activations (rows of X/XN/ACT)   2 q / kv down-projections (columns)
