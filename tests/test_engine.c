@@ -71,8 +71,7 @@ static void gen(kvt_engine *e, const int32_t *ids, uint32_t n, uint32_t max, boo
 }
 
 /* cold (no cache) == first cached run == exact repeat (reuses n-1) == extension of the prompt */
-static void check_hit_equals_cold(const char *arch, const char *type, const char *kvq) {
-    char *m = make_model(arch, type);
+static void check_hit_equals_cold_model(const char *m, const char *kvq) {
     kvt_engine *e = open_engine(m, kvq, 1.0, NULL);
     uint32_t nv = kvt_engine_n_vocab(e);
     enum { N = 150, G = 12 };
@@ -107,8 +106,17 @@ static void check_hit_equals_cold(const char *arch, const char *type, const char
     assert_true(st.pc_hits >= 2);
     assert_true(st.pc_blocks > 0);
     kvt_engine_free(e);
+}
+
+static void check_hit_equals_cold(const char *arch, const char *type, const char *kvq) {
+    char *m = make_model(arch, type);
+    check_hit_equals_cold_model(m, kvq);
     free(m);
 }
+
+/* The latent (MLA) cache of deepseek2 (reference fixture): hits, extensions and edits == cold. */
+#define DS2_FIXTURE "tests/fixtures/deepseek2-tiny.gguf"
+static void test_hit_deepseek2_mla(void **s) { check_hit_equals_cold_model(DS2_FIXTURE, "off"); }
 
 static void test_hit_llama_f16(void **s) { check_hit_equals_cold("llama", "f16", "off"); }
 static void test_hit_qwen3_q8(void **s) { check_hit_equals_cold("qwen3", "q8_0", "off"); }
@@ -132,8 +140,7 @@ static void test_namespaces(void **s) {
     free(m);
 }
 
-static void test_ssd_restart(void **s) {
-    char *m = make_model("llama", "f16");
+static void check_ssd_restart(const char *m) {
     char *dir = tu_tmpdir("eng-ssd");
     int32_t ids[200];
     run_out a, b;
@@ -162,8 +169,29 @@ static void test_ssd_restart(void **s) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
     free(dir);
+}
+
+static void test_ssd_restart(void **s) {
+    char *m = make_model("llama", "f16");
+    check_ssd_restart(m);
     free(m);
 }
+
+/* --kv-quant on a latent cache is refused with a message, never silently applied. */
+static void test_kv_quant_mla_refused(void **s) {
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = DS2_FIXTURE;
+    o.kv_quant = "8";
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(err, "latent"));
+}
+
+/* Latent blocks persist and restore from SSD like any other: restored == cold. */
+static void test_ssd_restart_deepseek2_mla(void **s) { check_ssd_restart(DS2_FIXTURE); }
 
 typedef struct collect {
     char text[4096];
@@ -372,7 +400,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_hit_deepseek2_mla), cmocka_unit_test(test_ssd_restart_deepseek2_mla),
+        cmocka_unit_test(test_kv_quant_mla_refused),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

@@ -570,9 +570,61 @@ static void test_row_layout_raw(void **st) {
     kvt_kv_layout_free(l);
 }
 
+
+/* MLA latent layers: one K section of [c | k_pe] rows, no V section, exact bytes per token
+ * (DeepSeek-V2-Lite's shape: 512 + 64 = 576 values per layer), bad shapes rejected, and a
+ * sequence of latent rows writes, seals, clones and trims like FULL. */
+static void test_layout_mla(void **st) {
+    (void)st;
+    kvt_layer_desc d[27];
+    for (int i = 0; i < 27; i++)
+        d[i] = (kvt_layer_desc){.kind = KVT_KIND_MLA, .n_kv_heads = 1, .head_dim_k = 576, .head_dim_v = 512, .codec = F16};
+    kvt_kv_layout *l = mk(d, 27, 16, 0);
+    assert_true(kvt_kv_layout_layer_bytes_per_token(l, 0) == 576 * 2);
+    assert_true(kvt_kv_layout_bytes_per_token(l) == 27 * 576 * 2);
+    assert_int_equal(kvt_kv_layout_row_bytes(l, 3, 0, 1), 0);
+    assert_int_equal(kvt_kv_layout_n_groups(l), 1);
+    char key[128];
+    kvt_kv_layout_key(l, key, sizeof key);
+    assert_string_equal(key, "bt16-f16-mla");
+    /* latent rows survive the block walk: write 40 tokens, clone, trim mid-block */
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s = NULL, *c = NULL;
+    assert_int_equal(kvt_seq_create(p, 7, &s), KVT_OK);
+    assert_int_equal(kvt_seq_prepare(s, 40), KVT_OK);
+    float row[576];
+    int32_t tok[40];
+    for (uint32_t t = 0; t < 40; t++) {
+        tok[t] = (int32_t)t;
+        for (int i = 0; i < 576; i++) row[i] = (float)(t * 576 + i) / 1024.0f;
+        for (uint32_t il = 0; il < 27; il++) kvt_seq_write_kv(s, il, t, row, NULL);
+    }
+    assert_int_equal(kvt_seq_commit(s, tok, 40), KVT_OK);
+    assert_int_equal(kvt_block_data_bytes(kvt_seq_block(s, 0, 0)), kvt_kv_layout_block_bytes(l, 0, 0));
+    assert_int_equal(kvt_seq_clone(s, &c), KVT_OK);
+    assert_true(kvt_seq_can_trim(c, 21));
+    assert_int_equal(kvt_seq_trim(c, 21), KVT_OK);
+    assert_int_equal(kvt_seq_len(c), 21);
+    const uint8_t *b = kvt_block_data(kvt_seq_block(s, 0, 1));
+    const size_t off = kvt_kv_layout_row_offset(l, 26, 1, 0, 3, 0); /* token 19, last layer */
+    uint16_t h;
+    memcpy(&h, b + off + 2 * 5, 2);
+    assert_true(kvt_f16_to_f32(h) == kvt_f16_to_f32(kvt_f32_to_f16((float)(19 * 576 + 5) / 1024.0f)));
+    kvt_seq_free(c);
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+    d[0].n_kv_heads = 2;
+    expect_invalid(d, 1, 16, F16, "MLA");
+    d[0].n_kv_heads = 1;
+    d[0].head_dim_v = 576;
+    expect_invalid(d, 1, 16, F16, "MLA");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_invalid),
+        cmocka_unit_test(test_layout_mla),
         cmocka_unit_test(test_row_layout_raw),
         cmocka_unit_test(test_layout_groups_variants),
         cmocka_unit_test(test_layout_key),

@@ -633,6 +633,7 @@ static uint64_t tail_walk(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint3
         uint32_t nh = kvt_kv_layout_layer(l, layer)->n_kv_heads;
         for (int kv = 0; kv < 2; kv++) {
             uint64_t len = (uint64_t)m * kvt_kv_layout_row_bytes(l, layer, bi, kv);
+            if (len == 0) continue; /* MLA: no V section */
             for (uint32_t h = 0; h < nh; h++) {
                 if (fn) fn(ctx, kvt_kv_layout_row_offset(l, layer, bi, kv, 0, h), c, len);
                 c += len;
@@ -1767,7 +1768,7 @@ static bool build_plan(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t r
         for (uint32_t g = 0; g < G; g++) {
             present[(size_t)i * G + g] = match_entry(s, h[i + 1], g, KVT_SSD_KIND_BLOCK, h[i], tk, bt) != NULL;
             any |= present[(size_t)i * G + g];
-            if (kvt_kv_layout_group_kind(s->layout, g) == KVT_KIND_FULL && !present[(size_t)i * G + g]) full_ok = false;
+            if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW && !present[(size_t)i * G + g]) full_ok = false;
         }
         if (!full_ok) break;
         (void)any;

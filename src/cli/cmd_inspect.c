@@ -146,6 +146,10 @@ int cmd_inspect(int argc, char **argv) {
     uint64_t per_layer = 0, kv_tok = 0, kv_tok_global = 0;
     if (!kvt_mul_ok((uint64_t)n_kv, (uint64_t)k_len + v_len, &per_layer) || !kvt_mul_ok(per_layer, 2, &per_layer))
         per_layer = UINT64_MAX;
+    /* deepseek2 caches the MLA latent: kv_lora_rank + the decoupled RoPE key, one row per layer */
+    uint32_t kv_lora = 0;
+    const bool mla = !strcmp(arch, "deepseek2") && hp_u32(g, arch, "attention.kv_lora_rank", &kv_lora);
+    if (mla) per_layer = ((uint64_t)kv_lora + n_rot) * 2;
     uint32_t n_windowed = 0;
     if (!strcmp(arch, "gemma3") && n_swa) /* layer il is windowed iff il % 6 < 5 */
         n_windowed = n_layer / 6 * 5 + KVT_MIN(n_layer % 6, 5u);
@@ -224,8 +228,9 @@ int cmd_inspect(int argc, char **argv) {
                tok_pre[0] ? tok_pre : "(none)", (unsigned long long)n_vocab, bos, eos);
         printf("chat template: %s\n", fam);
         if (arch[0]) {
-            printf("kv per token:  %llu bytes at f16 (%s; n_layer x n_head_kv x (k+v head_dim) x 2 bytes)\n",
-                   (unsigned long long)kv_tok, human(kv_tok, hb, sizeof hb));
+            printf("kv per token:  %llu bytes at f16 (%s; %s)\n", (unsigned long long)kv_tok, human(kv_tok, hb, sizeof hb),
+                   mla ? "MLA latent: n_layer x (kv_lora_rank + rope dims) x 2 bytes"
+                       : "n_layer x n_head_kv x (k+v head_dim) x 2 bytes");
             if (n_windowed)
                 printf("               %u of %u layers are windowed (n_swa %u): past %u tokens they stop growing;"
                        " the %u global layers take %llu bytes per token\n",

@@ -120,10 +120,8 @@ static void log_layout(const kvt_kv_layout *l) {
         double bpt = 0;
         const char *trim = "never trimmable (exact snapshots only)";
         if (ld->kind != KVT_KIND_RECURRENT) {
-            bpt = (double)ld->n_kv_heads *
-                  (double)(kvt_codec_row_bytes(kvt_codec_side(ld->codec, 0), ld->head_dim_k) +
-                           kvt_codec_row_bytes(kvt_codec_side(ld->codec, 1), ld->head_dim_v));
-            trim = ld->kind == KVT_KIND_FULL ? "trimmable anywhere" : "trimmable while its window's blocks are held";
+            bpt = kvt_kv_layout_layer_bytes_per_token(l, i);
+            trim = ld->kind != KVT_KIND_WINDOW ? "trimmable anywhere" : "trimmable while its window's blocks are held";
         }
         KVT_INFO("kv: %u layer%s %s (%.0f B/token each, %s): %s", cnt, cnt > 1 ? "s" : "", d, bpt, trim, list);
     }
@@ -243,6 +241,16 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
                      c.group_size, hp->head_dim);
         for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
     }
+    /* Latent (MLA) blocks stay 16-bit: affine quantization of the latent has not been measured
+     * against the model's quality yet (docs/models.md), so it is refused rather than guessed. */
+    for (uint32_t i = 0; i < hp->n_layer && hp->mla.kv_lora_rank; i++)
+        if (codecs[i].kind == KVT_CODEC_AFFINE) {
+            st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                          "--kv-quant %s: quantized latent (MLA) blocks are not supported for %s; the latent cache "
+                          "is already %u values per layer and token (use --kv-quant off)",
+                          q, kvt_arch_name(hp->arch), hp->mla.kv_lora_rank + hp->mla.d_rope);
+            goto out;
+        }
     kvt_model_layer_descs(e->model, codecs, descs);
     st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
     if (st == KVT_OK) {

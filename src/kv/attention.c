@@ -124,6 +124,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint32_t g = li->group, bt = l->block_tokens, n_kv = d->n_kv_heads;
     const uint32_t hd_k = d->head_dim_k, hd_v = d->head_dim_v;
     const uint32_t window = d->kind == KVT_KIND_WINDOW ? d->window : 0;
+    const bool mla = d->kind == KVT_KIND_MLA;
+    const uint32_t vdim = mla ? hd_k : hd_v; /* decoded V row width (= its tile stride) */
     assert(n_head % n_kv == 0 && h1 <= n_head);
     const uint32_t rep = n_head / n_kv;
     if (n_q == 0 || h0 >= h1) return;
@@ -226,17 +228,19 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 pr[j].inv = softmax_inplace(sc_base + j * span + (pr[j].lo - ulo), pr[j].hi - pr[j].lo + 1);
             }
             /* Pass 2: V rows, weighted accumulation in ascending key order. Keys of dropped blocks
-             * have weight exactly 0, and adding 0*v changes nothing, so they are skipped. */
+             * have weight exactly 0, and adding 0*v changes nothing, so they are skipped. MLA: the
+             * V rows are the K rows, decoded whole (vdim wide) and read as their hd_v prefix. */
             for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
                 const kvt_block *b = slots[bi];
                 if (!b) continue;
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const int var = kvt_layout_variant(l, bi);
-                const kvt_codec c = kvt_codec_side(li->codec[var], 1);
+                const int vs = mla ? 0 : 1; /* MLA: the values are the latent prefix of the K row */
+                const kvt_codec c = kvt_codec_side(li->codec[var], vs);
                 const bool rotv = turbo && var == 1;
 #define OUT(j) (rotv ? pr[j].orot : pr[j].o)
-                const size_t rb = li->row_bytes[var][1];
-                const uint8_t *base = b->data + li->offset[var][1] + (size_t)kvh * bt * rb;
+                const size_t rb = li->row_bytes[var][vs];
+                const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
                     uint32_t act[ATT_TILE], na = 0;
@@ -244,7 +248,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
                     for (uint32_t p = p0; p <= p1; p++)
-                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_v, tile + (size_t)(p - p0) * hd_v);
+                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, vdim, tile + (size_t)(p - p0) * vdim);
                     uint32_t g0 = 0;
                     if (na >= 2 && hd_v <= ATT_DUMMY)
                         for (; g0 < na; g0 += 4) {
@@ -262,7 +266,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 const uint32_t e = A > E ? KVT_MIN(p1, pr[j].hi) : A - 1;
                                 if (a <= e)
                                     kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo),
-                                                     tile + (size_t)(a - p0) * hd_v, hd_v, e - a + 1, hd_v);
+                                                     tile + (size_t)(a - p0) * vdim, vdim, e - a + 1, hd_v);
                             }
                             if (A > E) continue;
                             float *yy[4];
@@ -272,18 +276,18 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 yy[t] = t < ng ? OUT(j) : dummy;
                                 ww[t] = sc_base + j * span + (A - ulo);
                             }
-                            kvt_kv_axpy_q4(yy, ww, tile + (size_t)(A - p0) * hd_v, hd_v, E - A + 1, hd_v);
+                            kvt_kv_axpy_q4(yy, ww, tile + (size_t)(A - p0) * vdim, vdim, E - A + 1, hd_v);
                             for (uint32_t t = 0; t < ng; t++) {
                                 const uint32_t j = act[g0 + t], e = KVT_MIN(p1, pr[j].hi);
                                 if (E + 1 <= e)
                                     kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (E + 1 - ulo),
-                                                     tile + (size_t)(E + 1 - p0) * hd_v, hd_v, e - E, hd_v);
+                                                     tile + (size_t)(E + 1 - p0) * vdim, vdim, e - E, hd_v);
                             }
                         }
                     for (; g0 < na; g0++) {
                         const uint32_t j = act[g0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * hd_v,
-                                         hd_v, e - a + 1, hd_v);
+                        kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * vdim,
+                                         vdim, e - a + 1, hd_v);
                     }
 #undef OUT
                 }

@@ -4,7 +4,7 @@
  *
  * Concepts
  * --------
- * - Layer desc: every layer declares a kind (FULL, WINDOW(W), RECURRENT) and a codec. There is no
+ * - Layer desc: every layer declares a kind (FULL, WINDOW(W), RECURRENT, MLA) and a codec. There is no
  *   "unknown" kind: kvt_kv_layout_create rejects anything else.
  * - Layer group: layers of the same kind (and window) form one group. A block holds K and V of every
  *   layer of ONE group for a fixed token range [index*block_tokens, (index+1)*block_tokens).
@@ -119,15 +119,21 @@ typedef enum kvt_layer_kind {
     KVT_KIND_FULL = 1,
     KVT_KIND_WINDOW = 2,
     KVT_KIND_RECURRENT = 3,
+    /* Multi-head latent attention (deepseek2): one row per token shared by all heads, the normed
+     * latent c (head_dim_v values) followed by the RoPE'd decoupled key (head_dim_k - head_dim_v):
+     * n_kv_heads = 1, a K section only (the "V" of a token is the c prefix of its K row, so the
+     * block holds exactly the latent: no expanded K/V). Blocks, sharing, tiers and trimming behave
+     * as FULL. */
+    KVT_KIND_MLA = 4,
 } kvt_layer_kind;
 
 typedef struct kvt_layer_desc {
     kvt_layer_kind kind;
     uint32_t window;      /* WINDOW: a query at p sees keys in (p - window, p] */
-    uint32_t n_kv_heads;  /* FULL/WINDOW */
-    uint32_t head_dim_k;  /* FULL/WINDOW */
-    uint32_t head_dim_v;  /* FULL/WINDOW */
-    kvt_codec codec;      /* FULL/WINDOW: codec for blocks at/after quant_start */
+    uint32_t n_kv_heads;  /* FULL/WINDOW; MLA: 1 */
+    uint32_t head_dim_k;  /* FULL/WINDOW; MLA: latent + rope key dims (the row) */
+    uint32_t head_dim_v;  /* FULL/WINDOW; MLA: latent dims (< head_dim_k) */
+    kvt_codec codec;      /* FULL/WINDOW/MLA: codec for blocks at/after quant_start */
     uint32_t state_bytes; /* RECURRENT: bytes of per-sequence state */
 } kvt_layer_desc;
 
@@ -155,7 +161,8 @@ kvt_codec kvt_kv_layout_codec_at(const kvt_kv_layout *l, uint32_t layer, uint32_
 /* payload bytes of a block of `group` at `block_index` */
 size_t kvt_kv_layout_block_bytes(const kvt_kv_layout *l, uint32_t group, uint32_t block_index);
 /* byte offset of layer's K (kv=0) or V (kv=1) section inside such a block. The section is ordered
- * [kv_head][token]: the row of (token t, head h) is at section_offset + (h*block_tokens + t)*row_bytes. */
+ * [kv_head][token]: the row of (token t, head h) is at section_offset + (h*block_tokens + t)*row_bytes.
+ * An MLA layer has no V section: its V row_bytes is 0 (and its V offset that of K). */
 size_t kvt_kv_layout_section_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv);
 size_t kvt_kv_layout_row_bytes(const kvt_kv_layout *l, uint32_t layer, uint32_t block_index, int kv);
 /* byte offset inside the block of the row of (token, head) of layer's K (kv=0) or V (kv=1) section */
@@ -163,6 +170,8 @@ size_t kvt_kv_layout_row_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t
                                 uint32_t head);
 /* Steady-state KV bytes per token over all layers (after quant_start), for admission/accounting. */
 double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l);
+/* The same for one layer (0 for RECURRENT); MLA: exactly one latent row. */
+double kvt_kv_layout_layer_bytes_per_token(const kvt_kv_layout *l, uint32_t layer);
 /* Total bytes of recurrent state per sequence. */
 size_t kvt_kv_layout_state_bytes(const kvt_kv_layout *l);
 /* "full/f16" / "window(512)/q8g64" / "recurrent(4096B)" */
@@ -254,7 +263,7 @@ kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
 /* Forward-pass write path. prepare() makes positions [len, len+n_new) writable: allocates blocks
  * and copies a shared/frozen tail; after it succeeds writes cannot fail. write_kv() encodes K and V
  * of one token (n_kv_heads*head_dim floats each) for one layer at an absolute position in that
- * range. commit() appends the tokens, seals blocks that became full and releases WINDOW blocks that
+ * range (MLA: k is the latent row, v is ignored and may be NULL). commit() appends the tokens, seals blocks that became full and releases WINDOW blocks that
  * no later query can see. */
 kvt_status kvt_seq_prepare(kvt_seq *s, uint32_t n_new);
 void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v);

@@ -19,6 +19,7 @@ static const char *kind_name(kvt_layer_kind k) {
     case KVT_KIND_FULL: return "full";
     case KVT_KIND_WINDOW: return "window";
     case KVT_KIND_RECURRENT: return "recurrent";
+    case KVT_KIND_MLA: return "mla";
     }
     return "?";
 }
@@ -55,6 +56,10 @@ static void build_key(kvt_kv_layout *l) {
      * to the model part of compatibility. */
     char base[16];
     kvt_codec_name(l->base, base, sizeof base);
+    /* a latent (MLA) cache holds different bytes than expanded K/V of the same model: mark it */
+    bool mla = false;
+    for (uint32_t i = 0; i < l->n_layers; i++) mla |= l->layers[i].kind == KVT_KIND_MLA;
+    if (mla) snprintf(base + strlen(base), sizeof base - strlen(base), "-mla");
     bool any_attn = false, all_same = true, all_base = true;
     kvt_codec first = l->base;
     for (uint32_t i = 0; i < l->n_layers; i++) {
@@ -135,16 +140,22 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
             l->state_bytes += align_up(d.state_bytes, SECTION_ALIGN);
             continue;
         }
-        if (d.kind != KVT_KIND_FULL && d.kind != KVT_KIND_WINDOW) {
+        if (d.kind != KVT_KIND_FULL && d.kind != KVT_KIND_WINDOW && d.kind != KVT_KIND_MLA) {
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                          "kv layout: layer %u: kind %d is not FULL, WINDOW or RECURRENT", i, (int)d.kind);
+                          "kv layout: layer %u: kind %d is not FULL, WINDOW, RECURRENT or MLA", i, (int)d.kind);
+            goto fail;
+        }
+        if (d.kind == KVT_KIND_MLA && (d.n_kv_heads != 1 || d.head_dim_v >= d.head_dim_k)) {
+            st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                          "kv layout: layer %u: MLA needs 1 latent head and latent dims %u < row dims %u", i,
+                          d.head_dim_v, d.head_dim_k);
             goto fail;
         }
         if (d.kind == KVT_KIND_WINDOW && d.window == 0) {
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "kv layout: layer %u: window layer with window 0", i);
             goto fail;
         }
-        if (d.kind == KVT_KIND_FULL) d.window = 0;
+        if (d.kind != KVT_KIND_WINDOW) d.window = 0;
         if (d.n_kv_heads == 0 || d.head_dim_k == 0 || d.head_dim_v == 0 || d.n_kv_heads > 4096 ||
             d.head_dim_k > 65536 || d.head_dim_v > 65536) {
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
@@ -152,7 +163,8 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
                           d.n_kv_heads, d.head_dim_k, d.head_dim_v);
             goto fail;
         }
-        if (!kvt_codec_valid(d.codec, d.head_dim_k) || !kvt_codec_valid(d.codec, d.head_dim_v)) {
+        if (!kvt_codec_valid(d.codec, d.head_dim_k) ||
+            (d.kind != KVT_KIND_MLA && !kvt_codec_valid(d.codec, d.head_dim_v))) {
             char cn[32];
             kvt_codec_name(d.codec, cn, sizeof cn);
             st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
@@ -195,7 +207,8 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
         if (d.head_dim_v > l->max_head_dim) l->max_head_dim = d.head_dim_v;
     }
 
-    /* Section offsets per group and variant, in increasing layer order: K then V. */
+    /* Section offsets per group and variant, in increasing layer order: K then V (MLA: K only, the
+     * V "section" is the K section read as its c prefix). */
     for (uint32_t g = 0; g < l->n_groups; g++) {
         for (int var = 0; var < KVT_N_VARIANTS; var++) {
             size_t off = 0;
@@ -203,6 +216,11 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
                 uint32_t li = l->groups[g].layers[j];
                 const kvt_layer_desc *d = &l->layers[li];
                 for (int kv = 0; kv < 2; kv++) {
+                    if (kv && d->kind == KVT_KIND_MLA) {
+                        l->info[li].row_bytes[var][1] = 0;
+                        l->info[li].offset[var][1] = l->info[li].offset[var][0];
+                        continue;
+                    }
                     uint32_t hd = kv ? d->head_dim_v : d->head_dim_k;
                     size_t rb = kvt_codec_row_bytes(kvt_codec_side(l->info[li].codec[var], kv), hd);
                     l->info[li].row_bytes[var][kv] = rb;
@@ -279,14 +297,16 @@ size_t kvt_kv_layout_row_offset(const kvt_kv_layout *l, uint32_t layer, uint32_t
     return l->info[layer].offset[var][k] + ((size_t)head * l->block_tokens + token) * rb;
 }
 
+double kvt_kv_layout_layer_bytes_per_token(const kvt_kv_layout *l, uint32_t layer) {
+    if (layer >= l->n_layers || l->layers[layer].kind == KVT_KIND_RECURRENT) return 0;
+    /* an MLA layer's V row_bytes is 0: the latent row alone */
+    return (double)l->layers[layer].n_kv_heads *
+           (double)(l->info[layer].row_bytes[1][0] + l->info[layer].row_bytes[1][1]);
+}
+
 double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l) {
     double s = 0;
-    for (uint32_t i = 0; i < l->n_layers; i++) {
-        const kvt_layer_desc *d = &l->layers[i];
-        if (d->kind == KVT_KIND_RECURRENT) continue;
-        s += (double)d->n_kv_heads *
-             (double)(l->info[i].row_bytes[1][0] + l->info[i].row_bytes[1][1]);
-    }
+    for (uint32_t i = 0; i < l->n_layers; i++) s += kvt_kv_layout_layer_bytes_per_token(l, i);
     return s;
 }
 
@@ -305,6 +325,10 @@ void kvt_kv_layout_describe_layer(const kvt_kv_layout *l, uint32_t layer, char *
     case KVT_KIND_WINDOW:
         kvt_codec_name(d->codec, cn, sizeof cn);
         snprintf(buf, n, "window(%u)/%s", d->window, cn);
+        break;
+    case KVT_KIND_MLA:
+        kvt_codec_name(d->codec, cn, sizeof cn);
+        snprintf(buf, n, "mla(%u+%u)/%s", d->head_dim_v, d->head_dim_k - d->head_dim_v, cn);
         break;
     default:
         kvt_codec_name(d->codec, cn, sizeof cn);

@@ -218,6 +218,7 @@ void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, 
         const float *src = kv ? v : k;
         const uint32_t hd = kv ? d->head_dim_v : d->head_dim_k;
         const size_t rb = li->row_bytes[var][kv];
+        if (rb == 0) continue; /* MLA: no V section */
         /* section layout [kv_head][token]: row (h, t) at (h*bt + t) * rb */
         uint8_t *base = b->data + li->offset[var][kv] + (size_t)t * rb;
         for (uint32_t h = 0; h < d->n_kv_heads; h++) {

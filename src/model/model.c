@@ -18,15 +18,9 @@
 
 #include "../kernels/quant.h"
 #include "../util/threadpool.h"
+#include "model_int.h"
 
 /* ------------------------------------------------------------------ model */
-
-typedef struct kvt_wmat {
-    const void *data;
-    uint32_t type;
-    uint32_t n_in, n_out;
-    uint64_t row_bytes;
-} kvt_wmat;
 
 typedef struct kvt_layer_w {
     const float *attn_norm, *ffn_norm;
@@ -34,6 +28,8 @@ typedef struct kvt_layer_w {
     const float *post_attn_norm, *post_ffw_norm; /* gemma3 */
     const float *bq, *bk, *bv;                   /* qwen2 */
     kvt_wmat wq, wk, wv, wo, gate, up, down;
+    const kvt_mla_w *mla;                        /* deepseek2: MLA attention instead of wq/wk/wv/wo */
+    const kvt_moe_w *moe;                        /* MoE layers: experts instead of gate/up/down */
 } kvt_layer_w;
 
 struct kvt_model {
@@ -44,6 +40,8 @@ struct kvt_model {
     float *vecs;          /* owned f32 copies of every 1-D tensor (norms, biases, rope_freqs) */
     size_t vecs_used, vecs_cap;
     double *inv_freq[2];  /* [0] global / default layers, [1] gemma3 local layers: n_rot/2 each */
+    kvt_mla_w *mla;       /* [n_layer] or NULL (model_int.h) */
+    kvt_moe_w *moe;       /* [n_layer] or NULL; used by the layers kvt_moe_layer() names */
     uint64_t weight_bytes;
 };
 
@@ -53,6 +51,8 @@ const char *kvt_arch_name(kvt_arch a) {
     case KVT_ARCH_QWEN2: return "qwen2";
     case KVT_ARCH_QWEN3: return "qwen3";
     case KVT_ARCH_GEMMA3: return "gemma3";
+    case KVT_ARCH_QWEN3MOE: return "qwen3moe";
+    case KVT_ARCH_DEEPSEEK2: return "deepseek2";
     }
     return "?";
 }
@@ -63,6 +63,8 @@ int kvt_arch_from_name(const char *s) {
     if (!strcmp(s, "qwen2")) return KVT_ARCH_QWEN2;
     if (!strcmp(s, "qwen3")) return KVT_ARCH_QWEN3;
     if (!strcmp(s, "gemma3")) return KVT_ARCH_GEMMA3;
+    if (!strcmp(s, "qwen3moe")) return KVT_ARCH_QWEN3MOE;
+    if (!strcmp(s, "deepseek2")) return KVT_ARCH_DEEPSEEK2;
     return -1;
 }
 
@@ -130,18 +132,19 @@ static kvt_status load_vec(kvt_model *m, const kvt_gguf *g, const char *name, ui
     return KVT_OK;
 }
 
-/* Find a 2-D weight matrix [n_in, n_out] of a supported type. */
-static kvt_status load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
-                           bool required, kvt_wmat *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof(*out));
+/* Find a weight matrix [n_in, n_out] of a supported type, or (n_mat > 1) a 3-D tensor of n_mat such
+ * matrices stacked along ne[2] (MoE experts), returned as out[0..n_mat). */
+kvt_status kvt_load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
+                        uint32_t n_mat, bool required, kvt_wmat *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof(*out) * n_mat);
     const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
     if (!t) {
         if (!required) return KVT_OK;
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing tensor '%s'", name);
     }
-    if (t->ne[0] != (int64_t)n_in || t->ne[1] != (int64_t)n_out || t->ne[2] != 1 || t->ne[3] != 1)
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': shape [%lld,%lld,%lld], expected [%u,%u]", name,
-                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], n_in, n_out);
+    if (t->ne[0] != (int64_t)n_in || t->ne[1] != (int64_t)n_out || t->ne[2] != (int64_t)n_mat || t->ne[3] != 1)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': shape [%lld,%lld,%lld], expected [%u,%u,%u]", name,
+                        (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], n_in, n_out, n_mat);
     if (!kvt_type_supported(t->type))
         return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "tensor '%s': unsupported type %s (%u)", name,
                         kvt_type_name(t->type), t->type);
@@ -149,16 +152,28 @@ static kvt_status load_mat(kvt_model *m, const kvt_gguf *g, const char *name, ui
     if (rb == 0)
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': row of %u not a multiple of the %s block size",
                         name, n_in, kvt_type_name(t->type));
-    uint64_t total;
-    if (!kvt_mul_ok(rb, n_out, &total) || total != t->nbytes)
+    uint64_t mat_bytes, total;
+    if (!kvt_mul_ok(rb, n_out, &mat_bytes) || !kvt_mul_ok(mat_bytes, n_mat, &total) || total != t->nbytes)
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "tensor '%s': size mismatch", name);
-    out->data = t->data;
-    out->type = t->type;
-    out->n_in = n_in;
-    out->n_out = n_out;
-    out->row_bytes = rb;
+    for (uint32_t e = 0; e < n_mat; e++) {
+        out[e].data = (const uint8_t *)t->data + (uint64_t)e * mat_bytes;
+        out[e].type = t->type;
+        out[e].n_in = n_in;
+        out[e].n_out = n_out;
+        out[e].row_bytes = rb;
+    }
     m->weight_bytes += t->nbytes;
     return KVT_OK;
+}
+
+static kvt_status load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
+                           bool required, kvt_wmat *out, char *err, size_t errlen) {
+    return kvt_load_mat(m, g, name, n_in, n_out, 1, required, out, err, errlen);
+}
+
+kvt_status kvt_load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
+                        const float **out, char *err, size_t errlen) {
+    return load_vec(m, g, name, n, required, out, err, errlen);
 }
 
 #define HKEY(buf, fmt_suffix) snprintf(buf, sizeof(buf), "%s." fmt_suffix, an)
@@ -223,7 +238,7 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_u32(g, key, &hd_v))
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
     if (hd_k == 0 || hd_k > 1024 || (hd_k & 1)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "head_dim %u out of range", hd_k);
-    if (hd_v != hd_k)
+    if (hd_v != hd_k && hp->arch != KVT_ARCH_DEEPSEEK2) /* MLA: kvt_mla_hparams_load checks its dims */
         return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "key_length %u != value_length %u not supported", hd_k, hd_v);
     hp->head_dim = hd_k;
     if ((uint64_t)hp->head_dim * hp->n_head > (1u << 20))
@@ -246,7 +261,8 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
 
     HKEY(key, "rope.scaling.type");
     if (kvt_gguf_get_str(g, key, &s, &slen)) {
-        bool ok = (slen == 4 && !memcmp(s, "none", 4)) || (slen == 6 && !memcmp(s, "linear", 6));
+        bool ok = (slen == 4 && !memcmp(s, "none", 4)) || (slen == 6 && !memcmp(s, "linear", 6)) ||
+                  (slen == 4 && !memcmp(s, "yarn", 4) && hp->arch == KVT_ARCH_DEEPSEEK2); /* mla.c */
         if (!ok) return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "rope scaling type '%.*s' not supported",
                                  (int)(slen > 32 ? 32 : slen), s);
     }
@@ -264,7 +280,7 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     if (!(hp->norm_eps >= 0.0f) || hp->norm_eps > 1.0f) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "norm eps invalid");
 
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    hp->rope_neox = hp->arch != KVT_ARCH_LLAMA;
+    hp->rope_neox = hp->arch != KVT_ARCH_LLAMA && hp->arch != KVT_ARCH_DEEPSEEK2;
     if (hp->arch == KVT_ARCH_GEMMA3) {
         HKEY(key, "attention.sliding_window");
         if (!kvt_gguf_get_u32(g, key, &hp->n_swa)) {
@@ -273,6 +289,11 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
         }
         if (hp->n_swa == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "sliding_window is 0");
     }
+    kvt_status st2;
+    if (hp->arch == KVT_ARCH_QWEN3MOE || hp->arch == KVT_ARCH_DEEPSEEK2)
+        if ((st2 = kvt_moe_hparams_load(g, hp, err, errlen)) != KVT_OK) return st2;
+    if (hp->arch == KVT_ARCH_DEEPSEEK2)
+        if ((st2 = kvt_mla_hparams_load(g, hp, hd_v, err, errlen)) != KVT_OK) return st2;
     return KVT_OK;
 }
 
@@ -288,7 +309,7 @@ static kvt_status make_inv_freq(kvt_model *m, const float *rope_freqs) {
             double f = pow(base, -2.0 * (double)i / (double)hp->n_rot);
             if (!local) {
                 if (rope_freqs) f /= (double)rope_freqs[i];
-                f *= (double)hp->rope_freq_scale;
+                f *= hp->mla.yarn ? kvt_mla_yarn_freq_factor(hp, i) : (double)hp->rope_freq_scale;
             }
             m->inv_freq[c][i] = f;
         }
@@ -319,11 +340,15 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
     }
     hp->n_vocab = (uint32_t)te->ne[1];
 
-    /* vector storage: per layer at most 2 norms + 2 qk norms + 2 post norms + 3 biases */
-    m->vecs_cap = (size_t)L * (6 * (size_t)E + 2 * HD + QD + 2 * KD) + E + hp->n_rot / 2 + 64;
+    /* vector storage: per layer at most 2 norms + 2 qk norms + 2 post norms + 3 biases, or the MLA
+     * norms and the expert selection bias */
+    m->vecs_cap = (size_t)L * (6 * (size_t)E + 2 * HD + QD + 2 * KD) + E + hp->n_rot / 2 + 64 +
+                  (size_t)L * ((size_t)hp->mla.q_lora_rank + hp->mla.kv_lora_rank + hp->moe.n_expert);
     m->vecs = calloc(m->vecs_cap, sizeof(float));
     m->layers = calloc(L, sizeof(kvt_layer_w));
-    if (!m->vecs || !m->layers) {
+    if (hp->mla.kv_lora_rank) m->mla = calloc(L, sizeof(kvt_mla_w));
+    if (hp->moe.n_expert) m->moe = calloc(L, sizeof(kvt_moe_w));
+    if (!m->vecs || !m->layers || (hp->mla.kv_lora_rank && !m->mla) || (hp->moe.n_expert && !m->moe)) {
         st = KVT_ERR_NOMEM;
         goto fail;
     }
@@ -343,7 +368,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
                     goto fail;
                 }
     }
-    const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3;
+    const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3 || hp->arch == KVT_ARCH_QWEN3MOE;
     const bool gem = hp->arch == KVT_ARCH_GEMMA3;
     const bool bias = hp->arch == KVT_ARCH_QWEN2;
     for (uint32_t il = 0; il < L; il++) {
@@ -352,13 +377,23 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
 #define NM(suffix) (snprintf(nm, sizeof(nm), "blk.%u." suffix, il), nm)
         if ((st = load_vec(m, g, NM("attn_norm.weight"), E, true, &w->attn_norm, err, errlen))) goto fail;
         if ((st = load_vec(m, g, NM("ffn_norm.weight"), E, true, &w->ffn_norm, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("attn_q.weight"), E, QD, true, &w->wq, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("attn_k.weight"), E, KD, true, &w->wk, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("attn_v.weight"), E, KD, true, &w->wv, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("attn_output.weight"), QD, E, true, &w->wo, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("ffn_gate.weight"), E, hp->n_ff, true, &w->gate, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("ffn_up.weight"), E, hp->n_ff, true, &w->up, err, errlen))) goto fail;
-        if ((st = load_mat(m, g, NM("ffn_down.weight"), hp->n_ff, E, true, &w->down, err, errlen))) goto fail;
+        if (m->mla) { /* MLA attention tensors (mla.c) */
+            if ((st = kvt_mla_load(m, g, il, &m->mla[il], err, errlen))) goto fail;
+            w->mla = &m->mla[il];
+        } else {
+            if ((st = load_mat(m, g, NM("attn_q.weight"), E, QD, true, &w->wq, err, errlen))) goto fail;
+            if ((st = load_mat(m, g, NM("attn_k.weight"), E, KD, true, &w->wk, err, errlen))) goto fail;
+            if ((st = load_mat(m, g, NM("attn_v.weight"), E, KD, true, &w->wv, err, errlen))) goto fail;
+            if ((st = load_mat(m, g, NM("attn_output.weight"), QD, E, true, &w->wo, err, errlen))) goto fail;
+        }
+        if (m->moe && kvt_moe_layer(hp, il)) { /* expert tensors (moe.c) */
+            if ((st = kvt_moe_load(m, g, il, &m->moe[il], err, errlen))) goto fail;
+            w->moe = &m->moe[il];
+        } else {
+            if ((st = load_mat(m, g, NM("ffn_gate.weight"), E, hp->n_ff, true, &w->gate, err, errlen))) goto fail;
+            if ((st = load_mat(m, g, NM("ffn_up.weight"), E, hp->n_ff, true, &w->up, err, errlen))) goto fail;
+            if ((st = load_mat(m, g, NM("ffn_down.weight"), hp->n_ff, E, true, &w->down, err, errlen))) goto fail;
+        }
         if (bias) {
             if ((st = load_vec(m, g, NM("attn_q.bias"), QD, true, &w->bq, err, errlen))) goto fail;
             if ((st = load_vec(m, g, NM("attn_k.bias"), KD, true, &w->bk, err, errlen))) goto fail;
@@ -385,6 +420,12 @@ fail:
 
 void kvt_model_free(kvt_model *m) {
     if (!m) return;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        if (m->mla) kvt_mla_free(&m->mla[il]);
+        if (m->moe) kvt_moe_free(&m->moe[il]);
+    }
+    free(m->mla);
+    free(m->moe);
     free(m->layers);
     free(m->vecs);
     free(m->inv_freq[0]);
@@ -398,25 +439,32 @@ bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il) {
     return m->hp.arch == KVT_ARCH_GEMMA3 && m->hp.n_swa > 0 && il % 6 < 5;
 }
 
-void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
-    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
-        kvt_layer_desc *d = &out[il];
-        memset(d, 0, sizeof(*d));
-        bool swa = kvt_model_layer_is_swa(m, il);
-        d->kind = swa ? KVT_KIND_WINDOW : KVT_KIND_FULL;
-        d->window = swa ? m->hp.n_swa : 0;
-        d->n_kv_heads = m->hp.n_head_kv;
-        d->head_dim_k = m->hp.head_dim;
-        d->head_dim_v = m->hp.head_dim;
-        d->codec = codecs[il];
+/* The cache declaration of layer il (codec c). */
+static void layer_desc(const kvt_model *m, uint32_t il, kvt_codec c, kvt_layer_desc *d) {
+    memset(d, 0, sizeof(*d));
+    bool swa = kvt_model_layer_is_swa(m, il);
+    d->kind = swa ? KVT_KIND_WINDOW : KVT_KIND_FULL;
+    d->window = swa ? m->hp.n_swa : 0;
+    d->n_kv_heads = m->hp.n_head_kv;
+    d->head_dim_k = m->hp.head_dim;
+    d->head_dim_v = m->hp.head_dim;
+    d->codec = c;
+    if (m->mla) { /* the cached latent row [c | k_pe] */
+        d->kind = KVT_KIND_MLA;
+        d->n_kv_heads = 1;
+        d->head_dim_k = m->hp.mla.kv_lora_rank + m->hp.mla.d_rope;
+        d->head_dim_v = m->hp.mla.kv_lora_rank;
     }
+}
+
+void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) layer_desc(m, il, codecs[il], &out[il]);
 }
 
 uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
 
 /* ------------------------------------------------------------------ context */
 
-#define KVT_N_ACT 3 /* distinct activation formats a group of matmuls sharing one input may need */
 #define KVT_REPL_ROWS 4 /* chunks up to this many rows run in replicated mode (see forward_chunk) */
 
 /* Per-thread private buffers for replicated mode: KVT_REPL_ROWS rows each. */
@@ -438,6 +486,7 @@ struct kvt_ctx {
     kvt_thread_buf *tbuf;    /* per thread */
     size_t att_scratch_floats;
     uint32_t logits_rows;    /* rows the logits buffer holds */
+    kvt_ext_scratch *ext;    /* MLA / MoE scratch (model_int.h), NULL for dense models */
 
     /* per-chunk state read by the workers */
     kvt_seq *seq;
@@ -460,6 +509,7 @@ static size_t model_act_bytes(const kvt_model *m, uint32_t rows) {
         const kvt_layer_w *w = &m->layers[il];
         const kvt_wmat *ws[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
         for (int i = 0; i < 7; i++) ab = max_act(ab, ws[i], rows);
+        ab = kvt_ext_act_bytes(w->mla, w->moe, rows, ab);
     }
     return ab;
 }
@@ -523,6 +573,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
             }
         }
     }
+    if (ok && (hp->moe.n_expert || hp->mla.kv_lora_rank)) ok = (c->ext = kvt_ext_scratch_create(hp, ubatch)) != NULL;
     c->tp = ok ? kvt_threadpool_create(n_threads) : NULL;
     if (!c->tp) {
         kvt_ctx_free(c);
@@ -549,6 +600,7 @@ void kvt_ctx_free(kvt_ctx *c) {
             for (int i = 0; i < KVT_N_ACT; i++) free(c->tbuf[t].act[i]);
         }
     free(c->tbuf);
+    kvt_ext_scratch_free(c->ext);
     free(c);
 }
 
@@ -674,6 +726,27 @@ static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *con
     }
 }
 
+/* Exported to the architecture files (model_int.h). */
+void kvt_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps) { rmsnorm(y, x, w, n, eps); }
+float kvt_silu(float x) { return silu(x); }
+void kvt_rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) { rope_apply(x, cs, n_rot, neox); }
+void kvt_split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1) { split_range(n, ith, nth, r0, r1); }
+uint32_t kvt_att_row_split(uint32_t n, uint32_t pos0, uint32_t t, uint32_t nth) { return att_row_split(n, pos0, t, nth); }
+void kvt_col_range(uint32_t n_out, int ith, int nth, int64_t *o0, int64_t *o1) { col_range(n_out, ith, nth, o0, o1); }
+void kvt_quantize_rows(void *const *act, const kvt_wmat *const *ws, int nw, const float *x, uint32_t r0, uint32_t r1) {
+    quantize_rows(act, ws, nw, x, r0, r1);
+}
+void kvt_matmul_group(void *const *act, const kvt_wmat *const *ws, float *const *ys, int nw, uint32_t n_rows, int ith,
+                      int nth) {
+    matmul_group(act, ws, ys, nw, n_rows, ith, nth);
+}
+size_t kvt_act_row_bytes(const kvt_wmat *const *ws, int nw, int slot) {
+    int sl[KVT_N_ACT], ns;
+    uint32_t st[KVT_N_ACT];
+    act_slots(ws, nw, sl, st, &ns);
+    return slot < ns ? kvt_act_bytes(st[slot], ws[0]->n_in, 1) : 0;
+}
+
 /* ------------------------------------------------------------------ forward: the chunk */
 
 /*
@@ -730,6 +803,10 @@ static void forward_chunk(void *arg, int ith, int nth) {
         }
     }
 
+    /* this thread's view of the chunk for the MLA / MoE hooks (model_int.h) */
+    const kvt_fwd fw = {hp, tp, ith, nth, repl, n, c->pos0, r0, r1, c->seq, X, XN, ACT, c->act, c->tmp,
+                        c->att_scratch[ith], c->rope_cs, 2 * (size_t)hp->n_rot, c->ext};
+
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const kvt_layer_w *w = &m->layers[il];
         const kvt_wmat *qkv[3] = {&w->wq, &w->wk, &w->wv};
@@ -741,6 +818,10 @@ static void forward_chunk(void *arg, int ith, int nth) {
         float *tmp_out[1] = {c->tmp};
         const int cfg = kvt_model_layer_is_swa(m, il) ? 1 : 0;
 
+        if (w->mla) { /* deepseek2: steps 1-6 in latent space (mla.c), output in tmp */
+            kvt_mla_attention(&fw, w->mla, w->attn_norm, il);
+            goto attn_done;
+        }
         /* 1. attention norm + quantize (rows) */
         for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, eps);
         quantize_rows(ACT, qkv, 3, XN, r0, r1);
@@ -807,6 +888,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
         if (!repl) kvt_threadpool_barrier(tp);
         matmul_group(ACT, wo, tmp_out, 1, n, ith, nth);
         kvt_threadpool_barrier(tp);
+    attn_done:
         /* 7. (post-attention norm,) residual, FFN norm, quantize (rows) */
         for (uint32_t r = r0; r < r1; r++) {
             float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
@@ -817,6 +899,10 @@ static void forward_chunk(void *arg, int ith, int nth) {
             }
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
             rmsnorm(XN + (size_t)r * E, xr, w->ffn_norm, E, eps);
+        }
+        if (w->moe) { /* steps 8-9 over the routed and shared experts (moe.c), output in tmp */
+            kvt_moe_ffn(&fw, w->moe, il);
+            goto ffn_done;
         }
         quantize_rows(ACT, gu, 2, XN, r0, r1);
         if (!repl) kvt_threadpool_barrier(tp);
@@ -839,6 +925,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
         if (!repl) kvt_threadpool_barrier(tp);
         matmul_group(ACT, dn, tmp_out, 1, n, ith, nth);
         kvt_threadpool_barrier(tp);
+    ffn_done:
         /* 10. (post-FFN norm,) residual (rows; the next layer continues on the same rows) */
         for (uint32_t r = r0; r < r1; r++) {
             float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
@@ -872,8 +959,10 @@ static kvt_status check_layout(const kvt_model *m, const kvt_kv_layout *l) {
     if (kvt_kv_layout_n_layers(l) != m->hp.n_layer) return KVT_ERR_INVALID_ARG;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
-        if (d->kind == KVT_KIND_RECURRENT || d->n_kv_heads != m->hp.n_head_kv || d->head_dim_k != m->hp.head_dim ||
-            d->head_dim_v != m->hp.head_dim)
+        kvt_layer_desc want;
+        layer_desc(m, il, d->codec, &want);
+        if (d->kind != want.kind || d->n_kv_heads != want.n_kv_heads || d->head_dim_k != want.head_dim_k ||
+            d->head_dim_v != want.head_dim_v)
             return KVT_ERR_INVALID_ARG;
         bool swa = kvt_model_layer_is_swa(m, il);
         if (swa != (d->kind == KVT_KIND_WINDOW) || (swa && d->window != m->hp.n_swa)) return KVT_ERR_INVALID_ARG;

@@ -1,9 +1,10 @@
 /*
- * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3) and the CPU forward
- * pass over a block-based KV sequence (kv/kv.h).
+ * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3, qwen3moe, deepseek2)
+ * and the CPU forward pass over a block-based KV sequence (kv/kv.h).
  *
  * Ownership: kvt_model borrows tensor data from the kvt_gguf mapping (the GGUF must outlive the
- * model) and owns only small derived tables (RoPE frequencies, per-layer pointers). kvt_ctx owns
+ * model) and owns only small derived tables (RoPE frequencies, per-layer pointers, deepseek2's
+ * absorbed MLA matrices). kvt_ctx owns
  * all scratch memory and a thread pool; it is allocated once and the forward pass allocates nothing
  * in the token loop. One kvt_ctx is used by one thread at a time; many sequences can go through the
  * same ctx one after another.
@@ -18,9 +19,33 @@
 #include "../gguf/gguf.h"
 #include "../kv/kv.h"
 
-typedef enum kvt_arch { KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4 } kvt_arch;
+typedef enum kvt_arch {
+    KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4,
+    KVT_ARCH_QWEN3MOE = 5,  /* qwen3 attention + MoE FFN (model/moe.c) */
+    KVT_ARCH_DEEPSEEK2 = 6, /* MLA attention (model/mla.c) + MoE FFN with shared experts */
+} kvt_arch;
 const char *kvt_arch_name(kvt_arch a);
 int kvt_arch_from_name(const char *s); /* -1 if unsupported */
+
+/* Mixture of experts (qwen3moe, deepseek2; model/moe.c). n_expert == 0: every layer is dense. */
+typedef struct kvt_moe_hparams {
+    uint32_t n_expert, n_expert_used, n_expert_shared; /* routed, chosen per token, always-on */
+    uint32_t n_ff_exp;     /* one expert's FFN width (the shared experts together: n_ff_exp * n_expert_shared) */
+    uint32_t n_dense_lead; /* leading dense layers (deepseek2 leading_dense_block_count) */
+    uint32_t gating;       /* 1 softmax, 2 sigmoid (expert_gating_func) */
+    bool norm_topk;        /* divide the chosen weights by their sum (expert_weights_norm) */
+    float weights_scale;   /* routed_scaling_factor (expert_weights_scale; 1 = none) */
+} kvt_moe_hparams;
+
+/* Multi-head latent attention (deepseek2; model/mla.c). kv_lora_rank == 0: not MLA. */
+typedef struct kvt_mla_hparams {
+    uint32_t q_lora_rank;   /* 0: plain attn_q (no low-rank q) */
+    uint32_t kv_lora_rank;  /* r: the cached latent c */
+    uint32_t d_nope, d_rope, d_v; /* per-head no-RoPE key dims, decoupled RoPE key dims, value dims */
+    bool yarn;              /* YaRN RoPE scaling (rope.scaling.type = yarn) */
+    float yarn_orig_ctx, yarn_log_mul;
+    float kq_scale;         /* softmax scale, YaRN mscale^2 / sqrt(d_nope + d_rope) */
+} kvt_mla_hparams;
 
 typedef struct kvt_hparams {
     kvt_arch arch;
@@ -35,6 +60,8 @@ typedef struct kvt_hparams {
     bool tied_output;
     bool has_rope_freqs;       /* llama3 rope_freqs.weight present */
     char name[128];            /* general.name or "" */
+    kvt_moe_hparams moe;
+    kvt_mla_hparams mla;
 } kvt_hparams;
 
 typedef struct kvt_model kvt_model;
@@ -49,6 +76,11 @@ bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il);
 void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out);
 /* Bytes of weights (sum of tensor sizes). */
 uint64_t kvt_model_weight_bytes(const kvt_model *m);
+
+/* MoE routing of one token (model/moe.c; exposed for tests): from the router logits (n_expert) and
+ * the optional selection bias, the n_expert_used chosen experts in selection order and their
+ * weights. */
+void kvt_moe_route(const kvt_moe_hparams *mh, const float *logits, const float *bias, int32_t *sel, float *w);
 
 typedef struct kvt_ctx kvt_ctx;
 /* n_threads: 0 = cores. ubatch: max tokens per forward chunk. */

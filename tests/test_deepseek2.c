@@ -1,0 +1,449 @@
+/* test_deepseek2.c — deepseek2 (MLA + MoE) against the reference fixture
+ * (tests/fixtures/deepseek2-tiny.gguf + .ref.json, made with ik_llama.cpp): greedy parity on all
+ * three cases (8, 300 and 700-token prompts) with the chosen tokens' log-softmax within
+ * LOGPROB_TOL of the reference; the latent cache's size; chunked prefill and thread count give the
+ * same bits; routing against a naive reference; absorbed attention + grouped experts against a
+ * naive double-precision forward with expanded per-head K/V and every expert computed, masked. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "gguf/gguf.h"
+#include "kernels/quant.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+#define FIXTURE "tests/fixtures/deepseek2-tiny.gguf"
+#define FIXTURE_REF "tests/fixtures/deepseek2-tiny.ref.json"
+/* The fixture README: the reference (-mla 0, materialized f16 K/V) is within 0.013 of exact
+ * float64 math; the reference engine's latent-cache modes (-mla 1..3 -fa off), which round the
+ * latent to f16 exactly as kvtier's cache does, differ from float64 by up to 0.037 on the
+ * 700-token case (random-weight MoE routing amplifies rounding). kvtier measures 0.018, 0.016
+ * and 0.038 on the three cases; 0.05 allows that band and nothing like a wrong formula
+ * (a missing YaRN ramp or softmax scale moves log-probs by > 0.1 and flips tokens). */
+#define LOGPROB_TOL 0.05
+
+typedef struct ds_fx {
+    kvt_gguf *g;
+    kvt_model *m;
+    kvt_kv_layout *layout;
+    kvt_block_pool *pool;
+} ds_fx;
+
+static void ds_open(ds_fx *f, uint32_t block_tokens) {
+    char err[256];
+    memset(f, 0, sizeof(*f));
+    if (kvt_gguf_open(FIXTURE, &f->g, err, sizeof err) != KVT_OK) fail_msg("open: %s", err);
+    if (kvt_model_load(f->g, &f->m, err, sizeof err) != KVT_OK) fail_msg("load: %s", err);
+    const kvt_hparams *hp = kvt_model_hparams(f->m);
+    kvt_codec codecs[16];
+    kvt_layer_desc d[16];
+    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = (kvt_codec){.kind = KVT_CODEC_F16};
+    kvt_model_layer_descs(f->m, codecs, d);
+    if (kvt_kv_layout_create(d, hp->n_layer, block_tokens, (kvt_codec){.kind = KVT_CODEC_F16}, 0, &f->layout, err,
+                             sizeof err) != KVT_OK)
+        fail_msg("layout: %s", err);
+    f->pool = kvt_block_pool_create(f->layout, 0);
+    assert_non_null(f->pool);
+}
+
+static void ds_close(ds_fx *f) {
+    kvt_block_pool_free(f->pool);
+    kvt_kv_layout_free(f->layout);
+    kvt_model_free(f->m);
+    kvt_gguf_free(f->g);
+}
+
+static char *slurp(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (fread(b, 1, (size_t)n, fp) != (size_t)n) n = 0;
+    b[n] = 0;
+    fclose(fp);
+    return b;
+}
+
+static double log_softmax_at(const float *x, uint32_t n, uint32_t i) {
+    double mx = x[0];
+    for (uint32_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    double s = 0;
+    for (uint32_t j = 0; j < n; j++) s += exp((double)x[j] - mx);
+    return (double)x[i] - mx - log(s);
+}
+
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Loaded hyperparameters: every metadata key of the fixture as the README lists it. */
+static void test_hparams(void **st) {
+    (void)st;
+    ds_fx f;
+    ds_open(&f, 256);
+    const kvt_hparams *hp = kvt_model_hparams(f.m);
+    assert_int_equal(hp->arch, KVT_ARCH_DEEPSEEK2);
+    assert_int_equal(hp->mla.q_lora_rank, 48);
+    assert_int_equal(hp->mla.kv_lora_rank, 32);
+    assert_int_equal(hp->mla.d_nope, 32);
+    assert_int_equal(hp->mla.d_rope, 16);
+    assert_int_equal(hp->mla.d_v, 32);
+    assert_true(hp->mla.yarn);
+    assert_true(fabs(hp->mla.kq_scale - 0.270467) < 1e-5);
+    assert_int_equal(hp->moe.n_expert, 8);
+    assert_int_equal(hp->moe.n_expert_used, 2);
+    assert_int_equal(hp->moe.n_expert_shared, 1);
+    assert_int_equal(hp->moe.n_ff_exp, 48);
+    assert_int_equal(hp->moe.n_dense_lead, 1);
+    assert_int_equal(hp->moe.gating, 2);
+    assert_true(hp->moe.norm_topk);
+    assert_true(fabs(hp->moe.weights_scale - 2.5) < 1e-6);
+    /* the cache: one latent row of 32 + 16 values per layer and token, f16 */
+    assert_int_equal(kvt_kv_layout_layer(f.layout, 0)->kind, KVT_KIND_MLA);
+    assert_true(kvt_kv_layout_layer_bytes_per_token(f.layout, 0) == 48 * 2);
+    assert_true(kvt_kv_layout_bytes_per_token(f.layout) == 6 * 48 * 2);
+    char key[128];
+    kvt_kv_layout_key(f.layout, key, sizeof key);
+    assert_non_null(strstr(key, "mla"));
+    ds_close(&f);
+}
+
+/* Greedy decode of every case against the reference tokens and log-probabilities. */
+static void run_case(ds_fx *f, cJSON *cs, uint32_t ubatch, int nth, double *max_dlp) {
+    cJSON *jp = cJSON_GetObjectItem(cs, "prompt"), *jt = cJSON_GetObjectItem(cs, "tokens");
+    cJSON *jl = cJSON_GetObjectItem(cs, "top_logsoftmax");
+    const uint32_t np = (uint32_t)cJSON_GetArraySize(jp), nt = (uint32_t)cJSON_GetArraySize(jt);
+    int32_t *prompt = malloc(np * sizeof(int32_t));
+    for (uint32_t i = 0; i < np; i++) prompt[i] = cJSON_GetArrayItem(jp, (int)i)->valueint;
+    const uint32_t V = kvt_model_hparams(f->m)->n_vocab;
+    kvt_ctx *c = NULL;
+    assert_int_equal(kvt_ctx_create(f->m, nth, ubatch, &c), KVT_OK);
+    kvt_seq *s = NULL;
+    assert_int_equal(kvt_seq_create(f->pool, 1, &s), KVT_OK);
+    float *lg = NULL;
+    assert_int_equal(kvt_model_forward(c, s, prompt, np, false, NULL, &lg), KVT_OK);
+    for (uint32_t i = 0; i < nt; i++) {
+        const int32_t want = cJSON_GetArrayItem(jt, (int)i)->valueint;
+        const int32_t got = (int32_t)argmax(lg, V);
+        if (got != want) fail_msg("prompt of %u: token %u is %d, reference %d", np, i, got, want);
+        const double ref = cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetArrayItem(jl, (int)i), 0), 1)->valuedouble;
+        const double d = fabs(log_softmax_at(lg, V, (uint32_t)got) - ref);
+        if (d > *max_dlp) *max_dlp = d;
+        if (d > LOGPROB_TOL) fail_msg("prompt of %u: token %u log-prob off by %.4f", np, i, d);
+        assert_int_equal(kvt_model_forward(c, s, &got, 1, false, NULL, &lg), KVT_OK);
+    }
+    kvt_seq_free(s);
+    kvt_ctx_free(c);
+    free(prompt);
+}
+
+static void test_reference_parity(void **st) {
+    (void)st;
+    char *js = slurp(FIXTURE_REF);
+    assert_non_null(js);
+    cJSON *root = cJSON_Parse(js);
+    assert_non_null(root);
+    cJSON *cases = cJSON_GetObjectItem(root, "cases");
+    assert_int_equal(cJSON_GetArraySize(cases), 3);
+    ds_fx f;
+    ds_open(&f, 64); /* multi-block prompts: 300 and 700 tokens span 5 and 11 blocks */
+    for (int i = 0; i < 3; i++) {
+        double max_dlp = 0;
+        run_case(&f, cJSON_GetArrayItem(cases, i), 512, 2, &max_dlp);
+        fprintf(stderr, "deepseek2 fixture case %d: 32 tokens equal, max |dlogprob| %.5f\n", i, max_dlp);
+    }
+    ds_close(&f);
+    cJSON_Delete(root);
+    free(js);
+}
+
+
+/* Grouped-by-expert prefill == per-token decode, bit for bit: all_logits rows of one 40-token
+ * chunk (experts run once over their grouped tokens) against 40 single-token forwards (only the
+ * chosen experts), with 1 and 2 threads and a chunk split mid-block (ubatch 13). */
+static void test_grouped_eq_per_token(void **st) {
+    (void)st;
+    ds_fx f;
+    ds_open(&f, 16);
+    const uint32_t V = kvt_model_hparams(f.m)->n_vocab, N = 40;
+    int32_t tok[40];
+    uint64_t seed = 5;
+    for (uint32_t i = 0; i < N; i++) tok[i] = (int32_t)(tu_rand(&seed) % V);
+    float *full = malloc((size_t)N * V * sizeof(float));
+    {
+        kvt_ctx *c = NULL;
+        kvt_seq *s = NULL;
+        assert_int_equal(kvt_ctx_create(f.m, 2, 64, &c), KVT_OK);
+        assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+        float *lg;
+        assert_int_equal(kvt_model_forward(c, s, tok, N, true, NULL, &lg), KVT_OK);
+        memcpy(full, lg, (size_t)N * V * sizeof(float));
+        kvt_seq_free(s);
+        kvt_ctx_free(c);
+    }
+    for (int nth = 1; nth <= 2; nth++) {
+        kvt_ctx *c = NULL;
+        kvt_seq *s = NULL;
+        assert_int_equal(kvt_ctx_create(f.m, nth, 13, &c), KVT_OK);
+        assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+        float *lg;
+        for (uint32_t i = 0; i < N; i++) {
+            assert_int_equal(kvt_model_forward(c, s, tok + i, 1, false, NULL, &lg), KVT_OK);
+            assert_memory_equal(lg, full + (size_t)i * V, (size_t)V * sizeof(float));
+        }
+        kvt_seq_free(s);
+        kvt_ctx_free(c);
+    }
+    free(full);
+    ds_close(&f);
+}
+
+/* Routing against a naive reference: every expert's probability computed, sorted by biased score
+ * (stable), the top k kept; weights unbiased, normalized, scaled; softmax and sigmoid. */
+static void test_routing_vs_naive(void **st) {
+    (void)st;
+    uint64_t seed = 9;
+    for (int trial = 0; trial < 200; trial++) {
+        kvt_moe_hparams mh = {.n_expert = 4 + (uint32_t)(tu_rand(&seed) % 60), .gating = 1 + (uint32_t)(trial & 1),
+                              .norm_topk = (trial & 2) != 0, .weights_scale = (trial & 4) ? 2.5f : 1.0f};
+        mh.n_expert_used = 1 + (uint32_t)(tu_rand(&seed) % 8);
+        if (mh.n_expert_used > mh.n_expert) mh.n_expert_used = mh.n_expert;
+        float lg[64], bias[64];
+        for (uint32_t e = 0; e < mh.n_expert; e++) lg[e] = 3 * tu_randf(&seed), bias[e] = 0.1f * tu_randf(&seed);
+        const float *b = (trial & 8) ? bias : NULL;
+        int32_t sel[8];
+        float w[8];
+        kvt_moe_route(&mh, lg, b, sel, w);
+        /* naive */
+        double p[64], sc[64], z = 0, mx = -1e30;
+        for (uint32_t e = 0; e < mh.n_expert; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (uint32_t e = 0; e < mh.n_expert; e++) z += exp(lg[e] - mx);
+        for (uint32_t e = 0; e < mh.n_expert; e++) {
+            p[e] = mh.gating == 2 ? 1.0 / (1.0 + exp(-lg[e])) : exp(lg[e] - mx) / z;
+            sc[e] = p[e] + (b ? b[e] : 0);
+        }
+        int32_t order[64];
+        for (uint32_t e = 0; e < mh.n_expert; e++) order[e] = (int32_t)e;
+        for (uint32_t i = 1; i < mh.n_expert; i++) /* stable insertion sort, descending */
+            for (uint32_t j = i; j > 0 && sc[order[j]] > sc[order[j - 1]]; j--) {
+                int32_t t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        double ws = 0;
+        for (uint32_t k = 0; k < mh.n_expert_used; k++) ws += p[order[k]];
+        for (uint32_t k = 0; k < mh.n_expert_used; k++) {
+            assert_int_equal(sel[k], order[k]);
+            double want = p[order[k]] / (mh.norm_topk ? ws : 1.0) * mh.weights_scale;
+            assert_true(fabs(w[k] - want) < 1e-5 * (1 + fabs(want)));
+        }
+    }
+}
+
+/* ---- independent naive forward: expanded per-head K/V, every expert computed and masked ---- */
+typedef struct rw { float *d; int64_t n_in, n_out, n_mat; } rw;
+static rw rget(const kvt_gguf *g, const char *fmt, uint32_t il) {
+    char nm[96];
+    snprintf(nm, sizeof nm, fmt, il);
+    rw r = {0};
+    const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, nm);
+    if (!t) return r;
+    r.n_in = t->ne[0], r.n_out = t->ne[1], r.n_mat = t->ne[2];
+    int64_t n = r.n_in * r.n_out * r.n_mat;
+    r.d = malloc((size_t)n * sizeof(float));
+    kvt_dequant_ref(t->type, t->data, r.d, n);
+    return r;
+}
+static void rmv(const float *w, int64_t n_in, int64_t n_out, const double *x, double *y) {
+    for (int64_t o = 0; o < n_out; o++) {
+        double a = 0;
+        for (int64_t i = 0; i < n_in; i++) a += (double)w[o * n_in + i] * x[i];
+        y[o] = a;
+    }
+}
+static void rnorm(double *x, const float *w, int64_t n) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / (double)n + 1e-6);
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * sc * w[i];
+}
+static double f16r(double v) { return kvt_f16_to_f32(kvt_f32_to_f16((float)v)); }
+static void swiglu(const float *g, const float *u, const float *d, int64_t E, int64_t F, const double *x, double *y) {
+    double *a = malloc(F * sizeof(double)), *b = malloc(F * sizeof(double));
+    rmv(g, E, F, x, a);
+    rmv(u, E, F, x, b);
+    for (int64_t i = 0; i < F; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
+    rmv(d, F, E, a, y);
+    free(a);
+    free(b);
+}
+
+/* Logits of the last of n tokens, written from docs/models.md's math in double. */
+static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int32_t *tok, uint32_t n) {
+    const int64_t E = hp->n_embd, H = hp->n_head, R = hp->mla.kv_lora_rank, DR = hp->mla.d_rope, DN = hp->mla.d_nope,
+                  DV = hp->mla.d_v, DQ = DN + DR, L = hp->n_layer, V = hp->n_vocab, NE = hp->moe.n_expert;
+    rw emb = rget(g, "token_embd.weight", 0), outn = rget(g, "output_norm.weight", 0), out = rget(g, "output.weight", 0);
+    double *K = malloc((size_t)L * n * H * DQ * sizeof(double)), *Vc = malloc((size_t)L * n * H * DV * sizeof(double));
+    double *x = malloc(E * 8), *xn = malloc(E * 8), *t = malloc(E * 8), *y = malloc(E * 8), *ys = malloc(E * 8);
+    double *qa = malloc(1024 * 8), *q = malloc(H * DQ * 8), *kva = malloc((R + DR) * 8), *o = malloc(H * DV * 8);
+    double *sc = malloc(n * 8), lg[1024];
+    double *logits = malloc(V * 8);
+    /* YaRN pair frequencies */
+    double fr[64];
+    for (int64_t i = 0; i < DR / 2; i++) {
+        double c32 = DR * log(hp->mla.yarn_orig_ctx / (2 * M_PI * 32)) / (2 * log(hp->rope_base));
+        double c1 = DR * log(hp->mla.yarn_orig_ctx / (2 * M_PI * 1)) / (2 * log(hp->rope_base));
+        double lo = fmax(0, floor(c32)), hi = fmin(DR - 1, ceil(c1));
+        double r = 1 - fmin(1, fmax(0, (i - lo) / fmax(0.001, hi - lo)));
+        double s = hp->rope_freq_scale;
+        fr[i] = pow(hp->rope_base, -2.0 * i / DR) * ((1 - r) * s + r);
+    }
+    for (uint32_t p = 0; p < n; p++) {
+        for (int64_t i = 0; i < E; i++) x[i] = emb.d[(int64_t)tok[p] * E + i];
+        for (int64_t il = 0; il < L; il++) {
+            rw an = rget(g, "blk.%u.attn_norm.weight", (uint32_t)il), qaw = rget(g, "blk.%u.attn_q_a.weight", (uint32_t)il);
+            rw qan = rget(g, "blk.%u.attn_q_a_norm.weight", (uint32_t)il), qb = rget(g, "blk.%u.attn_q_b.weight", (uint32_t)il);
+            rw kvaw = rget(g, "blk.%u.attn_kv_a_mqa.weight", (uint32_t)il), kvn = rget(g, "blk.%u.attn_kv_a_norm.weight", (uint32_t)il);
+            rw kvb = rget(g, "blk.%u.attn_kv_b.weight", (uint32_t)il), wo = rget(g, "blk.%u.attn_output.weight", (uint32_t)il);
+            rw fn = rget(g, "blk.%u.ffn_norm.weight", (uint32_t)il);
+            memcpy(xn, x, E * 8);
+            rnorm(xn, an.d, E);
+            rmv(qaw.d, E, qaw.n_out, xn, qa);
+            rnorm(qa, qan.d, qaw.n_out);
+            rmv(qb.d, qaw.n_out, H * DQ, qa, q);
+            rmv(kvaw.d, E, R + DR, xn, kva);
+            rnorm(kva, kvn.d, R);
+            for (int64_t i = 0; i < DR / 2; i++) { /* GPT-J pairs on k_pe and every q_pe */
+                double c = cos(p * fr[i]), s = sin(p * fr[i]);
+                double a = kva[R + 2 * i], b = kva[R + 2 * i + 1];
+                kva[R + 2 * i] = a * c - b * s, kva[R + 2 * i + 1] = a * s + b * c;
+                for (int64_t h = 0; h < H; h++) {
+                    double *qp = q + h * DQ + DN;
+                    a = qp[2 * i], b = qp[2 * i + 1];
+                    qp[2 * i] = a * c - b * s, qp[2 * i + 1] = a * s + b * c;
+                }
+            }
+            for (int64_t i = 0; i < R + DR; i++) kva[i] = f16r(kva[i]); /* the cache rounds the latent row */
+            /* expanded K/V of this position, per head */
+            for (int64_t h = 0; h < H; h++) {
+                double *kh = K + ((il * n + p) * H + h) * DQ, *vh = Vc + ((il * n + p) * H + h) * DV;
+                rmv(kvb.d + h * (DN + DV) * R, R, DN, kva, kh);
+                rmv(kvb.d + (h * (DN + DV) + DN) * R, R, DV, kva, vh);
+                memcpy(kh + DN, kva + R, DR * 8);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                double mx = -1e300, z = 0;
+                for (uint32_t j = 0; j <= p; j++) {
+                    const double *kh = K + ((il * n + j) * H + h) * DQ;
+                    double d = 0;
+                    for (int64_t i = 0; i < DQ; i++) d += q[h * DQ + i] * kh[i];
+                    sc[j] = d * hp->mla.kq_scale;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int64_t i = 0; i < DV; i++) o[h * DV + i] = 0;
+                for (uint32_t j = 0; j <= p; j++) z += sc[j] = exp(sc[j] - mx);
+                for (uint32_t j = 0; j <= p; j++)
+                    for (int64_t i = 0; i < DV; i++) o[h * DV + i] += sc[j] / z * Vc[((il * n + j) * H + h) * DV + i];
+            }
+            rmv(wo.d, H * DV, E, o, t);
+            for (int64_t i = 0; i < E; i++) x[i] += t[i];
+            memcpy(xn, x, E * 8);
+            rnorm(xn, fn.d, E);
+            if (il < hp->moe.n_dense_lead) {
+                rw ga = rget(g, "blk.%u.ffn_gate.weight", (uint32_t)il), up = rget(g, "blk.%u.ffn_up.weight", (uint32_t)il);
+                rw dn = rget(g, "blk.%u.ffn_down.weight", (uint32_t)il);
+                swiglu(ga.d, up.d, dn.d, E, ga.n_out, xn, y);
+                free(ga.d), free(up.d), free(dn.d);
+            } else {
+                rw gi = rget(g, "blk.%u.ffn_gate_inp.weight", (uint32_t)il), eb = rget(g, "blk.%u.exp_probs_b.bias", (uint32_t)il);
+                rw ge = rget(g, "blk.%u.ffn_gate_exps.weight", (uint32_t)il), ue = rget(g, "blk.%u.ffn_up_exps.weight", (uint32_t)il);
+                rw de = rget(g, "blk.%u.ffn_down_exps.weight", (uint32_t)il);
+                rw gs = rget(g, "blk.%u.ffn_gate_shexp.weight", (uint32_t)il), us = rget(g, "blk.%u.ffn_up_shexp.weight", (uint32_t)il);
+                rw ds = rget(g, "blk.%u.ffn_down_shexp.weight", (uint32_t)il);
+                rmv(gi.d, E, NE, xn, lg);
+                double pi[1024], mask[1024] = {0}, wsum = 0;
+                for (int64_t e = 0; e < NE; e++) pi[e] = 1 / (1 + exp(-lg[e])); /* fixture: sigmoid */
+                for (uint32_t k = 0; k < hp->moe.n_expert_used; k++) { /* mask = top-k of pi + bias */
+                    int64_t best = -1;
+                    for (int64_t e = 0; e < NE; e++)
+                        if (!mask[e] && (best < 0 || pi[e] + eb.d[e] > pi[best] + eb.d[best])) best = e;
+                    mask[best] = 1;
+                    wsum += pi[best];
+                }
+                for (int64_t i = 0; i < E; i++) y[i] = 0;
+                const int64_t F = hp->moe.n_ff_exp;
+                for (int64_t e = 0; e < NE; e++) { /* every expert computed, then masked */
+                    swiglu(ge.d + e * E * F, ue.d + e * E * F, de.d + e * F * E, E, F, xn, ys);
+                    const double w = mask[e] * pi[e] / wsum * hp->moe.weights_scale;
+                    for (int64_t i = 0; i < E; i++) y[i] += w * ys[i];
+                }
+                swiglu(gs.d, us.d, ds.d, E, gs.n_out, xn, ys);
+                for (int64_t i = 0; i < E; i++) y[i] += ys[i];
+                rw all[8] = {gi, eb, ge, ue, de, gs, us, ds};
+                for (int i = 0; i < 8; i++) free(all[i].d);
+            }
+            for (int64_t i = 0; i < E; i++) x[i] += y[i];
+            rw all[9] = {an, qaw, qan, qb, kvaw, kvn, kvb, wo, fn};
+            for (int i = 0; i < 9; i++) free(all[i].d);
+        }
+    }
+    memcpy(xn, x, E * 8);
+    rnorm(xn, outn.d, E);
+    rmv(out.d, E, V, xn, logits);
+    free(emb.d), free(outn.d), free(out.d), free(K), free(Vc), free(x), free(xn), free(t), free(y), free(ys);
+    free(qa), free(q), free(kva), free(o), free(sc);
+    return logits;
+}
+
+/* Absorbed latent attention + grouped experts (kvtier) against the expanded, all-experts naive
+ * forward in double: same argmax and every logit within 5e-3 (measured 7.5e-4 on logits spanning
+ * ~67: f32 accumulation; both round the latent row to f16 like the cache). */
+static void test_absorbed_vs_expanded_naive(void **st) {
+    (void)st;
+    ds_fx f;
+    ds_open(&f, 16);
+    const kvt_hparams *hp = kvt_model_hparams(f.m);
+    const uint32_t V = hp->n_vocab, N = 24;
+    int32_t tok[24];
+    uint64_t seed = 77;
+    for (uint32_t i = 0; i < N; i++) tok[i] = (int32_t)(tu_rand(&seed) % V);
+    double *ref = naive_forward(f.g, hp, tok, N);
+    kvt_ctx *c = NULL;
+    kvt_seq *s = NULL;
+    assert_int_equal(kvt_ctx_create(f.m, 2, 64, &c), KVT_OK);
+    assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+    float *lg;
+    assert_int_equal(kvt_model_forward(c, s, tok, N, false, NULL, &lg), KVT_OK);
+    double lo = 1e300, hi = -1e300, md = 0;
+    uint32_t am = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        lo = ref[v] < lo ? ref[v] : lo, hi = ref[v] > hi ? ref[v] : hi;
+        md = fmax(md, fabs(ref[v] - lg[v]));
+        if (ref[v] > ref[am]) am = v;
+    }
+    fprintf(stderr, "absorbed vs expanded naive: max |dlogit| %.2e (logit range %.2f)\n", md, hi - lo);
+    assert_int_equal(argmax(lg, V), am);
+    assert_true(md < 5e-3);
+    kvt_seq_free(s);
+    kvt_ctx_free(c);
+    free(ref);
+    ds_close(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hparams),
+        cmocka_unit_test(test_reference_parity),
+        cmocka_unit_test(test_grouped_eq_per_token),
+        cmocka_unit_test(test_routing_vs_naive),
+        cmocka_unit_test(test_absorbed_vs_expanded_naive),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
