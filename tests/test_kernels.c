@@ -538,13 +538,31 @@ static void test_f32_helpers(void **st) {
     kvt_kernels_force_isa(kvt_kernels_best_isa());
 }
 
+/* kvt_kernels_numerics_id names the active kernel table and follows kvt_kernels_force_isa. */
+static void test_numerics_id(void **st) {
+    (void)st;
+    const kvt_isa was = kvt_kernels_isa();
+    assert_true(kvt_kernels_force_isa(KVT_ISA_SCALAR));
+    assert_string_equal(kvt_kernels_numerics_id(), "scalar");
+    if (kvt_kernels_best_isa() >= KVT_ISA_AVX2) {
+        assert_true(kvt_kernels_force_isa(KVT_ISA_AVX2));
+        assert_string_equal(kvt_kernels_numerics_id(), "avx2");
+    }
+    if (kvt_kernels_best_isa() >= KVT_ISA_AVX512) {
+        assert_true(kvt_kernels_force_isa(KVT_ISA_AVX512));
+        const char *id = kvt_kernels_numerics_id();
+        assert_true(!strcmp(id, "avx512-vnni") || !strcmp(id, "avx2"));
+    }
+    assert_true(kvt_kernels_force_isa(was));
+}
+
 int main(void) {
     kvt_kernels_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_type_table),       cmocka_unit_test(test_hand_small_blocks),
         cmocka_unit_test(test_hand_k_blocks),    cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_act_quantize),     cmocka_unit_test(test_act_quantize_dispatch),
-        cmocka_unit_test(test_isa_force),
+        cmocka_unit_test(test_isa_force),        cmocka_unit_test(test_numerics_id),
         cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),

@@ -234,11 +234,54 @@ static void test_affine_error_small(void **st) {
     kvt_kv_layout_free(l);
 }
 
+/* The reference's rounding contract (llama.cpp's CPU attention): Q is rounded to f16 before K·Q and
+ * the normalized softmax weights before the V sum. Checked against an independent double-precision
+ * evaluation of that definition (tolerance far below the rounding's own effect), and shown to differ
+ * from the unrounded result by more than that tolerance, so the roundings really are there. */
+static void test_ref_f16_roundings(void **st) {
+    (void)st;
+    enum { NK = 9, HD = 16 };
+    static float k[NK * HD], v[NK * HD], q[HD], out[HD];
+    uint64_t rng = 5;
+    for (int i = 0; i < NK * HD; i++) {
+        k[i] = kvt_f16_to_f32(kvt_f32_to_f16(tu_randf(&rng) * 3.0f)); /* f16-representable, as a cache */
+        v[i] = kvt_f16_to_f32(kvt_f32_to_f16(tu_randf(&rng) * 2.0f));
+    }
+    for (int i = 0; i < HD; i++) q[i] = tu_randf(&rng) * 2.5f + 1e-3f;
+    const float scale = 0.25f;
+    kvt_attention_ref(k, v, NK, 1, HD, HD, q, 1, HD, NK - 1, 1, scale, 0, out, HD);
+    double want[HD] = {0}, plain[HD] = {0}, s16[NK], sp[NK], m16 = -1e300, mp = -1e300, z16 = 0, zp = 0;
+    for (int j = 0; j < NK; j++) {
+        double a = 0, b = 0;
+        for (int i = 0; i < HD; i++) {
+            a += (double)kvt_f16_to_f32(kvt_f32_to_f16(q[i])) * k[j * HD + i];
+            b += (double)q[i] * k[j * HD + i];
+        }
+        s16[j] = a * scale, sp[j] = b * scale;
+        m16 = s16[j] > m16 ? s16[j] : m16, mp = sp[j] > mp ? sp[j] : mp;
+    }
+    for (int j = 0; j < NK; j++) z16 += exp(s16[j] - m16), zp += exp(sp[j] - mp);
+    for (int j = 0; j < NK; j++) {
+        const double w16 = kvt_f16_to_f32(kvt_f32_to_f16((float)(exp(s16[j] - m16) / z16)));
+        for (int i = 0; i < HD; i++) {
+            want[i] += w16 * v[j * HD + i];
+            plain[i] += exp(sp[j] - mp) / zp * v[j * HD + i];
+        }
+    }
+    double err = 0, eff = 0;
+    for (int i = 0; i < HD; i++) {
+        err = fmax(err, fabs(out[i] - want[i]));
+        eff = fmax(eff, fabs(plain[i] - want[i]));
+    }
+    assert_true(err < 2e-6);
+    assert_true(eff > 10 * err && eff > 1e-5);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_bt4_window),   cmocka_unit_test(test_bf16_bt16_window),
         cmocka_unit_test(test_affine_mixed_variants), cmocka_unit_test(test_clone_trim_append),
-        cmocka_unit_test(test_affine_error_small),
+        cmocka_unit_test(test_affine_error_small), cmocka_unit_test(test_ref_f16_roundings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -311,6 +311,40 @@ static void test_rows_vs_scalar(void **st) {
 /* dot/axpy/exp numerics v2: every SIMD level (AVX-512, AVX2+FMA, scalar) and the 4-query kernels give
  * the bits of the scalar definitions; exp is accurate and maps -inf to 0 and NaN to NaN. Runs last:
  * it lowers the process-wide SIMD level. */
+/* kvt_kv_round_f16 (attention's f16 rounding of Q and of the softmax weights): every SIMD level
+ * equals the scalar definition and the kvt_f32_to_f16 round trip, for normals, subnormals, ties,
+ * overflow and zeros, with and without a multiplier, in place and out of place. */
+static void test_round_f16_levels(void **st) {
+    (void)st;
+    enum { N = 77 };
+    static float x[N], a[N], b[N];
+    uint64_t rng = 7;
+    for (int i = 0; i < N; i++) x[i] = ((float)(tu_rand(&rng) % 200001) / 1000.0f - 100.0f) * (i % 3 ? 1.0f : 1e-6f);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 65519.0f, x[3] = 70000.0f, x[4] = 1.0f + 1.0f / 2048.0f; /* tie to even */
+    x[5] = 3e-8f, x[6] = -5.96046448e-8f, x[7] = 2.98023224e-8f; /* subnormal half range, tie to 0 */
+    const float muls[3] = {1.0f, 0.0123f, 3.5f};
+    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
+        kvt_kv_force_simd_level(level);
+        for (int mi = 0; mi < 3; mi++)
+            for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
+                kvt_kv_round_f16(x, a, n, muls[mi]);
+                kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
+                assert_memory_equal(a, b, n * sizeof(float));
+                for (uint32_t i = 0; i < n; i++) {
+                    const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
+                    assert_memory_equal(&a[i], &want, sizeof(float));
+                }
+                memcpy(b, x, n * sizeof(float));
+                kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
+                assert_memory_equal(a, b, n * sizeof(float));
+            }
+    }
+    /* the rounding really happens: 1 + 2^-12 is not an f16 */
+    float v = 1.0f + 1.0f / 4096.0f, r;
+    kvt_kv_round_f16(&v, &r, 1, 1.0f);
+    assert_true(r == 1.0f);
+}
+
 static void test_fma_levels(void **st) {
     (void)st;
     uint64_t rng = 99;
@@ -366,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
+        cmocka_unit_test(test_round_f16_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

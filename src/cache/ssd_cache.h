@@ -27,7 +27,7 @@
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
-#define KVT_NUMERICS_VERSION 2
+#define KVT_NUMERICS_VERSION 3 /* 3: attention rounds Q and softmax weights to f16 */
 /* On-disk format version (docs/cache-format.md). */
 #define KVT_SSD_FORMAT_VERSION 2 /* 2: tails store only their rows (compact) */
 #define KVT_SSD_COMPAT_KEY_MAX 512

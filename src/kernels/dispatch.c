@@ -85,6 +85,16 @@ const char *kvt_isa_name(kvt_isa isa) {
     }
 }
 
+const char *kvt_kernels_numerics_id(void) {
+    kvt_kernels_init();
+    switch (g_isa) {
+    case KVT_ISA_AVX2: return "avx2";
+    /* kq_fill_avx512 falls back to the AVX2 table without VNNI: same results as avx2 */
+    case KVT_ISA_AVX512: return g_vnni ? "avx512-vnni" : "avx2";
+    default: return "scalar";
+    }
+}
+
 void kvt_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
     kvt_kernels_init();
     if (t < KVT_TYPE_COUNT && g_tab.dequant[t]) {

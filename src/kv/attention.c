@@ -4,10 +4,17 @@
  *
  * Both implementations compute, per (query row i, head h), with p = pos0 + i:
  *   keys j in [lo, hi], lo = window ? max(0, p - window + 1) : 0, hi = p
- *   s_j = kvt_kv_dot(q, k_j, hd_k) * scale           (same helper, same order)
- *   m = max_j s_j; e_j = expf(s_j - m); sum = e_lo + ... + e_hi (ascending j)
- *   o = 0; for j ascending: kvt_kv_axpy(o, e_j, v_j); o *= 1/sum
- * so for the same decoded f32 K/V they produce identical bits. The block walker never gathers the
+ *   q16 = f16(q)                                      (kvt_kv_round_f16)
+ *   s_j = kvt_kv_dot(q16, k_j, hd_k) * scale          (same helper, same order)
+ *   m = max_j s_j; e_j = kvt_kv_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_kv_exp_sum order)
+ *   w_j = f16(e_j * (1/sum))                          (kvt_kv_round_f16)
+ *   o = 0; for j ascending: kvt_kv_axpy(o, w_j, v_j)
+ * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
+ * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
+ * the V product converts the normalized softmax weights to f16. Models with large logits are
+ * sensitive to exactly these roundings (tests/fixtures/llama-tiny-q5_k_m: without them the logits
+ * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
+ * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
  * context: per KV head it streams that head's rows (contiguous within a block: sections are ordered
  * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
@@ -39,8 +46,9 @@
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
-    /* decoded tile, scores, and (TURBO) rotated queries + rotated accumulators */
-    return (size_t)ATT_KC * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1) +
+    /* f16-rounded queries of a tile, the decoded K/V chunk, the tile's scores, and (TURBO) rotated
+     * queries + rotated accumulators */
+    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1) +
            2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
@@ -70,17 +78,18 @@ static float softmax_inplace(float *sc, uint32_t n) {
     return 1.0f / kvt_kv_exp_sum(sc, n, m);
 }
 
-static void scale_row(float *o, float inv, uint32_t n) {
-    for (uint32_t d = 0; d < n; d++) o[d] *= inv;
-}
-
 void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n_kv_heads, uint32_t hd_k,
                        uint32_t hd_v, const float *q, uint32_t n_q, uint32_t q_stride, uint32_t pos0,
                        uint32_t n_head, float scale, uint32_t window, float *out, uint32_t out_stride) {
     kvt_kv_cpu_init();
     const uint32_t rep = n_head / n_kv_heads;
     float *sc = malloc(((size_t)n_kv + 1) * sizeof(float));
-    if (!sc) return;
+    float *q16 = malloc(((size_t)hd_k + 1) * sizeof(float));
+    if (!sc || !q16) {
+        free(sc);
+        free(q16);
+        return;
+    }
     for (uint32_t i = 0; i < n_q; i++) {
         const uint32_t p = pos0 + i;
         const uint32_t lo = window && p + 1 > window ? p + 1 - window : 0;
@@ -92,16 +101,18 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             memset(o, 0, (size_t)hd_v * sizeof(float));
             if (n_kv == 0 || lo > hi) continue;
             const uint32_t n = hi - lo + 1;
+            kvt_kv_round_f16(qh, q16, hd_k, 1.0f);
             for (uint32_t j = 0; j < n; j++)
-                sc[j] = kvt_kv_dot(qh, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
+                sc[j] = kvt_kv_dot(q16, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
             float inv = softmax_inplace(sc, n);
             if (inv == 0.0f) continue;
+            kvt_kv_round_f16(sc, sc, n, inv);
             for (uint32_t j = 0; j < n; j++)
                 kvt_kv_axpy(o, sc[j], v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
-            scale_row(o, inv, hd_v);
         }
     }
     free(sc);
+    free(q16);
 }
 
 typedef struct att_pair {
@@ -125,6 +136,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint32_t hd_k = d->head_dim_k, hd_v = d->head_dim_v;
     const uint32_t window = d->kind == KVT_KIND_WINDOW ? d->window : 0;
     const bool mla = d->kind == KVT_KIND_MLA;
+    /* The two f16 roundings (header) follow llama.cpp's attention over an f16 K/V cache. Latent
+     * (MLA) attention is absorbed and computed in f32 by the reference engines: no rounding there. */
+    const bool round16 = !mla;
     const uint32_t vdim = mla ? hd_k : hd_v; /* decoded V row width (= its tile stride) */
     assert(n_head % n_kv == 0 && h1 <= n_head);
     const uint32_t rep = n_head / n_kv;
@@ -133,10 +147,12 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint64_t plain_end = (uint64_t)l->quant_block * bt; /* keys below use the base codec */
     /* keys beyond the held blocks cannot have been written; clamp for safety */
     const uint64_t held = (uint64_t)s->n_slots * bt;
-    float *tile = scratch; /* ATT_KC decoded rows, row r at tile + r*hd */
-    float *sc_base = scratch + (size_t)ATT_KC * pad16(l->max_head_dim);
+    const size_t hdp = pad16(l->max_head_dim);
+    float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
+    float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
+    float *sc_base = tile + (size_t)ATT_KC * hdp;
     float *rot_base = sc_base + (size_t)ATT_TILE * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
-    const size_t rot_stride = pad16(l->max_head_dim);
+    const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
     float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
@@ -150,7 +166,12 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
             bool any = false;
             for (uint32_t j = 0; j < np; j++) {
                 const uint32_t i = (t0 + j) / nh, h = ha + (t0 + j) % nh, p = pos0 + i;
-                pr[j].q = q + (size_t)i * q_stride + (size_t)h * hd_k;
+                const float *qin = q + (size_t)i * q_stride + (size_t)h * hd_k;
+                pr[j].q = qin;
+                if (round16) { /* f16(q), as the reference engines' K·Q over an f16 cache */
+                    kvt_kv_round_f16(qin, q16 + j * hdp, hd_k, 1.0f);
+                    pr[j].q = q16 + j * hdp;
+                }
                 pr[j].o = out + (size_t)i * out_stride + (size_t)h * hd_v;
                 pr[j].lo = window && p + 1 > window ? p + 1 - window : 0;
                 pr[j].hi = held == 0 ? 0 : (uint32_t)KVT_MIN((uint64_t)p, held - 1);
@@ -160,7 +181,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 if (turbo) {
                     float *qr = rot_base + (size_t)j * rot_stride;
                     pr[j].orot = rot_base + (size_t)(ATT_TILE + j) * rot_stride;
-                    kvt_turbo_rotate(layer, 0, kvh, pr[j].q, hd_k, qr);
+                    kvt_turbo_rotate(layer, 0, kvh, qin, hd_k, qr); /* rotate, then round: f16(Π_K q) */
+                    if (round16) kvt_kv_round_f16(qr, qr, hd_k, 1.0f);
                     pr[j].qr = qr;
                     memset(pr[j].orot, 0, (size_t)hd_v * sizeof(float));
                 }
@@ -221,11 +243,17 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     }
                 }
             }
-            /* Softmax per pair, ascending key order. */
+            /* Softmax per pair, ascending key order, then the normalized weights rounded to f16. */
             for (uint32_t j = 0; j < np; j++) {
                 pr[j].inv = 0.0f;
                 if (pr[j].lo > pr[j].hi) continue;
-                pr[j].inv = softmax_inplace(sc_base + j * span + (pr[j].lo - ulo), pr[j].hi - pr[j].lo + 1);
+                float *scj = sc_base + j * span + (pr[j].lo - ulo);
+                const uint32_t nj = pr[j].hi - pr[j].lo + 1;
+                pr[j].inv = softmax_inplace(scj, nj);
+                if (pr[j].inv == 0.0f) continue;
+                if (round16) kvt_kv_round_f16(scj, scj, nj, pr[j].inv);
+                else
+                    for (uint32_t t = 0; t < nj; t++) scj[t] *= pr[j].inv;
             }
             /* Pass 2: V rows, weighted accumulation in ascending key order. Keys of dropped blocks
              * have weight exactly 0, and adding 0*v changes nothing, so they are skipped. MLA: the
@@ -292,11 +320,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #undef OUT
                 }
             }
-            for (uint32_t j = 0; j < np; j++) {
+            /* The weights were normalized before the V pass (f16-rounded), so no 1/sum here. */
+            for (uint32_t j = 0; j < np && turbo; j++) {
                 if (pr[j].inv == 0.0f) continue;
-                scale_row(pr[j].o, pr[j].inv, hd_v);
-                if (!turbo) continue;
-                scale_row(pr[j].orot, pr[j].inv, hd_v);
                 kvt_turbo_unrotate(layer, 1, kvh, pr[j].orot, hd_v, pr[j].orot);
                 if (pr[j].lo < plain_end)
                     for (uint32_t d2 = 0; d2 < hd_v; d2++) pr[j].o[d2] += pr[j].orot[d2];

@@ -829,6 +829,35 @@ void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size
     for (int j = 0; j < 4; j++) kvt_kv_axpy_rows(y[j], w[j], x, stride, n_rows, n);
 }
 
+/* ---- f16 rounding of attention operands (see attention.c): dst[i] = f16(src[i] * mul) widened back
+ * to f32, round to nearest even. The F16C conversion rounds the same way, so both give the same bits
+ * for every non-NaN input. */
+void kvt_kv_round_f16_scalar(const float *src, float *dst, uint32_t n, float mul) {
+    for (uint32_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32_fast(kvt_f32_to_f16(src[i] * mul));
+}
+
+#ifdef KVT_X86
+__attribute__((target("f16c,avx2"))) static void round_f16_f16c(const float *src, float *dst, uint32_t n, float mul) {
+    const __m256 vm = _mm256_set1_ps(mul);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vm), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32_fast(kvt_f32_to_f16(src[i] * mul));
+}
+#endif
+
+void kvt_kv_round_f16(const float *src, float *dst, uint32_t n, float mul) {
+#ifdef KVT_X86
+    if (g_simd >= 1) {
+        round_f16_f16c(src, dst, n, mul);
+        return;
+    }
+#endif
+    kvt_kv_round_f16_scalar(src, dst, n, mul);
+}
+
 float kvt_kv_exp_sum(float *sc, uint32_t n, float m) {
 #ifdef KVT_X86
     if (g_simd == 2) return exp_sum_avx512(sc, n, m);

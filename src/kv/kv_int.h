@@ -147,5 +147,9 @@ void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size
 float kvt_kv_exp(float x);
 float kvt_kv_exp_sum(float *sc, uint32_t n, float m);
 float kvt_kv_exp_sum_scalar(float *sc, uint32_t n, float m);
+/* dst[i] = f16(src[i] * mul) as f32 (round to nearest even; src == dst allowed). Attention rounds Q
+ * and the normalized softmax weights with it (attention.c). */
+void kvt_kv_round_f16(const float *src, float *dst, uint32_t n, float mul);
+void kvt_kv_round_f16_scalar(const float *src, float *dst, uint32_t n, float mul);
 
 #endif
