@@ -74,7 +74,7 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
-static const char *tier_name(kvt_tier t) { return t == KVT_TIER_RAM ? "ram" : t == KVT_TIER_SSD ? "ssd" : "none"; }
+static const char *tier_name(kvt_tier t) { return t == KVT_TIER_RAM ? "ram" : t == KVT_TIER_SSD ? "ssd" : t == KVT_TIER_SHARED ? "shared" : "none"; }
 
 /* Steady-state KV bytes per token of the layout the engine builds for these options, computed from
  * the model's layer descriptions (the weights are mmapped, so loading a second kvt_model is cheap).
