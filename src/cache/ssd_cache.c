@@ -1093,6 +1093,8 @@ kvt_status kvt_ssd_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint32_t 
     if (kind == KVT_SSD_KIND_BLOCK ? I->chain != expect : I->parent != expect)
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record key mismatch");
     hdr_section sc = hdr_section_at(&h, 0);
+    if (align_up(sc.offset + sc.length, SSD_PAGE) != len) /* exactly the file image: no trailing bytes */
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record length mismatch");
     if (XXH3_64bits(buf + sc.offset, sc.length) != sc.hash)
         return kvt_errf(err, errlen, KVT_ERR_CORRUPT, "payload checksum mismatch");
     kvt_block *b = NULL;
