@@ -272,12 +272,13 @@ static void seen_add(kvt_shared *sh, uint32_t group, uint64_t chain) {
 /* ------------------------------------------------------------------ fetch */
 /* Best-effort removal of a value that failed verification, so a healthy server can publish it.
  * Only between round trips (never while pipelined replies are pending). */
-static void drop_bad_key(kvt_shared *sh, const char *key) {
-    if (!sh->fetch.c) return;
+static bool drop_bad_key(kvt_shared *sh, const char *key) {
+    if (!sh->fetch.c) return false;
     const char *argv[2] = {"DEL", key};
     size_t lens[2] = {3, strlen(key)};
     redisReply *r = conn_cmd(&sh->fetch, 2, argv, lens);
     if (r) freeReplyObject(r);
+    return r != NULL; /* false: the connection was dropped */
 }
 
 /* Verifies one reply for (kind, expect, index) and appends its block to seq when its tokens match
@@ -383,7 +384,7 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, 
             freeReplyObject(r);
         }
         for (uint32_t j = 0; j < k && io_ok; j++)
-            if (bad[j]) drop_bad_key(sh, keys[j]);
+            if (bad[j] && !drop_bad_key(sh, keys[j])) io_ok = false;
     }
     /* one frozen tail at the first position without a full block */
     if (io_ok && !partial && idx * bt + 1 < n && kvt_seq_len(seq) == idx * bt) {
@@ -399,7 +400,7 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, 
             else {
                 take_reply(sh, seq, r, keys[0], KVT_SSD_KIND_TAIL, parent, idx, prompt, n, &bad[0]);
                 freeReplyObject(r);
-                if (bad[0]) drop_bad_key(sh, keys[0]);
+                if (bad[0] && !drop_bad_key(sh, keys[0])) io_ok = false;
             }
         }
     }

@@ -335,6 +335,7 @@ void kvt_engine_free(kvt_engine *e) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
     }
+    if (e->shared) kvt_shared_flush(e->shared, 10000); /* bounded: publish what is queued */
     kvt_shared_free(e->shared); /* releases its queued block references before the pool goes */
     kvt_sampler_free(e->sampler);
     kvt_ctx_free(e->ctx);
