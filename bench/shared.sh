@@ -7,7 +7,7 @@
 #      prompt-boundary blocks are published while decoding; Redis flushed before every "on" run).
 # "Servers" are `kvtier bench --once` processes (one engine each, as in bench/ssd.sh). A private
 # redis-server runs on a random loopback port in WORK_DIR. Writes $OUT_DIR/shared.json.
-# Env: KVTIER, MODEL, THREADS, SHARED_P, SHARED_R, SHARED_DEC_P, SHARED_DEC_N, SHARED_DEC_R, OUT_DIR, WORK_DIR.
+# Env: KVTIER, MODEL, THREADS, SHARED_TIMEOUT_MS, SHARED_P, SHARED_R, SHARED_DEC_P, SHARED_DEC_N, SHARED_DEC_R, OUT_DIR, WORK_DIR.
 set -euo pipefail
 KVTIER=${KVTIER:-build/kvtier}
 MODEL=${MODEL:-models/smol-q8_0.gguf}
@@ -27,6 +27,7 @@ RPID=$!
 trap 'kill $RPID 2>/dev/null; wait $RPID 2>/dev/null; rm -rf "$WORK_DIR"' EXIT
 for _ in $(seq 1 100); do redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 URL=redis://127.0.0.1:$RPORT
+SHARED_TIMEOUT_MS=${SHARED_TIMEOUT_MS:-5000} # budget large enough for the whole prefix on a loaded machine
 B=("$KVTIER" bench -m "$MODEL" -t "$THREADS" --json)
 
 # 1. A computes, B reuses (each B run has a fresh SSD dir, so only Redis can serve it)
@@ -36,7 +37,7 @@ redis_bytes=$(redis-cli -p "$RPORT" info memory | tr -d '\r' | sed -n 's/^used_m
 keys=$(redis-cli -p "$RPORT" dbsize | tr -d '\r')
 : > "$WORK_DIR/warm.jsonl"
 for i in $(seq 1 "$SHARED_R"); do
-    "${B[@]}" --once -p "$SHARED_P" -n 1 --ssd-cache "$WORK_DIR/b$i" --shared-cache "$URL" 2>/dev/null >> "$WORK_DIR/warm.jsonl"
+    "${B[@]}" --once -p "$SHARED_P" -n 1 --ssd-cache "$WORK_DIR/b$i" --shared-cache "$URL" --shared-cache-timeout-ms "$SHARED_TIMEOUT_MS" 2>/dev/null >> "$WORK_DIR/warm.jsonl"
     rm -rf "$WORK_DIR/b$i"
 done
 echo "  B: $(jq -c '{ttft_ms,n_reused,reused_from,restore_ms}' "$WORK_DIR/warm.jsonl" | tr '\n' ' ')" >&2

@@ -623,7 +623,7 @@ bool kvt_shared_flush(kvt_shared *sh, uint32_t timeout_ms) {
 /* ------------------------------------------------------------------ lifecycle, stats */
 void kvt_shared_opts_default(kvt_shared_opts *o) {
     memset(o, 0, sizeof *o);
-    o->timeout_ms = 500;
+    o->timeout_ms = 1000;
     o->queue_max_bytes = 256ull << 20;
     o->queue_max_blocks = 1024;
     o->pipeline = 4;
@@ -649,7 +649,7 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
     if (!sh) return KVT_ERR_NOMEM;
     sh->o = *o;
     sh->o.url = NULL; /* not kept: it may carry the password */
-    if (!sh->o.timeout_ms) sh->o.timeout_ms = 500;
+    if (!sh->o.timeout_ms) sh->o.timeout_ms = 1000;
     if (!sh->o.queue_max_bytes) sh->o.queue_max_bytes = 256ull << 20;
     if (!sh->o.queue_max_blocks) sh->o.queue_max_blocks = 1024;
     if (!sh->o.pipeline) sh->o.pipeline = 4;

@@ -49,7 +49,7 @@ kvt_status kvt_shared_url_parse(const char *url, kvt_shared_url *out, char *err,
 /* ---- lifecycle ---- */
 typedef struct kvt_shared_opts {
     const char *url;
-    uint32_t timeout_ms;       /* per-request budget for the shared lookup, connect included; default 500 */
+    uint32_t timeout_ms;       /* per-request budget for the shared lookup, connect included; default 1000 */
     uint64_t queue_max_bytes;  /* publish queue bound in record bytes; default 256 MiB */
     uint32_t queue_max_blocks; /* publish queue bound in blocks; default 1024 */
     uint32_t pipeline;         /* commands per pipelined round trip; default 4 */

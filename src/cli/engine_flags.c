@@ -27,7 +27,7 @@ const char kvt_engine_flags_help[] =
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; -1 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
     "      --shared-cache URL    shared block tier across servers: redis://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
-    "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 500)\n"
+    "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
     "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
 
 const char kvt_sampling_flags_help[] =

@@ -68,7 +68,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->snapshot_min_tokens = 1024;
     o->ssd_writeback = true;
     o->ssd_demote_idle_s = 300.0;
-    o->shared_timeout_ms = 500;
+    o->shared_timeout_ms = 1000;
 }
 
 void kvt_sampling_default(kvt_sampling *s) {

@@ -35,7 +35,7 @@ typedef struct kvt_engine_opts {
     bool ssd_writeback;         /* default true */
     double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <0 disables */
     const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
-    uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 500 */
+    uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
     const char *chat_template;  /* override, NULL = detect */
 } kvt_engine_opts;
 

@@ -81,7 +81,7 @@ PROMPT=$(python3 -c 'print(",".join(str(10 + (i * 37) % 240) for i in range(200)
 NP=200
 req() { # PORT OUTFILE [MAXTIME]
   curl -s --max-time "${3:-60}" -o "$2" -X POST -H 'Content-Type: application/json' \
-    --data-binary "{\"prompt\":[$PROMPT],\"max_tokens\":8,\"temperature\":0}" "http://127.0.0.1:$1/v1/completions"
+    --data-binary "{\"prompt\":[$PROMPT],\"max_tokens\":${MAXTOK:-8},\"temperature\":0}" "http://127.0.0.1:$1/v1/completions"
 }
 field() { python3 -c "import json,sys; j=json.load(open('$1')); print($2)"; }
 stats() { curl -s --max-time 10 "http://127.0.0.1:$1/stats" >"$TMP/stats.json"; field "$TMP/stats.json" "$2"; }
@@ -95,7 +95,14 @@ flush_pub() { # wait until a server's publish queue is empty and something was p
 }
 
 redis_start --maxmemory 0
-# ------------------------------------------------------------------ cold reference (no shared tier data)
+# ------------------------------------------------------------------ cold references (fresh servers, empty redis)
+srv C "$MODEL" --prompt-cache 1
+MAXTOK=64 req "$PORT_C" "$TMP/cold64.json" || fail "cold 64-token request"
+COLD64=$(field "$TMP/cold64.json" "j['choices'][0]['text']")
+[ "$(field "$TMP/cold64.json" "j['usage']['prompt_tokens_details']['cached_tokens']")" = 0 ] || fail "cold run reused tokens"
+stop_srv C
+rc FLUSHALL >/dev/null
+rm -rf "$TMP/ssd-C"
 srv C "$MODEL" --prompt-cache 1
 req "$PORT_C" "$TMP/cold.json" || fail "cold request"
 COLD=$(field "$TMP/cold.json" "j['choices'][0]['text']")
@@ -137,16 +144,29 @@ stop_srv D
 # ------------------------------------------------------------------ redis killed mid-request, then restarted
 rc FLUSHALL >/dev/null
 srv E "$MODEL" --shared-cache-timeout-ms 300
-# fill redis from A again (A's seen-set suppresses republishing, so use a fresh server F)
+# fill redis again from a fresh server F (A remembers what it published and would not resend it)
 srv F "$MODEL"
 req "$PORT_F" "$TMP/f.json" || fail "F request"
 flush_pub "$PORT_F"
+# hung redis (SIGSTOP): the request waits at most the stated timeout, then computes
+srv S "$MODEL" --shared-cache-timeout-ms 300
+kill -STOP "$REDIS_PID"
+T0=$(date +%s%N)
+curl -s --max-time 20 -o "$TMP/s.json" -X POST -H 'Content-Type: application/json' \
+  --data-binary "{\"prompt\":[$PROMPT],\"max_tokens\":8,\"temperature\":0}" "http://127.0.0.1:$PORT_S/v1/completions" || fail "S request with hung redis"
+T1=$(date +%s%N)
+kill -CONT "$REDIS_PID"
+[ "$(field "$TMP/s.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "S output differs with hung redis"
+[ $(( (T1 - T0) / 1000000 )) -lt 3000 ] || fail "request blocked $(( (T1 - T0) / 1000000 )) ms on a hung redis (timeout 300 ms)"
+[ "$(stats "$PORT_S" "j['shared_cache']['errors'] >= 1")" = True ] || fail "timeout not counted"
+ok "hung redis: request took $(( (T1 - T0) / 1000000 )) ms with a 300 ms shared-tier budget, output correct"
+stop_srv S
 ( sleep 0.05; kill -KILL "$REDIS_PID" ) &
 T0=$(date +%s%N)
-req "$PORT_E" "$TMP/e.json" || fail "E request while redis dies"
+MAXTOK=64 req "$PORT_E" "$TMP/e.json" || fail "E request while redis dies"
 T1=$(date +%s%N)
 wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""
-[ "$(field "$TMP/e.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "E output differs when redis died"
+[ "$(field "$TMP/e.json" "j['choices'][0]['text']")" = "$COLD64" ] || fail "E output differs from cold when redis died"
 for i in 1 2 3 4; do # redis down: requests keep being served (breaker opens)
   curl -s --max-time 20 -o "$TMP/e2.json" -X POST -H 'Content-Type: application/json' \
     --data-binary "{\"prompt\":[$i,$PROMPT],\"max_tokens\":4,\"temperature\":0}" "http://127.0.0.1:$PORT_E/v1/completions" || fail "E request with redis down"
@@ -158,7 +178,6 @@ ok "redis killed mid-request: served correctly, breaker opened ($(( (T1 - T0) / 
 redis_start
 rc FLUSHALL >/dev/null
 sleep 2.2 # > breaker base back-off (1 s): the next request is the half-open probe
-req "$PORT_F" "$TMP/f2.json" || fail "F request after restart" # F republishes? it remembers; use E's new prompt
 curl -s --max-time 20 -o "$TMP/e3.json" -X POST -H 'Content-Type: application/json' \
   --data-binary "{\"prompt\":[5,$PROMPT],\"max_tokens\":4,\"temperature\":0}" "http://127.0.0.1:$PORT_E/v1/completions" || fail "E after restart"
 for i in $(seq 1 50); do
