@@ -63,6 +63,7 @@ jq -n --slurpfile cold "$WORK_DIR/cold.json" --slurpfile warm <(jq -s . "$WORK_D
   {n_prompt: $c.n_prompt, cold_ttft_ms: $c.ttft_ms, shared_ttft_ms_median: $wt, speedup: ($c.ttft_ms / $wt),
    shared_runs: $w, redis_used_memory_bytes: $redis_bytes, redis_keys: $keys,
    prompt_kv_mb: ($w[0].restored_mb),
+   fetched_bytes_median: ($w | map(.shared_fetched_bytes) | median),
    decode_tps_publish_on_median: ($d | map(select(.publish == "on") | .decode_tps) | median),
    decode_tps_publish_off_median: ($d | map(select(.publish == "off") | .decode_tps) | median),
    decode_runs: $d}' > "$OUT_DIR/shared.json"
