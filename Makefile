@@ -9,7 +9,7 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?=
 CFLAGS  += -std=c11 -Isrc $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -MMD -MP $(SAN)
-LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lxxhash -lssl -lcrypto -lm -pthread
+LDLIBS  := -lmicrohttpd -lcjson -lpcre2-8 -lxxhash -lhiredis -lssl -lcrypto -lm -pthread
 TESTLIBS := -lcmocka
 
 SRC_DIRS := src/util src/gguf src/kernels src/kv src/model src/text src/cache src/engine src/server

@@ -908,69 +908,87 @@ static bool write_all(kvt_ssd *s, int fd, const void *p, uint64_t len, uint64_t 
     return true;
 }
 
-/* Publishes one item as a file. Returns KVT_OK and fills *e (index entry) on success. */
-static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
-    *eout = NULL;
+/* One record (file image) being encoded: header fields, payload pointers and its byte sizes. The
+ * SSD writer writes it as a file; kvt_ssd_record_encode (shared tier) packs it into one buffer. */
+typedef struct ssd_record {
     hdr_in h;
-    memset(&h, 0, sizeof(h));
     hdr_layer layers[KVT_MAX_LAYERS];
     hdr_section secs[KVT_MAX_LAYERS];
     const uint8_t *payload[KVT_MAX_LAYERS];
-    uint8_t *packed = NULL; /* compact tail payload */
-    h.compat = s->compat;
-    h.block_tokens = s->bt;
-    if (it->b) {
-        kvt_block *b = it->b;
-        h.n_tokens = kvt_block_n_tokens(b);
-        h.kind = h.n_tokens == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL;
-        h.group = kvt_block_group(b);
-        h.block_index = kvt_block_index(b);
-        h.parent = kvt_block_parent(b);
-        h.chain = kvt_block_hash(b);
-        h.root = h.block_index == 0 ? h.parent : it->root;
-        h.ids = kvt_block_tokens(b);
-        h.n_ids = h.n_tokens;
-        h.n_layers = expected_layers(s->layout, h.group, h.block_index, layers);
-        h.n_sections = 1;
-        if (h.kind == KVT_SSD_KIND_TAIL) { /* compact: only the n_tokens rows of every head */
-            secs[0].length = tail_bytes(s->layout, h.group, h.block_index, h.n_tokens);
-            packed = malloc(secs[0].length ? secs[0].length : 1);
-            if (!packed) return KVT_ERR_NOMEM;
-            tail_pack(s->layout, h.group, h.block_index, h.n_tokens, kvt_block_data(b), packed);
-            payload[0] = packed;
+    uint8_t *packed; /* compact tail payload (owned), or NULL */
+    uint64_t hsize, fsize;
+} ssd_record;
+
+/* Fills r for a block b (full or frozen tail) or a snapshot sn. Caller frees r->packed. */
+static kvt_status record_prepare(const kvt_ssd *s, kvt_block *b, kvt_snapshot *sn, uint64_t root, ssd_record *r) {
+    memset(r, 0, sizeof(*r));
+    hdr_in *h = &r->h;
+    h->compat = s->compat;
+    h->block_tokens = s->bt;
+    if (b) {
+        h->n_tokens = kvt_block_n_tokens(b);
+        h->kind = h->n_tokens == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL;
+        h->group = kvt_block_group(b);
+        h->block_index = kvt_block_index(b);
+        h->parent = kvt_block_parent(b);
+        h->chain = kvt_block_hash(b);
+        h->root = h->block_index == 0 ? h->parent : root;
+        h->ids = kvt_block_tokens(b);
+        h->n_ids = h->n_tokens;
+        h->n_layers = expected_layers(s->layout, h->group, h->block_index, r->layers);
+        h->n_sections = 1;
+        if (h->kind == KVT_SSD_KIND_TAIL) { /* compact: only the n_tokens rows of every head */
+            r->secs[0].length = tail_bytes(s->layout, h->group, h->block_index, h->n_tokens);
+            r->packed = malloc(r->secs[0].length ? r->secs[0].length : 1);
+            if (!r->packed) return KVT_ERR_NOMEM;
+            tail_pack(s->layout, h->group, h->block_index, h->n_tokens, kvt_block_data(b), r->packed);
+            r->payload[0] = r->packed;
         } else {
-            secs[0].length = kvt_block_data_bytes(b);
-            payload[0] = kvt_block_data(b);
+            r->secs[0].length = kvt_block_data_bytes(b);
+            r->payload[0] = kvt_block_data(b);
         }
     } else {
-        kvt_snapshot *sn = it->s;
-        h.kind = KVT_SSD_KIND_SNAPSHOT;
-        h.group = SSD_GROUP_NONE;
-        h.n_tokens = kvt_snapshot_pos(sn);
-        h.block_index = h.n_tokens / s->bt;
-        h.chain = kvt_snapshot_chain(sn);
-        h.root = it->root;
-        h.n_layers = expected_layers(s->layout, SSD_GROUP_NONE, 0, layers);
-        h.n_sections = h.n_layers;
+        h->kind = KVT_SSD_KIND_SNAPSHOT;
+        h->group = SSD_GROUP_NONE;
+        h->n_tokens = kvt_snapshot_pos(sn);
+        h->block_index = h->n_tokens / s->bt;
+        h->chain = kvt_snapshot_chain(sn);
+        h->root = root;
+        h->n_layers = expected_layers(s->layout, SSD_GROUP_NONE, 0, r->layers);
+        h->n_sections = h->n_layers;
         const uint8_t *d = kvt_snapshot_data(sn);
         uint64_t off = 0;
-        for (uint32_t i = 0; i < h.n_layers; i++) {
-            secs[i].length = layers[i].state_bytes;
-            payload[i] = d + off;
-            off += layers[i].state_bytes;
+        for (uint32_t i = 0; i < h->n_layers; i++) {
+            r->secs[i].length = r->layers[i].state_bytes;
+            r->payload[i] = d + off;
+            off += r->layers[i].state_bytes;
         }
     }
-    h.layers = layers;
-    h.sections = secs;
-    uint64_t hsize = header_size((uint32_t)strlen(s->compat), h.n_ids, h.n_layers, h.n_sections);
-    h.data_offset = align_up(hsize, SSD_PAGE);
-    uint64_t cur = h.data_offset;
-    for (uint32_t i = 0; i < h.n_sections; i++) {
-        secs[i].offset = cur;
-        secs[i].hash = XXH3_64bits(payload[i], secs[i].length);
-        cur = align_up(cur + secs[i].length, SSD_PAGE);
+    h->layers = r->layers;
+    h->sections = r->secs;
+    r->hsize = header_size((uint32_t)strlen(s->compat), h->n_ids, h->n_layers, h->n_sections);
+    h->data_offset = align_up(r->hsize, SSD_PAGE);
+    uint64_t cur = h->data_offset;
+    for (uint32_t i = 0; i < h->n_sections; i++) {
+        r->secs[i].offset = cur;
+        r->secs[i].hash = XXH3_64bits(r->payload[i], r->secs[i].length);
+        cur = align_up(cur + r->secs[i].length, SSD_PAGE);
     }
-    uint64_t fsize = cur;
+    r->fsize = cur;
+    return KVT_OK;
+}
+
+/* Publishes one item as a file. Returns KVT_OK and fills *e (index entry) on success. */
+static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
+    *eout = NULL;
+    ssd_record rec;
+    kvt_status pst = record_prepare(s, it->b, it->s, it->root, &rec);
+    if (pst != KVT_OK) return pst;
+    const hdr_in h = rec.h;
+    const hdr_section *secs = rec.secs;
+    const uint8_t *const *payload = rec.payload;
+    uint8_t *packed = rec.packed;
+    const uint64_t hsize = rec.hsize, fsize = rec.fsize;
     if (s->o.max_bytes && fsize > s->o.max_bytes) {
         free(packed);
         errno = EFBIG;
@@ -1033,6 +1051,82 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     e->bytes = fsize;
     e->last_use = now_real_ns();
     *eout = e;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ record buffers (shared tier) */
+kvt_status kvt_ssd_record_encode(const kvt_ssd *s, kvt_block *b, uint64_t root, uint8_t **out, size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
+    if (!b || !kvt_block_sealed(b)) return KVT_ERR_INVALID_ARG;
+    ssd_record rec;
+    kvt_status st = record_prepare(s, b, NULL, root, &rec);
+    if (st != KVT_OK) return st;
+    uint8_t *buf = calloc(1, rec.fsize); /* zero padding between sections, as in a file */
+    if (!buf) {
+        free(rec.packed);
+        return KVT_ERR_NOMEM;
+    }
+    header_encode(&rec.h, buf, rec.hsize);
+    for (uint32_t i = 0; i < rec.h.n_sections; i++)
+        memcpy(buf + rec.secs[i].offset, rec.payload[i], rec.secs[i].length);
+    free(rec.packed);
+    *out = buf;
+    *out_len = rec.fsize;
+    return KVT_OK;
+}
+
+kvt_status kvt_ssd_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint32_t kind, uint64_t expect,
+                                 uint32_t group, uint32_t block_index, kvt_block **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (kind != KVT_SSD_KIND_BLOCK && kind != KVT_SSD_KIND_TAIL)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "only blocks and tails travel as records");
+    if (len < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record shorter than a header");
+    uint32_t hsize = get_u32(buf + 12);
+    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > len)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record header length out of range");
+    hdr_out h;
+    kvt_status st = header_decode(buf, hsize, len, &h, err, errlen);
+    if (st != KVT_OK) return st;
+    const kvt_ssd_file_info *I = &h.info;
+    /* identity first: the name check of header_matches is replaced by the caller's expectation */
+    st = header_matches(s, &h, I->chain, group, kind, err, errlen);
+    if (st != KVT_OK) return st;
+    if (I->block_index != block_index) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record block index mismatch");
+    if (kind == KVT_SSD_KIND_BLOCK ? I->chain != expect : I->parent != expect)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record key mismatch");
+    hdr_section sc = hdr_section_at(&h, 0);
+    if (align_up(sc.offset + sc.length, SSD_PAGE) != len) /* exactly the file image: no trailing bytes */
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record length mismatch");
+    if (XXH3_64bits(buf + sc.offset, sc.length) != sc.hash)
+        return kvt_errf(err, errlen, KVT_ERR_CORRUPT, "payload checksum mismatch");
+    kvt_block *b = NULL;
+    st = kvt_block_alloc(s->pool, group, block_index, &b);
+    if (st != KVT_OK) return kvt_errf(err, errlen, st, "no pool memory for a fetched block");
+    if (sc.length > kvt_block_data_bytes(b)) { /* header_matches makes this impossible */
+        kvt_block_release(b);
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "payload larger than the block");
+    }
+    uint8_t *dst = kvt_block_data_mut(b);
+    memcpy(dst, buf + sc.offset, sc.length);
+    if (kind == KVT_SSD_KIND_TAIL &&
+        !tail_unpack_inplace(s->layout, group, block_index, I->n_tokens, dst, kvt_block_data_bytes(b))) {
+        kvt_block_release(b);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    }
+    int32_t *ids = malloc((size_t)I->n_tokens * 4 + 4);
+    if (!ids) {
+        kvt_block_release(b);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t t = 0; t < I->n_tokens; t++) ids[t] = hdr_id_at(&h, t);
+    st = kvt_block_seal(b, I->parent, ids, I->n_tokens, I->chain);
+    free(ids);
+    if (st != KVT_OK) {
+        kvt_block_release(b);
+        return kvt_errf(err, errlen, st, "seal failed: %s", kvt_status_str(st));
+    }
+    *out = b;
     return KVT_OK;
 }
 
@@ -1665,6 +1759,7 @@ void kvt_ssd_free(kvt_ssd *s) {
 
 const char *kvt_ssd_dir(const kvt_ssd *s) { return s ? s->cdir : NULL; }
 const char *kvt_ssd_compat(const kvt_ssd *s) { return s ? s->compat : NULL; }
+const kvt_kv_layout *kvt_ssd_layout(const kvt_ssd *s) { return s ? s->layout : NULL; }
 void kvt_ssd_pause_writer(kvt_ssd *s, bool paused) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);

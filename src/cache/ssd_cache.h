@@ -71,6 +71,7 @@ kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_
 void kvt_ssd_free(kvt_ssd *ssd);
 const char *kvt_ssd_dir(const kvt_ssd *ssd);        /* <dir>/<compat-dir> */
 const char *kvt_ssd_compat(const kvt_ssd *ssd);     /* the compat key string */
+const kvt_kv_layout *kvt_ssd_layout(const kvt_ssd *ssd); /* the borrowed layout */
 
 /* ---- lookup / restore ---- */
 /* Longest usable prefix (tokens) of prompt[0..n) under root that the on-disk index can serve, capped
@@ -102,6 +103,19 @@ bool kvt_ssd_spill_block(void *ctx, kvt_block *b);
 bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *s);
 /* The engine counts idle demotions (spills caused by demotion) here, for stats. */
 void kvt_ssd_note_demotions(kvt_ssd *ssd, uint64_t n);
+
+/* ---- record buffers (the shared tier's values; same bytes as a cache file) ---- */
+/* Encodes a sealed block (full, or frozen tail in compact form) exactly as its cache file: header
+ * with checksums, page-aligned payload. *out is malloc'd (caller frees). root as for enqueue. */
+kvt_status kvt_ssd_record_encode(const kvt_ssd *ssd, kvt_block *b, uint64_t root, uint8_t **out, size_t *out_len);
+/* Decodes and verifies a record of `kind` (KVT_SSD_KIND_BLOCK: expect = its chain hash;
+ * KVT_SSD_KIND_TAIL: expect = its parent chain hash) for (group, block_index): header checksum,
+ * compat key, geometry, chain hash of the tokens, payload checksum. On success *out is a new sealed
+ * block from this tier's pool (caller owns the reference); the caller still compares its tokens
+ * with the prompt. buf is modified temporarily (checksum field) and left as it was. Errors:
+ * KVT_ERR_FORMAT / CORRUPT / STALE (bad or foreign record), POOL_EXHAUSTED, NOMEM. */
+kvt_status kvt_ssd_record_decode(kvt_ssd *ssd, uint8_t *buf, size_t len, uint32_t kind, uint64_t expect,
+                                 uint32_t group, uint32_t block_index, kvt_block **out, char *err, size_t errlen);
 
 /* ---- durability ---- */
 typedef struct kvt_ssd_flush_result {

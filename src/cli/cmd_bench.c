@@ -83,7 +83,7 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
-static const char *tier_name(kvt_tier t) { return t == KVT_TIER_RAM ? "ram" : t == KVT_TIER_SSD ? "ssd" : "none"; }
+static const char *tier_name(kvt_tier t) { return t == KVT_TIER_RAM ? "ram" : t == KVT_TIER_SSD ? "ssd" : t == KVT_TIER_SHARED ? "shared" : "none"; }
 
 /* Steady-state KV bytes per token of the layout the engine builds for these options, computed from
  * the model's layer descriptions (the weights are mmapped, so loading a second kvt_model is cheap).
@@ -460,6 +460,10 @@ static void print_flush(kvt_engine *e, const kvt_engine_opts *o, double create_m
     double flush_ms = kvt_now_ms() - f0;
     kvt_engine_stats st;
     kvt_engine_stats_get(e, &st);
+    if (json && st.shared_enabled) /* shared tier (issue 17) */
+        printf(",\"shared_fetched_bytes\":%llu,\"shared_fetched_blocks\":%llu,\"shared_errors\":%llu",
+               (unsigned long long)st.shared_fetched_bytes, (unsigned long long)st.shared_fetched_blocks,
+               (unsigned long long)st.shared_errors);
     if (json)
         printf(",\"create_ms\":%.1f,\"flush_ms\":%.1f,\"durable\":%s,\"ssd_entries\":%llu,\"ssd_bytes\":%llu,\"ssd_dropped\":%llu,"
                "\"ssd_failed\":%llu,\"kv_bytes_per_token_layout\":%.1f,\"pool_peak_bytes\":%llu}\n",

@@ -121,7 +121,7 @@ int cmd_chat(int argc, char **argv) {
             kvt_strbuf_free(&r);
             continue;
         }
-        static const char *tiers[] = {"none", "RAM", "SSD"};
+        static const char *tiers[] = {"none", "RAM", "SSD", "shared"};
         fprintf(stderr, "\n[prompt %u tokens, reused %u from %s, TTFT %.0f ms, %.1f tok/s, %u tokens]\n", res.n_prompt,
                 res.n_reused, tiers[res.reused_from], res.ttft_ms, res.decode_tps, res.n_gen);
         free(res.tokens);

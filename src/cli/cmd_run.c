@@ -162,7 +162,7 @@ int cmd_run(int argc, char **argv) {
             rc = 1;
             break;
         }
-        static const char *tiers[] = {"none", "ram", "ssd"};
+        static const char *tiers[] = {"none", "ram", "ssd", "shared"};
         static const char *fin[] = {"length", "stop", "cancelled", "error"};
         if (json) {
             cJSON *o = cJSON_CreateObject();

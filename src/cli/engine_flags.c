@@ -27,6 +27,8 @@ const char kvt_engine_flags_help[] =
     "      --ssd-cache-max GB    SSD tier byte cap (default 0 = unlimited)\n"
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; -1 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
+    "      --shared-cache URL    shared block tier across servers: redis://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
+    "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
     "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
 
 const char kvt_sampling_flags_help[] =
@@ -88,7 +90,9 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
             a->failed = true;
         }
         g_ssd_subflags |= 4;
-    } else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
+    } else if (kvt_args_is(a, NULL, "--shared-cache")) o->shared_url = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--shared-cache-timeout-ms")) o->shared_timeout_ms = kvt_args_u32(a, 1, 60000);
+    else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
     else return false;
     return true;
 }
@@ -114,6 +118,10 @@ bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
     }
     if (o->ssd_dir && o->prompt_cache_gb <= 0) {
         fprintf(stderr, "kvtier %s: --ssd-cache needs the RAM tier; it cannot be combined with --prompt-cache 0\n", cmd);
+        return false;
+    }
+    if (o->shared_url && !o->ssd_dir) {
+        fprintf(stderr, "kvtier %s: --shared-cache needs the SSD tier (--ssd-cache DIR)\n", cmd);
         return false;
     }
     if (!o->ssd_dir && g_ssd_subflags) {

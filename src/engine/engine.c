@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "../cache/prompt_cache.h"
+#include "../cache/shared_tier.h"
 #include "../cache/ssd_cache.h"
 #include "../kernels/quant.h"
 #include "../model/model.h"
@@ -43,6 +44,7 @@ struct kvt_engine {
     kvt_block_pool *pool;
     kvt_prompt_cache *pc;
     kvt_ssd *ssd;
+    kvt_shared *shared; /* optional shared block tier (issue 17) */
     kvt_ctx *ctx;
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
@@ -80,6 +82,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->snapshot_min_tokens = 1024;
     o->ssd_writeback = true;
     o->ssd_demote_idle_s = 300.0;
+    o->shared_timeout_ms = 1000;
 }
 
 void kvt_sampling_default(kvt_sampling *s) {
@@ -351,6 +354,14 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         if (st) goto fail;
         kvt_prompt_cache_set_spill(e->pc, kvt_ssd_spill_block, kvt_ssd_spill_snapshot, e->ssd);
     }
+    if (o->shared_url) {
+        kvt_shared_opts sho;
+        kvt_shared_opts_default(&sho);
+        sho.url = o->shared_url;
+        if (o->shared_timeout_ms) sho.timeout_ms = o->shared_timeout_ms;
+        st = kvt_shared_create(&sho, e->ssd, &e->shared, err, errlen);
+        if (st) goto fail;
+    }
     st = kvt_ctx_create(e->model, o->n_threads, e->o.ubatch, &e->ctx);
     if (st) {
         kvt_errf(err, errlen, st, "cannot create the compute context: %s", kvt_status_str(st));
@@ -381,6 +392,8 @@ void kvt_engine_free(kvt_engine *e) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
     }
+    if (e->shared) kvt_shared_flush(e->shared, 10000); /* bounded: publish what is queued */
+    kvt_shared_free(e->shared); /* releases its queued block references before the pool goes */
     kvt_sampler_free(e->sampler);
     kvt_ctx_free(e->ctx);
     /* the prompt cache spills into the SSD tier on free? no: clear() never spills; what must
@@ -440,6 +453,38 @@ static size_t stop_holdback(const kvt_strbuf *t, const char *const *stop, uint32
     return hold;
 }
 
+/* ---- shared tier hook (issue 17) -------------------------------------------------------------- */
+/* Lookup order live -> RAM -> SSD -> shared: after the local tiers, extend the reused prefix with
+ * blocks no local tier had, fetched and verified by the shared tier; they land in RAM (and SSD)
+ * like a restore. *seq may be NULL (local miss). Updates *reused / res. */
+static void shared_lookup(kvt_engine *e, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **seq,
+                          uint32_t *reused, kvt_gen_result *res) {
+    if (!e->shared) return;
+    if (*reused % e->o.block_tokens) return; /* a local partial block: the shared tier adds < 1 block */
+    if (!*seq && kvt_seq_create(e->pool, root, seq) != KVT_OK) return;
+    double r0 = kvt_now_ms();
+    uint32_t got = kvt_shared_extend(e->shared, *seq, prompt, n);
+    res->restore_ms += kvt_now_ms() - r0;
+    if (!got) {
+        if (*reused == 0) { /* keep the miss path identical to a server without the tier */
+            kvt_seq_free(*seq);
+            *seq = NULL;
+        }
+        return;
+    }
+    *reused = kvt_seq_len(*seq);
+    res->reused_from = KVT_TIER_SHARED;
+    kvt_prompt_cache_put_blocks(e->pc, *seq);
+    if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, *seq, NULL);
+}
+/* Write-behind: the sealed blocks of seq also go to the shared tier (background publisher). */
+static void shared_publish(kvt_engine *e, const kvt_seq *seq) {
+    if (e->shared) kvt_shared_publish_seq(e->shared, seq);
+}
+static void shared_set_busy(kvt_engine *e, bool busy) {
+    if (e->shared) kvt_shared_set_busy(e->shared, busy);
+}
+
 /* ---- generate ------------------------------------------------------------------------------- */
 
 kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
@@ -497,6 +542,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                 res->restore_ms = kvt_now_ms() - r0;
             }
         }
+        shared_lookup(e, req->prompt, n, root, &seq, &reused, res);
     }
     if (!seq) {
         st = kvt_seq_create(e->pool, root, &seq);
@@ -554,10 +600,12 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     if (use_cache && n - reused >= e->o.snapshot_min_tokens) {
         kvt_prompt_cache_put(e->pc, seq);
         if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        shared_publish(e, seq);
     }
 
     /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
     if (e->ssd) kvt_ssd_set_busy(e->ssd, true);
+    shared_set_busy(e, true);
     dt = kvt_detok_create(e->tok, false);
     if (!dt) {
         st = KVT_ERR_NOMEM;
@@ -651,10 +699,12 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
 
 put_back:
     if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
+    shared_set_busy(e, false);
     /* 5. what was computed stays cached, also for cancelled requests */
     if (seq && use_cache && kvt_seq_len(seq) > 0) {
         kvt_prompt_cache_put(e->pc, seq);
         if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        shared_publish(e, seq);
     }
     res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
     pthread_mutex_lock(&e->stats_mu);
@@ -709,6 +759,28 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_failed = s.failed;
         out->ssd_longest_durable_prefix_tokens = s.longest_durable_prefix_tokens;
         out->ssd_restore_ms_last = s.restore_ms_last;
+    }
+    if (e->shared) {
+        kvt_shared_stats s;
+        kvt_shared_stats_get(e->shared, &s);
+        out->shared_enabled = true;
+        out->shared_lookups = s.lookups;
+        out->shared_hits = s.hits;
+        out->shared_fetched_blocks = s.fetched_blocks;
+        out->shared_fetched_bytes = s.fetched_bytes;
+        out->shared_fetched_tokens = s.fetched_tokens;
+        out->shared_published_blocks = s.published_blocks;
+        out->shared_published_bytes = s.published_bytes;
+        out->shared_publish_existing = s.publish_existing;
+        out->shared_dropped = s.dropped;
+        out->shared_errors = s.errors;
+        out->shared_oom_errors = s.oom_errors;
+        out->shared_corrupt = s.corrupt;
+        out->shared_skipped = s.skipped;
+        out->shared_queue_blocks = s.queue_blocks;
+        out->shared_breaker_opens = s.breaker_opens;
+        out->shared_fetch_breaker = (int)s.fetch_breaker;
+        out->shared_publish_breaker = (int)s.publish_breaker;
     }
     out->pool_used_bytes = kvt_block_pool_used_bytes(e->pool);
     out->pool_peak_bytes = kvt_block_pool_peak_bytes(e->pool);
@@ -775,3 +847,5 @@ kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_pro
     pthread_mutex_unlock(&e->gen_mu);
     return st;
 }
+
+bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms) { return kvt_shared_flush(e->shared, timeout_ms); }

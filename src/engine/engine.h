@@ -34,6 +34,8 @@ typedef struct kvt_engine_opts {
     double ssd_max_gb;          /* 0 = unlimited */
     bool ssd_writeback;         /* default true */
     double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <0 disables */
+    const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
+    uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
     const char *chat_template;  /* override, NULL = detect */
 } kvt_engine_opts;
 
@@ -68,7 +70,7 @@ typedef struct kvt_sampling {
 void kvt_sampling_default(kvt_sampling *s); /* greedy */
 
 typedef enum kvt_finish { KVT_FINISH_LENGTH = 0, KVT_FINISH_STOP = 1, KVT_FINISH_CANCELLED = 2, KVT_FINISH_ERROR = 3 } kvt_finish;
-typedef enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_SSD = 2 } kvt_tier;
+typedef enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_SSD = 2, KVT_TIER_SHARED = 3 } kvt_tier;
 
 /* Called for each generated token with its text delta (UTF-8 complete; may be empty). Return false
  * to stop (finish = CANCELLED). */
@@ -139,6 +141,12 @@ typedef struct kvt_engine_stats {
     uint64_t ssd_entries, ssd_bytes, ssd_max_bytes, ssd_restores, ssd_spills, ssd_demotions,
         ssd_pending_blocks, ssd_pending_bytes, ssd_dropped, ssd_failed, ssd_longest_durable_prefix_tokens;
     double ssd_restore_ms_last;
+    /* shared tier (Redis) */
+    bool shared_enabled;
+    uint64_t shared_lookups, shared_hits, shared_fetched_blocks, shared_fetched_bytes, shared_fetched_tokens,
+        shared_published_blocks, shared_published_bytes, shared_publish_existing, shared_dropped, shared_errors,
+        shared_oom_errors, shared_corrupt, shared_skipped, shared_queue_blocks, shared_breaker_opens;
+    int shared_fetch_breaker, shared_publish_breaker; /* kvt_breaker_state: 0 closed, 1 open, 2 half-open */
     /* pool */
     uint64_t pool_used_bytes, pool_peak_bytes, pool_budget_bytes;
     char scheme[128];
@@ -154,6 +162,8 @@ typedef struct kvt_flush_result {
 /* Wait (up to timeout_ms) until everything queued for the SSD tier is durable. Without an SSD tier:
  * durable = true, entries = 0. */
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out);
+/* Wait (up to timeout_ms) until the shared tier's publish queue is empty; true if it is (or no tier). */
+bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms);
 /* Periodic maintenance: idle demotion to the SSD tier. Cheap; call from a timer. */
 void kvt_engine_tick(kvt_engine *e);
 

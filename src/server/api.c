@@ -559,6 +559,29 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     } else {
         cJSON_AddNullToObject(root, "ssd_cache");
     }
+    if (st->shared_enabled) { /* shared block tier (issue 17) */
+        static const char *const br[] = {"closed", "open", "half-open"};
+        cJSON *s = cJSON_AddObjectToObject(root, "shared_cache");
+        cJSON_AddNumberToObject(s, "lookups", (double)st->shared_lookups);
+        cJSON_AddNumberToObject(s, "hits", (double)st->shared_hits);
+        cJSON_AddNumberToObject(s, "fetched_blocks", (double)st->shared_fetched_blocks);
+        cJSON_AddNumberToObject(s, "fetched_bytes", (double)st->shared_fetched_bytes);
+        cJSON_AddNumberToObject(s, "fetched_tokens", (double)st->shared_fetched_tokens);
+        cJSON_AddNumberToObject(s, "published_blocks", (double)st->shared_published_blocks);
+        cJSON_AddNumberToObject(s, "published_bytes", (double)st->shared_published_bytes);
+        cJSON_AddNumberToObject(s, "publish_existing", (double)st->shared_publish_existing);
+        cJSON_AddNumberToObject(s, "dropped", (double)st->shared_dropped);
+        cJSON_AddNumberToObject(s, "errors", (double)st->shared_errors);
+        cJSON_AddNumberToObject(s, "oom_errors", (double)st->shared_oom_errors);
+        cJSON_AddNumberToObject(s, "corrupt", (double)st->shared_corrupt);
+        cJSON_AddNumberToObject(s, "skipped", (double)st->shared_skipped);
+        cJSON_AddNumberToObject(s, "queue_blocks", (double)st->shared_queue_blocks);
+        cJSON_AddNumberToObject(s, "breaker_opens", (double)st->shared_breaker_opens);
+        cJSON_AddStringToObject(s, "fetch_breaker", br[st->shared_fetch_breaker % 3]);
+        cJSON_AddStringToObject(s, "publish_breaker", br[st->shared_publish_breaker % 3]);
+    } else {
+        cJSON_AddNullToObject(root, "shared_cache");
+    }
     cJSON *kv = cJSON_AddObjectToObject(root, "kv");
     cJSON_AddStringToObject(kv, "scheme", st->scheme);
     cJSON_AddNumberToObject(kv, "pool_used_bytes", (double)st->pool_used_bytes);
@@ -625,6 +648,19 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "ssd_cache_failed_total", "counter", "SSD writes that failed", (double)st->ssd_failed);
     metric(&b, "ssd_cache_longest_durable_prefix_tokens", "gauge", "Longest prefix known durable on SSD",
            (double)st->ssd_longest_durable_prefix_tokens);
+    /* shared block tier (issue 17) */
+    metric(&b, "shared_cache_enabled", "gauge", "1 when the shared (Redis) tier is on", st->shared_enabled);
+    metric(&b, "shared_cache_hits_total", "counter", "Requests that reused blocks from the shared tier", (double)st->shared_hits);
+    metric(&b, "shared_cache_fetched_blocks_total", "counter", "Blocks fetched from the shared tier", (double)st->shared_fetched_blocks);
+    metric(&b, "shared_cache_fetched_bytes_total", "counter", "Bytes fetched from the shared tier", (double)st->shared_fetched_bytes);
+    metric(&b, "shared_cache_published_blocks_total", "counter", "Blocks published to the shared tier", (double)st->shared_published_blocks);
+    metric(&b, "shared_cache_published_bytes_total", "counter", "Bytes published to the shared tier", (double)st->shared_published_bytes);
+    metric(&b, "shared_cache_errors_total", "counter", "Shared tier connection, timeout and protocol errors", (double)st->shared_errors);
+    metric(&b, "shared_cache_oom_errors_total", "counter", "Shared tier writes refused for maxmemory (OOM)", (double)st->shared_oom_errors);
+    metric(&b, "shared_cache_corrupt_total", "counter", "Shared tier values that failed verification", (double)st->shared_corrupt);
+    metric(&b, "shared_cache_dropped_total", "counter", "Blocks not published (queue bound, breaker open, failure)", (double)st->shared_dropped);
+    metric(&b, "shared_cache_breaker_open", "gauge", "1 when a shared tier circuit breaker is not closed",
+           (st->shared_fetch_breaker || st->shared_publish_breaker) ? 1.0 : 0.0);
     /* the KV scheme as an info-style metric; label value escaped per the exposition format */
     kvt_strbuf_addstr(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
                           "kvtier_kv_scheme_info{scheme=\"");

@@ -963,7 +963,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         kvt_gen_result r = j->res;
         bool done = j->state == JOB_DONE;
         pthread_mutex_unlock(&j->mu);
-        const char *tier = r.reused_from == KVT_TIER_RAM ? "ram" : r.reused_from == KVT_TIER_SSD ? "ssd" : "none";
+        const char *tier = r.reused_from == KVT_TIER_RAM ? "ram" : r.reused_from == KVT_TIER_SSD ? "ssd" : r.reused_from == KVT_TIER_SHARED ? "shared" : "none";
         KVT_INFO("%s %s %d prompt=%u reused=%u(%s) gen=%u ttft=%.1fms prefill=%.1f tok/s decode=%.1f tok/s "
                  "total=%.0fms%s%s",
                  x->method, x->path, x->status, j->n_prompt, r.n_reused, tier, r.n_gen, r.ttft_ms, r.prefill_tps,

@@ -1,0 +1,715 @@
+/* shared_tier.c — see shared_tier.h and docs/shared-tier.md.
+ *
+ * Structure
+ * ---------
+ * - A connection (rconn) is a blocking hiredis context plus its breaker. It is (re)opened lazily:
+ *   connect with the remaining budget as timeout, AUTH (argv: user, password), SELECT db. Any I/O,
+ *   timeout or protocol error frees the context (the next call reconnects) and counts a breaker
+ *   failure; a success closes the breaker.
+ * - Fetch (caller's thread): pipelined GETs of the prompt's next full blocks in windows of
+ *   `pipeline` keys, each reply verified and appended before the next window is sent; then one GET
+ *   of the tail key at the first position without a full block.
+ * - Publisher (own thread): pops up to `pipeline` queued blocks, encodes each record, sends
+ *   SET key value NX for all of them, then reads the replies.
+ * - `seen`: a lossy direct-mapped set of (group, chain) this server published or fetched, so the
+ *   same block is not sent again on every request (forgetting one only costs a rejected SET NX).
+ *
+ * Invariants
+ *   (1) Only kvt_shared_extend's caller uses `fetch`; only the publisher thread uses `pub`.
+ *   (2) A queued item holds one block reference, released exactly once (sent, dropped or freed).
+ *   (3) q_blocks <= queue_max_blocks and q_bytes <= queue_max_bytes (checked at enqueue).
+ *   (4) Nothing fetched reaches a sequence before kvt_ssd_record_decode verified it and its tokens
+ *       equal the prompt's at that position.
+ */
+#include "shared_tier.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SHARED_SEEN_SLOTS 65536u
+#define SHARED_BUSY_MAX_DEFER_MS 2000u
+#define SHARED_BREAKER_THRESHOLD 3u
+#define SHARED_BREAKER_BASE_MS 1000u
+#define SHARED_BREAKER_MAX_MS 30000u
+#define SHARED_MAX_PIPELINE 64u
+
+/* ------------------------------------------------------------------ URL */
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes src[0..n) into out (NUL-terminated, cap bytes). False on bad escapes, NUL or
+ * control characters, or overflow. */
+static bool pct_decode(const char *src, size_t n, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)src[i];
+        if (c == '%') {
+            if (i + 2 >= n) return false;
+            int hi = hexval(src[i + 1]), lo = hexval(src[i + 2]);
+            if (hi < 0 || lo < 0) return false;
+            c = hi * 16 + lo;
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7f) return false;
+        if (o + 1 >= cap) return false;
+        out[o++] = (char)c;
+    }
+    out[o] = 0;
+    return true;
+}
+
+static bool parse_u32(const char *s, size_t n, uint32_t max, uint32_t *out) {
+    if (n == 0 || n > 10) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return false;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (v > max) return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+kvt_status kvt_shared_url_parse(const char *url, kvt_shared_url *u, char *err, size_t errlen) {
+    memset(u, 0, sizeof *u);
+    u->port = 6379;
+    if (!url) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "no shared-cache URL");
+    size_t len = strlen(url);
+    if (len > 1024) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL too long");
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)url[i] <= 0x20 || url[i] == 0x7f)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL contains spaces or control characters");
+    const char *p;
+    if (!strncmp(url, "redis://", 8)) p = url + 8;
+    else if (!strncmp(url, "rediss://", 9)) {
+        p = url + 9;
+        u->tls = true;
+    } else
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL must start with redis:// or rediss://");
+    if (strpbrk(p, "?#")) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: query strings and fragments are not supported");
+    const char *end = p + strlen(p);
+    const char *slash = strchr(p, '/');
+    const char *auth_end = NULL;
+    for (const char *q = p; q < (slash ? slash : end); q++)
+        if (*q == '@') auth_end = q; /* the last '@' before the path ends the userinfo */
+    const char *hp = p;
+    if (auth_end) {
+        const char *colon = memchr(p, ':', (size_t)(auth_end - p));
+        if (colon) {
+            if (!pct_decode(p, (size_t)(colon - p), u->user, sizeof u->user) ||
+                !pct_decode(colon + 1, (size_t)(auth_end - colon - 1), u->password, sizeof u->password))
+                return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: bad user or password encoding");
+        } else if (!pct_decode(p, (size_t)(auth_end - p), u->user, sizeof u->user)) {
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: bad user encoding");
+        }
+        if (u->user[0] && !u->password[0])
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: an ACL user needs a password (user:password@)");
+        hp = auth_end + 1;
+    }
+    const char *hend = slash ? slash : end;
+    const char *port_at = NULL;
+    if (hp < hend && *hp == '[') { /* [ipv6] */
+        const char *rb = memchr(hp, ']', (size_t)(hend - hp));
+        if (!rb || rb == hp + 1) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: bad [IPv6] host");
+        if ((size_t)(rb - hp - 1) >= sizeof u->host) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: host too long");
+        memcpy(u->host, hp + 1, (size_t)(rb - hp - 1));
+        if (rb + 1 < hend) {
+            if (rb[1] != ':') return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: junk after ]");
+            port_at = rb + 2;
+        }
+    } else {
+        const char *colon = memchr(hp, ':', (size_t)(hend - hp));
+        const char *he = colon ? colon : hend;
+        if (he == hp) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: empty host");
+        if ((size_t)(he - hp) >= sizeof u->host) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: host too long");
+        for (const char *q = hp; q < he; q++)
+            if (!isalnum((unsigned char)*q) && *q != '.' && *q != '-' && *q != '_')
+                return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: bad character in host");
+        memcpy(u->host, hp, (size_t)(he - hp));
+        if (colon) port_at = colon + 1;
+    }
+    if (port_at) {
+        uint32_t port;
+        if (!parse_u32(port_at, (size_t)(hend - port_at), 65535, &port) || port == 0)
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: port must be 1..65535");
+        u->port = (uint16_t)port;
+    }
+    if (slash && slash + 1 < end) {
+        if (!parse_u32(slash + 1, (size_t)(end - slash - 1), 65535, &u->db))
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shared-cache URL: database must be a number 0..65535");
+    }
+    return KVT_OK;
+}
+
+void kvt_shared_key(const char *compat_key, bool tail, uint32_t group, uint64_t hash, char out[KVT_SHARED_KEY_MAX]) {
+    char cdir[33];
+    kvt_ssd_compat_dir(compat_key, cdir);
+    snprintf(out, KVT_SHARED_KEY_MAX, "kvtier:v1:%s:%c:%u:%016llx", cdir, tail ? 't' : 'b', group,
+             (unsigned long long)hash);
+}
+
+/* ------------------------------------------------------------------ connections */
+typedef struct rconn {
+    redisContext *c;
+    kvt_breaker br;
+} rconn;
+
+typedef struct pub_item {
+    struct pub_item *next;
+    kvt_block *b;
+    uint64_t bytes;
+    uint64_t t_enq_ms;
+} pub_item;
+
+struct kvt_shared {
+    kvt_shared_opts o;
+    kvt_shared_url url;
+    kvt_ssd *ssd;
+    const kvt_kv_layout *layout;
+    uint32_t bt;
+
+    rconn fetch, pub; /* invariant (1) */
+
+    pthread_mutex_t mu; /* queue, seen, stats, pub breaker snapshot */
+    pthread_cond_t cv_work, cv_idle;
+    pthread_t thread;
+    bool started, stop, busy;
+    uint32_t flush_waiters;
+    pub_item *q_head, *q_tail;
+    uint64_t q_blocks, q_bytes;
+    bool in_flight;
+    uint64_t *seen;
+
+    kvt_shared_stats st;
+};
+
+static struct timeval tv_ms(uint64_t ms) {
+    if (ms == 0) ms = 1;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    return tv;
+}
+
+static void conn_drop(rconn *rc) {
+    if (rc->c) redisFree(rc->c);
+    rc->c = NULL;
+}
+
+/* One argv command and its reply; NULL on an I/O or timeout error (context dropped). */
+static redisReply *conn_cmd(rconn *rc, int argc, const char **argv, const size_t *lens) {
+    redisReply *r = redisCommandArgv(rc->c, argc, argv, lens);
+    if (!r) conn_drop(rc);
+    return r;
+}
+
+/* Connects (if needed) within budget_ms. False = unreachable (context dropped). */
+static bool conn_ensure(kvt_shared *sh, rconn *rc, uint64_t budget_ms) {
+    if (rc->c) {
+        redisSetTimeout(rc->c, tv_ms(budget_ms));
+        return true;
+    }
+    rc->c = redisConnectWithTimeout(sh->url.host, sh->url.port, tv_ms(budget_ms));
+    if (!rc->c || rc->c->err) {
+        conn_drop(rc);
+        return false;
+    }
+    redisSetTimeout(rc->c, tv_ms(budget_ms));
+    if (sh->url.password[0]) {
+        const char *argv[3] = {"AUTH", sh->url.user, sh->url.password};
+        size_t lens[3] = {4, strlen(sh->url.user), strlen(sh->url.password)};
+        int argc = sh->url.user[0] ? 3 : 2;
+        if (argc == 2) {
+            argv[1] = sh->url.password;
+            lens[1] = lens[2];
+        }
+        redisReply *r = conn_cmd(rc, argc, argv, lens);
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r && !ok) KVT_WARN("shared tier: AUTH refused: %.*s", (int)KVT_MIN(r->len, (size_t)200), r->str ? r->str : "");
+        if (r) freeReplyObject(r);
+        if (!ok) {
+            conn_drop(rc);
+            return false;
+        }
+    }
+    if (sh->url.db) {
+        char db[16];
+        snprintf(db, sizeof db, "%u", sh->url.db);
+        const char *argv[2] = {"SELECT", db};
+        size_t lens[2] = {6, strlen(db)};
+        redisReply *r = conn_cmd(rc, 2, argv, lens);
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r) freeReplyObject(r);
+        if (!ok) {
+            conn_drop(rc);
+            return false;
+        }
+    }
+    return true;
+}
+
+static uint64_t now_ms(void) { return kvt_now_ns() / 1000000ull; }
+
+/* ------------------------------------------------------------------ seen set */
+static uint64_t seen_tag(uint32_t group, uint64_t chain) { return (chain ^ ((uint64_t)group * 0x9E3779B97F4A7C15ull)) | 1; }
+static bool seen_has(kvt_shared *sh, uint32_t group, uint64_t chain) {
+    uint64_t t = seen_tag(group, chain);
+    return sh->seen[t % SHARED_SEEN_SLOTS] == t;
+}
+static void seen_add(kvt_shared *sh, uint32_t group, uint64_t chain) {
+    uint64_t t = seen_tag(group, chain);
+    sh->seen[t % SHARED_SEEN_SLOTS] = t;
+}
+
+/* ------------------------------------------------------------------ fetch */
+/* Best-effort removal of a value that failed verification, so a healthy server can publish it.
+ * Only between round trips (never while pipelined replies are pending). */
+static bool drop_bad_key(kvt_shared *sh, const char *key) {
+    if (!sh->fetch.c) return false;
+    const char *argv[2] = {"DEL", key};
+    size_t lens[2] = {3, strlen(key)};
+    redisReply *r = conn_cmd(&sh->fetch, 2, argv, lens);
+    if (r) freeReplyObject(r);
+    return r != NULL; /* false: the connection was dropped */
+}
+
+/* Verifies one reply for (kind, expect, index) and appends its block to seq when its tokens match
+ * prompt[index*bt ..] (capped at n-1). Returns the tokens appended (0 = miss or bad value; *bad =
+ * the value failed verification and should be deleted). */
+static uint32_t take_reply(kvt_shared *sh, kvt_seq *seq, redisReply *r, const char *key, uint32_t kind, uint64_t expect,
+                           uint32_t index, const int32_t *prompt, uint32_t n, bool *bad) {
+    *bad = false;
+    if (!r || r->type == REDIS_REPLY_NIL) return 0;
+    if (r->type != REDIS_REPLY_STRING) { /* an error reply: e.g. wrong type under our key */
+        pthread_mutex_lock(&sh->mu);
+        sh->st.errors++;
+        pthread_mutex_unlock(&sh->mu);
+        return 0;
+    }
+    char why[160] = {0};
+    kvt_block *b = NULL;
+    kvt_status st = kvt_ssd_record_decode(sh->ssd, (uint8_t *)r->str, r->len, kind, expect, 0, index, &b, why, sizeof why);
+    if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) return 0;
+    if (st != KVT_OK) {
+        KVT_WARN("shared tier: value %s failed verification (%s); deleting it", key, why);
+        pthread_mutex_lock(&sh->mu);
+        sh->st.corrupt++;
+        pthread_mutex_unlock(&sh->mu);
+        *bad = true;
+        return 0;
+    }
+    const uint32_t pos = index * sh->bt, m = kvt_block_n_tokens(b);
+    const uint32_t avail = n - 1 - pos; /* > 0: callers only ask for positions below n-1 */
+    const int32_t *t = kvt_block_tokens(b);
+    uint32_t use = 0;
+    while (use < m && use < avail && t[use] == prompt[pos + use]) use++;
+    if (use > 0) {
+        kvt_block *blocks[1] = {b};
+        if (kvt_seq_append_blocks(seq, blocks) != KVT_OK || kvt_seq_trim(seq, pos + use) != KVT_OK) {
+            kvt_seq_trim(seq, pos); /* FULL groups always trim */
+            use = 0;
+        }
+    }
+    if (use > 0) {
+        pthread_mutex_lock(&sh->mu);
+        sh->st.fetched_blocks++;
+        sh->st.fetched_bytes += r->len;
+        sh->st.fetched_tokens += use;
+        seen_add(sh, 0, kvt_block_hash(b));
+        pthread_mutex_unlock(&sh->mu);
+    }
+    kvt_block_release(b);
+    return use;
+}
+
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n) {
+    if (!sh || !seq) return 0;
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
+    if (L0 % bt || L0 + 1 >= n) return 0;
+    const uint64_t t0 = now_ms(), deadline = t0 + sh->o.timeout_ms;
+    pthread_mutex_lock(&sh->mu);
+    bool allowed = kvt_breaker_allow(&sh->fetch.br, t0);
+    if (allowed) sh->st.lookups++;
+    else sh->st.skipped++;
+    pthread_mutex_unlock(&sh->mu);
+    if (!allowed) return 0;
+    bool io_ok = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
+    const char *compat = kvt_ssd_compat(sh->ssd);
+    const uint32_t P = sh->o.pipeline;
+    char keys[SHARED_MAX_PIPELINE][KVT_SHARED_KEY_MAX];
+    uint64_t chains[SHARED_MAX_PIPELINE];
+    bool bad[SHARED_MAX_PIPELINE];
+    uint32_t idx = L0 / bt;
+    bool stop = false, partial = false;
+    /* full blocks: positions whose tokens the prompt holds and that start below n-1 */
+    while (io_ok && !stop && (idx + 1) * bt <= n && idx * bt + 1 < n) {
+        uint64_t now = now_ms();
+        if (now >= deadline) break;
+        redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
+        uint32_t k = 0;
+        uint64_t parent = idx == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, idx - 1);
+        for (; k < P && (idx + k + 1) * bt <= n && (idx + k) * bt + 1 < n; k++) {
+            chains[k] = kvt_chain_hash(parent, prompt + (size_t)(idx + k) * bt, bt);
+            parent = chains[k];
+            bad[k] = false;
+            kvt_shared_key(compat, false, 0, chains[k], keys[k]);
+            const char *argv[2] = {"GET", keys[k]};
+            size_t lens[2] = {3, strlen(keys[k])};
+            if (redisAppendCommandArgv(sh->fetch.c, 2, argv, lens) != REDIS_OK) {
+                io_ok = false;
+                break;
+            }
+        }
+        for (uint32_t j = 0; j < k && io_ok; j++) {
+            void *rv = NULL;
+            if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
+                io_ok = false;
+                break;
+            }
+            redisReply *r = rv;
+            if (!stop) { /* replies are in key order; after the first miss the rest are drained */
+                uint32_t use = take_reply(sh, seq, r, keys[j], KVT_SSD_KIND_BLOCK, chains[j], idx, prompt, n, &bad[j]);
+                if (use == bt) idx++;
+                else stop = true;
+                if (use > 0 && use < bt) partial = true; /* the n-1 cap cut it: nothing follows */
+            }
+            freeReplyObject(r);
+        }
+        for (uint32_t j = 0; j < k && io_ok; j++)
+            if (bad[j] && !drop_bad_key(sh, keys[j])) io_ok = false;
+    }
+    /* one frozen tail at the first position without a full block */
+    if (io_ok && !partial && idx * bt + 1 < n && kvt_seq_len(seq) == idx * bt) {
+        uint64_t now = now_ms();
+        if (now < deadline) {
+            redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
+            uint64_t parent = idx == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, idx - 1);
+            kvt_shared_key(compat, true, 0, parent, keys[0]);
+            const char *argv[2] = {"GET", keys[0]};
+            size_t lens[2] = {3, strlen(keys[0])};
+            redisReply *r = conn_cmd(&sh->fetch, 2, argv, lens);
+            if (!r) io_ok = false;
+            else {
+                take_reply(sh, seq, r, keys[0], KVT_SSD_KIND_TAIL, parent, idx, prompt, n, &bad[0]);
+                freeReplyObject(r);
+                if (bad[0] && !drop_bad_key(sh, keys[0])) io_ok = false;
+            }
+        }
+    }
+    if (!io_ok) conn_drop(&sh->fetch);
+    uint32_t got = kvt_seq_len(seq) - L0;
+    pthread_mutex_lock(&sh->mu);
+    if (io_ok) kvt_breaker_success(&sh->fetch.br);
+    else {
+        kvt_breaker_failure(&sh->fetch.br, now_ms());
+        sh->st.errors++;
+    }
+    if (got) sh->st.hits++;
+    sh->st.fetch_ms_last = (double)(now_ms() - t0);
+    pthread_mutex_unlock(&sh->mu);
+    return got;
+}
+
+/* ------------------------------------------------------------------ publish */
+static void item_free(pub_item *it) {
+    kvt_block_release(it->b);
+    free(it);
+}
+
+uint32_t kvt_shared_publish_seq(kvt_shared *sh, const kvt_seq *seq) {
+    if (!sh || !seq) return 0;
+    const kvt_kv_layout *l = sh->layout;
+    uint32_t nb = kvt_seq_n_blocks(seq), queued = 0;
+    pthread_mutex_lock(&sh->mu);
+    for (uint32_t i = 0; i < nb && !sh->stop; i++) {
+        kvt_block *b = kvt_seq_block(seq, 0, i);
+        if (!b || !kvt_block_sealed(b) || seen_has(sh, 0, kvt_block_hash(b))) continue;
+        uint64_t bytes = kvt_kv_layout_block_bytes(l, 0, i);
+        if (sh->q_blocks + 1 > sh->o.queue_max_blocks || sh->q_bytes + bytes > sh->o.queue_max_bytes) {
+            sh->st.dropped++;
+            continue;
+        }
+        pub_item *it = calloc(1, sizeof *it);
+        if (!it) {
+            sh->st.dropped++;
+            continue;
+        }
+        kvt_block_retain(b);
+        it->b = b;
+        it->bytes = bytes;
+        it->t_enq_ms = now_ms();
+        if (sh->q_tail) sh->q_tail->next = it;
+        else sh->q_head = it;
+        sh->q_tail = it;
+        sh->q_blocks++;
+        sh->q_bytes += bytes;
+        seen_add(sh, 0, kvt_block_hash(b)); /* queued once; a failed send forgets it again */
+        queued++;
+    }
+    if (queued) pthread_cond_signal(&sh->cv_work);
+    pthread_mutex_unlock(&sh->mu);
+    return queued;
+}
+
+/* Sends one batch (lock NOT held). Returns false on an I/O failure; *refused = Redis refused a
+ * write (OOM or another error reply), which the caller also feeds to the breaker. */
+static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *refused) {
+    const char *compat = kvt_ssd_compat(sh->ssd);
+    uint8_t *bufs[SHARED_MAX_PIPELINE] = {0};
+    size_t blen[SHARED_MAX_PIPELINE] = {0};
+    bool stored[SHARED_MAX_PIPELINE] = {0};
+    char keys[SHARED_MAX_PIPELINE][KVT_SHARED_KEY_MAX];
+    bool io_ok = true;
+    uint32_t sent = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        kvt_block *b = items[j]->b;
+        bool tail = kvt_block_n_tokens(b) < sh->bt;
+        kvt_shared_key(compat, tail, kvt_block_group(b), tail ? kvt_block_parent(b) : kvt_block_hash(b), keys[j]);
+        if (kvt_ssd_record_encode(sh->ssd, b, 0, &bufs[j], &blen[j]) != KVT_OK) bufs[j] = NULL;
+    }
+    for (uint32_t j = 0; j < k && io_ok; j++) {
+        if (!bufs[j]) continue;
+        const char *argv[4] = {"SET", keys[j], (const char *)bufs[j], "NX"};
+        size_t lens[4] = {3, strlen(keys[j]), blen[j], 2};
+        if (redisAppendCommandArgv(sh->pub.c, 4, argv, lens) != REDIS_OK) io_ok = false;
+        else sent++;
+    }
+    uint64_t ok = 0, okb = 0, existing = 0, oom = 0, errs = 0, lost = 0;
+    for (uint32_t j = 0, got = 0; j < k && io_ok && got < sent; j++) {
+        if (!bufs[j]) continue;
+        void *rv = NULL;
+        if (redisGetReply(sh->pub.c, &rv) != REDIS_OK || !rv) {
+            io_ok = false;
+            break;
+        }
+        got++;
+        redisReply *r = rv;
+        if (r->type == REDIS_REPLY_STATUS) {
+            ok++;
+            okb += blen[j];
+            stored[j] = true;
+        } else if (r->type == REDIS_REPLY_NIL) {
+            existing++;
+            stored[j] = true;
+        } else if (r->type == REDIS_REPLY_ERROR && r->str && !strncmp(r->str, "OOM", 3)) {
+            oom++;
+        } else {
+            errs++;
+        }
+        freeReplyObject(r);
+    }
+    for (uint32_t j = 0; j < k; j++) free(bufs[j]);
+    pthread_mutex_lock(&sh->mu);
+    sh->st.published_blocks += ok;
+    sh->st.published_bytes += okb;
+    sh->st.publish_existing += existing;
+    sh->st.oom_errors += oom;
+    sh->st.errors += errs + (io_ok ? 0 : 1);
+    for (uint32_t j = 0; j < k; j++) { /* not stored: forget it so a later request may retry */
+        if (stored[j]) continue;
+        lost++;
+        uint64_t t = seen_tag(kvt_block_group(items[j]->b), kvt_block_hash(items[j]->b));
+        if (sh->seen[t % SHARED_SEEN_SLOTS] == t) sh->seen[t % SHARED_SEEN_SLOTS] = 0;
+    }
+    sh->st.dropped += lost - oom - errs; /* refused ones are counted as errors already */
+    pthread_mutex_unlock(&sh->mu);
+    *refused = oom || errs;
+    return io_ok;
+}
+
+static void *publisher_main(void *arg) {
+    kvt_shared *sh = arg;
+    pthread_mutex_lock(&sh->mu);
+    for (;;) {
+        while (!sh->stop && !sh->q_head) pthread_cond_wait(&sh->cv_work, &sh->mu);
+        if (sh->stop) break;
+        uint64_t now = now_ms();
+        if (sh->busy && !sh->flush_waiters && now < sh->q_head->t_enq_ms + SHARED_BUSY_MAX_DEFER_MS) { /* bounded deferral */
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            uint64_t wait_ms = sh->q_head->t_enq_ms + SHARED_BUSY_MAX_DEFER_MS - now;
+            uint64_t ns = (uint64_t)dl.tv_nsec + wait_ms * 1000000ull;
+            dl.tv_sec += (time_t)(ns / 1000000000ull);
+            dl.tv_nsec = (long)(ns % 1000000000ull);
+            pthread_cond_timedwait(&sh->cv_work, &sh->mu, &dl);
+            continue;
+        }
+        pub_item *items[SHARED_MAX_PIPELINE];
+        uint32_t k = 0;
+        while (k < sh->o.pipeline && sh->q_head) {
+            pub_item *it = sh->q_head;
+            sh->q_head = it->next;
+            if (!sh->q_head) sh->q_tail = NULL;
+            items[k++] = it;
+        }
+        sh->in_flight = true;
+        bool allowed = kvt_breaker_allow(&sh->pub.br, now);
+        pthread_mutex_unlock(&sh->mu);
+
+        bool ok = false, refused = false;
+        if (allowed) {
+            if (conn_ensure(sh, &sh->pub, sh->o.timeout_ms * 4)) ok = publish_batch(sh, items, k, &refused);
+            else {
+                pthread_mutex_lock(&sh->mu);
+                sh->st.errors++;
+                sh->st.dropped += k;
+                pthread_mutex_unlock(&sh->mu);
+            }
+            if (!ok) conn_drop(&sh->pub);
+        }
+        pthread_mutex_lock(&sh->mu);
+        if (!allowed) {
+            sh->st.dropped += k; /* breaker open: Redis is down or full; do not pin RAM for it */
+            for (uint32_t j = 0; j < k; j++) {
+                uint64_t t = seen_tag(kvt_block_group(items[j]->b), kvt_block_hash(items[j]->b));
+                if (sh->seen[t % SHARED_SEEN_SLOTS] == t) sh->seen[t % SHARED_SEEN_SLOTS] = 0;
+            }
+        } else if (ok && !refused) {
+            kvt_breaker_success(&sh->pub.br);
+        } else {
+            kvt_breaker_failure(&sh->pub.br, now_ms());
+        }
+        sh->st.publish_breaker = sh->pub.br.state;
+        for (uint32_t j = 0; j < k; j++) {
+            sh->q_blocks--;
+            sh->q_bytes -= items[j]->bytes;
+        }
+        sh->in_flight = false;
+        pthread_mutex_unlock(&sh->mu);
+        for (uint32_t j = 0; j < k; j++) item_free(items[j]); /* invariant (2) */
+        pthread_mutex_lock(&sh->mu);
+        pthread_cond_broadcast(&sh->cv_idle);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return NULL;
+}
+
+void kvt_shared_set_busy(kvt_shared *sh, bool busy) {
+    if (!sh) return;
+    pthread_mutex_lock(&sh->mu);
+    sh->busy = busy;
+    pthread_cond_signal(&sh->cv_work);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+bool kvt_shared_flush(kvt_shared *sh, uint32_t timeout_ms) {
+    if (!sh) return true;
+    const uint64_t deadline = now_ms() + timeout_ms;
+    pthread_mutex_lock(&sh->mu);
+    sh->flush_waiters++; /* ends the busy deferral */
+    pthread_cond_signal(&sh->cv_work);
+    while ((sh->q_head || sh->in_flight) && now_ms() < deadline) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + 20ull * 1000000ull;
+        dl.tv_sec += (time_t)(ns / 1000000000ull);
+        dl.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&sh->cv_idle, &sh->mu, &dl);
+    }
+    sh->flush_waiters--;
+    bool empty = !sh->q_head && !sh->in_flight;
+    pthread_mutex_unlock(&sh->mu);
+    return empty;
+}
+
+/* ------------------------------------------------------------------ lifecycle, stats */
+void kvt_shared_opts_default(kvt_shared_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->timeout_ms = 1000;
+    o->queue_max_bytes = 256ull << 20;
+    o->queue_max_blocks = 1024;
+    o->pipeline = 4;
+}
+
+kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (!ssd) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--shared-cache needs the SSD tier (--ssd-cache DIR)");
+    kvt_shared_url u;
+    kvt_status st = kvt_shared_url_parse(o->url, &u, err, errlen);
+    if (st != KVT_OK) return st;
+    if (u.tls)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                        "rediss:// (TLS) needs hiredis built with SSL (libhiredis_ssl); this build's hiredis %d.%d has none: "
+                        "reach Redis through a local TLS tunnel (stunnel, spiped) with redis://127.0.0.1:PORT",
+                        HIREDIS_MAJOR, HIREDIS_MINOR);
+    const kvt_kv_layout *layout = kvt_ssd_layout(ssd);
+    if (kvt_kv_layout_n_groups(layout) != 1 || kvt_kv_layout_group_kind(layout, 0) != KVT_KIND_FULL ||
+        kvt_kv_layout_state_bytes(layout) != 0)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                        "--shared-cache supports models whose layers all use full attention (no sliding-window or recurrent layers) for now");
+    kvt_shared *sh = calloc(1, sizeof *sh);
+    if (!sh) return KVT_ERR_NOMEM;
+    sh->o = *o;
+    sh->o.url = NULL; /* not kept: it may carry the password */
+    if (!sh->o.timeout_ms) sh->o.timeout_ms = 1000;
+    if (!sh->o.queue_max_bytes) sh->o.queue_max_bytes = 256ull << 20;
+    if (!sh->o.queue_max_blocks) sh->o.queue_max_blocks = 1024;
+    if (!sh->o.pipeline) sh->o.pipeline = 4;
+    if (sh->o.pipeline > SHARED_MAX_PIPELINE) sh->o.pipeline = SHARED_MAX_PIPELINE;
+    sh->url = u;
+    sh->ssd = ssd;
+    sh->layout = layout;
+    sh->bt = kvt_kv_layout_block_tokens(sh->layout);
+    kvt_breaker_init(&sh->fetch.br, SHARED_BREAKER_THRESHOLD, SHARED_BREAKER_BASE_MS, SHARED_BREAKER_MAX_MS);
+    kvt_breaker_init(&sh->pub.br, SHARED_BREAKER_THRESHOLD, SHARED_BREAKER_BASE_MS, SHARED_BREAKER_MAX_MS);
+    sh->seen = calloc(SHARED_SEEN_SLOTS, sizeof *sh->seen);
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_cond_init(&sh->cv_work, NULL);
+    pthread_cond_init(&sh->cv_idle, NULL);
+    if (!sh->seen || pthread_create(&sh->thread, NULL, publisher_main, sh) != 0) {
+        kvt_shared_free(sh);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "cannot start the shared-tier publisher");
+    }
+    sh->started = true;
+    if (!conn_ensure(sh, &sh->fetch, sh->o.timeout_ms))
+        KVT_WARN("shared tier: %s:%u is not reachable now; serving from local tiers and retrying later", u.host, u.port);
+    else
+        KVT_INFO("shared tier: connected to %s:%u db %u", u.host, u.port, u.db);
+    *out = sh;
+    return KVT_OK;
+}
+
+void kvt_shared_free(kvt_shared *sh) {
+    if (!sh) return;
+    if (sh->started) {
+        pthread_mutex_lock(&sh->mu);
+        sh->stop = true;
+        pthread_cond_broadcast(&sh->cv_work);
+        pthread_mutex_unlock(&sh->mu);
+        pthread_join(sh->thread, NULL);
+    }
+    while (sh->q_head) {
+        pub_item *it = sh->q_head;
+        sh->q_head = it->next;
+        item_free(it);
+    }
+    conn_drop(&sh->fetch);
+    conn_drop(&sh->pub);
+    pthread_cond_destroy(&sh->cv_work);
+    pthread_cond_destroy(&sh->cv_idle);
+    pthread_mutex_destroy(&sh->mu);
+    free(sh->seen);
+    memset(&sh->url, 0, sizeof sh->url); /* the password */
+    free(sh);
+}
+
+void kvt_shared_stats_get(kvt_shared *sh, kvt_shared_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!sh) return;
+    pthread_mutex_lock(&sh->mu);
+    *out = sh->st;
+    out->queue_blocks = sh->q_blocks;
+    out->queue_bytes = sh->q_bytes;
+    out->publish_breaker = sh->pub.br.state;
+    out->fetch_breaker = sh->fetch.br.state;
+    out->breaker_opens = sh->fetch.br.opens + sh->pub.br.opens;
+    pthread_mutex_unlock(&sh->mu);
+}

@@ -1,0 +1,110 @@
+/*
+ * shared_tier.h — the shared block tier: sealed KV blocks (full blocks and frozen tails) in Redis
+ * (or Valkey / Redis Cluster, same protocol), shared by every kvtier server of one model, so a
+ * prefix computed on one replica is reused by all. Format, faults and scale-out: docs/shared-tier.md.
+ *
+ * Keys and values: key = "kvtier:v1:" + compat dir (32 hex of SHA-256(compat key)) + ":b:<group>:"
+ * + chain hash (16 hex) for a full block, or ":t:<group>:" + parent chain hash for a frozen tail
+ * (one tail per position, the first published wins). Keys are built only from hashes; the value is
+ * the block's SSD record (kvt_ssd_record_encode: header + payload checksums, compat key), verified
+ * with kvt_ssd_record_decode and compared token by token with the prompt before use. Commands are
+ * sent argv-style with binary-safe lengths; nothing of a request is ever a command argument except
+ * the hashed key.
+ *
+ * Faults: every Redis call is bounded (connect and socket timeouts = the remaining per-request
+ * budget `timeout_ms`); failures feed a circuit breaker with exponential back-off (one for the
+ * fetch path, one for the publisher); a corrupt or foreign value is counted, deleted and treated as
+ * a miss. The engine then simply computes what the shared tier did not give.
+ *
+ * Ownership / threading: kvt_shared borrows the SSD tier (its identity, layout and pool; it must
+ * outlive the shared tier) and owns two Redis connections: the fetch connection, used only by the
+ * caller of kvt_shared_extend (the engine's generate path, serialised by the engine), and the
+ * publisher's, used only by its background thread. The publish queue retains each queued block
+ * until it is sent or dropped; it is bounded in blocks and bytes (a full queue drops, counted).
+ * stats/publish/set_busy/flush are thread-safe.
+ */
+#ifndef KVT_SHARED_TIER_H
+#define KVT_SHARED_TIER_H
+
+#include "../kv/kv.h"
+#include "../util/breaker.h"
+#include "ssd_cache.h"
+
+typedef struct kvt_shared kvt_shared;
+
+/* ---- URL ---- */
+typedef struct kvt_shared_url {
+    bool tls;           /* rediss:// */
+    char user[128];     /* ACL user ("" = default user) */
+    char password[256]; /* "" = no AUTH */
+    char host[256];
+    uint16_t port;      /* default 6379 */
+    uint32_t db;        /* SELECT index, default 0 */
+} kvt_shared_url;
+/* Parses redis://[[user]:password@]host[:port][/db] and rediss://…; user and password may be
+ * percent-encoded; an IPv6 host is written [addr]. KVT_ERR_INVALID_ARG with a message on anything
+ * else (other schemes, empty host, bad port or db, query strings, control characters, overlong). */
+kvt_status kvt_shared_url_parse(const char *url, kvt_shared_url *out, char *err, size_t errlen);
+
+/* ---- lifecycle ---- */
+typedef struct kvt_shared_opts {
+    const char *url;
+    uint32_t timeout_ms;       /* per-request budget for the shared lookup, connect included; default 1000 */
+    uint64_t queue_max_bytes;  /* publish queue bound in record bytes; default 256 MiB */
+    uint32_t queue_max_blocks; /* publish queue bound in blocks; default 1024 */
+    uint32_t pipeline;         /* commands per pipelined round trip; default 4 */
+} kvt_shared_opts;
+void kvt_shared_opts_default(kvt_shared_opts *o);
+
+/* Validates the URL, tries one connection (a failure only warns: the tier retries later through
+ * its breaker) and starts the publisher. Errors: INVALID_ARG (URL), UNSUPPORTED (rediss:// with a
+ * hiredis built without TLS), NOMEM. */
+kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared **out, char *err, size_t errlen);
+/* Stops the publisher after its current batch; queued blocks are released (counted as dropped). */
+void kvt_shared_free(kvt_shared *sh);
+
+/* ---- fetch ---- */
+/* Extends seq (root = kvt_seq_root(seq), length a multiple of block_tokens and < n; it must hold
+ * prompt[0..len)) with blocks fetched from Redis for prompt[len..n), capped at n-1 tokens: full
+ * blocks by chain hash, then at most one tail (or partially matching block) at the first position
+ * with no full block. Each block is verified and its tokens compared with the prompt; appended
+ * blocks are sealed and shared like restored ones. Stops at the first miss, error, corrupt value,
+ * pool exhaustion or when the budget is spent; what was appended stays valid. Returns the tokens
+ * appended (0 = nothing). Never fails the request. */
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n);
+
+/* ---- publish ---- */
+/* Queues every sealed block of seq (group 0..; frozen tails included, an unfrozen tail skipped)
+ * that this server has not published or fetched already. Never blocks on the network. Returns the
+ * number of blocks queued. */
+uint32_t kvt_shared_publish_seq(kvt_shared *sh, const kvt_seq *seq);
+/* The engine marks its decode loop busy: the publisher defers (bounded: 2 s per item, or a
+ * waiting flush) so publishing does not compete with the token loop. */
+void kvt_shared_set_busy(kvt_shared *sh, bool busy);
+/* Waits up to timeout_ms until the publish queue is empty. Returns true if it is. (tests, bench) */
+bool kvt_shared_flush(kvt_shared *sh, uint32_t timeout_ms);
+
+/* ---- stats ---- */
+typedef struct kvt_shared_stats {
+    uint64_t lookups, hits;                 /* extend calls that asked Redis; those that appended */
+    uint64_t fetched_blocks, fetched_bytes, fetched_tokens;
+    uint64_t published_blocks, published_bytes;
+    uint64_t publish_existing;              /* SET NX found the key (another server was first) */
+    uint64_t dropped;                       /* queue full, breaker open, or failed batch */
+    uint64_t errors;                        /* connection / timeout / protocol errors */
+    uint64_t oom_errors;                    /* Redis refused a SET: maxmemory reached (OOM) */
+    uint64_t corrupt;                       /* values that failed verification (deleted) */
+    uint64_t skipped;                       /* lookups skipped because the breaker was open */
+    uint64_t queue_blocks, queue_bytes;
+    kvt_breaker_state fetch_breaker, publish_breaker;
+    uint64_t breaker_opens;                 /* both breakers */
+    double fetch_ms_last;
+} kvt_shared_stats;
+void kvt_shared_stats_get(kvt_shared *sh, kvt_shared_stats *out);
+
+/* Key of a full block (tail = false, hash = its chain) or of the tail at a position (tail = true,
+ * hash = the parent chain) for the given compat key; out needs KVT_SHARED_KEY_MAX bytes. */
+#define KVT_SHARED_KEY_MAX 96
+void kvt_shared_key(const char *compat_key, bool tail, uint32_t group, uint64_t hash, char out[KVT_SHARED_KEY_MAX]);
+
+#endif

@@ -1,0 +1,564 @@
+/* test_shared_tier.c — the shared block tier: URL parsing, the circuit breaker, record
+ * encode/decode/verify (the SSD format as a byte buffer) with tampering, and a live round trip
+ * through a real redis-server that this test starts on a random loopback port (missing
+ * redis-server is a failure: scripts/install-deps installs it): publish from one tier, fetch into
+ * another, foreign and corrupt values planted under the right keys, and an unreachable server. */
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "testutil.h"
+#include "cache/shared_tier.h"
+#include "cache/ssd_cache.h"
+
+#define COMPAT_A "test-shared-compat-A"
+#define COMPAT_B "test-shared-compat-B"
+#define BT 16u
+
+/* ------------------------------------------------------------------ URL */
+static void test_url_parse(void **state) {
+    (void)state;
+    kvt_shared_url u;
+    char err[256];
+    assert_int_equal(kvt_shared_url_parse("redis://cache.local", &u, err, sizeof err), KVT_OK);
+    assert_string_equal(u.host, "cache.local");
+    assert_int_equal(u.port, 6379);
+    assert_int_equal(u.db, 0);
+    assert_false(u.tls);
+    assert_string_equal(u.password, "");
+    assert_int_equal(kvt_shared_url_parse("redis://127.0.0.1:6380/3", &u, err, sizeof err), KVT_OK);
+    assert_string_equal(u.host, "127.0.0.1");
+    assert_int_equal(u.port, 6380);
+    assert_int_equal(u.db, 3);
+    assert_int_equal(kvt_shared_url_parse("redis://:s3cret@h:1", &u, err, sizeof err), KVT_OK);
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.password, "s3cret");
+    assert_int_equal(kvt_shared_url_parse("redis://kv%2Duser:p%40ss:w@h/15", &u, err, sizeof err), KVT_OK);
+    assert_string_equal(u.user, "kv-user");
+    assert_string_equal(u.password, "p@ss:w");
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.db, 15);
+    assert_int_equal(kvt_shared_url_parse("rediss://[::1]:7000", &u, err, sizeof err), KVT_OK);
+    assert_true(u.tls);
+    assert_string_equal(u.host, "::1");
+    assert_int_equal(u.port, 7000);
+    assert_int_equal(kvt_shared_url_parse("redis://h/", &u, err, sizeof err), KVT_OK);
+
+    static const char *const bad[] = {
+        NULL, "", "http://h", "redis://", "redis://:6379", "redis://h:0", "redis://h:65536", "redis://h:12x",
+        "redis://h/x", "redis://h/70000", "redis://h?db=1", "redis://h#f", "redis://user@h", "redis://a:%zz@h",
+        "redis://a:%4@h", "redis://a:%00@h", "redis://h o", "redis://h\n", "redis://[::1", "redis://[]:1",
+        "redis://[::1]x", "redis://h;x", "redis://h:1:2",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(kvt_shared_url_parse(bad[i], &u, err, sizeof err), KVT_ERR_INVALID_ARG);
+        assert_true(err[0] != 0);
+    }
+    char longurl[1200] = "redis://";
+    memset(longurl + 8, 'a', 1100);
+    longurl[1108] = 0;
+    assert_int_equal(kvt_shared_url_parse(longurl, &u, err, sizeof err), KVT_ERR_INVALID_ARG);
+    char longhost[300] = "redis://";
+    memset(longhost + 8, 'a', 280);
+    longhost[288] = 0;
+    assert_int_equal(kvt_shared_url_parse(longhost, &u, err, sizeof err), KVT_ERR_INVALID_ARG);
+}
+
+static void test_key_format(void **state) {
+    (void)state;
+    char k1[KVT_SHARED_KEY_MAX], k2[KVT_SHARED_KEY_MAX], k3[KVT_SHARED_KEY_MAX], cdir[33];
+    kvt_shared_key(COMPAT_A, false, 0, 0x0123456789abcdefull, k1);
+    kvt_shared_key(COMPAT_A, true, 0, 0x0123456789abcdefull, k2);
+    kvt_shared_key(COMPAT_B, false, 0, 0x0123456789abcdefull, k3);
+    kvt_ssd_compat_dir(COMPAT_A, cdir);
+    char want[KVT_SHARED_KEY_MAX];
+    snprintf(want, sizeof want, "kvtier:v1:%s:b:0:0123456789abcdef", cdir);
+    assert_string_equal(k1, want);
+    assert_string_not_equal(k1, k2);
+    assert_string_not_equal(k1, k3); /* the compat key (model, scheme, tokenizer) separates models */
+}
+
+/* ------------------------------------------------------------------ breaker */
+static void test_breaker(void **state) {
+    (void)state;
+    kvt_breaker b;
+    kvt_breaker_init(&b, 3, 100, 1000);
+    assert_int_equal(b.state, KVT_BREAKER_CLOSED);
+    assert_true(kvt_breaker_allow(&b, 0));
+    kvt_breaker_failure(&b, 0);
+    kvt_breaker_failure(&b, 0);
+    kvt_breaker_success(&b); /* a success resets the count */
+    kvt_breaker_failure(&b, 0);
+    kvt_breaker_failure(&b, 0);
+    assert_int_equal(b.state, KVT_BREAKER_CLOSED);
+    kvt_breaker_failure(&b, 10);
+    assert_int_equal(b.state, KVT_BREAKER_OPEN);
+    assert_int_equal(b.opens, 1);
+    assert_false(kvt_breaker_allow(&b, 50));
+    assert_false(kvt_breaker_allow(&b, 109));
+    assert_true(kvt_breaker_allow(&b, 110)); /* the probe */
+    assert_int_equal(b.state, KVT_BREAKER_HALF_OPEN);
+    assert_false(kvt_breaker_allow(&b, 111)); /* only one probe */
+    kvt_breaker_failure(&b, 120);              /* probe failed: back-off doubles */
+    assert_int_equal(b.state, KVT_BREAKER_OPEN);
+    assert_int_equal(b.backoff_ms, 200);
+    assert_false(kvt_breaker_allow(&b, 319));
+    assert_true(kvt_breaker_allow(&b, 320));
+    kvt_breaker_failure(&b, 320);
+    assert_int_equal(b.backoff_ms, 400);
+    assert_true(kvt_breaker_allow(&b, 720));
+    kvt_breaker_failure(&b, 720);
+    assert_int_equal(b.backoff_ms, 800);
+    assert_true(kvt_breaker_allow(&b, 1520));
+    kvt_breaker_failure(&b, 1520);
+    assert_int_equal(b.backoff_ms, 1000); /* capped */
+    assert_true(kvt_breaker_allow(&b, 2520));
+    kvt_breaker_failure(&b, 2520);
+    assert_int_equal(b.backoff_ms, 1000);
+    assert_true(kvt_breaker_allow(&b, 3520));
+    kvt_breaker_success(&b);
+    assert_int_equal(b.state, KVT_BREAKER_CLOSED);
+    assert_int_equal(b.backoff_ms, 100);
+    assert_string_equal(kvt_breaker_state_name(KVT_BREAKER_HALF_OPEN), "half-open");
+}
+
+/* ------------------------------------------------------------------ fixtures */
+typedef struct fx {
+    kvt_kv_layout *l;
+    kvt_block_pool *pool;
+    char *dir;
+    kvt_ssd *ssd;
+} fx;
+
+static kvt_kv_layout *make_layout(void) {
+    kvt_layer_desc d[2];
+    memset(d, 0, sizeof d);
+    for (int i = 0; i < 2; i++) {
+        d[i].kind = KVT_KIND_FULL;
+        d[i].n_kv_heads = 2;
+        d[i].head_dim_k = 8;
+        d[i].head_dim_v = 8;
+        d[i].codec.kind = KVT_CODEC_F16;
+    }
+    kvt_codec base = {.kind = KVT_CODEC_F16};
+    kvt_kv_layout *l = NULL;
+    char err[256];
+    assert_int_equal(kvt_kv_layout_create(d, 2, BT, base, 0, &l, err, sizeof err), KVT_OK);
+    return l;
+}
+
+static void fx_init(fx *f, const char *compat) {
+    f->l = make_layout();
+    f->pool = kvt_block_pool_create(f->l, 0);
+    f->dir = tu_tmpdir("shared");
+    assert_non_null(f->pool);
+    assert_non_null(f->dir);
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f->dir;
+    o.compat_key = compat;
+    char err[256];
+    assert_int_equal(kvt_ssd_open(&o, f->l, f->pool, &f->ssd, err, sizeof err), KVT_OK);
+}
+
+static void fx_done(fx *f) {
+    kvt_ssd_free(f->ssd);
+    kvt_block_pool_free(f->pool);
+    kvt_kv_layout_free(f->l);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    if (system(cmd) != 0) { /* best effort */
+    }
+    free(f->dir);
+}
+
+/* payload byte k of block (parent, index): deterministic, so a fetched block can be checked */
+static uint8_t pbyte(uint64_t parent, size_t k) {
+    uint64_t s = parent ^ (k * 0x9E3779B97F4A7C15ull);
+    return (uint8_t)(tu_rand(&s) >> 56);
+}
+
+/* A sequence of hand-built sealed blocks for tokens[0..n) (the last may be a frozen tail). Tail
+ * rows beyond n_tokens stay zero, as the compact tail format restores them. */
+static kvt_seq *build_seq(fx *f, uint64_t root, const int32_t *tokens, uint32_t n) {
+    kvt_seq *seq = NULL;
+    assert_int_equal(kvt_seq_create(f->pool, root, &seq), KVT_OK);
+    uint64_t parent = root;
+    for (uint32_t i = 0; i * BT < n; i++) {
+        uint32_t m = KVT_MIN(BT, n - i * BT);
+        kvt_block *b = NULL;
+        assert_int_equal(kvt_block_alloc(f->pool, 0, i, &b), KVT_OK);
+        uint8_t *d = kvt_block_data_mut(b);
+        memset(d, 0, kvt_block_data_bytes(b));
+        for (uint32_t li = 0; li < 2; li++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t rb = kvt_kv_layout_row_bytes(f->l, li, i, kv);
+                for (uint32_t t = 0; t < m; t++)
+                    for (uint32_t h = 0; h < 2; h++) {
+                        size_t off = kvt_kv_layout_row_offset(f->l, li, i, kv, t, h);
+                        for (size_t k = 0; k < rb; k++) d[off + k] = pbyte(parent, off + k);
+                    }
+            }
+        assert_int_equal(kvt_block_seal(b, parent, tokens + i * BT, m, 0), KVT_OK);
+        kvt_block *bl[1] = {b};
+        assert_int_equal(kvt_seq_append_blocks(seq, bl), KVT_OK);
+        parent = kvt_block_hash(b);
+        kvt_block_release(b);
+    }
+    return seq;
+}
+
+static bool same_block(const kvt_block *a, const kvt_block *b) {
+    return kvt_block_hash(a) == kvt_block_hash(b) && kvt_block_parent(a) == kvt_block_parent(b) &&
+           kvt_block_n_tokens(a) == kvt_block_n_tokens(b) && kvt_block_data_bytes(a) == kvt_block_data_bytes(b) &&
+           !memcmp(kvt_block_tokens(a), kvt_block_tokens(b), 4 * (size_t)kvt_block_n_tokens(a)) &&
+           !memcmp(kvt_block_data(a), kvt_block_data(b), kvt_block_data_bytes(a));
+}
+
+static void gen_tokens(int32_t *t, uint32_t n, uint64_t seed) {
+    for (uint32_t i = 0; i < n; i++) t[i] = (int32_t)(tu_rand(&seed) % 1000);
+}
+
+/* ------------------------------------------------------------------ records */
+static kvt_status decode(fx *f, uint8_t *buf, size_t len, const kvt_block *like, kvt_block **out) {
+    bool tail = kvt_block_n_tokens(like) < BT;
+    char err[256];
+    return kvt_ssd_record_decode(f->ssd, buf, len, tail ? KVT_SSD_KIND_TAIL : KVT_SSD_KIND_BLOCK,
+                                 tail ? kvt_block_parent(like) : kvt_block_hash(like), 0, kvt_block_index(like), out, err,
+                                 sizeof err);
+}
+
+static void test_record_round_trip_and_tamper(void **state) {
+    (void)state;
+    fx f, g;
+    fx_init(&f, COMPAT_A);
+    fx_init(&g, COMPAT_B);
+    int32_t tok[40];
+    gen_tokens(tok, 40, 1);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    kvt_seq *seq = build_seq(&f, root, tok, 40); /* 2 full blocks + an 8-token tail */
+    for (uint32_t i = 0; i < 3; i++) {
+        kvt_block *b = kvt_seq_block(seq, 0, i);
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(kvt_ssd_record_encode(f.ssd, b, root, &buf, &len), KVT_OK);
+        assert_int_equal(len % 4096, 0);
+        kvt_block *out = NULL;
+        assert_int_equal(decode(&f, buf, len, b, &out), KVT_OK);
+        assert_true(kvt_block_sealed(out));
+        assert_true(same_block(b, out));
+        kvt_block_release(out);
+        /* the buffer is left as it was: decoding twice works */
+        assert_int_equal(decode(&f, buf, len, b, &out), KVT_OK);
+        kvt_block_release(out);
+        /* another model's tier (other compat key) never accepts it */
+        char err[256];
+        assert_int_not_equal(kvt_ssd_record_decode(g.ssd, buf, len, i < 2 ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL,
+                                                   i < 2 ? kvt_block_hash(b) : kvt_block_parent(b), 0, i, &out, err, sizeof err),
+                             KVT_OK);
+        /* wrong key expectation, wrong position, wrong kind */
+        assert_int_equal(kvt_ssd_record_decode(f.ssd, buf, len, i < 2 ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL, 12345, 0, i,
+                                               &out, err, sizeof err),
+                         KVT_ERR_FORMAT);
+        assert_int_not_equal(kvt_ssd_record_decode(f.ssd, buf, len, i < 2 ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL,
+                                                   i < 2 ? kvt_block_hash(b) : kvt_block_parent(b), 0, i + 1, &out, err, sizeof err),
+                             KVT_OK);
+        assert_int_not_equal(kvt_ssd_record_decode(f.ssd, buf, len, i < 2 ? KVT_SSD_KIND_TAIL : KVT_SSD_KIND_BLOCK,
+                                                   i < 2 ? kvt_block_parent(b) : kvt_block_hash(b), 0, i, &out, err, sizeof err),
+                             KVT_OK);
+        assert_int_equal(kvt_ssd_record_decode(f.ssd, buf, len, KVT_SSD_KIND_SNAPSHOT, 0, 0, i, &out, err, sizeof err),
+                         KVT_ERR_INVALID_ARG);
+        /* truncation, trailing bytes, every flipped region */
+        for (size_t cut = 0; cut < len; cut += len / 7 + 1) assert_int_not_equal(decode(&f, buf, cut, b, &out), KVT_OK);
+        uint8_t *big = calloc(1, len + 1);
+        memcpy(big, buf, len);
+        assert_int_not_equal(decode(&f, big, len + 1, b, &out), KVT_OK);
+        free(big);
+        static const size_t offs[] = {0, 9, 13, 20, 30, 40, 70, 100, 120, 4096, 4097, 4200};
+        for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
+            if (offs[k] >= len) continue;
+            buf[offs[k]] ^= 0x5a;
+            assert_int_not_equal(decode(&f, buf, len, b, &out), KVT_OK);
+            buf[offs[k]] ^= 0x5a;
+        }
+        uint64_t s = 99 + i;
+        for (int k = 0; k < 64; k++) { /* random single-byte flips anywhere that matters */
+            size_t off = (size_t)(tu_rand(&s) % len);
+            uint8_t old = buf[off];
+            buf[off] ^= (uint8_t)(1u << (k % 8));
+            kvt_status st = decode(&f, buf, len, b, &out);
+            if (st == KVT_OK) { /* only a padding byte may change without effect */
+                assert_true(same_block(b, out));
+                kvt_block_release(out);
+            }
+            buf[off] = old;
+        }
+        free(buf);
+    }
+    /* an unsealed block cannot be encoded */
+    kvt_block *w = NULL;
+    assert_int_equal(kvt_block_alloc(f.pool, 0, 0, &w), KVT_OK);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kvt_ssd_record_encode(f.ssd, w, root, &buf, &len), KVT_ERR_INVALID_ARG);
+    kvt_block_release(w);
+    kvt_seq_free(seq);
+    fx_done(&f);
+    fx_done(&g);
+}
+
+/* ------------------------------------------------------------------ live redis */
+typedef struct redis_proc {
+    pid_t pid;
+    int port;
+    char *dir;
+} redis_proc;
+
+static redisContext *redis_connect(int port) {
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c && c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Starts redis-server on a random loopback port in its own temp dir; fails the test without it. */
+static void redis_start(redis_proc *r) {
+    int found = system("command -v redis-server >/dev/null 2>&1");
+    if (found != 0) fail_msg("redis-server is missing (scripts/install-deps installs it)");
+    r->dir = tu_tmpdir("shared-redis");
+    assert_non_null(r->dir);
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        r->port = 20000 + (int)(tu_rand(&seed) % 20000);
+        char port[16];
+        snprintf(port, sizeof port, "%d", r->port);
+        r->pid = fork();
+        assert_true(r->pid >= 0);
+        if (r->pid == 0) {
+            int devnull = open("/dev/null", 1);
+            if (devnull >= 0) {
+                dup2(devnull, 1);
+                dup2(devnull, 2);
+            }
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", r->dir, "--save", "",
+                   "--appendonly", "no", (char *)NULL);
+            _exit(127);
+        }
+        for (int i = 0; i < 100; i++) { /* up to 5 s */
+            redisContext *c = redis_connect(r->port);
+            if (c) {
+                redisReply *rep = redisCommand(c, "PING");
+                bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+                if (rep) freeReplyObject(rep);
+                redisFree(c);
+                if (ok) return;
+            }
+            int st;
+            if (waitpid(r->pid, &st, WNOHANG) == r->pid) break; /* port taken: retry */
+            struct timespec ts = {0, 50 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    fail_msg("redis-server did not start");
+}
+
+static void redis_stop(redis_proc *r) {
+    kill(r->pid, SIGKILL);
+    waitpid(r->pid, NULL, 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
+    if (system(cmd) != 0) { /* best effort */
+    }
+    free(r->dir);
+}
+
+static kvt_shared *open_shared(fx *f, int port, uint32_t timeout_ms) {
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    kvt_shared_opts o;
+    kvt_shared_opts_default(&o);
+    o.url = url;
+    o.timeout_ms = timeout_ms;
+    kvt_shared *sh = NULL;
+    char err[256];
+    assert_int_equal(kvt_shared_create(&o, f->ssd, &sh, err, sizeof err), KVT_OK);
+    return sh;
+}
+
+static void test_live_round_trip(void **state) {
+    (void)state;
+    redis_proc rp;
+    redis_start(&rp);
+    fx a, b;
+    fx_init(&a, COMPAT_A);
+    fx_init(&b, COMPAT_A); /* another server of the same model: own dir, own pool */
+    kvt_shared *sa = open_shared(&a, rp.port, 2000), *sb = open_shared(&b, rp.port, 2000);
+    int32_t tok[72];
+    gen_tokens(tok, 72, 7);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    kvt_seq *src = build_seq(&a, root, tok, 40); /* blocks 0,1 + tail of 8 */
+    assert_int_equal(kvt_shared_publish_seq(sa, src), 3);
+    assert_int_equal(kvt_shared_publish_seq(sa, src), 0); /* already queued/published: not again */
+    assert_true(kvt_shared_flush(sa, 10000));
+    kvt_shared_stats st;
+    kvt_shared_stats_get(sa, &st);
+    assert_int_equal(st.published_blocks, 3);
+    assert_int_equal(st.errors, 0);
+
+    /* B: prompt = the 40 tokens -> 39 reused (cap n-1): 2 full blocks + 7 of the tail */
+    kvt_seq *dst = NULL;
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 39);
+    assert_int_equal(kvt_seq_len(dst), 39);
+    for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
+    kvt_seq_free(dst);
+    /* a longer prompt that diverges inside the tail: only the matching tokens */
+    int32_t tok2[72];
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[32 + 5] ^= 1;
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok2, 72), 37);
+    kvt_seq_free(dst);
+    /* another namespace (other root) finds nothing */
+    assert_int_equal(kvt_seq_create(b.pool, kvt_root_hash(COMPAT_A, "tenant-2"), &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 0);
+    kvt_seq_free(dst);
+    kvt_shared_stats_get(sb, &st);
+    assert_int_equal(st.hits, 2);
+    assert_int_equal(st.fetched_tokens, 39 + 37);
+    assert_int_equal(st.corrupt, 0);
+
+    /* attack: a foreign model's record and garbage planted under the keys this prompt asks for */
+    fx c;
+    fx_init(&c, COMPAT_B);
+    kvt_seq *foreign = build_seq(&c, root, tok, 16); /* same root and tokens, other compat key */
+    uint8_t *fbuf = NULL;
+    size_t flen = 0;
+    assert_int_equal(kvt_ssd_record_encode(c.ssd, kvt_seq_block(foreign, 0, 0), root, &fbuf, &flen), KVT_OK);
+    int32_t tok3[40];
+    gen_tokens(tok3, 40, 1234);
+    uint64_t h0 = kvt_chain_hash(root, tok3, BT);
+    char k0[KVT_SHARED_KEY_MAX];
+    kvt_shared_key(COMPAT_A, false, 0, h0, k0);
+    redisContext *rc = redis_connect(rp.port);
+    assert_non_null(rc);
+    redisReply *rep = redisCommand(rc, "SET %s %b", k0, fbuf, flen);
+    assert_non_null(rep);
+    freeReplyObject(rep);
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    kvt_seq_free(dst);
+    rep = redisCommand(rc, "EXISTS %s", k0);
+    assert_int_equal(rep->integer, 0); /* deleted */
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "SET %s %s", k0, "not a record");
+    freeReplyObject(rep);
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    kvt_seq_free(dst);
+    kvt_shared_stats_get(sb, &st);
+    assert_int_equal(st.corrupt, 2);
+    assert_int_equal(st.errors, 0);
+    rep = redisCommand(rc, "DEL %s", k0);
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "HSET %s f v", k0); /* wrong type under our key: an error reply, a miss */
+    freeReplyObject(rep);
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    kvt_seq_free(dst);
+    kvt_shared_stats_get(sb, &st);
+    assert_int_equal(st.errors, 1);
+    assert_int_equal(st.fetch_breaker, KVT_BREAKER_CLOSED);
+    assert_int_equal(kvt_block_pool_used_bytes(b.pool), 0); /* nothing leaked from rejected values */
+    redisFree(rc);
+    free(fbuf);
+    kvt_seq_free(foreign);
+    fx_done(&c);
+
+    kvt_seq_free(src);
+    kvt_shared_free(sa);
+    kvt_shared_free(sb);
+    fx_done(&a);
+    fx_done(&b);
+    redis_stop(&rp);
+}
+
+static void test_unreachable_is_bounded(void **state) {
+    (void)state;
+    redis_proc rp;
+    redis_start(&rp);
+    int port = rp.port;
+    redis_stop(&rp); /* nothing listens there now */
+    fx a;
+    fx_init(&a, COMPAT_A);
+    kvt_shared *sh = open_shared(&a, port, 200);
+    int32_t tok[40];
+    gen_tokens(tok, 40, 3);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    for (int i = 0; i < 6; i++) {
+        kvt_seq *dst = NULL;
+        assert_int_equal(kvt_seq_create(a.pool, root, &dst), KVT_OK);
+        double t0 = kvt_now_ms();
+        assert_int_equal(kvt_shared_extend(sh, dst, tok, 40), 0);
+        assert_true(kvt_now_ms() - t0 < 1000.0);
+        assert_int_equal(kvt_seq_len(dst), 0);
+        kvt_seq_free(dst);
+    }
+    kvt_shared_stats st;
+    kvt_shared_stats_get(sh, &st);
+    assert_int_equal(st.errors, 3);       /* the breaker opened after 3 failures ... */
+    assert_int_equal(st.skipped, 3);      /* ... and the next lookups did not even try */
+    assert_int_equal(st.fetch_breaker, KVT_BREAKER_OPEN);
+    assert_int_equal(st.breaker_opens, 1);
+    /* publishing while down drops (bounded), never blocks the caller */
+    kvt_seq *src = build_seq(&a, root, tok, 40);
+    kvt_shared_publish_seq(sh, src);
+    assert_true(kvt_shared_flush(sh, 10000));
+    kvt_shared_stats_get(sh, &st);
+    assert_int_equal(st.published_blocks, 0);
+    assert_true(st.dropped >= 3);
+    kvt_seq_free(src);
+    kvt_shared_free(sh);
+    fx_done(&a);
+}
+
+static void test_requires_ssd_and_plain_tcp(void **state) {
+    (void)state;
+    kvt_shared_opts o;
+    kvt_shared_opts_default(&o);
+    kvt_shared *sh = NULL;
+    char err[256];
+    o.url = "redis://127.0.0.1:1";
+    assert_int_equal(kvt_shared_create(&o, NULL, &sh, err, sizeof err), KVT_ERR_INVALID_ARG);
+    fx a;
+    fx_init(&a, COMPAT_A);
+    o.url = "rediss://127.0.0.1:1";
+    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "TLS"));
+    o.url = "memcached://x";
+    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_INVALID_ARG);
+    assert_null(sh);
+    fx_done(&a);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_url_parse),
+        cmocka_unit_test(test_key_format),
+        cmocka_unit_test(test_breaker),
+        cmocka_unit_test(test_record_round_trip_and_tamper),
+        cmocka_unit_test(test_requires_ssd_and_plain_tcp),
+        cmocka_unit_test(test_live_round_trip),
+        cmocka_unit_test(test_unreachable_is_bounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
