@@ -343,8 +343,12 @@ static void test_demote_idle(void **s) {
     kvt_engine_stats_get(e, &st);
     assert_true(st.pc_blocks > 0);
     kvt_flush_result fr;
+    /* write-behind is off: a flush writes what the RAM tier holds (never durable over nothing) */
     kvt_engine_flush(e, 10000, &fr);
-    assert_int_equal(fr.entries, 0); /* write-behind is off: nothing on disk yet */
+    assert_true(fr.durable);
+    assert_true(fr.entries > 0);
+    assert_true(fr.records_written > 0);
+    assert_true(fr.longest_durable_prefix_tokens >= 96);
     usleep(1200 * 1000);
     kvt_engine_tick(e);
     kvt_engine_flush(e, 10000, &fr);
@@ -360,6 +364,54 @@ static void test_demote_idle(void **s) {
     assert_true(b.reused >= 96);
     assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 4);
     kvt_engine_free(e);
+    /* --ssd-demote-idle 0 disables demotion (it does not mean "demote everything at once") */
+    o.ssd_demote_idle_s = 0;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    gen(e, ids, 100, 4, false, NULL, &b);
+    usleep(1100 * 1000);
+    kvt_engine_tick(e);
+    kvt_engine_stats_get(e, &st);
+    assert_int_equal(st.ssd_demotions, 0);
+    assert_true(st.pc_blocks > 0);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
+/* Memory pressure with an SSD tier attached (8-block pool, write-behind off, spill sink on): the
+ * RAM tier's evictions are spilled into SSD records, which the pressure path then frees at once,
+ * so a new prompt still fits. Output equals an uncached run. */
+static void test_pressure_with_ssd(void **s) {
+    (void)s;
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-pressure");
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = m;
+    o.n_ctx = 512;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 1.0;
+    o.ssd_dir = dir;
+    o.ssd_writeback = false;
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    double block_bytes = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e)) * 16;
+    kvt_engine_free(e);
+    o.kv_pool_gb = 8 * block_bytes / 1e9;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    int32_t a_ids[100], b_ids[100];
+    fill(a_ids, 100, kvt_engine_n_vocab(e), 5);
+    fill(b_ids, 100, kvt_engine_n_vocab(e), 6);
+    run_out a, b, bc;
+    gen(e, a_ids, 100, 4, false, NULL, &a); /* 7 blocks stay in the RAM tier */
+    gen(e, b_ids, 100, 4, false, NULL, &b); /* needs them back */
+    gen(e, b_ids, 100, 4, true, NULL, &bc);
+    assert_memory_equal(b.tok, bc.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
@@ -372,7 +424,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

@@ -24,7 +24,7 @@ const char kvt_engine_flags_help[] =
     "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
     "      --ssd-cache DIR       SSD tier directory (off unless set; needs the RAM tier)\n"
     "      --ssd-cache-max GB    SSD tier byte cap (default 0 = unlimited)\n"
-    "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; -1 off)\n"
+    "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
     "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
 

@@ -25,6 +25,7 @@
 
 #include "../cache/prompt_cache.h"
 #include "../cache/ssd_cache.h"
+#include "../cache/tier.h"
 #include "../kernels/quant.h"
 #include "../model/model.h"
 #include "../util/strbuf.h"
@@ -43,6 +44,7 @@ struct kvt_engine {
     kvt_block_pool *pool;
     kvt_prompt_cache *pc;
     kvt_ssd *ssd;
+    kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
     kvt_ctx *ctx;
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
@@ -281,7 +283,6 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
             st = KVT_ERR_NOMEM;
             goto fail;
         }
-        kvt_block_pool_set_pressure(e->pool, kvt_prompt_cache_pressure_cb, e->pc);
     }
     if (o->ssd_dir) {
         kvt_ssd_opts so;
@@ -292,7 +293,14 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.writeback = o->ssd_writeback;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
-        kvt_prompt_cache_set_spill(e->pc, kvt_ssd_spill_block, kvt_ssd_spill_snapshot, e->ssd);
+    }
+    if (e->pc) {
+        kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .writeback = o->ssd_writeback};
+        e->tier = kvt_tiers_create(&to);
+        if (!e->tier) {
+            st = KVT_ERR_NOMEM;
+            goto fail;
+        }
     }
     st = kvt_ctx_create(e->model, o->n_threads, e->o.ubatch, &e->ctx);
     if (st) {
@@ -328,6 +336,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_ctx_free(e->ctx);
     /* the prompt cache spills into the SSD tier on free? no: clear() never spills; what must
      * survive was already queued by write-behind and flushed above. */
+    kvt_tiers_free(e->tier);
     if (e->pc) kvt_prompt_cache_free(e->pc);
     if (e->ssd) kvt_ssd_free(e->ssd);
     kvt_block_pool_free(e->pool);
@@ -665,16 +674,20 @@ void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out)
         return;
     }
     kvt_ssd_flush_result r;
-    kvt_ssd_flush(e->ssd, timeout_ms, &r);
+    kvt_tiers_flush(e->tier, timeout_ms, &r);
     out->durable = r.durable;
     out->entries = r.entries;
     out->pending_blocks = r.pending_blocks;
     out->dropped = r.dropped;
     out->failed = r.failed;
+    out->records_written = r.records_written;
+    out->longest_durable_prefix_tokens = r.longest_durable_prefix_tokens;
+    out->elapsed_ms = r.elapsed_ms;
+    snprintf(out->reason, sizeof out->reason, "%s", r.reason);
 }
 
 void kvt_engine_tick(kvt_engine *e) {
-    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s < 0) return;
+    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s <= 0) return; /* 0 or negative: demotion off */
     double now = kvt_now_ms();
     if (now - e->last_tick_ms < 1000.0) return;
     e->last_tick_ms = now;

@@ -126,9 +126,13 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out);
 typedef struct kvt_flush_result {
     bool durable;
     uint64_t entries, pending_blocks, dropped, failed;
+    uint64_t records_written, longest_durable_prefix_tokens;
+    double elapsed_ms;
+    char reason[160]; /* why not durable; empty when durable */
 } kvt_flush_result;
-/* Wait (up to timeout_ms) until everything queued for the SSD tier is durable. Without an SSD tier:
- * durable = true, entries = 0. */
+/* Durability boundary (kvt_tier_flush): waits (up to timeout_ms) until nothing the tiers hold is
+ * still owed to disk (with --ssd-writeback off it first writes what the RAM tier holds). durable is
+ * never true over a dropped or failed record. Without an SSD tier: durable = true, entries = 0. */
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out);
 /* Periodic maintenance: idle demotion to the SSD tier. Cheap; call from a timer. */
 void kvt_engine_tick(kvt_engine *e);

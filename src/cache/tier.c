@@ -1,0 +1,55 @@
+/* tier.c — see tier.h and docs/tiers.md. */
+#include "tier.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct kvt_tiers {
+    kvt_tiers_opts o;
+};
+
+kvt_tiers *kvt_tiers_create(const kvt_tiers_opts *o) {
+    if (!o || !o->pool || !o->ram) return NULL;
+    kvt_tiers *t = calloc(1, sizeof(*t));
+    if (!t) return NULL;
+    t->o = *o;
+    kvt_block_pool_set_pressure(o->pool, kvt_tiers_pressure_cb, t);
+    if (o->ssd) kvt_prompt_cache_set_spill(o->ram, kvt_ssd_spill_block, kvt_ssd_spill_snapshot, o->ssd);
+    return t;
+}
+
+void kvt_tiers_free(kvt_tiers *t) {
+    if (!t) return;
+    kvt_block_pool_set_pressure(t->o.pool, NULL, NULL);
+    if (t->o.ssd) kvt_prompt_cache_set_spill(t->o.ram, NULL, NULL, NULL);
+    free(t);
+}
+
+/* RAM eviction first (LRU, leaf-first; what it evicts is spilled into the SSD tier, whose record
+ * then holds the block). The SSD tier then gives up records that nothing else holds, so the spilled
+ * memory is freed at once instead of waiting for the writer: the pressure path never waits for the
+ * disk. Those blocks are then held by no tier, so no flush owes them. */
+bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed) {
+    kvt_tiers *t = ctx;
+    uint64_t want = bytes_needed ? bytes_needed : 1;
+    uint64_t freed = kvt_prompt_cache_evict_bytes(t->o.ram, want);
+    if (freed < want && t->o.ssd) freed += kvt_ssd_shed(t->o.ssd, want - freed);
+    return freed > 0;
+}
+
+void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
+    if (!t || !t->o.ssd) {
+        memset(out, 0, sizeof(*out));
+        out->durable = true;
+        return;
+    }
+    /* write-behind off: nothing was queued as it filled, so write what the RAM tier holds now */
+    if (!t->o.writeback &&
+        kvt_prompt_cache_visit(t->o.ram, kvt_ssd_persist_block, kvt_ssd_persist_snapshot, t->o.ssd) < 0) {
+        kvt_ssd_flush(t->o.ssd, 0, out);
+        out->durable = false;
+        snprintf(out->reason, sizeof out->reason, "out of memory listing the RAM tier's blocks to write");
+        return;
+    }
+    kvt_ssd_flush(t->o.ssd, timeout_ms, out);
+}
