@@ -806,6 +806,204 @@ static void test_tmp_stale_rule(void **state) {
     fx_done(&f);
 }
 
+/* ---- the cache directory is untrusted input ---- */
+static void plant_symlink(const char *target, const char *link) { assert_int_equal(symlink(target, link), 0); }
+
+static mode_t mode_of(const char *p) {
+    struct stat sb;
+    assert_int_equal(lstat(p, &sb), 0);
+    return sb.st_mode & 07777;
+}
+
+/* Directories 0700 and files 0600 whatever the umask. */
+static void test_perms_regardless_of_umask(void **state) {
+    (void)state;
+    mode_t masks[2] = {0, 0277};
+    for (int m = 0; m < 2; m++) {
+        fx f;
+        fx_init(&f, 4, 0, "ssd-perm");
+        mode_t old = umask(masks[m]);
+        uint64_t root = kvt_root_hash(COMPAT_A, "");
+        int32_t t1[8];
+        gen_tokens(t1, 8, 41);
+        kvt_seq *s1 = build_seq(&f, root, t1, 8);
+        char sub[1100];
+        snprintf(sub, sizeof sub, "%s/new/root", f.dir);
+        kvt_ssd_opts o;
+        kvt_ssd_opts_default(&o);
+        o.dir = sub;
+        o.compat_key = COMPAT_A;
+        kvt_ssd *s = NULL;
+        char err[256];
+        assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+        kvt_ssd_enqueue_seq(s, s1, NULL);
+        flush_ok(s);
+        umask(old);
+        assert_int_equal(mode_of(sub), 0700);
+        assert_int_equal(mode_of(kvt_ssd_dir(s)), 0700);
+        char p[1200];
+        block_path(s, kvt_seq_block(s1, 0, 0), p, sizeof p);
+        assert_int_equal(mode_of(p), 0600);
+        snprintf(p, sizeof p, "%s/KEY", kvt_ssd_dir(s));
+        assert_int_equal(mode_of(p), 0600);
+        kvt_ssd_free(s);
+        kvt_seq_free(s1);
+        fx_done(&f);
+    }
+}
+
+/* Planted symlinks (dangling KEY, cache-file names pointing outside, the final name of a file about
+ * to be written), a FIFO named like a cache file, a world-writable directory. */
+static void test_planted_files(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-attack");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8];
+    gen_tokens(t1, 8, 51);
+    gen_tokens(t2, 8, 52);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    char cd[33], cdir[1100], outside[1100], p[1300], q[1300];
+    kvt_ssd_compat_dir(COMPAT_A, cd);
+    snprintf(cdir, sizeof cdir, "%s/%s", f.dir, cd);
+    snprintf(outside, sizeof outside, "%s/outside", f.dir);
+    assert_int_equal(mkdir(outside, 0700), 0);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    /* a dangling KEY symlink must not create a file outside */
+    snprintf(p, sizeof p, "%s/KEY", cdir);
+    snprintf(q, sizeof q, "%s/created-through-key", outside);
+    plant_symlink(q, p);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_not_equal(access(q, F_OK), 0);
+    /* publish s1 for real, keep a copy outside, then replace the file by a symlink to the copy */
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    block_path(s, kvt_seq_block(s1, 0, 0), p, sizeof p);
+    snprintf(q, sizeof q, "%s/copy.kvb", outside);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && rm '%s'", p, q, p);
+    assert_int_equal(system(cmd), 0);
+    plant_symlink(q, p);
+    /* the final name of a block about to be written is a symlink to a victim file outside */
+    char victim[1200], vlink[1300];
+    snprintf(victim, sizeof victim, "%s/victim", outside);
+    FILE *vf = fopen(victim, "w");
+    fputs("precious", vf);
+    fclose(vf);
+    block_path(s, kvt_seq_block(s2, 0, 0), vlink, sizeof vlink);
+    plant_symlink(victim, vlink);
+    /* a FIFO named like a cache file */
+    snprintf(p, sizeof p, "%s/00000000000000f1-g0.kvb", cdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    kvt_ssd_free(s);
+    alarm(20); /* a blocking open of the FIFO would hang here: fail loudly instead */
+    s = open_ssd(&f, COMPAT_A, 0);
+    alarm(0);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.skipped_nonregular, 3); /* two symlinks + the FIFO */
+    assert_int_equal(st.entries, 1);            /* block 1 of s1 only: block 0 is a symlink now */
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, t1, 8, root, &r, &nr), KVT_OK);
+    assert_null(r);
+    /* writing s2 replaces the planted symlink (rename never follows), the victim is untouched */
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    flush_ok(s);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    struct stat sb;
+    assert_int_equal(lstat(vlink, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    char buf[16] = {0};
+    vf = fopen(victim, "r");
+    assert_non_null(fgets(buf, sizeof buf, vf));
+    fclose(vf);
+    assert_string_equal(buf, "precious");
+    kvt_ssd_file_info info;
+    char err[256];
+    assert_int_not_equal(kvt_ssd_read_file_info(p, false, &info, NULL, 0, err, sizeof err), KVT_OK); /* FIFO: no hang */
+    kvt_ssd_free(s);
+    /* a directory writable by every user is refused */
+    assert_int_equal(chmod(cdir, 0777), 0);
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f.dir;
+    o.compat_key = COMPAT_A;
+    assert_int_not_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+    assert_non_null(strstr(err, "writable"));
+    assert_int_equal(chmod(cdir, 0700), 0);
+    kvt_seq_free(s1);
+    kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* The compat directory deleted while the tier runs: recreated, counters true, writes resume. */
+static void test_dir_deleted(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-deleted");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8];
+    gen_tokens(t1, 8, 61);
+    gen_tokens(t2, 8, 62);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    rm_rf(kvt_ssd_dir(s));
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    flush_ok(s);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 2);
+    assert_int_equal(st.lost_entries, 2);
+    assert_int_equal(st.dir_recreated, 1);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvb"), 2);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* A model rewritten in place with the same inode, size and mtime gets a new identity. */
+static void test_model_id_rewrite(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir("ssd-modelid");
+    char mp[1100];
+    snprintf(mp, sizeof mp, "%s/model.gguf", dir);
+    FILE *w = fopen(mp, "w");
+    for (int i = 0; i < 10000; i++) fputc('a' + i % 7, w);
+    fclose(w);
+    struct stat sb0;
+    assert_int_equal(stat(mp, &sb0), 0);
+    char id1[65], id2[65], id3[65], err[256];
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id1, err, sizeof err), KVT_OK);
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id2, err, sizeof err), KVT_OK); /* memo hit */
+    assert_string_equal(id1, id2);
+    usleep(20 * 1000);
+    int fd = open(mp, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "ZZZZ", 4, 5000), 4); /* same inode, same size */
+    close(fd);
+    struct timespec ts[2] = {sb0.st_atim, sb0.st_mtim};
+    assert_int_equal(utimensat(AT_FDCWD, mp, ts, 0), 0); /* same mtime */
+    struct stat sb1;
+    assert_int_equal(stat(mp, &sb1), 0);
+    assert_int_equal(sb1.st_ino, sb0.st_ino);
+    assert_int_equal(sb1.st_size, sb0.st_size);
+    assert_int_equal(sb1.st_mtim.tv_nsec, sb0.st_mtim.tv_nsec);
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id3, err, sizeof err), KVT_OK);
+    assert_string_not_equal(id1, id3);
+    char memo[1200];
+    snprintf(memo, sizeof memo, "%s/.model-ids", dir);
+    assert_int_equal(mode_of(memo), 0600);
+    rm_rf(dir);
+    free(dir);
+}
+
 static void test_recurrent_snapshot(void **state) {
     (void)state;
     fx f;
@@ -1295,6 +1493,10 @@ int main(void) {
         cmocka_unit_test(test_flush_property),
         cmocka_unit_test(test_shed),
         cmocka_unit_test(test_tmp_stale_rule),
+        cmocka_unit_test(test_perms_regardless_of_umask),
+        cmocka_unit_test(test_planted_files),
+        cmocka_unit_test(test_dir_deleted),
+        cmocka_unit_test(test_model_id_rewrite),
         cmocka_unit_test(test_recurrent_snapshot),
         cmocka_unit_test(test_window_layout),
         cmocka_unit_test(test_compat_key),

@@ -157,6 +157,7 @@ struct kvt_ssd {
     uint64_t restores, spills, demotions, dropped, failed, evictions, corrupt_removed, superseded;
     uint64_t shed;                /* records released under memory pressure (not written) */
     uint64_t skipped_nonregular;  /* scan: names of ours that are not regular files */
+    uint64_t lost_entries, dir_recreated; /* the directory was deleted under us */
     bool warned_nonregular;
     double restore_ms_last;
     bool warned_write;
@@ -169,6 +170,11 @@ struct kvt_ssd {
     uint64_t flush_start_ns;      /* when the newest waiting flush started (retry window) */
     uint64_t lost_nomem;          /* records that could not even be allocated since the last flush */
 };
+
+static int mkdir_p(const char *path);
+static void write_key_file(const char *cdir, const char *compat);
+static void tmp_name(char *buf, size_t n, const char *path);
+static int open_cache_file(const char *path, int flags);
 
 static uint64_t key_hash(uint64_t chain, uint32_t group, uint32_t kind) {
     uint64_t h = chain ^ ((uint64_t)group * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)kind << 56);
@@ -294,6 +300,49 @@ static bool parse_name(const char *name, uint64_t *chain, uint32_t *group, uint3
     else if (!strcmp(p, ".kvt")) *kind = KVT_SSD_KIND_TAIL;
     else return false;
     *group = g;
+    return true;
+}
+
+/* ------------------------------------------------------------------ untrusted directory */
+/* The cache directory is untrusted input: every cache file is opened through this, which never
+ * follows a symlink (O_NOFOLLOW), never blocks on a FIFO or device (O_NONBLOCK, which has no effect
+ * on regular-file reads) and refuses anything that is not a regular file (errno = EFTYPE-like
+ * EINVAL). Returns the fd or -1. */
+static int open_cache_file(const char *path, int flags) {
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* Refuses a directory we must not trust: not a directory, owned by another user, or writable by
+ * others (anyone could plant files). Fills err and returns false. */
+static bool dir_trusted(const char *path, bool follow, char *err, size_t errlen) {
+    struct stat sb;
+    int r = follow ? stat(path, &sb) : lstat(path, &sb);
+    if (r != 0) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: %s: %s", path, strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: %s is not a directory%s", path, follow ? "" : " (symlink?)");
+        return false;
+    }
+    if (sb.st_uid != geteuid()) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: refusing %s: owned by uid %u, not by this user (uid %u)", path,
+                 (unsigned)sb.st_uid, (unsigned)geteuid());
+        return false;
+    }
+    if (sb.st_mode & S_IWOTH) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: refusing %s: writable by every user (mode %04o); chmod o-w it",
+                 path, (unsigned)(sb.st_mode & 07777));
+        return false;
+    }
     return true;
 }
 
@@ -607,8 +656,10 @@ static kvt_status read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off) {
 
 kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd_file_info *info,
                                   int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
+    int fd = open_cache_file(path, O_RDONLY);
+    if (fd < 0)
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path,
+                        errno == EINVAL || errno == ELOOP ? "not a regular file (symlink, FIFO or device): skipped" : strerror(errno));
     uint8_t *buf;
     hdr_out h;
     kvt_status st = header_read_fd(fd, &buf, &h, err, errlen);
@@ -815,21 +866,60 @@ static kvt_status sha256_file(const char *path, char out_hex[65], char *err, siz
     return st;
 }
 
-kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
-                            char *err, size_t errlen) {
+/* Cheap content check of a model file, computed on every start: XXH3 of its first 16 MiB (the GGUF
+ * header, metadata and tensor table in practice) and its last 1 MiB. */
+static bool model_quick_hash(const char *path, uint64_t size, uint64_t *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    XXH3_state_t *xs = XXH3_createState();
+    uint8_t *buf = malloc(1 << 20);
+    bool ok = xs && buf;
+    if (ok) XXH3_64bits_reset(xs);
+    const uint64_t head = 16ull << 20, tail = 1ull << 20;
+    uint64_t spans[2][2] = {{0, KVT_MIN(size, head)}, {size > head + tail ? size - tail : KVT_MIN(size, head), size}};
+    for (int i = 0; i < 2 && ok; i++)
+        for (uint64_t o = spans[i][0]; o < spans[i][1] && ok;) {
+            uint64_t n = KVT_MIN(spans[i][1] - o, (uint64_t)1 << 20);
+            ok = read_full(fd, buf, n, o) == KVT_OK;
+            if (ok) XXH3_64bits_update(xs, buf, n);
+            o += n;
+        }
+    if (ok) *out = XXH3_64bits_digest(xs);
+    free(buf);
+    if (xs) XXH3_freeState(xs);
+    close(fd);
+    return ok;
+}
+
+/* The memo key of a model file version: device, inode, size, mtime and ctime (ns), the quick content
+ * hash and the real path. ctime changes on every write or metadata change and cannot be set by a
+ * user, so a file rewritten in place with restored size and mtime still gets a new key. */
+static kvt_status model_memo_key(const char *model_path, char *key, size_t keylen, char *err, size_t errlen) {
     struct stat st;
     if (stat(model_path, &st) != 0)
         return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", model_path, strerror(errno));
+    uint64_t qh = 0;
+    if (!model_quick_hash(model_path, (uint64_t)st.st_size, &qh))
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: cannot read: %s", model_path, strerror(errno));
     char rp[PATH_MAX];
     if (!realpath(model_path, rp)) snprintf(rp, sizeof(rp), "%s", model_path);
-    char key[PATH_MAX + 128];
-    snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %s", (unsigned long long)st.st_ino,
-             (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, rp);
+    snprintf(key, keylen, "%llu %llu %llu %lld.%09ld %lld.%09ld %016llx %s", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino, (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec,
+             st.st_mtim.tv_nsec, (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec, (unsigned long long)qh, rp);
+    return KVT_OK;
+}
+
+kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
+                            char *err, size_t errlen) {
+    char key[PATH_MAX + 256];
+    kvt_status ks = model_memo_key(model_path, key, sizeof key, err, errlen);
+    if (ks != KVT_OK) return ks;
     char memo[PATH_MAX];
     FILE *f = NULL;
     if (cache_dir) {
         snprintf(memo, sizeof(memo), "%s/.model-ids", cache_dir);
-        f = fopen(memo, "r");
+        int mfd = open_cache_file(memo, O_RDONLY);
+        if (mfd >= 0 && !(f = fdopen(mfd, "r"))) close(mfd);
     }
     /* memo line: "<sha256 hex> <ino> <size> <mtime> <realpath>\n" */
     char *line = NULL;
@@ -860,12 +950,22 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
     }
     free(line);
     kvt_status s = sha256_file(model_path, out_hex, err, errlen);
+    if (s == KVT_OK) { /* re-check: a file rewritten while it was hashed must not be memoized */
+        char key2[PATH_MAX + 256];
+        if (model_memo_key(model_path, key2, sizeof key2, err, errlen) != KVT_OK || strcmp(key, key2) != 0)
+            s = kvt_errf(err, errlen, KVT_ERR_STALE, "%s changed while it was being hashed; try again", model_path);
+    }
     if (s == KVT_OK && cache_dir) {
         /* Best effort memo update: tmp + rename so a crash never leaves a half line. */
-        mkdir(cache_dir, 0755);
-        char tmp[PATH_MAX + 8];
-        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", memo, (int)getpid());
-        FILE *w = fopen(tmp, "w");
+        mkdir_p(cache_dir);
+        char tmp[PATH_MAX + 48];
+        tmp_name(tmp, sizeof(tmp), memo);
+        int wfd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        FILE *w = wfd >= 0 ? fdopen(wfd, "w") : NULL;
+        if (wfd >= 0 && !w) {
+            close(wfd);
+            unlink(tmp);
+        }
         if (w) {
             if (old_len) fwrite(old, 1, old_len, w);
             fprintf(w, "%s %s\n", out_hex, key);
@@ -1332,6 +1432,24 @@ static bool record_exists(kvt_ssd *s, const ssd_item *it) {
     return idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
 }
 
+/* The compat directory was deleted under us (a temporary could not be created: ENOENT). Every
+ * index entry is gone with it, so the index is emptied (counted as lost) to keep /stats true, and
+ * the directory is recreated (0700, parent fsynced) so the record can be written at once. Returns
+ * true if it was recreated. Lock held. */
+static bool dir_vanished(kvt_ssd *s) {
+    struct stat sb;
+    if (lstat(s->cdir, &sb) == 0) return false; /* still there: another cause */
+    KVT_WARN("ssd cache: %s disappeared; forgetting %u entries and recreating it", s->cdir, s->n_ents);
+    while (s->n_ents) {
+        idx_remove(s, s->ents[s->n_ents - 1]);
+        s->lost_entries++;
+    }
+    if (mkdir_p(s->cdir) != 0) return false; /* the record fails and is retried with back-off */
+    write_key_file(s->cdir, s->compat);
+    s->dir_recreated++;
+    return true;
+}
+
 static void *writer_main(void *arg) {
     kvt_ssd *s = arg;
     writer_prio low = writer_lower_priority(), cur = low;
@@ -1387,6 +1505,15 @@ static void *writer_main(void *arg) {
         s->inflight = NULL;
         s->q_bytes -= it->bytes;
         s->q_count--;
+        if (st != KVT_OK && err_no == ENOENT && dir_vanished(s)) { /* recreated: retry at once */
+            it->state = REC_QUEUED;
+            it->next = s->q_head;
+            s->q_head = it;
+            if (!s->q_tail) s->q_tail = it;
+            s->q_bytes += it->bytes;
+            s->q_count++;
+            continue;
+        }
         if (st != KVT_OK) {
             s->failed++;
             s->last_errno = err_no;
@@ -1723,6 +1850,8 @@ void kvt_ssd_stats_get(kvt_ssd *s, kvt_ssd_stats *out) {
     out->shed = s->shed;
     out->published = s->published;
     out->skipped_nonregular = s->skipped_nonregular;
+    out->lost_entries = s->lost_entries;
+    out->dir_recreated = s->dir_recreated;
     out->dropped = s->dropped;
     out->failed = s->failed;
     out->evictions = s->evictions;
@@ -1845,6 +1974,21 @@ static int mkdir_durable(const char *path) {
     return fsync_dir(parent) ? 0 : -1;
 }
 
+/* The informational KEY file: created exclusively, never through a planted (even dangling)
+ * symlink, mode 0600. An existing KEY is left alone (it is never trusted anyway). */
+static void write_key_file(const char *cdir, const char *compat) {
+    char kp[PATH_MAX];
+    snprintf(kp, sizeof(kp), "%s/KEY", cdir);
+    int fd = open(kp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    if (fchmod(fd, 0600) == 0) {
+        size_t n = strlen(compat);
+        if (write(fd, compat, n) != (ssize_t)n || write(fd, "\n", 1) != 1) { /* best effort */
+        }
+    }
+    close(fd);
+}
+
 static int mkdir_p(const char *path) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof(tmp), "%s", path);
@@ -1895,16 +2039,14 @@ kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_
         kvt_ssd_free(s);
         return kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: cannot create %s/%s: %s", o->dir, cd, strerror(e));
     }
-    /* Human-readable key next to the files (best effort; informational only). */
-    char kp[PATH_MAX];
-    snprintf(kp, sizeof(kp), "%s/KEY", s->cdir);
-    if (access(kp, F_OK) != 0) {
-        FILE *f = fopen(kp, "w");
-        if (f) {
-            fprintf(f, "%s\n", s->compat);
-            fclose(f);
-        }
+    /* Untrusted directory: refuse a root or compat dir owned by someone else or writable by all;
+     * the compat dir must not be a symlink (the root may be one: the user named it). */
+    if (!dir_trusted(o->dir, true, err, errlen) || !dir_trusted(s->cdir, false, err, errlen)) {
+        kvt_ssd_free(s);
+        return KVT_ERR_IO;
     }
+    /* Human-readable key next to the files (best effort; informational only). */
+    write_key_file(s->cdir, s->compat);
     DIR *d = opendir(s->cdir);
     if (!d) {
         int e = errno;
@@ -2202,7 +2344,7 @@ static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_o
     bool done = false;
 #ifdef O_DIRECT
     if (((uintptr_t)dst % SSD_PAGE) == 0 && len % SSD_PAGE == 0 && len > 0) {
-        int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int dfd = open_cache_file(path, O_RDONLY | O_DIRECT);
         if (dfd >= 0) {
             done = read_full(dfd, dst, len, sc.offset) == KVT_OK;
             close(dfd);
@@ -2222,7 +2364,7 @@ static kvt_status open_checked(kvt_ssd *s, uint64_t chain, uint32_t group, uint3
     entry_name(name, sizeof(name), chain, group, kind);
     snprintf(path, plen, "%s/%s", s->cdir, name);
     *bufp = NULL;
-    *fdp = open(path, O_RDONLY | O_CLOEXEC);
+    *fdp = open_cache_file(path, O_RDONLY);
     if (*fdp < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "open: %s", strerror(errno));
     kvt_status st = header_read_fd(*fdp, bufp, h, err, errlen);
     if (st == KVT_OK) st = header_matches(s, h, chain, group, kind, err, errlen);
@@ -2308,11 +2450,11 @@ static kvt_status read_payload(kvt_ssd *s, int fd, bool direct, uint8_t *dst, ui
 static int open_restore(const char *path, bool *direct) {
     int fd = -1;
 #ifdef O_DIRECT
-    fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    fd = open_cache_file(path, O_RDONLY | O_DIRECT);
 #endif
     *direct = fd >= 0;
     if (fd < 0) {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_cache_file(path, O_RDONLY);
         if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     return fd;
@@ -2340,7 +2482,7 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
     if (st == KVT_ERR_IO && direct && rerr == EINVAL) { /* O_DIRECT accepted at open, refused at read */
         close(fd);
         direct = false;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_cache_file(path, O_RDONLY);
         if (fd < 0) {
             L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
             return;
@@ -2368,7 +2510,7 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
             if (direct && (uintptr_t)dst % SSD_PAGE != 0) { /* small block: not page-aligned */
                 close(fd);
                 direct = false;
-                fd = open(path, O_RDONLY | O_CLOEXEC);
+                fd = open_cache_file(path, O_RDONLY);
             }
             st = fd < 0 ? KVT_ERR_IO : read_payload(s, fd, direct, dst, sc.length, sc.offset, P->bounce);
             if (st != KVT_OK) kvt_errf(L->err, sizeof(L->err), st, "payload read failed");
@@ -2512,14 +2654,14 @@ static void bump_lru(kvt_ssd *s, const plan *pl) {
             if (e) e->last_use = now;
             entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
             snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-            utimensat(AT_FDCWD, path, NULL, 0);
+            utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
         }
     if (pl->snap) {
         ssd_entry *e = idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         if (e) e->last_use = now;
         entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-        utimensat(AT_FDCWD, path, NULL, 0);
+        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
     }
     pthread_mutex_unlock(&s->mu);
 }

@@ -63,9 +63,11 @@ kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
 void kvt_ssd_compat_dir(const char *compat_key, char out[33]);
 
 /* ---- lifecycle ---- */
-/* Creates <dir>/<compat-dir>, scans it (header-only: rebuilds the index, reaps *.tmp, removes
- * corrupt or mismatching files with a warning), enforces the cap, starts the writer thread.
- * Fails (KVT_ERR_IO) only if the directory cannot be created or listed at all. */
+/* Creates <dir>/<compat-dir> (0700, parents fsynced), scans it (header-only: rebuilds the index,
+ * reaps stale *.tmp, skips non-regular files, removes corrupt or mismatching files with a warning),
+ * enforces the cap, starts the writer thread. Fails (KVT_ERR_IO) if the directory cannot be
+ * created or listed, or is not trusted: owned by another user or writable by others (the compat
+ * dir must also not be a symlink). */
 kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_block_pool *pool,
                         kvt_ssd **out, char *err, size_t errlen);
 /* Stops the writer after its current item; queued-but-unwritten items are released (counted as
@@ -152,6 +154,8 @@ typedef struct kvt_ssd_stats {
     uint64_t published;                   /* records published since open */
     uint64_t skipped_nonregular;          /* scan: cache-file names that were not regular files
                                              (symlinks, FIFOs, devices): never opened through */
+    uint64_t lost_entries, dir_recreated; /* the directory was deleted while open: entries
+                                             forgotten, directory recreated */
 } kvt_ssd_stats;
 void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
 
