@@ -1004,6 +1004,44 @@ static void test_model_id_rewrite(void **state) {
     free(dir);
 }
 
+/* opts.verify (--ssd-cache-verify): the startup scan checks payload checksums too. */
+static void test_startup_verify(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-verify");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8];
+    gen_tokens(t1, 8, 71);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    char p[1200];
+    block_path(s, kvt_seq_block(s1, 0, 1), p, sizeof p);
+    kvt_ssd_free(s);
+    flip_byte(p, 4096 + 10); /* payload only: the header stays valid */
+    s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 2); /* header-only scan cannot see it */
+    kvt_ssd_free(s);
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f.dir;
+    o.compat_key = COMPAT_A;
+    o.verify = true;
+    char err[256];
+    assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.verified, 1);
+    assert_int_equal(st.corrupt_removed, 1);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 4);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    fx_done(&f);
+}
+
 static void test_recurrent_snapshot(void **state) {
     (void)state;
     fx f;
@@ -1193,9 +1231,13 @@ static void test_compat_key(void **state) {
     assert_int_equal(kvt_ssd_model_id(f.dir, model, id, err, sizeof(err)), KVT_OK);
     assert_int_equal(id[0], '0');
     char k1[512], k2[512];
-    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", k1, sizeof(k1), err, sizeof(err)), KVT_OK);
-    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokB", k2, sizeof(k2), err, sizeof(err)), KVT_OK);
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", "avx2", k1, sizeof(k1), err, sizeof(err)), KVT_OK);
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokB", "avx2", k2, sizeof(k2), err, sizeof(err)), KVT_OK);
     assert_string_not_equal(k1, k2);
+    char k3[512];
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", "scalar", k3, sizeof(k3), err, sizeof(err)), KVT_OK);
+    assert_string_not_equal(k1, k3); /* other kernel numerics: another key, another directory */
+    assert_non_null(strstr(k1, ";kern=avx2"));
     assert_non_null(strstr(k1, "bt=4"));
     char d1[33], d2[33];
     kvt_ssd_compat_dir(k1, d1);
@@ -1497,6 +1539,7 @@ int main(void) {
         cmocka_unit_test(test_planted_files),
         cmocka_unit_test(test_dir_deleted),
         cmocka_unit_test(test_model_id_rewrite),
+        cmocka_unit_test(test_startup_verify),
         cmocka_unit_test(test_recurrent_snapshot),
         cmocka_unit_test(test_window_layout),
         cmocka_unit_test(test_compat_key),

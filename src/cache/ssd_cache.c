@@ -158,6 +158,7 @@ struct kvt_ssd {
     uint64_t shed;                /* records released under memory pressure (not written) */
     uint64_t skipped_nonregular;  /* scan: names of ours that are not regular files */
     uint64_t lost_entries, dir_recreated; /* the directory was deleted under us */
+    uint64_t verified;            /* files whose payload the startup scan verified (--ssd-cache-verify) */
     bool warned_nonregular;
     double restore_ms_last;
     bool warned_write;
@@ -979,16 +980,16 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
 }
 
 kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
-                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
-                              size_t outlen, char *err, size_t errlen) {
+                              const kvt_kv_layout *layout, const char *tokenizer_hash,
+                              const char *numerics_id, char *out, size_t outlen, char *err, size_t errlen) {
     char mid[65];
     kvt_status st = kvt_ssd_model_id(cache_dir, model_path, mid, err, errlen);
     if (st != KVT_OK) return st;
     char scheme[256];
     kvt_kv_layout_key(layout, scheme, sizeof(scheme));
-    int n = snprintf(out, outlen, "kvtier-ssd;model=%s;scheme=%s;tok=%s;bt=%u;num=%d", mid, scheme,
+    int n = snprintf(out, outlen, "kvtier-ssd;model=%s;scheme=%s;tok=%s;bt=%u;num=%d;kern=%s", mid, scheme,
                      tokenizer_hash ? tokenizer_hash : "", kvt_kv_layout_block_tokens(layout),
-                     KVT_NUMERICS_VERSION);
+                     KVT_NUMERICS_VERSION, numerics_id && numerics_id[0] ? numerics_id : "unknown");
     if (n < 0 || (size_t)n >= outlen || (size_t)n >= KVT_SSD_COMPAT_KEY_MAX)
         return kvt_errf(err, errlen, KVT_ERR_RANGE, "compat key too long");
     return KVT_OK;
@@ -1852,6 +1853,7 @@ void kvt_ssd_stats_get(kvt_ssd *s, kvt_ssd_stats *out) {
     out->skipped_nonregular = s->skipped_nonregular;
     out->lost_entries = s->lost_entries;
     out->dir_recreated = s->dir_recreated;
+    out->verified = s->verified;
     out->dropped = s->dropped;
     out->failed = s->failed;
     out->evictions = s->evictions;
@@ -1913,6 +1915,11 @@ static void scan_dir(kvt_ssd *s) {
         char err[256] = "";
         kvt_status st = header_read_fd(fd, &buf, &h, err, sizeof(err));
         if (st == KVT_OK) st = header_matches(s, &h, chain, group, kind, err, sizeof(err));
+        if (st == KVT_OK && s->o.verify) { /* --ssd-cache-verify: every payload section too */
+            kvt_ssd_file_info vi;
+            st = kvt_ssd_read_file_info(path, true, &vi, NULL, 0, err, sizeof(err));
+            if (st == KVT_OK) s->verified++;
+        }
         struct stat sb;
         if (fstat(fd, &sb) != 0) memset(&sb, 0, sizeof(sb));
         close(fd);

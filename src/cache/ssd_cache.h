@@ -44,6 +44,8 @@ typedef struct kvt_ssd_opts {
     uint64_t queue_max_bytes;   /* write-behind queue bound in payload bytes; 0 = 256 MiB. When
                                    full, a record is not queued but stays dirty and is retried
                                    later (counted as dropped); enqueue never waits. */
+    bool verify;                /* startup scan also checks every payload checksum (reads every
+                                   file in full); bad files are removed. Restore always checks. */
 } kvt_ssd_opts;
 void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB */
 
@@ -54,11 +56,16 @@ void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB */
 kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
                             char *err, size_t errlen);
 /* Compatibility key string:
- *   "kvtier-ssd;model=<sha256>;scheme=<kvt_kv_layout_key>;tok=<tokenizer_hash>;bt=<block_tokens>;num=<N>"
- * tokenizer_hash: any stable string identifying the tokenizer (e.g. hex hash of the vocab). */
+ *   "kvtier-ssd;model=<sha256>;scheme=<kvt_kv_layout_key>;tok=<tokenizer_hash>;bt=<block_tokens>;
+ *    num=<N>;kern=<numerics_id>"
+ * tokenizer_hash: any stable string identifying the tokenizer (e.g. hex hash of the vocab).
+ * numerics_id: the kernel numerics actually in use (kvt_kernels_numerics_id(): ISA path and any
+ * kernel option that changes results). The kernel paths are not bit-identical (different summation
+ * order / FMA), so a directory shared by machines with different kernels never reuses KV computed
+ * with other numerics. */
 kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
-                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
-                              size_t outlen, char *err, size_t errlen);
+                              const kvt_kv_layout *layout, const char *tokenizer_hash,
+                              const char *numerics_id, char *out, size_t outlen, char *err, size_t errlen);
 /* The directory name for a compat key: 32 lowercase hex chars + NUL. */
 void kvt_ssd_compat_dir(const char *compat_key, char out[33]);
 
@@ -156,6 +163,7 @@ typedef struct kvt_ssd_stats {
                                              (symlinks, FIFOs, devices): never opened through */
     uint64_t lost_entries, dir_recreated; /* the directory was deleted while open: entries
                                              forgotten, directory recreated */
+    uint64_t verified;                    /* payloads checked by the startup scan (opts.verify) */
 } kvt_ssd_stats;
 void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
 

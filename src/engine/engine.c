@@ -257,7 +257,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->ssd_dir) {
         char th[32];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
-        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, e->compat, sizeof e->compat, err, errlen);
+        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, kvt_kernels_numerics_id(), e->compat,
+                                sizeof e->compat, err, errlen);
         if (st) goto fail;
     } else {
         struct stat sb;
@@ -291,6 +292,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.compat_key = e->compat;
         so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
         so.writeback = o->ssd_writeback;
+        so.verify = o->ssd_verify;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
     }

@@ -33,7 +33,8 @@ typedef struct kvt_engine_opts {
     const char *ssd_dir;        /* NULL = no SSD tier */
     double ssd_max_gb;          /* 0 = unlimited */
     bool ssd_writeback;         /* default true */
-    double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <0 disables */
+    double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <= 0 disables */
+    bool ssd_verify;            /* --ssd-cache-verify: check every payload checksum at startup */
     const char *chat_template;  /* override, NULL = detect */
 } kvt_engine_opts;
 

@@ -76,6 +76,13 @@ bool kvt_kernels_force_isa(kvt_isa isa) {
     fill(isa);
     return true;
 }
+const char *kvt_kernels_numerics_id(void) {
+    kvt_kernels_init();
+    kvt_isa isa = kvt_kernels_isa();
+    if (isa == KVT_ISA_AVX512 && g_vnni) return "avx512-vnni";
+    return kvt_isa_name(isa);
+}
+
 const char *kvt_isa_name(kvt_isa isa) {
     switch (isa) {
     case KVT_ISA_SCALAR: return "scalar";
