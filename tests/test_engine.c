@@ -419,12 +419,46 @@ static void test_pressure_with_ssd(void **s) {
     free(m);
 }
 
+/* One lookup over both tiers: when the SSD tier holds a longer prefix than RAM, only SSD is used and
+ * the RAM tier does not count a hit (no RAM take is built and thrown away). */
+static void test_lookup_prefers_longer_tier(void **s) {
+    (void)s;
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-lookup");
+    kvt_engine *e = open_engine(m, "off", 1.0, dir);
+    int32_t ids[100];
+    fill(ids, 100, kvt_engine_n_vocab(e), 91);
+    run_out a, b, c;
+    gen(e, ids, 100, 4, false, NULL, &a);
+    kvt_flush_result fr;
+    kvt_engine_flush(e, 10000, &fr);
+    assert_true(fr.durable);
+    kvt_engine_free(e);
+    e = open_engine(m, "off", 1.0, dir);
+    gen(e, ids, 40, 4, false, NULL, &b); /* RAM now holds a 40-token prefix */
+    kvt_engine_stats st0, st1;
+    kvt_engine_stats_get(e, &st0);
+    gen(e, ids, 100, 4, false, NULL, &c);
+    kvt_engine_stats_get(e, &st1);
+    assert_int_equal(c.tier, KVT_TIER_SSD);
+    assert_int_equal(c.reused, 99);
+    assert_int_equal(st1.pc_hits, st0.pc_hits);
+    assert_int_equal(st1.ssd_restores, st0.ssd_restores + 1);
+    assert_memory_equal(a.tok, c.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
 int main(void) {
     g_dir = tu_tmpdir("engine");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd), cmocka_unit_test(test_lookup_prefers_longer_tier),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

@@ -37,6 +37,30 @@ bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed) {
     return freed > 0;
 }
 
+kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uint64_t root, kvt_tiers_hit *out) {
+    memset(out, 0, sizeof(*out));
+    uint32_t in_ram = kvt_prompt_cache_peek(t->o.ram, prompt, n, root);
+    uint32_t on_disk = t->o.ssd ? kvt_ssd_find(t->o.ssd, prompt, n, root) : 0;
+    if (on_disk > in_ram) {
+        double r0 = kvt_now_ms();
+        kvt_seq *rs = NULL;
+        uint32_t got = 0;
+        kvt_status st = kvt_ssd_restore(t->o.ssd, prompt, n, root, &rs, &got);
+        out->restore_ms = kvt_now_ms() - r0;
+        if (st == KVT_OK && rs && got > in_ram) {
+            out->seq = rs;
+            out->n_reused = got;
+            out->from = KVT_TIERS_SSD;
+            return KVT_OK;
+        }
+        if (rs) kvt_seq_free(rs); /* shorter than RAM after all (a file went bad): RAM serves */
+    }
+    kvt_status st = kvt_prompt_cache_take(t->o.ram, prompt, n, root, &out->seq, &out->n_reused);
+    if (st != KVT_OK) return st;
+    out->from = out->seq ? KVT_TIERS_RAM : KVT_TIERS_NONE;
+    return KVT_OK;
+}
+
 void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
     if (!t || !t->o.ssd) {
         memset(out, 0, sizeof(*out));

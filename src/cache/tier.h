@@ -37,6 +37,22 @@ void kvt_tiers_free(kvt_tiers *t); /* NULL is a no-op */
 /* The pool pressure callback (kvt_pressure_fn, ctx = kvt_tiers*). True if any pool bytes were freed. */
 bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed);
 
+/* Where a lookup's prefix comes from. */
+typedef enum kvt_tiers_source { KVT_TIERS_NONE = 0, KVT_TIERS_RAM = 1, KVT_TIERS_SSD = 2 } kvt_tiers_source;
+
+typedef struct kvt_tiers_hit {
+    kvt_seq *seq;            /* new sequence of n_reused tokens (caller owns), or NULL on a miss */
+    uint32_t n_reused;
+    kvt_tiers_source from;
+    double restore_ms;       /* time spent restoring from the SSD tier (0 if it was not used) */
+} kvt_tiers_hit;
+
+/* One lookup over both tiers: peeks the RAM tier and the SSD index (no side effects), then takes
+ * the prefix from the tier with the longer usable prefix only, so a RAM take is never built and
+ * thrown away (and never counted as a RAM hit when SSD serves). Ties go to RAM. An SSD restore
+ * that fails or comes back shorter falls back to the RAM take. Errors: pool/allocation failures. */
+kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uint64_t root, kvt_tiers_hit *out);
+
 /* Durability boundary (see kvt_ssd_flush). Without an SSD tier: durable, nothing written. */
 void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out);
 

@@ -2,8 +2,9 @@
  * engine.c — see engine.h. The generate loop:
  *
  *   1. validate the request (non-empty, ids in range, fits the context);
- *   2. lookup: RAM prompt cache take() (shares blocks, copies at most one partial block); if the SSD
- *      tier holds a strictly longer usable prefix, restore it instead (streamed into the pool);
+ *   2. lookup (kvt_tiers_lookup): peek both tiers, take from the one with the longer usable prefix
+ *      (RAM take shares blocks and copies at most one partial block; SSD restore streams into the
+ *      pool);
  *   3. prefill the remaining prompt tokens in ubatch chunks; a long cold prefill registers the
  *      prompt-only prefix (prompt-boundary snapshot) before decoding;
  *   4. decode: sample, stream text (stop strings held back until they can no longer match),
@@ -428,26 +429,13 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     /* 2. lookup */
     uint32_t reused = 0;
     if (use_cache) {
-        st = kvt_prompt_cache_take(e->pc, req->prompt, n, root, &seq, &reused);
+        kvt_tiers_hit hit;
+        st = kvt_tiers_lookup(e->tier, req->prompt, n, root, &hit);
         if (st) goto done;
-        if (seq) res->reused_from = KVT_TIER_RAM;
-        if (e->ssd) {
-            uint32_t on_disk = kvt_ssd_find(e->ssd, req->prompt, n, root);
-            if (on_disk > reused) {
-                double r0 = kvt_now_ms();
-                kvt_seq *rs = NULL;
-                uint32_t got = 0;
-                if (kvt_ssd_restore(e->ssd, req->prompt, n, root, &rs, &got) == KVT_OK && rs && got > reused) {
-                    if (seq) kvt_seq_free(seq);
-                    seq = rs;
-                    reused = got;
-                    res->reused_from = KVT_TIER_SSD;
-                } else if (rs) {
-                    kvt_seq_free(rs);
-                }
-                res->restore_ms = kvt_now_ms() - r0;
-            }
-        }
+        seq = hit.seq;
+        reused = hit.n_reused;
+        res->restore_ms = hit.restore_ms;
+        res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
     }
     if (!seq) {
         st = kvt_seq_create(e->pool, root, &seq);
