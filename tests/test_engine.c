@@ -453,12 +453,44 @@ static void test_lookup_prefers_longer_tier(void **s) {
     free(m);
 }
 
+/* Window blocks registered while a sliding-window sequence grows enter write-behind: after a
+ * restart, a prompt that diverges early (its window blocks had left the live window) is served
+ * from the SSD tier. */
+static void test_window_blocks_written_behind(void **s) {
+    (void)s;
+    char *m = make_model("gemma3", "f16");
+    char *dir = tu_tmpdir("eng-winwb");
+    kvt_engine *e = open_engine(m, "off", 1.0, dir);
+    enum { N = 200 };
+    int32_t ids[N];
+    fill(ids, N, kvt_engine_n_vocab(e), 17);
+    run_out a, b, bc;
+    gen(e, ids, N, 4, false, NULL, &a);
+    kvt_flush_result fr;
+    kvt_engine_flush(e, 10000, &fr);
+    assert_true(fr.durable);
+    kvt_engine_free(e);
+    e = open_engine(m, "off", 1.0, dir);
+    ids[90] = ids[90] + 1; /* diverges long after position 90 left the 32-token window */
+    gen(e, ids, 100, 4, false, NULL, &b);
+    assert_int_equal(b.tier, KVT_TIER_SSD);
+    assert_int_equal(b.reused, 90);
+    gen(e, ids, 100, 4, true, NULL, &bc);
+    assert_memory_equal(b.tok, bc.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
 int main(void) {
     g_dir = tu_tmpdir("engine");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
-        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd), cmocka_unit_test(test_lookup_prefers_longer_tier),
+        cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd), cmocka_unit_test(test_lookup_prefers_longer_tier), cmocka_unit_test(test_window_blocks_written_behind),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

@@ -61,6 +61,24 @@ kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uin
     return KVT_OK;
 }
 
+kvt_status kvt_tiers_put(kvt_tiers *t, kvt_seq *seq) {
+    kvt_status st = kvt_prompt_cache_put(t->o.ram, seq);
+    if (st != KVT_OK || !t->o.ssd || !t->o.writeback) return st;
+    kvt_snapshot *snap = NULL;
+    /* the tail is frozen by the put; a failed snapshot only loses the SSD copy of the state */
+    if (kvt_kv_layout_state_bytes(kvt_block_pool_layout(kvt_seq_pool(seq))) > 0 && kvt_seq_snapshot(seq, &snap) != KVT_OK)
+        snap = NULL;
+    kvt_ssd_enqueue_seq(t->o.ssd, seq, snap);
+    if (snap) kvt_snapshot_release(snap);
+    return KVT_OK;
+}
+
+kvt_status kvt_tiers_put_blocks(kvt_tiers *t, kvt_seq *seq) {
+    kvt_status st = kvt_prompt_cache_put_blocks(t->o.ram, seq);
+    if (st == KVT_OK && t->o.ssd && t->o.writeback) kvt_ssd_enqueue_seq(t->o.ssd, seq, NULL);
+    return st;
+}
+
 void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
     if (!t || !t->o.ssd) {
         memset(out, 0, sizeof(*out));

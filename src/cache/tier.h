@@ -53,6 +53,15 @@ typedef struct kvt_tiers_hit {
  * that fails or comes back shorter falls back to the RAM take. Errors: pool/allocation failures. */
 kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uint64_t root, kvt_tiers_hit *out);
 
+/* Registers a finished (or prompt-boundary) sequence in the RAM tier (kvt_prompt_cache_put) and,
+ * with write-behind on, hands its sealed blocks and — for layouts with recurrent layers — a
+ * snapshot at its end to the SSD tier, so boundary snapshots are persisted like blocks. Never waits
+ * for the disk. */
+kvt_status kvt_tiers_put(kvt_tiers *t, kvt_seq *seq);
+/* The same for a growing sliding-window sequence's sealed full blocks (kvt_prompt_cache_put_blocks):
+ * window blocks registered during prefill/decode enter write-behind too. */
+kvt_status kvt_tiers_put_blocks(kvt_tiers *t, kvt_seq *seq);
+
 /* Durability boundary (see kvt_ssd_flush). Without an SSD tier: durable, nothing written. */
 void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out);
 

@@ -472,7 +472,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         uint32_t m = KVT_MIN(chunk, n - done_tok);
         st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
         done_tok += m;
-        if (st == KVT_OK && keep_window && done_tok < n) kvt_prompt_cache_put_blocks(e->pc, seq);
+        if (st == KVT_OK && keep_window && done_tok < n) kvt_tiers_put_blocks(e->tier, seq);
     }
     if (st) {
         if (st == KVT_ERR_POOL_EXHAUSTED)
@@ -487,8 +487,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
     /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
     if (use_cache && n - reused >= e->o.snapshot_min_tokens) {
-        kvt_prompt_cache_put(e->pc, seq);
-        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        kvt_tiers_put(e->tier, seq);
     }
 
     /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
@@ -554,7 +553,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         }
         if (n_gen >= max_new) break;
         st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
-        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_prompt_cache_put_blocks(e->pc, seq);
+        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, seq);
         if (st) {
             if (st == KVT_ERR_CANCELLED) {
                 res->finish = KVT_FINISH_CANCELLED;
@@ -588,8 +587,7 @@ put_back:
     if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
     /* 5. what was computed stays cached, also for cancelled requests */
     if (seq && use_cache && kvt_seq_len(seq) > 0) {
-        kvt_prompt_cache_put(e->pc, seq);
-        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        kvt_tiers_put(e->tier, seq);
     }
     res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
     pthread_mutex_lock(&e->stats_mu);
