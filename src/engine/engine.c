@@ -642,6 +642,11 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_failed = s.failed;
         out->ssd_longest_durable_prefix_tokens = s.longest_durable_prefix_tokens;
         out->ssd_restore_ms_last = s.restore_ms_last;
+        out->ssd_dirty_records = s.dirty_records;
+        out->ssd_shed = s.shed;
+        out->ssd_skipped_nonregular = s.skipped_nonregular;
+        out->ssd_lost_entries = s.lost_entries;
+        out->ssd_dir_recreated = s.dir_recreated;
     }
     out->pool_used_bytes = kvt_block_pool_used_bytes(e->pool);
     out->pool_peak_bytes = kvt_block_pool_peak_bytes(e->pool);

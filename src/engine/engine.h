@@ -115,6 +115,7 @@ typedef struct kvt_engine_stats {
     char ssd_dir[512];
     uint64_t ssd_entries, ssd_bytes, ssd_max_bytes, ssd_restores, ssd_spills, ssd_demotions,
         ssd_pending_blocks, ssd_pending_bytes, ssd_dropped, ssd_failed, ssd_longest_durable_prefix_tokens;
+    uint64_t ssd_dirty_records, ssd_shed, ssd_skipped_nonregular, ssd_lost_entries, ssd_dir_recreated;
     double ssd_restore_ms_last;
     /* pool */
     uint64_t pool_used_bytes, pool_peak_bytes, pool_budget_bytes;
