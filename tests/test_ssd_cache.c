@@ -747,6 +747,10 @@ static void test_shed(void **state) {
     kvt_ssd_pause_writer(s, true);
     kvt_ssd_enqueue_seq(s, s1, NULL);
     kvt_ssd_enqueue_seq(s, s2, NULL);
+    kvt_ssd_enqueue_seq(s, s2, NULL); /* still owed: one record per block, no duplicate */
+    kvt_ssd_stats st0;
+    kvt_ssd_stats_get(s, &st0);
+    assert_int_equal(st0.pending_blocks, 4);
     uint64_t bb = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0));
     kvt_seq_free(s1); /* its blocks are now held only by their records */
     uint64_t used = kvt_block_pool_used_bytes(f.pool);

@@ -118,7 +118,9 @@ typedef struct ssd_item {
     uint32_t attempts;     /* failed write attempts */
     uint64_t retry_at_ns;  /* DIRTY: not retried before this (monotonic), back-off */
     uint64_t fail_ns;      /* monotonic time of the last failed attempt */
+    struct ssd_item *hnext; /* record table chain (by object) */
 } ssd_item;
+#define SSD_REC_BUCKETS 4096u
 
 struct kvt_ssd {
     char *root_dir, *cdir, *compat;
@@ -147,6 +149,7 @@ struct kvt_ssd {
     ssd_item *q_head, *q_tail;    /* QUEUED, FIFO */
     ssd_item *inflight;           /* INFLIGHT (at most one: one writer) */
     ssd_item *d_head;             /* DIRTY (dropped or failed), retried with back-off */
+    ssd_item *rec_tab[SSD_REC_BUCKETS]; /* every live record by its object: one record per object */
     uint64_t q_bytes, q_count;    /* QUEUED + INFLIGHT */
     uint64_t d_count, d_bytes;    /* DIRTY */
     uint64_t next_seq_no;
@@ -1311,6 +1314,32 @@ static void supersede(kvt_ssd *s, const ssd_entry *e) {
  *     waits for the disk).
  *  6. The writer handles one record at a time (at most one INFLIGHT), which is never shed.
  */
+/* Record table: at most one record per block/snapshot object, so re-registering a sequence whose
+ * blocks are still owed (every request end does) adds nothing. Lock held. */
+static uint32_t rec_bucket(const ssd_item *it) {
+    uint64_t h = (uint64_t)(uintptr_t)(it->b ? (const void *)it->b : (const void *)it->s);
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return (uint32_t)(h >> 40) % SSD_REC_BUCKETS;
+}
+static ssd_item *rec_find(kvt_ssd *s, const ssd_item *it) {
+    for (ssd_item *r = s->rec_tab[rec_bucket(it)]; r; r = r->hnext)
+        if (r->b == it->b && r->s == it->s) return r;
+    return NULL;
+}
+static void rec_insert(kvt_ssd *s, ssd_item *it) {
+    uint32_t k = rec_bucket(it);
+    it->hnext = s->rec_tab[k];
+    s->rec_tab[k] = it;
+}
+static void rec_remove(kvt_ssd *s, ssd_item *it) {
+    for (ssd_item **pp = &s->rec_tab[rec_bucket(it)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == it) {
+            *pp = it->hnext;
+            return;
+        }
+}
+
 #define SSD_RETRY_MIN_MS 50u
 #define SSD_RETRY_MAX_MS 30000u
 
@@ -1546,6 +1575,7 @@ static void *writer_main(void *arg) {
             enforce_cap(s);
         }
         s->published++;
+        rec_remove(s, it);
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);
         item_release(it);
@@ -1570,6 +1600,12 @@ static bool enqueue(kvt_ssd *s, ssd_item *it) {
         item_release(it);
         return false;
     }
+    if (rec_find(s, it)) { /* already owed (queued, in flight or dirty): one record per object */
+        pthread_mutex_unlock(&s->mu);
+        item_release(it);
+        return true;
+    }
+    rec_insert(s, it);
     /* Soft cap: a lone record larger than the bound is still accepted. */
     if (s->q_count > 0 && s->q_bytes + it->bytes > qmax) {
         s->dropped++;
@@ -1784,6 +1820,7 @@ uint64_t kvt_ssd_shed(kvt_ssd *s, uint64_t bytes) {
             }
             freed += kvt_block_data_bytes(it->b);
             s->shed++;
+            rec_remove(s, it);
             it->next = victims;
             victims = it;
         }
