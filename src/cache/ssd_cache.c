@@ -1313,6 +1313,8 @@ static void supersede(kvt_ssd *s, const ssd_entry *e) {
  *     kvt_ssd_shed frees what only records hold (the "free at once" choice: the pressure path never
  *     waits for the disk).
  *  6. The writer handles one record at a time (at most one INFLIGHT), which is never shed.
+ *  7. At most one live record per block/snapshot object (rec_tab): registering a sequence whose
+ *     blocks are still owed adds no record, so the record count is bounded by the pool's blocks.
  */
 /* Record table: at most one record per block/snapshot object, so re-registering a sequence whose
  * blocks are still owed (every request end does) adds nothing. Lock held. */
