@@ -371,8 +371,12 @@ static void test_demote_idle(void **s) {
     kvt_engine_stats_get(e, &st);
     assert_true(st.pc_blocks > 0);
     kvt_flush_result fr;
+    /* write-behind is off: a flush writes what the RAM tier holds (never durable over nothing) */
     kvt_engine_flush(e, 10000, &fr);
-    assert_int_equal(fr.entries, 0); /* write-behind is off: nothing on disk yet */
+    assert_true(fr.durable);
+    assert_true(fr.entries > 0);
+    assert_true(fr.records_written > 0);
+    assert_true(fr.longest_durable_prefix_tokens >= 96);
     usleep(1200 * 1000);
     kvt_engine_tick(e);
     kvt_engine_flush(e, 10000, &fr);
@@ -388,6 +392,120 @@ static void test_demote_idle(void **s) {
     assert_true(b.reused >= 96);
     assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 4);
     kvt_engine_free(e);
+    /* --ssd-demote-idle 0 disables demotion (it does not mean "demote everything at once") */
+    o.ssd_demote_idle_s = 0;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    gen(e, ids, 100, 4, false, NULL, &b);
+    usleep(1100 * 1000);
+    kvt_engine_tick(e);
+    kvt_engine_stats_get(e, &st);
+    assert_int_equal(st.ssd_demotions, 0);
+    assert_true(st.pc_blocks > 0);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
+/* Memory pressure with an SSD tier attached (8-block pool, write-behind off, spill sink on): the
+ * RAM tier's evictions are spilled into SSD records, which the pressure path then frees at once,
+ * so a new prompt still fits. Output equals an uncached run. */
+static void test_pressure_with_ssd(void **s) {
+    (void)s;
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-pressure");
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = m;
+    o.n_ctx = 512;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 1.0;
+    o.ssd_dir = dir;
+    o.ssd_writeback = false;
+    kvt_engine *e = NULL;
+    char err[512] = "";
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    double block_bytes = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e)) * 16;
+    kvt_engine_free(e);
+    o.kv_pool_gb = 8 * block_bytes / 1e9;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    int32_t a_ids[100], b_ids[100];
+    fill(a_ids, 100, kvt_engine_n_vocab(e), 5);
+    fill(b_ids, 100, kvt_engine_n_vocab(e), 6);
+    run_out a, b, bc;
+    gen(e, a_ids, 100, 4, false, NULL, &a); /* 7 blocks stay in the RAM tier */
+    gen(e, b_ids, 100, 4, false, NULL, &b); /* needs them back */
+    gen(e, b_ids, 100, 4, true, NULL, &bc);
+    assert_memory_equal(b.tok, bc.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
+/* One lookup over both tiers: when the SSD tier holds a longer prefix than RAM, only SSD is used and
+ * the RAM tier does not count a hit (no RAM take is built and thrown away). */
+static void test_lookup_prefers_longer_tier(void **s) {
+    (void)s;
+    char *m = make_model("llama", "f16");
+    char *dir = tu_tmpdir("eng-lookup");
+    kvt_engine *e = open_engine(m, "off", 1.0, dir);
+    int32_t ids[100];
+    fill(ids, 100, kvt_engine_n_vocab(e), 91);
+    run_out a, b, c;
+    gen(e, ids, 100, 4, false, NULL, &a);
+    kvt_flush_result fr;
+    kvt_engine_flush(e, 10000, &fr);
+    assert_true(fr.durable);
+    kvt_engine_free(e);
+    e = open_engine(m, "off", 1.0, dir);
+    gen(e, ids, 40, 4, false, NULL, &b); /* RAM now holds a 40-token prefix */
+    kvt_engine_stats st0, st1;
+    kvt_engine_stats_get(e, &st0);
+    gen(e, ids, 100, 4, false, NULL, &c);
+    kvt_engine_stats_get(e, &st1);
+    assert_int_equal(c.tier, KVT_TIER_SSD);
+    assert_int_equal(c.reused, 99);
+    assert_int_equal(st1.pc_hits, st0.pc_hits);
+    assert_int_equal(st1.ssd_restores, st0.ssd_restores + 1);
+    assert_memory_equal(a.tok, c.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    free(m);
+}
+
+/* Window blocks registered while a sliding-window sequence grows enter write-behind: after a
+ * restart, a prompt that diverges early (its window blocks had left the live window) is served
+ * from the SSD tier. */
+static void test_window_blocks_written_behind(void **s) {
+    (void)s;
+    char *m = make_model("gemma3", "f16");
+    char *dir = tu_tmpdir("eng-winwb");
+    kvt_engine *e = open_engine(m, "off", 1.0, dir);
+    enum { N = 200 };
+    int32_t ids[N];
+    fill(ids, N, kvt_engine_n_vocab(e), 17);
+    run_out a, b, bc;
+    gen(e, ids, N, 4, false, NULL, &a);
+    kvt_flush_result fr;
+    kvt_engine_flush(e, 10000, &fr);
+    assert_true(fr.durable);
+    kvt_engine_free(e);
+    e = open_engine(m, "off", 1.0, dir);
+    ids[90] = ids[90] + 1; /* diverges long after position 90 left the 32-token window */
+    gen(e, ids, 100, 4, false, NULL, &b);
+    assert_int_equal(b.tier, KVT_TIER_SSD);
+    assert_int_equal(b.reused, 90);
+    gen(e, ids, 100, 4, true, NULL, &bc);
+    assert_memory_equal(b.tok, bc.tok, sizeof(int32_t) * 4);
+    kvt_engine_free(e);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
@@ -401,7 +519,7 @@ int main(void) {
         cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
         cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_hit_deepseek2_mla), cmocka_unit_test(test_ssd_restart_deepseek2_mla),
-        cmocka_unit_test(test_kv_quant_mla_refused),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle),
+        cmocka_unit_test(test_kv_quant_mla_refused),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd), cmocka_unit_test(test_lookup_prefers_longer_tier), cmocka_unit_test(test_window_blocks_written_behind),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[512];

@@ -599,7 +599,6 @@ static void test_queue_bound(void **state) {
     o.dir = f.dir;
     o.compat_key = COMPAT_A;
     o.queue_max_bytes = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0)) * 2;
-    o.queue_wait_ms = 20; /* bounded back-pressure, then drop */
     kvt_ssd *s = NULL;
     char err[256];
     assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
@@ -611,12 +610,25 @@ static void test_queue_bound(void **state) {
     kvt_ssd_stats_get(s, &st);
     assert_int_equal(st.dropped, 2);
     assert_int_equal(st.pending_blocks, 2);
-    kvt_ssd_pause_writer(s, false);
+    assert_int_equal(st.dirty_records, 2); /* dropped from the queue, still owed */
+    /* while the writer cannot make progress, every flush reports the hole (never durable) */
     kvt_ssd_flush_result fr;
+    for (int i = 0; i < 2; i++) {
+        kvt_ssd_flush(s, 50, &fr);
+        assert_false(fr.durable);
+        assert_int_equal(fr.dropped, 2);
+        assert_int_equal(fr.pending_blocks, 2);
+        assert_true(fr.reason[0] != 0);
+    }
+    /* the dropped records are retried, so the next flush is durable over the whole prefix */
+    kvt_ssd_pause_writer(s, false);
     kvt_ssd_flush(s, 10000, &fr);
-    assert_false(fr.durable);
-    assert_int_equal(fr.dropped, 2);
-    assert_int_equal(fr.entries, 2);
+    assert_true(fr.durable);
+    assert_int_equal(fr.dropped, 0);
+    assert_int_equal(fr.entries, 4);
+    assert_int_equal(fr.records_written, 4);
+    assert_int_equal(fr.longest_durable_prefix_tokens, 16);
+    assert_int_equal(kvt_ssd_find(s, t1, 16, root), 15);
     /* writeback off: enqueue is a no-op, spills still persist */
     kvt_ssd_free(s);
     o.writeback = false;
@@ -624,13 +636,411 @@ static void test_queue_bound(void **state) {
     assert_true(kvt_ssd_enqueue_block(s, kvt_seq_block(s1, 0, 2), root));
     flush_ok(s);
     kvt_ssd_stats_get(s, &st);
-    assert_int_equal(st.entries, 2);
-    assert_true(kvt_ssd_spill_block(s, kvt_seq_block(s1, 0, 2)));
-    flush_ok(s);
+    assert_int_equal(st.entries, 4);
+    assert_int_equal(st.published, 0); /* already on disk: nothing written */
+    assert_int_equal(kvt_ssd_find(s, t1, 16, root), 15);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    fx_done(&f);
+}
+
+/* A failed directory fsync is a failed write: not durable, retried, durable once it succeeds. */
+static void test_fsync_dir_failure(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-fsyncdir");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8];
+    gen_tokens(t1, 8, 21);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_set_fault(s, KVT_SSD_FAULT_FSYNC_DIR);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    kvt_ssd_flush_result fr;
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_false(fr.durable);
+    assert_int_equal(fr.failed, 2);
+    assert_int_equal(fr.entries, 0); /* renamed but not indexed: not known durable */
+    kvt_ssd_flush(s, 10000, &fr);    /* reported again, not forgotten */
+    assert_false(fr.durable);
+    assert_int_equal(fr.failed, 2);
+    kvt_ssd_set_fault(s, KVT_SSD_FAULT_NONE);
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_true(fr.durable);
+    assert_int_equal(fr.records_written, 2);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 7);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    fx_done(&f);
+}
+
+/* Property: over random fault schedules and random interleavings of enqueues and flushes, a flush
+ * that answers durable covers every record created before it: every sequence enqueued before a
+ * durable flush is findable in full right after it (and after a reopen). */
+static void test_flush_property(void **state) {
+    (void)state;
+    for (uint64_t trial = 0; trial < 12; trial++) {
+        fx f;
+        fx_init(&f, 4, 0, "ssd-prop");
+        uint64_t root = kvt_root_hash(COMPAT_A, ""), rng = 1000 + trial;
+        kvt_ssd_opts o;
+        kvt_ssd_opts_default(&o);
+        o.dir = f.dir;
+        o.compat_key = COMPAT_A;
+        o.queue_max_bytes = 3 * 1024; /* small: some enqueues are dropped (dirty) */
+        kvt_ssd *s = NULL;
+        char err[256];
+        assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+        enum { NSEQ = 10 };
+        int32_t toks[NSEQ][12];
+        kvt_seq *seqs[NSEQ];
+        uint32_t n_enq = 0, n_durable_checked = 0;
+        for (uint32_t step = 0; step < 30; step++) {
+            uint64_t r = tu_rand(&rng);
+            if (r % 4 == 0) kvt_ssd_set_fault_rate(s, tu_rand(&rng), (uint32_t)(tu_rand(&rng) % 3) * 400); /* 0/40/80% */
+            if (n_enq < NSEQ && r % 3 != 0) {
+                gen_tokens(toks[n_enq], 12, trial * 100 + n_enq);
+                seqs[n_enq] = build_seq(&f, root, toks[n_enq], 12);
+                kvt_ssd_enqueue_seq(s, seqs[n_enq], NULL);
+                n_enq++;
+            } else {
+                uint32_t covered = n_enq;
+                kvt_ssd_flush_result fr;
+                kvt_ssd_flush(s, 2000, &fr);
+                if (fr.durable) {
+                    for (uint32_t i = 0; i < covered; i++) assert_int_equal(kvt_ssd_find(s, toks[i], 12, root), 11);
+                    n_durable_checked++;
+                } else {
+                    assert_true(fr.pending_blocks + fr.dropped + fr.failed > 0);
+                    assert_true(fr.reason[0] != 0);
+                }
+            }
+        }
+        /* faults end: the retries publish everything, and it survives a reopen */
+        kvt_ssd_set_fault_rate(s, 0, 0);
+        kvt_ssd_flush_result fr;
+        kvt_ssd_flush(s, 20000, &fr);
+        assert_true(fr.durable);
+        kvt_ssd_free(s);
+        s = open_ssd(&f, COMPAT_A, 0);
+        for (uint32_t i = 0; i < n_enq; i++) {
+            assert_int_equal(kvt_ssd_find(s, toks[i], 12, root), 11);
+            kvt_seq_free(seqs[i]);
+        }
+        (void)n_durable_checked;
+        kvt_ssd_free(s);
+        fx_done(&f);
+    }
+}
+
+/* Memory pressure: records whose blocks nothing else holds are freed at once; held ones are kept. */
+static void test_shed(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-shed");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8];
+    gen_tokens(t1, 8, 31);
+    gen_tokens(t2, 8, 32);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_pause_writer(s, true);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    kvt_ssd_enqueue_seq(s, s2, NULL); /* still owed: one record per block, no duplicate */
+    kvt_ssd_stats st0;
+    kvt_ssd_stats_get(s, &st0);
+    assert_int_equal(st0.pending_blocks, 4);
+    uint64_t bb = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0));
+    kvt_seq_free(s1); /* its blocks are now held only by their records */
+    uint64_t used = kvt_block_pool_used_bytes(f.pool);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 2 * bb);
+    assert_int_equal(kvt_block_pool_used_bytes(f.pool), used - 2 * bb);
+    kvt_ssd_stats st;
     kvt_ssd_stats_get(s, &st);
-    assert_int_equal(st.entries, 3);
-    assert_int_equal(st.spills, 1);
-    assert_int_equal(kvt_ssd_find(s, t1, 16, root), 12);
+    assert_int_equal(st.shed, 2);
+    assert_int_equal(st.pending_blocks, 2); /* s2's records: still held by s2, kept */
+    kvt_ssd_pause_writer(s, false);
+    flush_ok(s);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    kvt_ssd_free(s);
+    kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* Temporaries are unique per process; the scan reaps only stale ones (dead pid, our own pid with
+ * another nonce = our predecessor, legacy names) and keeps a live neighbour's. */
+static void test_tmp_stale_rule(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-tmprule");
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kvt_ssd_dir(s));
+    kvt_ssd_free(s);
+    pid_t child = fork();
+    if (child == 0) {
+        pause();
+        _exit(0);
+    }
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char live_tmp[1200], dead_tmp[1200], pred_tmp[1200], legacy_tmp[1200];
+    snprintf(live_tmp, sizeof live_tmp, "%s/00000000000000a1-g0.kvb.%d-00000000000000ff.tmp", dir, (int)child);
+    snprintf(dead_tmp, sizeof dead_tmp, "%s/00000000000000a2-g0.kvb.%d-00000000000000ff.tmp", dir, (int)dead);
+    snprintf(pred_tmp, sizeof pred_tmp, "%s/00000000000000a3-g0.kvb.%d-0000000000000002.tmp", dir, (int)getpid());
+    snprintf(legacy_tmp, sizeof legacy_tmp, "%s/00000000000000a4-g0.kvb.tmp", dir);
+    const char *all[4] = {live_tmp, dead_tmp, pred_tmp, legacy_tmp};
+    for (int i = 0; i < 4; i++) {
+        FILE *o = fopen(all[i], "w");
+        assert_non_null(o);
+        fputs("partial", o);
+        fclose(o);
+    }
+    s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_equal(access(live_tmp, F_OK), 0); /* a live neighbour's write in progress */
+    assert_int_not_equal(access(dead_tmp, F_OK), 0);
+    assert_int_not_equal(access(pred_tmp, F_OK), 0);
+    assert_int_not_equal(access(legacy_tmp, F_OK), 0);
+    kvt_ssd_free(s);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    fx_done(&f);
+}
+
+/* ---- the cache directory is untrusted input ---- */
+static void plant_symlink(const char *target, const char *link) { assert_int_equal(symlink(target, link), 0); }
+
+static mode_t mode_of(const char *p) {
+    struct stat sb;
+    assert_int_equal(lstat(p, &sb), 0);
+    return sb.st_mode & 07777;
+}
+
+/* Directories 0700 and files 0600 whatever the umask. */
+static void test_perms_regardless_of_umask(void **state) {
+    (void)state;
+    mode_t masks[2] = {0, 0277};
+    for (int m = 0; m < 2; m++) {
+        fx f;
+        fx_init(&f, 4, 0, "ssd-perm");
+        mode_t old = umask(masks[m]);
+        uint64_t root = kvt_root_hash(COMPAT_A, "");
+        int32_t t1[8];
+        gen_tokens(t1, 8, 41);
+        kvt_seq *s1 = build_seq(&f, root, t1, 8);
+        char sub[1100];
+        snprintf(sub, sizeof sub, "%s/new/root", f.dir);
+        kvt_ssd_opts o;
+        kvt_ssd_opts_default(&o);
+        o.dir = sub;
+        o.compat_key = COMPAT_A;
+        kvt_ssd *s = NULL;
+        char err[256];
+        assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+        kvt_ssd_enqueue_seq(s, s1, NULL);
+        flush_ok(s);
+        umask(old);
+        assert_int_equal(mode_of(sub), 0700);
+        assert_int_equal(mode_of(kvt_ssd_dir(s)), 0700);
+        char p[1200];
+        block_path(s, kvt_seq_block(s1, 0, 0), p, sizeof p);
+        assert_int_equal(mode_of(p), 0600);
+        snprintf(p, sizeof p, "%s/KEY", kvt_ssd_dir(s));
+        assert_int_equal(mode_of(p), 0600);
+        kvt_ssd_free(s);
+        kvt_seq_free(s1);
+        fx_done(&f);
+    }
+}
+
+/* Planted symlinks (dangling KEY, cache-file names pointing outside, the final name of a file about
+ * to be written), a FIFO named like a cache file, a world-writable directory. */
+static void test_planted_files(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-attack");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8];
+    gen_tokens(t1, 8, 51);
+    gen_tokens(t2, 8, 52);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    char cd[33], cdir[1100], outside[1100], p[1300], q[1300];
+    kvt_ssd_compat_dir(COMPAT_A, cd);
+    snprintf(cdir, sizeof cdir, "%s/%s", f.dir, cd);
+    snprintf(outside, sizeof outside, "%s/outside", f.dir);
+    assert_int_equal(mkdir(outside, 0700), 0);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    /* a dangling KEY symlink must not create a file outside */
+    snprintf(p, sizeof p, "%s/KEY", cdir);
+    snprintf(q, sizeof q, "%s/created-through-key", outside);
+    plant_symlink(q, p);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_not_equal(access(q, F_OK), 0);
+    /* publish s1 for real, keep a copy outside, then replace the file by a symlink to the copy */
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    block_path(s, kvt_seq_block(s1, 0, 0), p, sizeof p);
+    snprintf(q, sizeof q, "%s/copy.kvb", outside);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && rm '%s'", p, q, p);
+    assert_int_equal(system(cmd), 0);
+    plant_symlink(q, p);
+    /* the final name of a block about to be written is a symlink to a victim file outside */
+    char victim[1200], vlink[1300];
+    snprintf(victim, sizeof victim, "%s/victim", outside);
+    FILE *vf = fopen(victim, "w");
+    fputs("precious", vf);
+    fclose(vf);
+    block_path(s, kvt_seq_block(s2, 0, 0), vlink, sizeof vlink);
+    plant_symlink(victim, vlink);
+    /* a FIFO named like a cache file */
+    snprintf(p, sizeof p, "%s/00000000000000f1-g0.kvb", cdir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    kvt_ssd_free(s);
+    alarm(20); /* a blocking open of the FIFO would hang here: fail loudly instead */
+    s = open_ssd(&f, COMPAT_A, 0);
+    alarm(0);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.skipped_nonregular, 3); /* two symlinks + the FIFO */
+    assert_int_equal(st.entries, 1);            /* block 1 of s1 only: block 0 is a symlink now */
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, t1, 8, root, &r, &nr), KVT_OK);
+    assert_null(r);
+    /* writing s2 replaces the planted symlink (rename never follows), the victim is untouched */
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    flush_ok(s);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    struct stat sb;
+    assert_int_equal(lstat(vlink, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    char buf[16] = {0};
+    vf = fopen(victim, "r");
+    assert_non_null(fgets(buf, sizeof buf, vf));
+    fclose(vf);
+    assert_string_equal(buf, "precious");
+    kvt_ssd_file_info info;
+    char err[256];
+    assert_int_not_equal(kvt_ssd_read_file_info(p, false, &info, NULL, 0, err, sizeof err), KVT_OK); /* FIFO: no hang */
+    kvt_ssd_free(s);
+    /* a directory writable by every user is refused */
+    assert_int_equal(chmod(cdir, 0777), 0);
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f.dir;
+    o.compat_key = COMPAT_A;
+    assert_int_not_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+    assert_non_null(strstr(err, "writable"));
+    assert_int_equal(chmod(cdir, 0700), 0);
+    kvt_seq_free(s1);
+    kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* The compat directory deleted while the tier runs: recreated, counters true, writes resume. */
+static void test_dir_deleted(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-deleted");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8];
+    gen_tokens(t1, 8, 61);
+    gen_tokens(t2, 8, 62);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    rm_rf(kvt_ssd_dir(s));
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    flush_ok(s);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 2);
+    assert_int_equal(st.lost_entries, 2);
+    assert_int_equal(st.dir_recreated, 1);
+    assert_int_equal(count_files(kvt_ssd_dir(s), ".kvb"), 2);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* A model rewritten in place with the same inode, size and mtime gets a new identity. */
+static void test_model_id_rewrite(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir("ssd-modelid");
+    char mp[1100];
+    snprintf(mp, sizeof mp, "%s/model.gguf", dir);
+    FILE *w = fopen(mp, "w");
+    for (int i = 0; i < 10000; i++) fputc('a' + i % 7, w);
+    fclose(w);
+    struct stat sb0;
+    assert_int_equal(stat(mp, &sb0), 0);
+    char id1[65], id2[65], id3[65], err[256];
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id1, err, sizeof err), KVT_OK);
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id2, err, sizeof err), KVT_OK); /* memo hit */
+    assert_string_equal(id1, id2);
+    usleep(20 * 1000);
+    int fd = open(mp, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "ZZZZ", 4, 5000), 4); /* same inode, same size */
+    close(fd);
+    struct timespec ts[2] = {sb0.st_atim, sb0.st_mtim};
+    assert_int_equal(utimensat(AT_FDCWD, mp, ts, 0), 0); /* same mtime */
+    struct stat sb1;
+    assert_int_equal(stat(mp, &sb1), 0);
+    assert_int_equal(sb1.st_ino, sb0.st_ino);
+    assert_int_equal(sb1.st_size, sb0.st_size);
+    assert_int_equal(sb1.st_mtim.tv_nsec, sb0.st_mtim.tv_nsec);
+    assert_int_equal(kvt_ssd_model_id(dir, mp, id3, err, sizeof err), KVT_OK);
+    assert_string_not_equal(id1, id3);
+    char memo[1200];
+    snprintf(memo, sizeof memo, "%s/.model-ids", dir);
+    assert_int_equal(mode_of(memo), 0600);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* opts.verify (--ssd-cache-verify): the startup scan checks payload checksums too. */
+static void test_startup_verify(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-verify");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8];
+    gen_tokens(t1, 8, 71);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    char p[1200];
+    block_path(s, kvt_seq_block(s1, 0, 1), p, sizeof p);
+    kvt_ssd_free(s);
+    flip_byte(p, 4096 + 10); /* payload only: the header stays valid */
+    s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 2); /* header-only scan cannot see it */
+    kvt_ssd_free(s);
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f.dir;
+    o.compat_key = COMPAT_A;
+    o.verify = true;
+    char err[256];
+    assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.verified, 1);
+    assert_int_equal(st.corrupt_removed, 1);
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 4);
     kvt_ssd_free(s);
     kvt_seq_free(s1);
     fx_done(&f);
@@ -825,9 +1235,13 @@ static void test_compat_key(void **state) {
     assert_int_equal(kvt_ssd_model_id(f.dir, model, id, err, sizeof(err)), KVT_OK);
     assert_int_equal(id[0], '0');
     char k1[512], k2[512];
-    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", k1, sizeof(k1), err, sizeof(err)), KVT_OK);
-    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokB", k2, sizeof(k2), err, sizeof(err)), KVT_OK);
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", "avx2", k1, sizeof(k1), err, sizeof(err)), KVT_OK);
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokB", "avx2", k2, sizeof(k2), err, sizeof(err)), KVT_OK);
     assert_string_not_equal(k1, k2);
+    char k3[512];
+    assert_int_equal(kvt_ssd_compat_key(NULL, model, f.l, "tokA", "scalar", k3, sizeof(k3), err, sizeof(err)), KVT_OK);
+    assert_string_not_equal(k1, k3); /* other kernel numerics: another key, another directory */
+    assert_non_null(strstr(k1, ";kern=avx2"));
     assert_non_null(strstr(k1, "bt=4"));
     char d1[33], d2[33];
     kvt_ssd_compat_dir(k1, d1);
@@ -1121,6 +1535,15 @@ int main(void) {
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_readonly_dir),
         cmocka_unit_test(test_queue_bound),
+        cmocka_unit_test(test_fsync_dir_failure),
+        cmocka_unit_test(test_flush_property),
+        cmocka_unit_test(test_shed),
+        cmocka_unit_test(test_tmp_stale_rule),
+        cmocka_unit_test(test_perms_regardless_of_umask),
+        cmocka_unit_test(test_planted_files),
+        cmocka_unit_test(test_dir_deleted),
+        cmocka_unit_test(test_model_id_rewrite),
+        cmocka_unit_test(test_startup_verify),
         cmocka_unit_test(test_recurrent_snapshot),
         cmocka_unit_test(test_window_layout),
         cmocka_unit_test(test_compat_key),

@@ -977,6 +977,44 @@ uint64_t kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, double seconds) {
     return res.items;
 }
 
+int64_t kvt_prompt_cache_visit(kvt_prompt_cache *pc, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx) {
+    if (!pc) return 0;
+    pthread_mutex_lock(&pc->mu);
+    size_t cap = (size_t)pc->n_blocks + (size_t)pc->n_units + 1, nb = 0, ns = 0;
+    kvt_block **bl = malloc(cap * sizeof(*bl));
+    kvt_snapshot **sn = malloc(cap * sizeof(*sn));
+    if (!bl || !sn) {
+        pthread_mutex_unlock(&pc->mu);
+        free(bl);
+        free(sn);
+        return -1;
+    }
+    /* oldest first: parents before children is not needed (files are independent) */
+    for (pc_unit *u = pc->lru.lru_prev; u && u != &pc->lru; u = u->lru_prev) {
+        for (uint32_t g = 0; g < pc->n_groups && nb < cap; g++)
+            if (u->blocks[g]) {
+                kvt_block_retain(u->blocks[g]);
+                bl[nb++] = u->blocks[g];
+            }
+        if (u->snap && ns < cap) {
+            kvt_snapshot_retain(u->snap);
+            sn[ns++] = u->snap;
+        }
+    }
+    pthread_mutex_unlock(&pc->mu);
+    for (size_t i = 0; i < nb; i++) {
+        if (fb) fb(ctx, bl[i]);
+        kvt_block_release(bl[i]);
+    }
+    for (size_t i = 0; i < ns; i++) {
+        if (fs) fs(ctx, sn[i]);
+        kvt_snapshot_release(sn[i]);
+    }
+    free(bl);
+    free(sn);
+    return (int64_t)(nb + ns);
+}
+
 void kvt_prompt_cache_clear(kvt_prompt_cache *pc) {
     if (!pc) return;
     unit_vec uv = {0};

@@ -76,6 +76,12 @@ void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *ou
  * kvt_block_pool_set_pressure. Returns true if it freed any pool bytes. The pool calls it outside its
  * lock; the cache never allocates pool blocks while holding its own lock, so this cannot deadlock. */
 bool kvt_prompt_cache_pressure_cb(void *ctx, uint64_t bytes_needed);
+/* Calls fb for every block and fs for every snapshot the cache holds (each block once per unit),
+ * with the cache lock NOT held: references are taken under the lock, the callbacks run after it
+ * and the references are released afterwards (the callee retains what it keeps). Returns the
+ * number of objects visited, or -1 when out of memory (nothing visited). Used by a flush with
+ * write-behind off to write what the RAM tier holds. */
+int64_t kvt_prompt_cache_visit(kvt_prompt_cache *pc, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx);
 /* Replace the monotonic clock used for idle stamps (demote_idle); NULL restores kvt_now_ns. Tests. */
 void kvt_prompt_cache_set_clock(kvt_prompt_cache *pc, uint64_t (*now_ns)(void *ctx), void *ctx);
 

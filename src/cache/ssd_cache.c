@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -69,6 +70,12 @@ static uint64_t now_real_ns(void) {
 }
 
 /* ------------------------------------------------------------------ fault injection */
+static uint64_t fault_next(uint64_t *st) { /* splitmix64, for scheduled faults */
+    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 static kvt_ssd_fault fault_from_env(void) {
     const char *e = getenv("KVT_SSD_FAULT");
     if (!e) return KVT_SSD_FAULT_NONE;
@@ -76,6 +83,7 @@ static kvt_ssd_fault fault_from_env(void) {
     if (!strcmp(e, "short-write")) return KVT_SSD_FAULT_SHORT_WRITE;
     if (!strcmp(e, "eio-read")) return KVT_SSD_FAULT_EIO_READ;
     if (!strcmp(e, "eio-write")) return KVT_SSD_FAULT_EIO_WRITE;
+    if (!strcmp(e, "fsync-dir")) return KVT_SSD_FAULT_FSYNC_DIR;
     return KVT_SSD_FAULT_NONE;
 }
 
@@ -92,14 +100,27 @@ typedef struct ssd_entry {
     bool contig_ok;
 } ssd_entry;
 
+/* A record: one block/tail/snapshot owed to disk (see the state machine at the top of the writer
+ * section). It holds a reference to its object until it reaches a final state. */
+typedef enum { REC_QUEUED = 0, REC_INFLIGHT = 1, REC_DIRTY = 2 } rec_state;
+typedef enum { WHY_NONE = 0, WHY_DROPPED = 1, WHY_FAILED = 2 } rec_why;
+
 typedef struct ssd_item {
     struct ssd_item *next;
     kvt_block *b;
     kvt_snapshot *s;
     uint64_t root;
     uint64_t bytes;
-    uint64_t t_enq_ns; /* enqueue time (monotonic), for the busy deferral bound */
+    uint64_t t_enq_ns;     /* enqueue time (monotonic), for the busy deferral bound */
+    uint64_t seq_no;       /* creation order: a flush covers the records numbered <= its target */
+    rec_state state;
+    rec_why why;           /* DIRTY: dropped (never attempted since) or failed (last attempt) */
+    uint32_t attempts;     /* failed write attempts */
+    uint64_t retry_at_ns;  /* DIRTY: not retried before this (monotonic), back-off */
+    uint64_t fail_ns;      /* monotonic time of the last failed attempt */
+    struct ssd_item *hnext; /* record table chain (by object) */
 } ssd_item;
+#define SSD_REC_BUCKETS 4096u
 
 struct kvt_ssd {
     char *root_dir, *cdir, *compat;
@@ -126,20 +147,40 @@ struct kvt_ssd {
     uint64_t gen;                 /* bumps on every index change */
     uint64_t longest_gen, longest; /* memo */
 
-    /* queue */
-    ssd_item *q_head, *q_tail;
-    uint64_t q_bytes, q_count;    /* includes the in-flight item */
-    uint64_t enq_count, settled_count;
+    /* records (see the writer section) */
+    ssd_item *q_head, *q_tail;    /* QUEUED, FIFO */
+    ssd_item *inflight;           /* INFLIGHT (at most one: one writer) */
+    ssd_item *d_head;             /* DIRTY (dropped or failed), retried with back-off */
+    ssd_item *rec_tab[SSD_REC_BUCKETS]; /* every live record by its object: one record per object */
+    uint64_t q_bytes, q_count;    /* QUEUED + INFLIGHT */
+    uint64_t d_count, d_bytes;    /* DIRTY */
+    uint64_t next_seq_no;
+    uint64_t published;           /* records that reached a published file (cumulative) */
+    int last_errno;               /* errno of the last failed write, for flush reasons */
 
     /* stats */
     uint64_t restores, spills, demotions, dropped, failed, evictions, corrupt_removed, superseded;
-    uint64_t dropped_mark, failed_mark;
+    uint64_t shed;                /* records released under memory pressure (not written) */
+    uint64_t skipped_nonregular;  /* scan: names of ours that are not regular files */
+    uint64_t lost_entries, dir_recreated; /* the directory was deleted under us */
+    uint64_t verified;            /* files whose payload the startup scan verified (--ssd-cache-verify) */
+    bool warned_nonregular;
     double restore_ms_last;
     bool warned_write;
 
     _Atomic int fault;
+    uint32_t fault_rate;          /* scheduled faults: per-mille of write attempts that fail */
+    uint64_t fault_rng;
     uint32_t flush_waiters;       /* flush calls currently waiting (lock held) */
+    uint64_t flush_target;        /* newest record number a waiting flush covers */
+    uint64_t flush_start_ns;      /* when the newest waiting flush started (retry window) */
+    uint64_t lost_nomem;          /* records that could not even be allocated since the last flush */
 };
+
+static int mkdir_p(const char *path);
+static void write_key_file(const char *cdir, const char *compat);
+static void tmp_name(char *buf, size_t n, const char *path);
+static int open_cache_file(const char *path, int flags);
 
 static uint64_t key_hash(uint64_t chain, uint32_t group, uint32_t kind) {
     uint64_t h = chain ^ ((uint64_t)group * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)kind << 56);
@@ -265,6 +306,49 @@ static bool parse_name(const char *name, uint64_t *chain, uint32_t *group, uint3
     else if (!strcmp(p, ".kvt")) *kind = KVT_SSD_KIND_TAIL;
     else return false;
     *group = g;
+    return true;
+}
+
+/* ------------------------------------------------------------------ untrusted directory */
+/* The cache directory is untrusted input: every cache file is opened through this, which never
+ * follows a symlink (O_NOFOLLOW), never blocks on a FIFO or device (O_NONBLOCK, which has no effect
+ * on regular-file reads) and refuses anything that is not a regular file (errno = EFTYPE-like
+ * EINVAL). Returns the fd or -1. */
+static int open_cache_file(const char *path, int flags) {
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* Refuses a directory we must not trust: not a directory, owned by another user, or writable by
+ * others (anyone could plant files). Fills err and returns false. */
+static bool dir_trusted(const char *path, bool follow, char *err, size_t errlen) {
+    struct stat sb;
+    int r = follow ? stat(path, &sb) : lstat(path, &sb);
+    if (r != 0) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: %s: %s", path, strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: %s is not a directory%s", path, follow ? "" : " (symlink?)");
+        return false;
+    }
+    if (sb.st_uid != geteuid()) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: refusing %s: owned by uid %u, not by this user (uid %u)", path,
+                 (unsigned)sb.st_uid, (unsigned)geteuid());
+        return false;
+    }
+    if (sb.st_mode & S_IWOTH) {
+        kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: refusing %s: writable by every user (mode %04o); chmod o-w it",
+                 path, (unsigned)(sb.st_mode & 07777));
+        return false;
+    }
     return true;
 }
 
@@ -578,8 +662,10 @@ static kvt_status read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off) {
 
 kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd_file_info *info,
                                   int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
+    int fd = open_cache_file(path, O_RDONLY);
+    if (fd < 0)
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path,
+                        errno == EINVAL || errno == ELOOP ? "not a regular file (symlink, FIFO or device): skipped" : strerror(errno));
     uint8_t *buf;
     hdr_out h;
     kvt_status st = header_read_fd(fd, &buf, &h, err, errlen);
@@ -787,21 +873,60 @@ static kvt_status sha256_file(const char *path, char out_hex[65], char *err, siz
     return st;
 }
 
-kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
-                            char *err, size_t errlen) {
+/* Cheap content check of a model file, computed on every start: XXH3 of its first 16 MiB (the GGUF
+ * header, metadata and tensor table in practice) and its last 1 MiB. */
+static bool model_quick_hash(const char *path, uint64_t size, uint64_t *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    XXH3_state_t *xs = XXH3_createState();
+    uint8_t *buf = malloc(1 << 20);
+    bool ok = xs && buf;
+    if (ok) XXH3_64bits_reset(xs);
+    const uint64_t head = 16ull << 20, tail = 1ull << 20;
+    uint64_t spans[2][2] = {{0, KVT_MIN(size, head)}, {size > head + tail ? size - tail : KVT_MIN(size, head), size}};
+    for (int i = 0; i < 2 && ok; i++)
+        for (uint64_t o = spans[i][0]; o < spans[i][1] && ok;) {
+            uint64_t n = KVT_MIN(spans[i][1] - o, (uint64_t)1 << 20);
+            ok = read_full(fd, buf, n, o) == KVT_OK;
+            if (ok) XXH3_64bits_update(xs, buf, n);
+            o += n;
+        }
+    if (ok) *out = XXH3_64bits_digest(xs);
+    free(buf);
+    if (xs) XXH3_freeState(xs);
+    close(fd);
+    return ok;
+}
+
+/* The memo key of a model file version: device, inode, size, mtime and ctime (ns), the quick content
+ * hash and the real path. ctime changes on every write or metadata change and cannot be set by a
+ * user, so a file rewritten in place with restored size and mtime still gets a new key. */
+static kvt_status model_memo_key(const char *model_path, char *key, size_t keylen, char *err, size_t errlen) {
     struct stat st;
     if (stat(model_path, &st) != 0)
         return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", model_path, strerror(errno));
+    uint64_t qh = 0;
+    if (!model_quick_hash(model_path, (uint64_t)st.st_size, &qh))
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: cannot read: %s", model_path, strerror(errno));
     char rp[PATH_MAX];
     if (!realpath(model_path, rp)) snprintf(rp, sizeof(rp), "%s", model_path);
-    char key[PATH_MAX + 128];
-    snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %s", (unsigned long long)st.st_ino,
-             (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, rp);
+    snprintf(key, keylen, "%llu %llu %llu %lld.%09ld %lld.%09ld %016llx %s", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino, (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec,
+             st.st_mtim.tv_nsec, (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec, (unsigned long long)qh, rp);
+    return KVT_OK;
+}
+
+kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
+                            char *err, size_t errlen) {
+    char key[PATH_MAX + 256];
+    kvt_status ks = model_memo_key(model_path, key, sizeof key, err, errlen);
+    if (ks != KVT_OK) return ks;
     char memo[PATH_MAX];
     FILE *f = NULL;
     if (cache_dir) {
         snprintf(memo, sizeof(memo), "%s/.model-ids", cache_dir);
-        f = fopen(memo, "r");
+        int mfd = open_cache_file(memo, O_RDONLY);
+        if (mfd >= 0 && !(f = fdopen(mfd, "r"))) close(mfd);
     }
     /* memo line: "<sha256 hex> <ino> <size> <mtime> <realpath>\n" */
     char *line = NULL;
@@ -832,12 +957,22 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
     }
     free(line);
     kvt_status s = sha256_file(model_path, out_hex, err, errlen);
+    if (s == KVT_OK) { /* re-check: a file rewritten while it was hashed must not be memoized */
+        char key2[PATH_MAX + 256];
+        if (model_memo_key(model_path, key2, sizeof key2, err, errlen) != KVT_OK || strcmp(key, key2) != 0)
+            s = kvt_errf(err, errlen, KVT_ERR_STALE, "%s changed while it was being hashed; try again", model_path);
+    }
     if (s == KVT_OK && cache_dir) {
         /* Best effort memo update: tmp + rename so a crash never leaves a half line. */
-        mkdir(cache_dir, 0755);
-        char tmp[PATH_MAX + 8];
-        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", memo, (int)getpid());
-        FILE *w = fopen(tmp, "w");
+        mkdir_p(cache_dir);
+        char tmp[PATH_MAX + 48];
+        tmp_name(tmp, sizeof(tmp), memo);
+        int wfd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        FILE *w = wfd >= 0 ? fdopen(wfd, "w") : NULL;
+        if (wfd >= 0 && !w) {
+            close(wfd);
+            unlink(tmp);
+        }
         if (w) {
             if (old_len) fwrite(old, 1, old_len, w);
             fprintf(w, "%s %s\n", out_hex, key);
@@ -851,16 +986,16 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
 }
 
 kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
-                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
-                              size_t outlen, char *err, size_t errlen) {
+                              const kvt_kv_layout *layout, const char *tokenizer_hash,
+                              const char *numerics_id, char *out, size_t outlen, char *err, size_t errlen) {
     char mid[65];
     kvt_status st = kvt_ssd_model_id(cache_dir, model_path, mid, err, errlen);
     if (st != KVT_OK) return st;
     char scheme[256];
     kvt_kv_layout_key(layout, scheme, sizeof(scheme));
-    int n = snprintf(out, outlen, "kvtier-ssd;model=%s;scheme=%s;tok=%s;bt=%u;num=%d", mid, scheme,
+    int n = snprintf(out, outlen, "kvtier-ssd;model=%s;scheme=%s;tok=%s;bt=%u;num=%d;kern=%s", mid, scheme,
                      tokenizer_hash ? tokenizer_hash : "", kvt_kv_layout_block_tokens(layout),
-                     KVT_NUMERICS_VERSION);
+                     KVT_NUMERICS_VERSION, numerics_id && numerics_id[0] ? numerics_id : "unknown");
     if (n < 0 || (size_t)n >= outlen || (size_t)n >= KVT_SSD_COMPAT_KEY_MAX)
         return kvt_errf(err, errlen, KVT_ERR_RANGE, "compat key too long");
     return KVT_OK;
@@ -874,17 +1009,63 @@ void kvt_ssd_compat_dir(const char *compat_key, char out[33]) {
 }
 
 /* ------------------------------------------------------------------ writing */
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+/* fsync of a directory (publishes the entries renamed/created in it). A failure is a failed write:
+ * the entry may not survive a power loss, so the record stays dirty. */
+static bool fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = fsync(fd) == 0;
+    int e = errno;
+    close(fd);
+    errno = e;
+    return ok;
+}
+
+/* Temporary names are unique per process: "<name>.<pid>-<nonce>.tmp". The nonce is drawn once per
+ * process, so a restarted server that got the same pid (containers) still has a different name, and
+ * the startup scan can tell its own predecessor's orphans (reap) from a live neighbour's (keep). */
+static uint64_t proc_nonce(void) {
+    static _Atomic uint64_t nonce;
+    uint64_t n = atomic_load(&nonce);
+    if (n) return n;
+    uint64_t r = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        fsync(fd);
+        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
         close(fd);
     }
+    r ^= now_real_ns() ^ ((uint64_t)getpid() << 32);
+    r |= 1; /* never 0 */
+    uint64_t zero = 0;
+    atomic_compare_exchange_strong(&nonce, &zero, r);
+    return atomic_load(&nonce);
+}
+static void tmp_name(char *buf, size_t n, const char *path) {
+    snprintf(buf, n, "%s.%d-%016llx.tmp", path, (int)getpid(), (unsigned long long)proc_nonce());
+}
+/* Orphan rule of the startup scan for a "*.tmp" name: stale (reap) unless it carries the pid of a
+ * live process other than ours (another server sharing the directory) and is younger than an hour
+ * (a process on another host sharing the directory cannot be probed; an hour-old temporary is
+ * abandoned in practice). A temporary with our pid but another nonce is our predecessor's. */
+static bool tmp_is_stale(const char *name, const struct stat *sb) {
+    const char *dot = strrchr(name, '.'); /* ".tmp" */
+    const char *p = dot;
+    while (p > name && p[-1] != '.') p--;
+    int pid = 0;
+    unsigned long long nonce = 0;
+    if (p <= name || sscanf(p, "%d-%16llx.tmp", &pid, &nonce) != 2 || pid <= 0) return true;
+    if ((uint64_t)now_real_ns() / 1000000000ull > (uint64_t)sb->st_mtim.tv_sec + 3600) return true;
+    if (pid == (int)getpid()) return nonce != proc_nonce();
+    return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 /* pwrite of the whole buffer; honours the injected write faults. */
 static bool write_all(kvt_ssd *s, int fd, const void *p, uint64_t len, uint64_t off, bool payload) {
     int f = atomic_load(&s->fault);
+    if (s->fault_rate && (fault_next(&s->fault_rng) % 1000) < s->fault_rate) { /* scheduled fault */
+        errno = EIO;
+        return false;
+    }
     if (f == KVT_SSD_FAULT_ENOSPC) {
         errno = ENOSPC;
         return false;
@@ -1001,14 +1182,18 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     }
     header_encode(&h, hbuf, hsize);
 
-    char name[64], path[PATH_MAX], tmp[PATH_MAX + 8];
+    char name[64], path[PATH_MAX], tmp[PATH_MAX + 48];
     entry_name(name, sizeof(name), h.chain, h.group, h.kind);
     snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    tmp_name(tmp, sizeof(tmp), path);
     kvt_status st = KVT_ERR_IO;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* O_EXCL|O_NOFOLLOW: never opens a planted file or follows a planted symlink. A leftover of our
+     * own (a failed earlier attempt of this process) is removed first; unlink never follows. */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) {
-        bool ok = write_all(s, fd, hbuf, hsize, 0, false);
+        bool ok = fchmod(fd, 0600) == 0; /* regardless of umask */
+        ok = ok && write_all(s, fd, hbuf, hsize, 0, false);
         for (uint32_t i = 0; ok && i < h.n_sections; i++)
             ok = write_all(s, fd, payload[i], secs[i].length, secs[i].offset, true);
         /* Pad to the page-aligned end so O_DIRECT reads of the last section stay inside the file. */
@@ -1020,8 +1205,11 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
             saved = errno;
         }
         if (ok && rename(tmp, path) == 0) {
-            fsync_dir(s->cdir);
-            st = KVT_OK;
+            bool synced = atomic_load(&s->fault) != KVT_SSD_FAULT_FSYNC_DIR && fsync_dir(s->cdir);
+            if (!synced && atomic_load(&s->fault) == KVT_SSD_FAULT_FSYNC_DIR) errno = EIO;
+            /* published under its name but maybe not durable: a failure (the record stays dirty and
+             * is rewritten; the next scan indexes the file if it survived) */
+            st = synced ? KVT_OK : KVT_ERR_IO;
         } else {
             if (ok) saved = errno;
             unlink(tmp);
@@ -1194,10 +1382,112 @@ static void supersede(kvt_ssd *s, const ssd_entry *e) {
     }
 }
 
+/* ---- records: the durability state machine ------------------------------------------------
+ *
+ * Every block, frozen tail and snapshot owed to disk is a record (ssd_item) holding a reference to
+ * its object:
+ *
+ *     QUEUED ──writer──▶ INFLIGHT ──ok──▶ published (file renamed + dir fsynced; record freed)
+ *        ▲                   │
+ *        │                   └─error──▶ DIRTY(failed)  ──back-off──▶ QUEUED-by-writer (retry)
+ *     enqueue ──queue full──────────▶ DIRTY(dropped) ──back-off──▶ (retry)
+ *     DIRTY / QUEUED ──memory pressure, object held by nobody else──▶ shed (record freed, counted)
+ *     any ──tier freed──▶ released (counted dropped)
+ *   published files: ──▶ superseded | evicted (cap) | removed-corrupt (scan or restore)
+ *
+ * Invariants (enforced in this section):
+ *  1. A record reaches "published" only after fsync(file), rename and fsync(dir) all succeeded; a
+ *     failed directory fsync is a failed attempt.
+ *  2. A record leaves the tier only as published, shed (its object is referenced by nothing but
+ *     the record: no tier and no live sequence holds it any more) or at kvt_ssd_free. A drop or a
+ *     write failure never forgets it: it stays DIRTY and is retried with exponential back-off
+ *     (SSD_RETRY_MIN_MS doubling to SSD_RETRY_MAX_MS); a waiting flush retries at once.
+ *  3. flush() answers durable only when no record numbered <= its target (everything created
+ *     before the call) is QUEUED, INFLIGHT or DIRTY. It never reports durable over a hole.
+ *  4. Nothing on the request path waits for the writer: enqueue never blocks (a full queue makes
+ *     the record DIRTY(dropped)); only flush waits, and only up to its timeout.
+ *  5. Records hold pool blocks, so their memory is bounded by the pool budget; under pressure
+ *     kvt_ssd_shed frees what only records hold (the "free at once" choice: the pressure path never
+ *     waits for the disk).
+ *  6. The writer handles one record at a time (at most one INFLIGHT), which is never shed.
+ *  7. At most one live record per block/snapshot object (rec_tab): registering a sequence whose
+ *     blocks are still owed adds no record, so the record count is bounded by the pool's blocks.
+ */
+/* Record table: at most one record per block/snapshot object, so re-registering a sequence whose
+ * blocks are still owed (every request end does) adds nothing. Lock held. */
+static uint32_t rec_bucket(const ssd_item *it) {
+    uint64_t h = (uint64_t)(uintptr_t)(it->b ? (const void *)it->b : (const void *)it->s);
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return (uint32_t)(h >> 40) % SSD_REC_BUCKETS;
+}
+static ssd_item *rec_find(kvt_ssd *s, const ssd_item *it) {
+    for (ssd_item *r = s->rec_tab[rec_bucket(it)]; r; r = r->hnext)
+        if (r->b == it->b && r->s == it->s) return r;
+    return NULL;
+}
+static void rec_insert(kvt_ssd *s, ssd_item *it) {
+    uint32_t k = rec_bucket(it);
+    it->hnext = s->rec_tab[k];
+    s->rec_tab[k] = it;
+}
+static void rec_remove(kvt_ssd *s, ssd_item *it) {
+    for (ssd_item **pp = &s->rec_tab[rec_bucket(it)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == it) {
+            *pp = it->hnext;
+            return;
+        }
+}
+
+#define SSD_RETRY_MIN_MS 50u
+#define SSD_RETRY_MAX_MS 30000u
+
 static void item_release(ssd_item *it) {
     if (it->b) kvt_block_release(it->b);
     if (it->s) kvt_snapshot_release(it->s);
     free(it);
+}
+
+/* Moves a record to DIRTY (lock held). failed: a write attempt failed (back-off grows). */
+static void make_dirty(kvt_ssd *s, ssd_item *it, rec_why why) {
+    uint64_t now = kvt_now_ns();
+    it->state = REC_DIRTY;
+    it->why = why;
+    uint64_t ms = SSD_RETRY_MIN_MS;
+    if (why == WHY_FAILED) {
+        it->attempts++;
+        it->fail_ns = now;
+        for (uint32_t i = 1; i < it->attempts && ms < SSD_RETRY_MAX_MS; i++) ms *= 2;
+        if (ms > SSD_RETRY_MAX_MS) ms = SSD_RETRY_MAX_MS;
+    }
+    it->retry_at_ns = now + ms * 1000000ull;
+    it->next = s->d_head;
+    s->d_head = it;
+    s->d_count++;
+    s->d_bytes += it->bytes;
+}
+
+/* The DIRTY record to retry now (removed from the list), or NULL; *wake_ns = earliest retry time
+ * (0 if none). A waiting flush retries every dirty record of its range at once. Lock held. */
+static ssd_item *take_retry(kvt_ssd *s, uint64_t now, uint64_t *wake_ns) {
+    *wake_ns = 0;
+    ssd_item **best = NULL;
+    for (ssd_item **pp = &s->d_head; *pp; pp = &(*pp)->next) {
+        ssd_item *it = *pp;
+        bool due = it->retry_at_ns <= now || (s->flush_waiters && it->seq_no <= s->flush_target &&
+                                              it->fail_ns < s->flush_start_ns);
+        if (due) {
+            if (!best || it->seq_no < (*best)->seq_no) best = pp;
+        } else if (!*wake_ns || it->retry_at_ns < *wake_ns) {
+            *wake_ns = it->retry_at_ns;
+        }
+    }
+    if (!best) return NULL;
+    ssd_item *it = *best;
+    *best = it->next;
+    s->d_count--;
+    s->d_bytes -= it->bytes;
+    return it;
 }
 
 /* Writer priority. The writer checksums and writes in the background; at normal priority it
@@ -1259,25 +1549,74 @@ void kvt_ssd_set_busy(kvt_ssd *s, bool busy) {
     pthread_mutex_unlock(&s->mu);
 }
 
+static void timed_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t wait_ns) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + wait_ns;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(cv, mu, &dl);
+}
+
+static bool record_exists(kvt_ssd *s, const ssd_item *it) {
+    if (it->b) {
+        uint32_t nt = kvt_block_n_tokens(it->b);
+        return idx_find(s, kvt_block_hash(it->b), kvt_block_group(it->b),
+                        nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL) != NULL;
+    }
+    return idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
+}
+
+/* The compat directory was deleted under us (a temporary could not be created: ENOENT). Every
+ * index entry is gone with it, so the index is emptied (counted as lost) to keep /stats true, and
+ * the directory is recreated (0700, parent fsynced) so the record can be written at once. Returns
+ * true if it was recreated. Lock held. */
+static bool dir_vanished(kvt_ssd *s) {
+    struct stat sb;
+    if (lstat(s->cdir, &sb) == 0) return false; /* still there: another cause */
+    KVT_WARN("ssd cache: %s disappeared; forgetting %u entries and recreating it", s->cdir, s->n_ents);
+    while (s->n_ents) {
+        idx_remove(s, s->ents[s->n_ents - 1]);
+        s->lost_entries++;
+    }
+    if (mkdir_p(s->cdir) != 0) return false; /* the record fails and is retried with back-off */
+    write_key_file(s->cdir, s->compat);
+    s->dir_recreated++;
+    return true;
+}
+
 static void *writer_main(void *arg) {
     kvt_ssd *s = arg;
     writer_prio low = writer_lower_priority(), cur = low;
     bool can_raise = low != PRIO_NORMAL;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stop && (!s->q_head || s->paused)) pthread_cond_wait(&s->cv_work, &s->mu);
         if (s->stop) break;
-        uint64_t wake_ns;
-        if (writer_should_defer(s, kvt_now_ns(), &wake_ns)) {
-            /* cv_work is signalled on enqueue, flush, busy changes and stop; the timeout bounds it */
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            uint64_t wait_ns = wake_ns - kvt_now_ns();
-            if ((int64_t)wait_ns < 0) wait_ns = 0;
-            uint64_t ns = (uint64_t)dl.tv_nsec + wait_ns;
-            dl.tv_sec += (time_t)(ns / 1000000000ull);
-            dl.tv_nsec = (long)(ns % 1000000000ull);
-            pthread_cond_timedwait(&s->cv_work, &s->mu, &dl);
+        uint64_t now = kvt_now_ns(), wake_ns = 0;
+        ssd_item *it = NULL;
+        if (!s->paused) {
+            uint64_t defer_ns;
+            if (s->q_head && writer_should_defer(s, now, &defer_ns)) {
+                timed_wait_ns(&s->cv_work, &s->mu, defer_ns > now ? defer_ns - now : 0);
+                continue;
+            }
+            if (s->q_head) {
+                it = s->q_head;
+                s->q_head = it->next;
+                if (!s->q_head) s->q_tail = NULL;
+            } else if (!s->busy || s->flush_waiters) {
+                it = take_retry(s, now, &wake_ns);
+                if (it) { /* back into the queue accounting while in flight */
+                    s->q_bytes += it->bytes;
+                    s->q_count++;
+                }
+            } else if (s->d_head) {
+                wake_ns = now + (uint64_t)SSD_BUSY_MAX_DEFER_MS * 1000000ull;
+            }
+        }
+        if (!it) {
+            if (wake_ns) timed_wait_ns(&s->cv_work, &s->mu, wake_ns > now ? wake_ns - now : 0);
+            else pthread_cond_wait(&s->cv_work, &s->mu);
             continue;
         }
         if (s->flush_waiters && cur != PRIO_NORMAL && can_raise) {
@@ -1286,18 +1625,9 @@ static void *writer_main(void *arg) {
         } else if (!s->flush_waiters && cur == PRIO_NORMAL && low != PRIO_NORMAL) {
             cur = writer_lower_priority();
         }
-        ssd_item *it = s->q_head;
-        s->q_head = it->next;
-        if (!s->q_head) s->q_tail = NULL;
-        /* still counted in q_bytes/q_count while in flight */
-        bool exists;
-        if (it->b) {
-            uint32_t nt = kvt_block_n_tokens(it->b);
-            exists = idx_find(s, kvt_block_hash(it->b), kvt_block_group(it->b),
-                              nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL) != NULL;
-        } else {
-            exists = idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
-        }
+        it->state = REC_INFLIGHT;
+        s->inflight = it;
+        bool exists = record_exists(s, it);
         kvt_status st = KVT_OK;
         ssd_entry *e = NULL;
         int err_no = 0;
@@ -1307,15 +1637,32 @@ static void *writer_main(void *arg) {
             err_no = errno;
             pthread_mutex_lock(&s->mu);
         }
+        s->inflight = NULL;
+        s->q_bytes -= it->bytes;
+        s->q_count--;
+        if (st != KVT_OK && err_no == ENOENT && dir_vanished(s)) { /* recreated: retry at once */
+            it->state = REC_QUEUED;
+            it->next = s->q_head;
+            s->q_head = it;
+            if (!s->q_tail) s->q_tail = it;
+            s->q_bytes += it->bytes;
+            s->q_count++;
+            continue;
+        }
         if (st != KVT_OK) {
             s->failed++;
+            s->last_errno = err_no;
             if (!s->warned_write) {
                 s->warned_write = true;
-                KVT_WARN("ssd cache: write to %s failed (%s%s%s); serving continues without "
-                         "persisting (further failures are counted, not logged)",
+                KVT_WARN("ssd cache: write to %s failed (%s%s%s); serving continues, the record stays dirty "
+                         "and is retried (further failures are counted, not logged)",
                          s->cdir, kvt_status_str(st), err_no ? ": " : "", err_no ? strerror(err_no) : "");
             }
-        } else if (e) {
+            make_dirty(s, it, WHY_FAILED); /* invariant 2 */
+            pthread_cond_broadcast(&s->cv_done);
+            continue;
+        }
+        if (e) {
             ssd_entry *dup = idx_find(s, e->chain, e->group, e->kind);
             if (dup) { /* raced with a scan-less duplicate: keep one entry */
                 s->bytes -= dup->bytes;
@@ -1332,9 +1679,8 @@ static void *writer_main(void *arg) {
             }
             enforce_cap(s);
         }
-        s->q_bytes -= it->bytes;
-        s->q_count--;
-        s->settled_count++;
+        s->published++;
+        rec_remove(s, it);
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);
         item_release(it);
@@ -1344,34 +1690,41 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-/* Queues an item (reference already taken by the caller; released here on drop). */
+/* Queues a record (reference already taken by the caller). Never waits (invariant 4): when the
+ * queue is full the record becomes DIRTY(dropped) and the writer retries it later. Returns false
+ * if it was not queued (dropped: still owed; or the tier is closing: released). */
 static bool enqueue(kvt_ssd *s, ssd_item *it) {
     pthread_mutex_lock(&s->mu);
     uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
-    if (s->q_count > 0 && s->q_bytes + it->bytes > qmax && s->o.queue_wait_ms && !s->stop) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)s->o.queue_wait_ms * 1000000ull;
-        dl.tv_sec += (time_t)(ns / 1000000000ull);
-        dl.tv_nsec = (long)(ns % 1000000000ull);
-        while (s->q_count > 0 && s->q_bytes + it->bytes > qmax && !s->stop)
-            if (pthread_cond_timedwait(&s->cv_done, &s->mu, &dl) == ETIMEDOUT) break;
-    }
-    /* Soft cap: a lone item larger than the bound is still accepted. */
-    if (s->stop || (s->q_count > 0 && s->q_bytes + it->bytes > qmax)) {
+    it->next = NULL;
+    it->t_enq_ns = kvt_now_ns();
+    it->seq_no = ++s->next_seq_no;
+    if (s->stop) {
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
         item_release(it);
         return false;
     }
-    it->next = NULL;
-    it->t_enq_ns = kvt_now_ns();
+    if (rec_find(s, it)) { /* already owed (queued, in flight or dirty): one record per object */
+        pthread_mutex_unlock(&s->mu);
+        item_release(it);
+        return true;
+    }
+    rec_insert(s, it);
+    /* Soft cap: a lone record larger than the bound is still accepted. */
+    if (s->q_count > 0 && s->q_bytes + it->bytes > qmax) {
+        s->dropped++;
+        make_dirty(s, it, WHY_DROPPED);
+        pthread_cond_signal(&s->cv_work);
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    it->state = REC_QUEUED;
     if (s->q_tail) s->q_tail->next = it;
     else s->q_head = it;
     s->q_tail = it;
     s->q_bytes += it->bytes;
     s->q_count++;
-    s->enq_count++;
     pthread_cond_signal(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
     return true;
@@ -1385,12 +1738,13 @@ static bool on_disk(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind) {
     return e != NULL;
 }
 
-/* A zeroed queue item; an allocation failure counts as a dropped write (never silent). */
+/* A zeroed record; an allocation failure counts as a dropped write (never silent). */
 static ssd_item *item_new(kvt_ssd *s) {
     ssd_item *it = calloc(1, sizeof(*it));
     if (!it) {
         pthread_mutex_lock(&s->mu);
         s->dropped++;
+        s->lost_nomem++; /* owed but cannot be tracked: flush reports it once per occurrence */
         pthread_mutex_unlock(&s->mu);
     }
     return it;
@@ -1463,11 +1817,30 @@ bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *sn) {
     return put_snapshot(s, sn, 0);
 }
 
+bool kvt_ssd_persist_block(void *ctx, kvt_block *b) { return ctx && put_block((kvt_ssd *)ctx, b, 0); }
+bool kvt_ssd_persist_snapshot(void *ctx, kvt_snapshot *sn) { return ctx && put_snapshot((kvt_ssd *)ctx, sn, 0); }
+
 void kvt_ssd_note_demotions(kvt_ssd *s, uint64_t n) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->demotions += n;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Counts the records numbered <= target by state. Lock held. */
+static void count_owed(kvt_ssd *s, uint64_t target, uint64_t *pending, uint64_t *dropped, uint64_t *failed,
+                       bool *all_tried_since, uint64_t since_ns) {
+    *pending = *dropped = *failed = 0;
+    *all_tried_since = true;
+    for (ssd_item *it = s->q_head; it; it = it->next)
+        if (it->seq_no <= target) (*pending)++;
+    if (s->inflight && s->inflight->seq_no <= target) (*pending)++;
+    for (ssd_item *it = s->d_head; it; it = it->next) {
+        if (it->seq_no > target) continue;
+        if (it->why == WHY_FAILED) (*failed)++;
+        else (*dropped)++;
+        if (it->why != WHY_FAILED || it->fail_ns < since_ns) *all_tried_since = false;
+    }
 }
 
 void kvt_ssd_flush(kvt_ssd *s, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
@@ -1476,31 +1849,104 @@ void kvt_ssd_flush(kvt_ssd *s, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
         out->durable = true;
         return;
     }
+    const uint64_t t0 = kvt_now_ns();
     pthread_mutex_lock(&s->mu);
-    uint64_t target = s->enq_count;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-    dl.tv_sec += (time_t)(ns / 1000000000ull);
-    dl.tv_nsec = (long)(ns % 1000000000ull);
-    if (s->settled_count < target) {
-        s->flush_waiters++; /* the writer may raise its priority while we wait */
-        pthread_cond_signal(&s->cv_work);
-        while (s->settled_count < target)
-            if (pthread_cond_timedwait(&s->cv_done, &s->mu, &dl) == ETIMEDOUT) break;
-        s->flush_waiters--;
+    const uint64_t target = s->next_seq_no, published0 = s->published;
+    uint64_t pending, dropped, failed;
+    bool tried;
+    /* One flush at a time owns the retry window (a second waits behind it, under the same rule). */
+    s->flush_waiters++;
+    if (s->flush_target < target) s->flush_target = target;
+    s->flush_start_ns = t0;
+    pthread_cond_broadcast(&s->cv_work);
+    const uint64_t deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        count_owed(s, target, &pending, &dropped, &failed, &tried, t0);
+        /* done: nothing owed; or nothing in flight and every dirty record failed again since t0
+         * (retrying sooner would fail the same way: answer now rather than at the timeout) */
+        if (pending + dropped + failed == 0 || (pending == 0 && dropped == 0 && tried)) break;
+        uint64_t now = kvt_now_ns();
+        if (now >= deadline || s->stop) break;
+        timed_wait_ns(&s->cv_done, &s->mu, KVT_MIN(deadline - now, 50ull * 1000000ull));
     }
-    bool settled = s->settled_count >= target;
+    s->flush_waiters--;
+    uint64_t lost = s->lost_nomem;
+    s->lost_nomem = 0;
     out->entries = s->n_ents;
-    out->pending_blocks = s->q_count;
-    out->dropped = s->dropped - s->dropped_mark;
-    out->failed = s->failed - s->failed_mark;
-    out->durable = settled && out->dropped == 0 && out->failed == 0;
-    s->dropped_mark = s->dropped;
-    s->failed_mark = s->failed;
+    out->pending_blocks = pending;
+    out->dropped = dropped + lost;
+    out->failed = failed;
+    out->records_written = s->published - published0;
+    out->durable = pending + dropped + failed + lost == 0;
+    if (!out->durable) {
+        if (failed)
+            snprintf(out->reason, sizeof out->reason, "%llu record(s) could not be written: %s (retried with back-off)",
+                     (unsigned long long)failed, s->last_errno ? strerror(s->last_errno) : "I/O error");
+        else if (dropped || lost)
+            snprintf(out->reason, sizeof out->reason, "%llu record(s) dropped from the write queue are not yet rewritten",
+                     (unsigned long long)(dropped + lost));
+        else
+            snprintf(out->reason, sizeof out->reason, "timed out after %u ms with %llu record(s) still being written",
+                     timeout_ms, (unsigned long long)pending);
+    }
     pthread_mutex_unlock(&s->mu);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    out->longest_durable_prefix_tokens = st.longest_durable_prefix_tokens;
+    out->elapsed_ms = (double)(kvt_now_ns() - t0) / 1e6;
 }
 
+/* Memory pressure (invariant 5): frees records whose block nothing else references, DIRTY ones
+ * first (they already failed or were dropped), then QUEUED ones; never the INFLIGHT one. Snapshots
+ * are not pool memory and are kept. Returns pool bytes freed. */
+uint64_t kvt_ssd_shed(kvt_ssd *s, uint64_t bytes) {
+    if (!s) return 0;
+    ssd_item *victims = NULL;
+    uint64_t freed = 0;
+    pthread_mutex_lock(&s->mu);
+    ssd_item **lists[2] = {&s->d_head, &s->q_head};
+    for (int l = 0; l < 2 && freed < bytes; l++) {
+        ssd_item *prev = NULL;
+        for (ssd_item **pp = lists[l]; *pp && freed < bytes;) {
+            ssd_item *it = *pp;
+            if (!it->b || kvt_block_refcount(it->b) != 1) {
+                prev = it;
+                pp = &it->next;
+                continue;
+            }
+            *pp = it->next;
+            if (l == 0) {
+                s->d_count--;
+                s->d_bytes -= it->bytes;
+            } else {
+                s->q_count--;
+                s->q_bytes -= it->bytes;
+                if (s->q_tail == it) s->q_tail = prev;
+            }
+            freed += kvt_block_data_bytes(it->b);
+            s->shed++;
+            rec_remove(s, it);
+            it->next = victims;
+            victims = it;
+        }
+    }
+    if (victims) pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    while (victims) {
+        ssd_item *n = victims->next;
+        item_release(victims);
+        victims = n;
+    }
+    return freed;
+}
+
+void kvt_ssd_set_fault_rate(kvt_ssd *s, uint64_t seed, uint32_t permille) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->fault_rng = seed;
+    s->fault_rate = permille > 1000 ? 1000 : permille;
+    pthread_mutex_unlock(&s->mu);
+}
 /* ------------------------------------------------------------------ stats */
 /* True if e's chain is contiguous back to index 0 on disk (any group per index). Lock held. */
 static bool contiguous(kvt_ssd *s, ssd_entry *e) {
@@ -1542,6 +1988,14 @@ void kvt_ssd_stats_get(kvt_ssd *s, kvt_ssd_stats *out) {
     out->demotions = s->demotions;
     out->pending_blocks = s->q_count;
     out->pending_bytes = s->q_bytes;
+    out->dirty_records = s->d_count;
+    out->dirty_bytes = s->d_bytes;
+    out->shed = s->shed;
+    out->published = s->published;
+    out->skipped_nonregular = s->skipped_nonregular;
+    out->lost_entries = s->lost_entries;
+    out->dir_recreated = s->dir_recreated;
+    out->verified = s->verified;
     out->dropped = s->dropped;
     out->failed = s->failed;
     out->evictions = s->evictions;
@@ -1575,20 +2029,39 @@ static void scan_dir(kvt_ssd *s) {
         snprintf(path, sizeof(path), "%s/%s", s->cdir, nm);
         size_t len = strlen(nm);
         if (len > 4 && !strcmp(nm + len - 4, ".tmp")) {
-            KVT_DEBUG("ssd cache: reaping orphan %s", path);
-            unlink(path);
+            struct stat ts;
+            if (fstatat(dirfd(d), nm, &ts, AT_SYMLINK_NOFOLLOW) == 0 && tmp_is_stale(nm, &ts)) {
+                KVT_DEBUG("ssd cache: reaping orphan %s", path);
+                unlinkat(dirfd(d), nm, 0); /* removes a symlink itself, never its target */
+            }
             continue;
         }
         uint64_t chain;
         uint32_t group, kind;
         if (!parse_name(nm, &chain, &group, &kind)) continue; /* not ours (e.g. KEY) */
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
+        /* The directory is untrusted: never follow a symlink, never block on a FIFO/device. */
+        int fd = openat(dirfd(d), nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        struct stat fs0;
+        if (fd < 0 || fstat(fd, &fs0) != 0 || !S_ISREG(fs0.st_mode)) {
+            if (fd >= 0) close(fd);
+            s->skipped_nonregular++;
+            if (!s->warned_nonregular) {
+                s->warned_nonregular = true;
+                KVT_WARN("ssd cache: skipping %s: not a regular file (symlink, FIFO or device; further ones are "
+                         "counted, not logged)", path);
+            }
+            continue;
+        }
         uint8_t *buf = NULL;
         hdr_out h;
         char err[256] = "";
         kvt_status st = header_read_fd(fd, &buf, &h, err, sizeof(err));
         if (st == KVT_OK) st = header_matches(s, &h, chain, group, kind, err, sizeof(err));
+        if (st == KVT_OK && s->o.verify) { /* --ssd-cache-verify: every payload section too */
+            kvt_ssd_file_info vi;
+            st = kvt_ssd_read_file_info(path, true, &vi, NULL, 0, err, sizeof(err));
+            if (st == KVT_OK) s->verified++;
+        }
         struct stat sb;
         if (fstat(fd, &sb) != 0) memset(&sb, 0, sizeof(sb));
         close(fd);
@@ -1634,7 +2107,35 @@ void kvt_ssd_opts_default(kvt_ssd_opts *o) {
     memset(o, 0, sizeof(*o));
     o->writeback = true;
     o->queue_max_bytes = SSD_DEFAULT_QUEUE;
-    o->queue_wait_ms = 1000;
+}
+
+/* mkdir 0700 (then chmod, regardless of umask) and fsync of the parent so the new entry survives
+ * a power loss. Returns 0 if it exists or was created. */
+static int mkdir_durable(const char *path) {
+    if (mkdir(path, 0700) != 0) return errno == EEXIST ? 0 : -1;
+    if (chmod(path, 0700) != 0) return -1;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s", path);
+    char *sl = strrchr(parent, '/');
+    if (sl == parent) sl[1] = 0;
+    else if (sl) *sl = 0;
+    else snprintf(parent, sizeof(parent), ".");
+    return fsync_dir(parent) ? 0 : -1;
+}
+
+/* The informational KEY file: created exclusively, never through a planted (even dangling)
+ * symlink, mode 0600. An existing KEY is left alone (it is never trusted anyway). */
+static void write_key_file(const char *cdir, const char *compat) {
+    char kp[PATH_MAX];
+    snprintf(kp, sizeof(kp), "%s/KEY", cdir);
+    int fd = open(kp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    if (fchmod(fd, 0600) == 0) {
+        size_t n = strlen(compat);
+        if (write(fd, compat, n) != (ssize_t)n || write(fd, "\n", 1) != 1) { /* best effort */
+        }
+    }
+    close(fd);
 }
 
 static int mkdir_p(const char *path) {
@@ -1643,12 +2144,11 @@ static int mkdir_p(const char *path) {
     for (char *p = tmp + 1; *p; p++) {
         if (*p == '/') {
             *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+            if (mkdir_durable(tmp) != 0) return -1;
             *p = '/';
         }
     }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
+    return mkdir_durable(tmp);
 }
 
 kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_block_pool *pool,
@@ -1688,16 +2188,14 @@ kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_
         kvt_ssd_free(s);
         return kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: cannot create %s/%s: %s", o->dir, cd, strerror(e));
     }
-    /* Human-readable key next to the files (best effort; informational only). */
-    char kp[PATH_MAX];
-    snprintf(kp, sizeof(kp), "%s/KEY", s->cdir);
-    if (access(kp, F_OK) != 0) {
-        FILE *f = fopen(kp, "w");
-        if (f) {
-            fprintf(f, "%s\n", s->compat);
-            fclose(f);
-        }
+    /* Untrusted directory: refuse a root or compat dir owned by someone else or writable by all;
+     * the compat dir must not be a symlink (the root may be one: the user named it). */
+    if (!dir_trusted(o->dir, true, err, errlen) || !dir_trusted(s->cdir, false, err, errlen)) {
+        kvt_ssd_free(s);
+        return KVT_ERR_IO;
     }
+    /* Human-readable key next to the files (best effort; informational only). */
+    write_key_file(s->cdir, s->compat);
     DIR *d = opendir(s->cdir);
     if (!d) {
         int e = errno;
@@ -1733,12 +2231,14 @@ void kvt_ssd_free(kvt_ssd *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->writer, NULL);
     }
-    while (s->q_head) {
-        ssd_item *it = s->q_head;
-        s->q_head = it->next;
-        s->dropped++;
-        item_release(it);
-    }
+    ssd_item *lists[2] = {s->q_head, s->d_head};
+    for (int l = 0; l < 2; l++)
+        while (lists[l]) {
+            ssd_item *it = lists[l];
+            lists[l] = it->next;
+            s->dropped++;
+            item_release(it);
+        }
     for (uint32_t i = 0; i < s->n_ents; i++) {
         free(s->ents[i]->tokens);
         free(s->ents[i]);
@@ -1994,7 +2494,7 @@ static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_o
     bool done = false;
 #ifdef O_DIRECT
     if (((uintptr_t)dst % SSD_PAGE) == 0 && len % SSD_PAGE == 0 && len > 0) {
-        int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int dfd = open_cache_file(path, O_RDONLY | O_DIRECT);
         if (dfd >= 0) {
             done = read_full(dfd, dst, len, sc.offset) == KVT_OK;
             close(dfd);
@@ -2014,7 +2514,7 @@ static kvt_status open_checked(kvt_ssd *s, uint64_t chain, uint32_t group, uint3
     entry_name(name, sizeof(name), chain, group, kind);
     snprintf(path, plen, "%s/%s", s->cdir, name);
     *bufp = NULL;
-    *fdp = open(path, O_RDONLY | O_CLOEXEC);
+    *fdp = open_cache_file(path, O_RDONLY);
     if (*fdp < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "open: %s", strerror(errno));
     kvt_status st = header_read_fd(*fdp, bufp, h, err, errlen);
     if (st == KVT_OK) st = header_matches(s, h, chain, group, kind, err, errlen);
@@ -2100,11 +2600,11 @@ static kvt_status read_payload(kvt_ssd *s, int fd, bool direct, uint8_t *dst, ui
 static int open_restore(const char *path, bool *direct) {
     int fd = -1;
 #ifdef O_DIRECT
-    fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    fd = open_cache_file(path, O_RDONLY | O_DIRECT);
 #endif
     *direct = fd >= 0;
     if (fd < 0) {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_cache_file(path, O_RDONLY);
         if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     return fd;
@@ -2132,7 +2632,7 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
     if (st == KVT_ERR_IO && direct && rerr == EINVAL) { /* O_DIRECT accepted at open, refused at read */
         close(fd);
         direct = false;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_cache_file(path, O_RDONLY);
         if (fd < 0) {
             L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
             return;
@@ -2160,7 +2660,7 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
             if (direct && (uintptr_t)dst % SSD_PAGE != 0) { /* small block: not page-aligned */
                 close(fd);
                 direct = false;
-                fd = open(path, O_RDONLY | O_CLOEXEC);
+                fd = open_cache_file(path, O_RDONLY);
             }
             st = fd < 0 ? KVT_ERR_IO : read_payload(s, fd, direct, dst, sc.length, sc.offset, P->bounce);
             if (st != KVT_OK) kvt_errf(L->err, sizeof(L->err), st, "payload read failed");
@@ -2304,14 +2804,14 @@ static void bump_lru(kvt_ssd *s, const plan *pl) {
             if (e) e->last_use = now;
             entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
             snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-            utimensat(AT_FDCWD, path, NULL, 0);
+            utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
         }
     if (pl->snap) {
         ssd_entry *e = idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         if (e) e->last_use = now;
         entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-        utimensat(AT_FDCWD, path, NULL, 0);
+        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
     }
     pthread_mutex_unlock(&s->mu);
 }

@@ -17,8 +17,10 @@
  *
  * Ownership / threading: kvt_ssd borrows the layout and the pool (both must outlive it) and owns a
  * background writer thread. Every function is thread-safe (one internal mutex; file I/O of the
- * writer and of restore runs without it). Enqueue/spill functions retain the block/snapshot until
- * it is written, dropped or the tier is freed, so the data stays alive even if RAM lets go.
+ * writer and of restore runs without it). Enqueue/spill functions create a record that retains the
+ * block/snapshot until it is published, shed under memory pressure or the tier is freed, so the data
+ * stays alive even if RAM lets go; a dropped or failed record stays dirty and is retried. No
+ * function but kvt_ssd_flush waits for the writer.
  */
 #ifndef KVT_SSD_CACHE_H
 #define KVT_SSD_CACHE_H
@@ -39,11 +41,13 @@ typedef struct kvt_ssd_opts {
     const char *compat_key;     /* from kvt_ssd_compat_key (any non-empty string for tests) */
     uint64_t max_bytes;         /* on-disk cap over this compat dir; 0 = unlimited */
     bool writeback;             /* true: kvt_ssd_enqueue_* persist; false: only spills persist */
-    uint64_t queue_max_bytes;   /* write-behind queue bound in payload bytes; 0 = 256 MiB */
-    uint32_t queue_wait_ms;     /* when the queue is full, wait up to this long for room
-                                   (back-pressure), then drop (counted); 0 = drop at once */
+    uint64_t queue_max_bytes;   /* write-behind queue bound in payload bytes; 0 = 256 MiB. When
+                                   full, a record is not queued but stays dirty and is retried
+                                   later (counted as dropped); enqueue never waits. */
+    bool verify;                /* startup scan also checks every payload checksum (reads every
+                                   file in full); bad files are removed. Restore always checks. */
 } kvt_ssd_opts;
-void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB, wait 1000 ms */
+void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB */
 
 /* ---- identity ---- */
 /* SHA-256 (lowercase hex, 64 chars + NUL) of the file at model_path, memoized in
@@ -52,18 +56,25 @@ void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB, wait
 kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char out_hex[65],
                             char *err, size_t errlen);
 /* Compatibility key string:
- *   "kvtier-ssd;model=<sha256>;scheme=<kvt_kv_layout_key>;tok=<tokenizer_hash>;bt=<block_tokens>;num=<N>"
- * tokenizer_hash: any stable string identifying the tokenizer (e.g. hex hash of the vocab). */
+ *   "kvtier-ssd;model=<sha256>;scheme=<kvt_kv_layout_key>;tok=<tokenizer_hash>;bt=<block_tokens>;
+ *    num=<N>;kern=<numerics_id>"
+ * tokenizer_hash: any stable string identifying the tokenizer (e.g. hex hash of the vocab).
+ * numerics_id: the kernel numerics actually in use (kvt_kernels_numerics_id(): ISA path and any
+ * kernel option that changes results). The kernel paths are not bit-identical (different summation
+ * order / FMA), so a directory shared by machines with different kernels never reuses KV computed
+ * with other numerics. */
 kvt_status kvt_ssd_compat_key(const char *cache_dir, const char *model_path,
-                              const kvt_kv_layout *layout, const char *tokenizer_hash, char *out,
-                              size_t outlen, char *err, size_t errlen);
+                              const kvt_kv_layout *layout, const char *tokenizer_hash,
+                              const char *numerics_id, char *out, size_t outlen, char *err, size_t errlen);
 /* The directory name for a compat key: 32 lowercase hex chars + NUL. */
 void kvt_ssd_compat_dir(const char *compat_key, char out[33]);
 
 /* ---- lifecycle ---- */
-/* Creates <dir>/<compat-dir>, scans it (header-only: rebuilds the index, reaps *.tmp, removes
- * corrupt or mismatching files with a warning), enforces the cap, starts the writer thread.
- * Fails (KVT_ERR_IO) only if the directory cannot be created or listed at all. */
+/* Creates <dir>/<compat-dir> (0700, parents fsynced), scans it (header-only: rebuilds the index,
+ * reaps stale *.tmp, skips non-regular files, removes corrupt or mismatching files with a warning),
+ * enforces the cap, starts the writer thread. Fails (KVT_ERR_IO) if the directory cannot be
+ * created or listed, or is not trusted: owned by another user or writable by others (the compat
+ * dir must also not be a symlink). */
 kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_block_pool *pool,
                         kvt_ssd **out, char *err, size_t errlen);
 /* Stops the writer after its current item; queued-but-unwritten items are released (counted as
@@ -90,8 +101,10 @@ kvt_status kvt_ssd_restore(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint
 
 /* ---- writes ---- */
 /* Write-behind of one sealed block (full or frozen tail) / one snapshot. root may be 0 (unknown).
- * No-op returning true when writeback is off or the file already exists (idempotent). Returns
- * false if dropped (queue full after the back-pressure wait, or tier closing). */
+ * No-op returning true when writeback is off or the file already exists (idempotent). Never waits.
+ * Returns false if not queued: the queue was full (the record stays dirty, retried later) or the
+ * tier is closing. Every record retains its object until it is published, shed or the tier freed
+ * (the state machine is at the top of the writer section in ssd_cache.c). */
 bool kvt_ssd_enqueue_block(kvt_ssd *ssd, kvt_block *b, uint64_t root);
 bool kvt_ssd_enqueue_snapshot(kvt_ssd *ssd, kvt_snapshot *s);
 /* Write-behind of every sealed block of a sequence (frozen tails included; an unfrozen tail is
@@ -101,6 +114,15 @@ uint32_t kvt_ssd_enqueue_seq(kvt_ssd *ssd, const kvt_seq *seq, kvt_snapshot *sna
  * persist regardless of `writeback`, count `spills`, retain the object until written. */
 bool kvt_ssd_spill_block(void *ctx, kvt_block *b);
 bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *s);
+/* Persist regardless of `writeback` (no spill counted): what a flush with write-behind off uses
+ * to write what the RAM tier holds. */
+bool kvt_ssd_persist_block(void *ctx, kvt_block *b);
+bool kvt_ssd_persist_snapshot(void *ctx, kvt_snapshot *s);
+/* Memory pressure: releases records (dirty first, then queued; never the one being written) whose
+ * block nothing else references, until `bytes` pool bytes were freed. Those records are given up
+ * (counted in stats.shed): the pressure path frees at once rather than waiting for the disk, and
+ * no tier holds the block any more, so no flush owes it. Returns pool bytes freed. */
+uint64_t kvt_ssd_shed(kvt_ssd *ssd, uint64_t bytes);
 /* The engine counts idle demotions (spills caused by demotion) here, for stats. */
 void kvt_ssd_note_demotions(kvt_ssd *ssd, uint64_t n);
 
@@ -119,16 +141,22 @@ kvt_status kvt_ssd_record_decode(kvt_ssd *ssd, uint8_t *buf, size_t len, uint32_
 
 /* ---- durability ---- */
 typedef struct kvt_ssd_flush_result {
-    bool durable;            /* see below */
+    bool durable;            /* no record created before the call is still owed (see below) */
     uint64_t entries;        /* files in the index after the flush */
-    uint64_t pending_blocks; /* items still queued or in flight when the flush returned */
-    uint64_t dropped;        /* items dropped since the previous flush call returned */
-    uint64_t failed;         /* items whose write failed since the previous flush call returned */
+    uint64_t pending_blocks; /* records of the flush's range still queued or in flight */
+    uint64_t dropped;        /* records of the range dropped from a full queue, not yet rewritten */
+    uint64_t failed;         /* records of the range whose last write attempt failed */
+    uint64_t records_written; /* records published while the flush waited */
+    uint64_t longest_durable_prefix_tokens;
+    double elapsed_ms;
+    char reason[160];        /* why not durable (empty when durable) */
 } kvt_ssd_flush_result;
-/* Waits up to timeout_ms until every item enqueued before the call is settled (written, failed or
- * dropped). durable = nothing is pending AND nothing was dropped or failed since the previous flush
- * call returned (the first flush counts from open). Each drop/failure is therefore reported by
- * exactly one flush. Durable items survive any crash (tmp + fsync + rename + dir fsync). */
+/* Durability boundary. Covers every record created before the call: retries dirty ones at once
+ * and waits (up to timeout_ms) until none of them is queued, in flight or dirty — or until every
+ * remaining one has failed again during this call (then it answers at once instead of at the
+ * timeout). durable = none of them is owed any more: each was published (tmp + fsync + rename +
+ * dir fsync) or shed under memory pressure (nothing holds its block). A failed record is reported
+ * by every flush until a retry publishes it, so a flush is never durable over a hole. */
 void kvt_ssd_flush(kvt_ssd *ssd, uint32_t timeout_ms, kvt_ssd_flush_result *out);
 
 /* ---- stats ---- */
@@ -142,6 +170,14 @@ typedef struct kvt_ssd_stats {
     double restore_ms_last;
     uint64_t superseded;                  /* tail files removed because a longer file at the same
                                              position (same parent, extending tokens) was published */
+    uint64_t dirty_records, dirty_bytes;  /* dropped/failed records awaiting a retry */
+    uint64_t shed;                        /* records given up under memory pressure */
+    uint64_t published;                   /* records published since open */
+    uint64_t skipped_nonregular;          /* scan: cache-file names that were not regular files
+                                             (symlinks, FIFOs, devices): never opened through */
+    uint64_t lost_entries, dir_recreated; /* the directory was deleted while open: entries
+                                             forgotten, directory recreated */
+    uint64_t verified;                    /* payloads checked by the startup scan (opts.verify) */
 } kvt_ssd_stats;
 void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
 
@@ -152,10 +188,14 @@ typedef enum kvt_ssd_fault {
     KVT_SSD_FAULT_SHORT_WRITE = 2, /* payload writes stop halfway but the file is published (torn) */
     KVT_SSD_FAULT_EIO_READ = 3,    /* payload reads during restore fail with EIO */
     KVT_SSD_FAULT_EIO_WRITE = 4,   /* every write fails with EIO (read-only dir as root) */
+    KVT_SSD_FAULT_FSYNC_DIR = 5,   /* the directory fsync after rename fails (EIO) */
 } kvt_ssd_fault;
 /* Overrides the process-wide fault, which defaults to env KVT_SSD_FAULT=
- * enospc|short-write|eio-read|eio-write (read at open). */
+ * enospc|short-write|eio-read|eio-write|fsync-dir (read at open). */
 void kvt_ssd_set_fault(kvt_ssd *ssd, kvt_ssd_fault f);
+/* Scheduled faults (tests): each write attempt fails with EIO with probability permille/1000,
+ * drawn from a generator seeded with seed. 0 turns it off. */
+void kvt_ssd_set_fault_rate(kvt_ssd *ssd, uint64_t seed, uint32_t permille);
 /* The engine marks its decode loop busy: the writer then defers writes (bounded: a waiting flush, a
  * half-full queue or an item older than 2 s ends the deferral) so persistence does not compete with
  * the memory-bandwidth-bound token loop. */

@@ -25,8 +25,9 @@ const char kvt_engine_flags_help[] =
     "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
     "      --ssd-cache DIR       SSD tier directory (off unless set; needs the RAM tier)\n"
     "      --ssd-cache-max GB    SSD tier byte cap (default 0 = unlimited)\n"
-    "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; -1 off)\n"
+    "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
+    "      --ssd-cache-verify    re-verify every payload checksum at startup (restore always checks)\n"
     "      --shared-cache URL    shared block tier across servers: redis://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
     "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
     "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
@@ -75,6 +76,10 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_is(a, NULL, "--prompt-cache")) o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
     else if (kvt_args_is(a, NULL, "--snapshot-min-tokens")) o->snapshot_min_tokens = kvt_args_u32(a, 1, 1u << 30);
     else if (kvt_args_is(a, NULL, "--ssd-cache")) o->ssd_dir = kvt_args_str(a);
+    else if (kvt_args_flag(a, NULL, "--ssd-cache-verify")) {
+        o->ssd_verify = true;
+        g_ssd_subflags |= 8;
+    }
     else if (kvt_args_is(a, NULL, "--ssd-cache-max")) {
         o->ssd_max_gb = kvt_args_f64(a, 0, 1e9);
         g_ssd_subflags |= 1;

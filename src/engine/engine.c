@@ -2,8 +2,9 @@
  * engine.c — see engine.h. The generate loop:
  *
  *   1. validate the request (non-empty, ids in range, fits the context);
- *   2. lookup: RAM prompt cache take() (shares blocks, copies at most one partial block); if the SSD
- *      tier holds a strictly longer usable prefix, restore it instead (streamed into the pool);
+ *   2. lookup (kvt_tiers_lookup): peek both tiers, take from the one with the longer usable prefix
+ *      (RAM take shares blocks and copies at most one partial block; SSD restore streams into the
+ *      pool);
  *   3. prefill the remaining prompt tokens in ubatch chunks; a long cold prefill registers the
  *      prompt-only prefix (prompt-boundary snapshot) before decoding;
  *   4. decode: sample, stream text (stop strings held back until they can no longer match),
@@ -26,6 +27,7 @@
 #include "../cache/prompt_cache.h"
 #include "../cache/shared_tier.h"
 #include "../cache/ssd_cache.h"
+#include "../cache/tier.h"
 #include "../kernels/quant.h"
 #include "../model/model.h"
 #include "../util/strbuf.h"
@@ -45,6 +47,7 @@ struct kvt_engine {
     kvt_prompt_cache *pc;
     kvt_ssd *ssd;
     kvt_shared *shared; /* optional shared block tier (issue 17) */
+    kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
     kvt_ctx *ctx;
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
@@ -315,7 +318,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->ssd_dir) {
         char th[32];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
-        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, e->compat, sizeof e->compat, err, errlen);
+        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, kvt_kernels_numerics_id(), e->compat,
+                                sizeof e->compat, err, errlen);
         if (st) goto fail;
     } else {
         struct stat sb;
@@ -341,7 +345,6 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
             st = KVT_ERR_NOMEM;
             goto fail;
         }
-        kvt_block_pool_set_pressure(e->pool, kvt_prompt_cache_pressure_cb, e->pc);
     }
     if (o->ssd_dir) {
         kvt_ssd_opts so;
@@ -350,9 +353,17 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.compat_key = e->compat;
         so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
         so.writeback = o->ssd_writeback;
+        so.verify = o->ssd_verify;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
-        kvt_prompt_cache_set_spill(e->pc, kvt_ssd_spill_block, kvt_ssd_spill_snapshot, e->ssd);
+    }
+    if (e->pc) {
+        kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .writeback = o->ssd_writeback};
+        e->tier = kvt_tiers_create(&to);
+        if (!e->tier) {
+            st = KVT_ERR_NOMEM;
+            goto fail;
+        }
     }
     if (o->shared_url) {
         kvt_shared_opts sho;
@@ -398,6 +409,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_ctx_free(e->ctx);
     /* the prompt cache spills into the SSD tier on free? no: clear() never spills; what must
      * survive was already queued by write-behind and flushed above. */
+    kvt_tiers_free(e->tier);
     if (e->pc) kvt_prompt_cache_free(e->pc);
     if (e->ssd) kvt_ssd_free(e->ssd);
     kvt_block_pool_free(e->pool);
@@ -519,29 +531,13 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     /* 2. lookup */
     uint32_t reused = 0;
     if (use_cache) {
-        st = kvt_prompt_cache_take(e->pc, req->prompt, n, root, &seq, &reused);
+        kvt_tiers_hit hit;
+        st = kvt_tiers_lookup(e->tier, req->prompt, n, root, &hit);
         if (st) goto done;
-        if (seq) res->reused_from = KVT_TIER_RAM;
-        if (e->ssd) {
-            uint32_t on_disk = kvt_ssd_find(e->ssd, req->prompt, n, root);
-            if (on_disk > reused) {
-                double r0 = kvt_now_ms();
-                kvt_seq *rs = NULL;
-                uint32_t got = 0;
-                report(e, KVT_PROGRESS_RESTORE, 0, on_disk);
-                kvt_status rst = kvt_ssd_restore(e->ssd, req->prompt, n, root, &rs, &got);
-                report(e, KVT_PROGRESS_RESTORE, on_disk, on_disk);
-                if (rst == KVT_OK && rs && got > reused) {
-                    if (seq) kvt_seq_free(seq);
-                    seq = rs;
-                    reused = got;
-                    res->reused_from = KVT_TIER_SSD;
-                } else if (rs) {
-                    kvt_seq_free(rs);
-                }
-                res->restore_ms = kvt_now_ms() - r0;
-            }
-        }
+        seq = hit.seq;
+        reused = hit.n_reused;
+        res->restore_ms = hit.restore_ms;
+        res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
         shared_lookup(e, req->prompt, n, root, &seq, &reused, res);
     }
     if (!seq) {
@@ -581,7 +577,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         uint32_t m = KVT_MIN(chunk, n - done_tok);
         st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
         done_tok += m;
-        if (st == KVT_OK && keep_window && done_tok < n) kvt_prompt_cache_put_blocks(e->pc, seq);
+        if (st == KVT_OK && keep_window && done_tok < n) kvt_tiers_put_blocks(e->tier, seq);
         if (done_tok < n) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, n - reused);
     }
     report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
@@ -598,8 +594,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
     /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
     if (use_cache && n - reused >= e->o.snapshot_min_tokens) {
-        kvt_prompt_cache_put(e->pc, seq);
-        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        kvt_tiers_put(e->tier, seq);
         shared_publish(e, seq);
     }
 
@@ -667,7 +662,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         }
         if (n_gen >= max_new) break;
         st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
-        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_prompt_cache_put_blocks(e->pc, seq);
+        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, seq);
         if (st) {
             if (st == KVT_ERR_CANCELLED) {
                 res->finish = KVT_FINISH_CANCELLED;
@@ -702,8 +697,7 @@ put_back:
     shared_set_busy(e, false);
     /* 5. what was computed stays cached, also for cancelled requests */
     if (seq && use_cache && kvt_seq_len(seq) > 0) {
-        kvt_prompt_cache_put(e->pc, seq);
-        if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, seq, NULL);
+        kvt_tiers_put(e->tier, seq);
         shared_publish(e, seq);
     }
     res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
@@ -759,6 +753,11 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_failed = s.failed;
         out->ssd_longest_durable_prefix_tokens = s.longest_durable_prefix_tokens;
         out->ssd_restore_ms_last = s.restore_ms_last;
+        out->ssd_dirty_records = s.dirty_records;
+        out->ssd_shed = s.shed;
+        out->ssd_skipped_nonregular = s.skipped_nonregular;
+        out->ssd_lost_entries = s.lost_entries;
+        out->ssd_dir_recreated = s.dir_recreated;
     }
     if (e->shared) {
         kvt_shared_stats s;
@@ -801,16 +800,20 @@ void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out)
         return;
     }
     kvt_ssd_flush_result r;
-    kvt_ssd_flush(e->ssd, timeout_ms, &r);
+    kvt_tiers_flush(e->tier, timeout_ms, &r);
     out->durable = r.durable;
     out->entries = r.entries;
     out->pending_blocks = r.pending_blocks;
     out->dropped = r.dropped;
     out->failed = r.failed;
+    out->records_written = r.records_written;
+    out->longest_durable_prefix_tokens = r.longest_durable_prefix_tokens;
+    out->elapsed_ms = r.elapsed_ms;
+    snprintf(out->reason, sizeof out->reason, "%s", r.reason);
 }
 
 void kvt_engine_tick(kvt_engine *e) {
-    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s < 0) return;
+    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s <= 0) return; /* 0 or negative: demotion off */
     double now = kvt_now_ms();
     if (now - e->last_tick_ms < 1000.0) return;
     e->last_tick_ms = now;

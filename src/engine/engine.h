@@ -33,7 +33,8 @@ typedef struct kvt_engine_opts {
     const char *ssd_dir;        /* NULL = no SSD tier */
     double ssd_max_gb;          /* 0 = unlimited */
     bool ssd_writeback;         /* default true */
-    double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <0 disables */
+    double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <= 0 disables */
+    bool ssd_verify;            /* --ssd-cache-verify: check every payload checksum at startup */
     const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
     uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
     const char *chat_template;  /* override, NULL = detect */
@@ -140,6 +141,7 @@ typedef struct kvt_engine_stats {
     char ssd_dir[512];
     uint64_t ssd_entries, ssd_bytes, ssd_max_bytes, ssd_restores, ssd_spills, ssd_demotions,
         ssd_pending_blocks, ssd_pending_bytes, ssd_dropped, ssd_failed, ssd_longest_durable_prefix_tokens;
+    uint64_t ssd_dirty_records, ssd_shed, ssd_skipped_nonregular, ssd_lost_entries, ssd_dir_recreated;
     double ssd_restore_ms_last;
     /* shared tier (Redis) */
     bool shared_enabled;
@@ -158,9 +160,13 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out);
 typedef struct kvt_flush_result {
     bool durable;
     uint64_t entries, pending_blocks, dropped, failed;
+    uint64_t records_written, longest_durable_prefix_tokens;
+    double elapsed_ms;
+    char reason[160]; /* why not durable; empty when durable */
 } kvt_flush_result;
-/* Wait (up to timeout_ms) until everything queued for the SSD tier is durable. Without an SSD tier:
- * durable = true, entries = 0. */
+/* Durability boundary (kvt_tier_flush): waits (up to timeout_ms) until nothing the tiers hold is
+ * still owed to disk (with --ssd-writeback off it first writes what the RAM tier holds). durable is
+ * never true over a dropped or failed record. Without an SSD tier: durable = true, entries = 0. */
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out);
 /* Wait (up to timeout_ms) until the shared tier's publish queue is empty; true if it is (or no tier). */
 bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms);

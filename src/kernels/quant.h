@@ -76,10 +76,9 @@ kvt_isa kvt_kernels_isa(void);          /* what is in use */
  * false if the CPU lacks it. Not thread-safe against concurrent kernel use. */
 bool kvt_kernels_force_isa(kvt_isa isa);
 const char *kvt_isa_name(kvt_isa isa);
-/* Identifies every kernel choice that changes results ("avx2", "avx512-vnni", "scalar"; the
- * activation formats are fixed per weight type, so the active ISA's table is the whole story). For
- * cache compatibility keys: KV written under one id may differ in the last bits from another's.
- * Static string, valid forever; reflects kvt_kernels_force_isa. */
+/* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
+ * variant that changes results ("scalar", "avx2", "avx512", "avx512-vnni"). Paths are not
+ * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. */
 const char *kvt_kernels_numerics_id(void);
 
 /* Small f32 helpers used by the forward pass (dispatched). */

@@ -188,6 +188,8 @@ uint32_t kvt_gen_model_pick_type(uint32_t want, int64_t n0) {
 
 bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
     const char *file = "ggml-vocab-gpt-2.gguf";
+    snprintf(buf, buflen, "data/vocab/%s", file); /* the repository's copy (run from its root) */
+    if (access(buf, R_OK) == 0) return true;
     snprintf(buf, buflen, "../shared/vocab/%s", file);
     if (access(buf, R_OK) == 0) return true;
     char exe[4096];

@@ -556,6 +556,11 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
         cJSON_AddNumberToObject(s, "dropped", (double)st->ssd_dropped);
         cJSON_AddNumberToObject(s, "failed", (double)st->ssd_failed);
         cJSON_AddNumberToObject(s, "longest_durable_prefix_tokens", (double)st->ssd_longest_durable_prefix_tokens);
+        cJSON_AddNumberToObject(s, "dirty_records", (double)st->ssd_dirty_records);
+        cJSON_AddNumberToObject(s, "shed", (double)st->ssd_shed);
+        cJSON_AddNumberToObject(s, "skipped_nonregular", (double)st->ssd_skipped_nonregular);
+        cJSON_AddNumberToObject(s, "lost_entries", (double)st->ssd_lost_entries);
+        cJSON_AddNumberToObject(s, "dir_recreated", (double)st->ssd_dir_recreated);
     } else {
         cJSON_AddNullToObject(root, "ssd_cache");
     }
@@ -661,6 +666,12 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "shared_cache_dropped_total", "counter", "Blocks not published (queue bound, breaker open, failure)", (double)st->shared_dropped);
     metric(&b, "shared_cache_breaker_open", "gauge", "1 when a shared tier circuit breaker is not closed",
            (st->shared_fetch_breaker || st->shared_publish_breaker) ? 1.0 : 0.0);
+    metric(&b, "ssd_cache_dirty_records", "gauge", "Records dropped or failed, awaiting a retry", (double)st->ssd_dirty_records);
+    metric(&b, "ssd_cache_shed_total", "counter", "Records given up under memory pressure", (double)st->ssd_shed);
+    metric(&b, "ssd_cache_skipped_nonregular_total", "counter", "Cache-file names that were not regular files",
+           (double)st->ssd_skipped_nonregular);
+    metric(&b, "ssd_cache_lost_entries_total", "counter", "Entries lost because the cache directory was deleted",
+           (double)st->ssd_lost_entries);
     /* the KV scheme as an info-style metric; label value escaped per the exposition format */
     kvt_strbuf_addstr(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
                           "kvtier_kv_scheme_info{scheme=\"");

@@ -496,9 +496,16 @@ static MHD_Result_t do_flush(struct MHD_Connection *c, conn_ctx *x) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddBoolToObject(root, "durable", fr.durable);
     cJSON_AddNumberToObject(root, "entries", (double)fr.entries);
-    cJSON_AddNumberToObject(root, "pending_blocks", (double)fr.pending_blocks);
-    cJSON_AddNumberToObject(root, "dropped", (double)fr.dropped);
-    cJSON_AddNumberToObject(root, "failed", (double)fr.failed);
+    if (fr.durable) {
+        cJSON_AddNumberToObject(root, "records_written", (double)fr.records_written);
+        cJSON_AddNumberToObject(root, "elapsed_ms", fr.elapsed_ms);
+        cJSON_AddNumberToObject(root, "longest_durable_prefix_tokens", (double)fr.longest_durable_prefix_tokens);
+    } else {
+        cJSON_AddNumberToObject(root, "pending", (double)fr.pending_blocks);
+        cJSON_AddNumberToObject(root, "failed", (double)fr.failed);
+        cJSON_AddNumberToObject(root, "dropped", (double)fr.dropped);
+        cJSON_AddStringToObject(root, "reason", fr.reason);
+    }
     char *body = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return send_json(c, x, fr.durable ? 200 : 503, body);

@@ -1,0 +1,68 @@
+/*
+ * tier.h — the tier manager: the policy that ties the RAM tier (prompt_cache) and the SSD tier
+ * (ssd_cache) together as one system, so the engine does not wire them by hand.
+ *
+ * What it owns today:
+ *   - memory pressure: the pool's pressure callback evicts from RAM (spilling into the SSD tier)
+ *     and then sheds SSD records that only the SSD tier still holds. The pressure path never waits
+ *     for the disk ("free at once", docs/tiers.md): an allocation fails with the typed error only
+ *     when nothing is evictable;
+ *   - the durability boundary: flush. With write-behind on it is the SSD tier's flush; with
+ *     write-behind off it first hands every block and snapshot the RAM tier holds to the SSD tier,
+ *     so a durable answer means "what the tiers hold is on disk".
+ *
+ * Ownership / lifetime: kvt_tiers borrows the pool, the RAM tier and the SSD tier (ssd may be NULL);
+ * all must outlive it. Create installs the pool pressure callback and the RAM tier's spill sinks;
+ * free removes them. Thread-safe (it has no state of its own beyond the borrowed handles).
+ */
+#ifndef KVT_TIER_H
+#define KVT_TIER_H
+
+#include "prompt_cache.h"
+#include "ssd_cache.h"
+
+typedef struct kvt_tiers kvt_tiers;
+
+typedef struct kvt_tiers_opts {
+    kvt_block_pool *pool;  /* required */
+    kvt_prompt_cache *ram; /* required */
+    kvt_ssd *ssd;          /* NULL: RAM only */
+    bool writeback;        /* the SSD tier persists blocks as they fill (--ssd-writeback) */
+} kvt_tiers_opts;
+
+/* NULL on out of memory. */
+kvt_tiers *kvt_tiers_create(const kvt_tiers_opts *o);
+void kvt_tiers_free(kvt_tiers *t); /* NULL is a no-op */
+
+/* The pool pressure callback (kvt_pressure_fn, ctx = kvt_tiers*). True if any pool bytes were freed. */
+bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed);
+
+/* Where a lookup's prefix comes from. */
+typedef enum kvt_tiers_source { KVT_TIERS_NONE = 0, KVT_TIERS_RAM = 1, KVT_TIERS_SSD = 2 } kvt_tiers_source;
+
+typedef struct kvt_tiers_hit {
+    kvt_seq *seq;            /* new sequence of n_reused tokens (caller owns), or NULL on a miss */
+    uint32_t n_reused;
+    kvt_tiers_source from;
+    double restore_ms;       /* time spent restoring from the SSD tier (0 if it was not used) */
+} kvt_tiers_hit;
+
+/* One lookup over both tiers: peeks the RAM tier and the SSD index (no side effects), then takes
+ * the prefix from the tier with the longer usable prefix only, so a RAM take is never built and
+ * thrown away (and never counted as a RAM hit when SSD serves). Ties go to RAM. An SSD restore
+ * that fails or comes back shorter falls back to the RAM take. Errors: pool/allocation failures. */
+kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uint64_t root, kvt_tiers_hit *out);
+
+/* Registers a finished (or prompt-boundary) sequence in the RAM tier (kvt_prompt_cache_put) and,
+ * with write-behind on, hands its sealed blocks and — for layouts with recurrent layers — a
+ * snapshot at its end to the SSD tier, so boundary snapshots are persisted like blocks. Never waits
+ * for the disk. */
+kvt_status kvt_tiers_put(kvt_tiers *t, kvt_seq *seq);
+/* The same for a growing sliding-window sequence's sealed full blocks (kvt_prompt_cache_put_blocks):
+ * window blocks registered during prefill/decode enter write-behind too. */
+kvt_status kvt_tiers_put_blocks(kvt_tiers *t, kvt_seq *seq);
+
+/* Durability boundary (see kvt_ssd_flush). Without an SSD tier: durable, nothing written. */
+void kvt_tiers_flush(kvt_tiers *t, uint32_t timeout_ms, kvt_ssd_flush_result *out);
+
+#endif
