@@ -238,6 +238,8 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     if (!strcmp(q, "config")) {
         st = read_kv_config(e->o.model_path, hp, codecs, err, errlen);
         if (st) goto out;
+    } else if (strcmp(q, "off") != 0 && hp->mla.kv_lora_rank) {
+        codecs[0] = (kvt_codec){.kind = KVT_CODEC_AFFINE}; /* refused with its reason just below */
     } else if (strcmp(q, "off") != 0) {
         kvt_codec c;
         st = kvt_engine_uniform_codec(q, e->o.kv_quant_group, hp->head_dim, &c, err, errlen);
@@ -250,7 +252,7 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     /* Latent (MLA) blocks stay 16-bit: affine quantization of the latent has not been measured
      * against the model's quality yet (docs/models.md), so it is refused rather than guessed. */
     for (uint32_t i = 0; i < hp->n_layer && hp->mla.kv_lora_rank; i++)
-        if (codecs[i].kind == KVT_CODEC_AFFINE) {
+        if (codecs[i].kind != KVT_CODEC_F16 && codecs[i].kind != KVT_CODEC_BF16) {
             st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
                           "--kv-quant %s: quantized latent (MLA) blocks are not supported for %s; the latent cache "
                           "is already %u values per layer and token (use --kv-quant off)",
