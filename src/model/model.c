@@ -18,15 +18,9 @@
 
 #include "../kernels/quant.h"
 #include "../util/threadpool.h"
+#include "model_int.h"
 
 /* ------------------------------------------------------------------ model */
-
-typedef struct kvt_wmat {
-    const void *data;
-    uint32_t type;
-    uint32_t n_in, n_out;
-    uint64_t row_bytes;
-} kvt_wmat;
 
 typedef struct kvt_layer_w {
     const float *attn_norm, *ffn_norm;
@@ -45,6 +39,7 @@ struct kvt_model {
     size_t vecs_used, vecs_cap;
     double *inv_freq[2];  /* [0] global / default layers, [1] gemma3 local layers: n_rot/2 each */
     uint64_t weight_bytes;
+    kvt_q35 *q35;         /* qwen35 only: its own layer tables and forward pass (arch_qwen35.c) */
 };
 
 const char *kvt_arch_name(kvt_arch a) {
@@ -53,6 +48,7 @@ const char *kvt_arch_name(kvt_arch a) {
     case KVT_ARCH_QWEN2: return "qwen2";
     case KVT_ARCH_QWEN3: return "qwen3";
     case KVT_ARCH_GEMMA3: return "gemma3";
+    case KVT_ARCH_QWEN35: return "qwen35";
     }
     return "?";
 }
@@ -63,6 +59,7 @@ int kvt_arch_from_name(const char *s) {
     if (!strcmp(s, "qwen2")) return KVT_ARCH_QWEN2;
     if (!strcmp(s, "qwen3")) return KVT_ARCH_QWEN3;
     if (!strcmp(s, "gemma3")) return KVT_ARCH_GEMMA3;
+    if (!strcmp(s, "qwen35")) return KVT_ARCH_QWEN35;
     return -1;
 }
 
@@ -343,6 +340,12 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
                     goto fail;
                 }
     }
+    if (hp->arch == KVT_ARCH_QWEN35) {
+        if ((st = kvt_q35_load(m, g, &m->q35, err, errlen)) != KVT_OK) goto fail;
+        if ((st = make_inv_freq(m, NULL)) != KVT_OK) goto fail;
+        *out = m;
+        return KVT_OK;
+    }
     const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3;
     const bool gem = hp->arch == KVT_ARCH_GEMMA3;
     const bool bias = hp->arch == KVT_ARCH_QWEN2;
@@ -385,6 +388,7 @@ fail:
 
 void kvt_model_free(kvt_model *m) {
     if (!m) return;
+    kvt_q35_free(m->q35);
     free(m->layers);
     free(m->vecs);
     free(m->inv_freq[0]);
@@ -399,6 +403,10 @@ bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il) {
 }
 
 void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
+    if (m->q35) {
+        kvt_q35_layer_descs(m->q35, &m->hp, codecs, out);
+        return;
+    }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         kvt_layer_desc *d = &out[il];
         memset(d, 0, sizeof(*d));
@@ -413,6 +421,18 @@ void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_laye
 }
 
 uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+
+kvt_status kvt_model_load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
+                              bool required, kvt_wmat *out, char *err, size_t errlen) {
+    return load_mat(m, g, name, n_in, n_out, required, out, err, errlen);
+}
+kvt_status kvt_model_load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
+                              const float **out, char *err, size_t errlen) {
+    return load_vec(m, g, name, n, required, out, err, errlen);
+}
+const kvt_wmat *kvt_model_tok_embd(const kvt_model *m) { return &m->tok_embd; }
+const kvt_wmat *kvt_model_output(const kvt_model *m) { return &m->output; }
+const float *kvt_model_output_norm(const kvt_model *m) { return m->output_norm; }
 
 /* ------------------------------------------------------------------ context */
 
@@ -438,6 +458,7 @@ struct kvt_ctx {
     kvt_thread_buf *tbuf;    /* per thread */
     size_t att_scratch_floats;
     uint32_t logits_rows;    /* rows the logits buffer holds */
+    kvt_q35_ctx *q35;        /* qwen35 only: its scratch (arch_qwen35.c) */
 
     /* per-chunk state read by the workers */
     kvt_seq *seq;
@@ -523,6 +544,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
             }
         }
     }
+    if (ok && m->q35) ok = kvt_q35_ctx_create(m, m->q35, n_threads, ubatch, &c->q35) == KVT_OK;
     c->tp = ok ? kvt_threadpool_create(n_threads) : NULL;
     if (!c->tp) {
         kvt_ctx_free(c);
@@ -535,6 +557,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
 void kvt_ctx_free(kvt_ctx *c) {
     if (!c) return;
     kvt_threadpool_free(c->tp);
+    kvt_q35_ctx_free(c->q35);
     float **bufs[] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->logits, &c->rope_cs};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(*bufs[i]);
     for (int i = 0; i < KVT_N_ACT; i++) free(c->act[i]);
@@ -870,6 +893,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
 
 static kvt_status check_layout(const kvt_model *m, const kvt_kv_layout *l) {
     if (kvt_kv_layout_n_layers(l) != m->hp.n_layer) return KVT_ERR_INVALID_ARG;
+    if (m->q35) return kvt_q35_check_layout(m->q35, &m->hp, l);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
         if (d->kind == KVT_KIND_RECURRENT || d->n_kv_heads != m->hp.n_head_kv || d->head_dim_k != m->hp.head_dim ||
@@ -907,6 +931,11 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         free(c->logits);
         c->logits = nl;
         c->logits_rows = n;
+    }
+    if (m->q35) {
+        st = kvt_q35_forward(c->q35, c->tp, c->att_scratch, seq, tokens, n, all_logits, cancel, c->logits);
+        if (st == KVT_OK && logits) *logits = c->logits;
+        return st;
     }
     for (uint32_t off = 0; off < n; off += c->ubatch) {
         if (cancel && *cancel) return KVT_ERR_CANCELLED;

@@ -1,5 +1,5 @@
 /*
- * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3) and the CPU forward
+ * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3, qwen35) and the CPU forward
  * pass over a block-based KV sequence (kv/kv.h).
  *
  * Ownership: kvt_model borrows tensor data from the kvt_gguf mapping (the GGUF must outlive the
@@ -18,7 +18,7 @@
 #include "../gguf/gguf.h"
 #include "../kv/kv.h"
 
-typedef enum kvt_arch { KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4 } kvt_arch;
+typedef enum kvt_arch { KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4, KVT_ARCH_QWEN35 = 5 } kvt_arch;
 const char *kvt_arch_name(kvt_arch a);
 int kvt_arch_from_name(const char *s); /* -1 if unsupported */
 
