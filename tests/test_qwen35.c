@@ -126,8 +126,206 @@ static void test_fixture_parity(void **st) {
     free(js);
 }
 
+/* ------------------------------------------------------------------ delta-rule kernels */
+
+typedef struct dn_in {
+    kvt_dn_dims dm;
+    uint32_t n, cd, hv;
+    float *qkv, *beta, *g;
+} dn_in;
+
+/* Random normalized q/k, v, beta in (0,1), log decays in [-2, 0] (some rows near 0: slow decay). */
+static dn_in dn_make(uint32_t hk, uint32_t hv, uint32_t d, uint32_t n, uint64_t seed) {
+    dn_in in = {{hk, hv, d, 4}, n, 0, hv, NULL, NULL, NULL};
+    in.cd = kvt_dn_conv_dim(&in.dm);
+    in.qkv = malloc((size_t)n * in.cd * sizeof(float));
+    in.beta = malloc((size_t)n * hv * sizeof(float));
+    in.g = malloc((size_t)n * hv * sizeof(float));
+    for (uint32_t r = 0; r < n; r++) {
+        float *row = in.qkv + (size_t)r * in.cd;
+        for (uint32_t i = 0; i < in.cd; i++) row[i] = tu_randf(&seed);
+        for (uint32_t h = 0; h < 2 * hk; h++) {
+            double s = 0;
+            for (uint32_t i = 0; i < d; i++) s += (double)row[h * d + i] * row[h * d + i];
+            for (uint32_t i = 0; i < d; i++) row[h * d + i] /= (float)sqrt(s);
+        }
+        for (uint32_t h = 0; h < hv; h++) {
+            in.beta[r * hv + h] = 0.5f + 0.49f * tu_randf(&seed);
+            in.g[r * hv + h] = r % 7 == 0 ? -1e-4f : -1.0f - tu_randf(&seed);
+        }
+    }
+    return in;
+}
+
+static void dn_free(dn_in *in) {
+    free(in->qkv);
+    free(in->beta);
+    free(in->g);
+}
+
+/* Runs the chunked kernel over all rows, split into calls of the given sizes (cycled), heads split
+ * into two ranges as two threads would. */
+static float *dn_run(const dn_in *in, kvt_dn_impl impl, const uint32_t *sizes, int n_sizes, float **state_out) {
+    const size_t sb = kvt_dn_state_bytes(&in->dm);
+    float *state = calloc(1, sb);
+    float *out = calloc((size_t)in->n * in->hv * in->dm.d, sizeof(float));
+    uint32_t pos = 0;
+    for (int k = 0; pos < in->n; k++) {
+        uint32_t m = sizes[k % n_sizes];
+        if (m > in->n - pos) m = in->n - pos;
+        const uint32_t hm = in->hv / 2;
+        for (int part = 0; part < 2; part++)
+            kvt_dn_rows(&in->dm, impl, state, in->qkv + (size_t)pos * in->cd, in->beta + (size_t)pos * in->hv,
+                        in->g + (size_t)pos * in->hv, pos, m, out + (size_t)pos * in->hv * in->dm.d,
+                        part ? hm : 0, part ? in->hv : hm);
+        pos += m;
+    }
+    if (state_out) *state_out = state;
+    else free(state);
+    return out;
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double mx = 0, scale = 1e-6;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)a[i] - b[i]));
+    return mx / scale;
+}
+
+/* Chunked form (both implementations) == the plain token recurrence within float tolerance, and
+ * the recurrent state S agrees after the last full chunk. */
+static void test_dn_chunked_vs_recurrence(void **st) {
+    (void)st;
+    dn_in in = dn_make(2, 4, 32, 200, 11);
+    const size_t no = (size_t)in.n * in.hv * in.dm.d;
+    float *S = calloc((size_t)in.hv * in.dm.d * in.dm.d, sizeof(float));
+    float *ref = calloc(no, sizeof(float));
+    kvt_dn_recurrence_ref(&in.dm, S, in.qkv, in.beta, in.g, 192, ref); /* 3 full chunks */
+    const uint32_t all[] = {192};
+    for (int impl = 0; impl <= (int)kvt_dn_best_impl(); impl++) {
+        float *state;
+        float *out = dn_run(&in, (kvt_dn_impl)impl, all, 1, &state);
+        double e = max_rel(out, ref, (size_t)192 * in.hv * in.dm.d);
+        const float *S_chunk = state + (size_t)3 * in.cd;
+        double es = max_rel(S_chunk, S, (size_t)in.hv * in.dm.d * in.dm.d);
+        printf("impl %d: chunked vs recurrence: out %.2e, state %.2e\n", impl, e, es);
+        assert_true(e < 1e-4);
+        assert_true(es < 1e-4);
+        free(out);
+        free(state);
+    }
+    free(S);
+    free(ref);
+    dn_free(&in);
+}
+
+/* Any split of the tokens into calls (1 = decode, 64, odd sizes crossing chunk boundaries) gives
+ * the same bits as one call; scalar and AVX2 agree within tolerance. */
+static void test_dn_split_invariance_and_simd(void **st) {
+    (void)st;
+    dn_in in = dn_make(2, 4, 64, 300, 12);
+    const size_t no = (size_t)in.n * in.hv * in.dm.d;
+    const uint32_t one[] = {300}, dec[] = {1}, odd[] = {37, 5, 64, 1, 100}, c64[] = {64};
+    for (int impl = 0; impl <= (int)kvt_dn_best_impl(); impl++) {
+        float *s0, *s1, *s2, *s3;
+        float *a = dn_run(&in, (kvt_dn_impl)impl, one, 1, &s0);
+        float *b = dn_run(&in, (kvt_dn_impl)impl, dec, 1, &s1);
+        float *c = dn_run(&in, (kvt_dn_impl)impl, odd, 5, &s2);
+        float *d = dn_run(&in, (kvt_dn_impl)impl, c64, 1, &s3);
+        const size_t sb = kvt_dn_state_bytes(&in.dm);
+        assert_memory_equal(a, b, no * sizeof(float));
+        assert_memory_equal(a, c, no * sizeof(float));
+        assert_memory_equal(a, d, no * sizeof(float));
+        assert_memory_equal(s0, s1, sb);
+        assert_memory_equal(s0, s2, sb);
+        assert_memory_equal(s0, s3, sb);
+        free(a), free(b), free(c), free(d), free(s0), free(s1), free(s2), free(s3);
+    }
+    if (kvt_dn_best_impl() == KVT_DN_AVX2) {
+        float *a = dn_run(&in, KVT_DN_SCALAR, one, 1, NULL), *b = dn_run(&in, KVT_DN_AVX2, one, 1, NULL);
+        double e = max_rel(a, b, no);
+        printf("scalar vs avx2: %.2e\n", e);
+        assert_true(e < 1e-5);
+        free(a), free(b);
+    } else {
+        printf("no AVX2 on this CPU: only the scalar implementation is checked\n");
+    }
+    dn_free(&in);
+}
+
+/* The conv keeps the last K-1 raw inputs: one call == token by token, and the first outputs see
+ * zeros before the sequence start. */
+static void test_dn_conv(void **st) {
+    (void)st;
+    kvt_dn_dims dm = {1, 1, 8, 4};
+    const uint32_t cd = kvt_dn_conv_dim(&dm), n = 10;
+    uint64_t seed = 5;
+    float w[24 * 4], u[10 * 24], o1[10 * 24], o2[10 * 24];
+    for (size_t i = 0; i < KVT_ARRAY_LEN(w); i++) w[i] = tu_randf(&seed);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(u); i++) u[i] = tu_randf(&seed);
+    float *s1 = calloc(1, kvt_dn_state_bytes(&dm)), *s2 = calloc(1, kvt_dn_state_bytes(&dm));
+    kvt_dn_conv(&dm, w, s1, u, n, o1, 0, cd);
+    for (uint32_t r = 0; r < n; r++) kvt_dn_conv(&dm, w, s2, u + r * cd, 1, o2 + r * cd, 0, cd);
+    assert_memory_equal(o1, o2, sizeof o1);
+    for (uint32_t r = 0; r < n; r++)
+        for (uint32_t ch = 0; ch < cd; ch++) {
+            double s = 0;
+            for (uint32_t j = 0; j < 4; j++) {
+                int t = (int)r - 3 + (int)j;
+                if (t >= 0) s += (double)w[ch * 4 + j] * u[t * cd + ch];
+            }
+            double want = s / (1 + exp(-s));
+            assert_true(fabs(want - o1[r * cd + ch]) < 1e-5);
+        }
+    free(s1);
+    free(s2);
+}
+
+/* ------------------------------------------------------------------ model invariances */
+
+/* Logits of every position: one prefill, token-by-token decode, odd ubatch, 1 vs 2 threads. */
+static void test_decode_eq_full(void **st) {
+    (void)st;
+    qfx f;
+    qfx_open(&f, FIX_GGUF, 16);
+    const uint32_t V = kvt_model_hparams(f.m)->n_vocab, n = 150;
+    int32_t tok[150];
+    uint64_t seed = 99;
+    for (uint32_t i = 0; i < n; i++) tok[i] = (int32_t)(tu_rand(&seed) % V);
+    float *want = malloc((size_t)n * V * sizeof(float));
+    kvt_ctx *c = NULL;
+    assert_int_equal(kvt_ctx_create(f.m, 2, 256, &c), KVT_OK);
+    kvt_seq *s = NULL;
+    float *lg;
+    assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+    assert_int_equal(kvt_model_forward(c, s, tok, n, true, NULL, &lg), KVT_OK);
+    memcpy(want, lg, (size_t)n * V * sizeof(float));
+    kvt_seq_free(s);
+    kvt_ctx_free(c);
+    const struct { int nth; uint32_t ub; uint32_t step; } runs[] = {{1, 256, 1}, {2, 37, 1}, {2, 37, 23}, {1, 64, 150}};
+    for (size_t ri = 0; ri < KVT_ARRAY_LEN(runs); ri++) {
+        assert_int_equal(kvt_ctx_create(f.m, runs[ri].nth, runs[ri].ub, &c), KVT_OK);
+        assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+        for (uint32_t p = 0; p < n;) {
+            uint32_t m = runs[ri].step < n - p ? runs[ri].step : n - p;
+            assert_int_equal(kvt_model_forward(c, s, tok + p, m, false, NULL, &lg), KVT_OK);
+            p += m;
+            if (memcmp(lg, want + (size_t)(p - 1) * V, V * sizeof(float)))
+                fail_msg("run %zu: logits at position %u differ from the full prefill", ri, p - 1);
+        }
+        kvt_seq_free(s);
+        kvt_ctx_free(c);
+    }
+    free(want);
+    qfx_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dn_conv),
+        cmocka_unit_test(test_dn_chunked_vs_recurrence),
+        cmocka_unit_test(test_dn_split_invariance_and_simd),
+        cmocka_unit_test(test_decode_eq_full),
         cmocka_unit_test(test_fixture_parity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
