@@ -9,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h"
 #include "model/deltanet.h"
+#include "model/gen_model.h"
 #include "model/model.h"
 
 #define FIX_GGUF "tests/fixtures/qwen35-tiny.gguf"
@@ -284,10 +285,9 @@ static void test_dn_conv(void **st) {
 /* ------------------------------------------------------------------ model invariances */
 
 /* Logits of every position: one prefill, token-by-token decode, odd ubatch, 1 vs 2 threads. */
-static void test_decode_eq_full(void **st) {
-    (void)st;
+static void check_decode_eq_full(const char *path) {
     qfx f;
-    qfx_open(&f, FIX_GGUF, 16);
+    qfx_open(&f, path, 16);
     const uint32_t V = kvt_model_hparams(f.m)->n_vocab, n = 150;
     int32_t tok[150];
     uint64_t seed = 99;
@@ -320,12 +320,42 @@ static void test_decode_eq_full(void **st) {
     qfx_close(&f);
 }
 
+static void test_decode_eq_full(void **st) {
+    (void)st;
+    check_decode_eq_full(FIX_GGUF);
+}
+
+/* gen-model writes qwen35 files (every weight type) that load with the expected layer kinds and
+ * keep the decode == full recompute property. */
+static void test_gen_model_qwen35(void **st) {
+    (void)st;
+    char *dir = tu_tmpdir("q35gen");
+    const char *types[] = {"f16", "q8_0", "q4_k"};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++) {
+        char path[512], err[256];
+        snprintf(path, sizeof path, "%s/m.gguf", dir);
+        kvt_gen_model_opts o = {.arch = "qwen35", .shape = "tiny", .type = types[i], .seed = 3, .byte_vocab = true};
+        if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model %s: %s", types[i], err);
+        qfx f;
+        qfx_open(&f, path, 16);
+        assert_int_equal(kvt_model_hparams(f.m)->arch, KVT_ARCH_QWEN35);
+        for (uint32_t il = 0; il < 4; il++)
+            assert_int_equal(kvt_kv_layout_layer(f.layout, il)->kind, il == 3 ? KVT_KIND_FULL : KVT_KIND_RECURRENT);
+        qfx_close(&f);
+        if (i == 0) check_decode_eq_full(path);
+        unlink(path);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dn_conv),
         cmocka_unit_test(test_dn_chunked_vs_recurrence),
         cmocka_unit_test(test_dn_split_invariance_and_simd),
         cmocka_unit_test(test_decode_eq_full),
+        cmocka_unit_test(test_gen_model_qwen35),
         cmocka_unit_test(test_fixture_parity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
