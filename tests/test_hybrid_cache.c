@@ -6,12 +6,14 @@
 #include "testutil.h"
 
 #include "engine/engine.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
 #define FIX_GGUF "tests/fixtures/qwen35-tiny.gguf"
 #define BT 64
 #define EVERY 128
 
-static kvt_engine *open_engine(const char *ssd) {
+static kvt_engine *open_engine_chat(const char *ssd, const char *chat) {
     kvt_engine_opts o;
     kvt_engine_opts_default(&o);
     o.model_path = FIX_GGUF;
@@ -22,6 +24,7 @@ static kvt_engine *open_engine(const char *ssd) {
     o.prompt_cache_gb = 1.0;
     o.recurrent_snapshot_every = EVERY;
     o.ssd_dir = ssd;
+    o.chat_template = chat;
     kvt_engine *e = NULL;
     char err[512] = "";
     kvt_status st = kvt_engine_create(&o, &e, err, sizeof err);
@@ -29,6 +32,8 @@ static kvt_engine *open_engine(const char *ssd) {
     assert_int_equal(st, KVT_OK);
     return e;
 }
+
+static kvt_engine *open_engine(const char *ssd) { return open_engine_chat(ssd, NULL); }
 
 static void fill(int32_t *ids, uint32_t n, uint64_t seed) {
     for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(300 + tu_rand(&seed) % 49000);
@@ -199,12 +204,96 @@ static void test_ten_turn_chat(void **st) {
     kvt_engine_free(e);
 }
 
+/* ------------------------------------------------------------------ chat */
+
+/* The Qwen3/3.5 family is detected from the template text, and rendering drops the thinking of
+ * assistant turns before the last user message only. */
+static void test_qwen35_template(void **st) {
+    (void)st;
+    const char *tmpl = "{%- for message in messages %}{%- if message.role == 'assistant' %}"
+                       "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+                       "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' }}{%- endfor %}";
+    bool known = false;
+    assert_int_equal(kvt_chat_detect(tmpl, strlen(tmpl), &known), KVT_CHAT_QWEN35);
+    assert_true(known);
+    const char *chatml = "{{'<|im_start|>' + message['role']}}";
+    assert_int_equal(kvt_chat_detect(chatml, strlen(chatml), &known), KVT_CHAT_CHATML);
+    kvt_chat_template *c = NULL;
+    char err[256];
+    assert_int_equal(kvt_chat_template_create_text(tmpl, strlen(tmpl), NULL, NULL, &c, err, sizeof err), KVT_OK);
+    const char *a1 = "<think>\nplan</think>\n\nHello!", *a2 = "<think>\nmore</think>\n\nBye";
+    kvt_chat_msg m[4] = {{"user", "Hi", 2}, {"assistant", a1, strlen(a1)}, {"user", "Go", 2}, {"assistant", a2, strlen(a2)}};
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(kvt_chat_render(c, m, 4, false, &out, &len, err, sizeof err), KVT_OK);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                             "<|im_start|>user\nGo<|im_end|>\n<|im_start|>assistant\n<think>\nmore</think>\n\nBye<|im_end|>\n");
+    free(out);
+    assert_int_equal(kvt_chat_render(c, m, 3, true, &out, &len, err, sizeof err), KVT_OK);
+    assert_true(len > 24 && !strcmp(out + len - 22, "<|im_start|>assistant\n"));
+    free(out);
+    kvt_chat_template_free(c);
+}
+
+static int32_t *chat_ids(kvt_engine *e, const kvt_chat_msg *m, size_t n, uint32_t *n_ids) {
+    int32_t *ids = NULL;
+    int64_t ni = 0;
+    char err[256];
+    assert_int_equal(kvt_chat_tokenize(kvt_engine_chat(e), kvt_engine_tokenizer(e), m, n, true, &ids, &ni, err, sizeof err),
+                     KVT_OK);
+    *n_ids = (uint32_t)ni;
+    return ids;
+}
+
+/* Turn 2 of a thinking chat: the client sends back the reply (its thinking + answer), the template
+ * strips the thinking, so the rendered history leaves the generated path right after the turn-1
+ * prompt. Reuse falls back to the prompt-boundary snapshot (exactly the turn-1 prompt), is counted
+ * as a hit of that many tokens, and continues exactly as a cold run. */
+static void test_chat_thinking_falls_back_to_boundary(void **st) {
+    (void)st;
+    kvt_engine *e = open_engine_chat(NULL, "qwen35");
+    assert_int_equal(kvt_chat_family_of(kvt_engine_chat(e)), KVT_CHAT_QWEN35);
+    char sys[2048];
+    snprintf(sys, sizeof sys, "You are a careful agent.");
+    for (int i = 0; i < 40; i++) strcat(sys, " Think before you act, then answer briefly.");
+    kvt_chat_msg m[4] = {{"system", sys, strlen(sys)}, {"user", "What is the plan for today?", 27}};
+    uint32_t n1, n2;
+    int32_t *p1 = chat_ids(e, m, 2, &n1);
+    run_out r1, hot, cold;
+    gen(e, p1, n1, 16, false, &r1);
+    /* the model's output is its thinking; the client appends the closing tag and an answer */
+    size_t tl = 0;
+    char *think = kvt_detokenize(kvt_engine_tokenizer(e), r1.tok, 16, false, &tl);
+    char reply[4096];
+    snprintf(reply, sizeof reply, "%s</think>\n\nThe plan is ready.", think);
+    free(think);
+    m[2] = (kvt_chat_msg){"assistant", reply, strlen(reply)};
+    m[3] = (kvt_chat_msg){"user", "Good, go ahead.", 15};
+    int32_t *p2 = chat_ids(e, m, 4, &n2);
+    assert_true(n2 > n1 && !memcmp(p1, p2, n1 * sizeof(int32_t))); /* turn-1 prompt is a prefix */
+    assert_true(memcmp(p2 + n1, r1.tok, 4 * sizeof(int32_t)) != 0);  /* but the reply is not */
+    kvt_engine_stats s0, s1;
+    kvt_engine_stats_get(e, &s0);
+    gen(e, p2, n2, 8, false, &hot);
+    kvt_engine_stats_get(e, &s1);
+    assert_int_equal(hot.reused, n1);
+    assert_int_equal(s1.pc_hits, s0.pc_hits + 1);
+    assert_int_equal(s1.pc_reused_tokens, s0.pc_reused_tokens + n1);
+    gen(e, p2, n2, 8, true, &cold);
+    assert_memory_equal(hot.tok, cold.tok, 8 * sizeof(int32_t));
+    free(p1);
+    free(p2);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ram_restore_eq_cold),
         cmocka_unit_test(test_edit_reuses_last_snapshot),
         cmocka_unit_test(test_ssd_restart_eq_cold),
         cmocka_unit_test(test_ten_turn_chat),
+        cmocka_unit_test(test_qwen35_template),
+        cmocka_unit_test(test_chat_thinking_falls_back_to_boundary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -92,7 +92,7 @@ static const char k_tmpl_qwen35[] =
     "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = "
     "message.content.split('</think>')[-1].lstrip('\n') %}{%- else %}{%- set content = message.content %}"
     "{%- endif %}{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n<think>\n' }}{%- endif %}";
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
 static const char k_tmpl_llama3[] =
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
