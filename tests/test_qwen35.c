@@ -349,6 +349,89 @@ static void test_gen_model_qwen35(void **st) {
     free(dir);
 }
 
+/* ------------------------------------------------------------------ hostile files */
+
+typedef struct mutation {
+    const char *drop_key, *set_key;
+    uint32_t set_val;
+    const char *drop_tensor, *positive_tensor;
+} mutation;
+
+/* Copy of the fixture with one mutation applied. */
+static void write_mutated(const kvt_gguf *g, const mutation *mu, const char *path) {
+    kvt_gguf_writer *w = kvt_gguf_writer_create();
+    for (int64_t i = 0; i < kvt_gguf_n_kv(g); i++) {
+        const char *k = kvt_gguf_key_name(g, i);
+        if ((mu->drop_key && !strcmp(k, mu->drop_key)) || (mu->set_key && !strcmp(k, mu->set_key))) continue;
+        assert_true(kvt_gguf_w_copy_kv(w, g, k));
+    }
+    if (mu->set_key) kvt_gguf_w_u32(w, mu->set_key, mu->set_val);
+    for (int64_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
+        const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
+        if (mu->drop_tensor && !strcmp(t->name, mu->drop_tensor)) continue;
+        void *d = malloc(t->nbytes);
+        memcpy(d, t->data, t->nbytes);
+        if (mu->positive_tensor && !strcmp(t->name, mu->positive_tensor))
+            for (uint64_t j = 0; j < t->nbytes / 4; j++) ((float *)d)[j] = 0.5f;
+        assert_int_equal(kvt_gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne, d, t->nbytes), KVT_OK);
+        free(d);
+    }
+    char err[256];
+    assert_int_equal(kvt_gguf_writer_finish(w, path, err, sizeof err), KVT_OK);
+    kvt_gguf_writer_free(w);
+}
+
+/* Every malformed qwen35 file is rejected with an error (no crash, no unbounded allocation). */
+static void test_hostile_qwen35_files(void **st) {
+    (void)st;
+    char err[256];
+    kvt_gguf *g = NULL;
+    assert_int_equal(kvt_gguf_open(FIX_GGUF, &g, err, sizeof err), KVT_OK);
+    const mutation ms[] = {
+        {.drop_key = "qwen35.ssm.state_size"},
+        {.drop_key = "qwen35.rope.dimension_sections"},
+        {.set_key = "qwen35.ssm.inner_size", .set_val = 255},
+        {.set_key = "qwen35.ssm.conv_kernel", .set_val = 100},
+        {.set_key = "qwen35.ssm.conv_kernel", .set_val = 0},
+        {.set_key = "qwen35.ssm.state_size", .set_val = 4096},
+        {.set_key = "qwen35.ssm.group_count", .set_val = 3},
+        {.set_key = "qwen35.ssm.time_step_rank", .set_val = 100000},
+        {.set_key = "qwen35.full_attention_interval", .set_val = 0},
+        {.set_key = "qwen35.nextn_predict_layers", .set_val = 1},
+        {.drop_tensor = "blk.1.ssm_conv1d.weight"},
+        {.drop_tensor = "blk.2.attn_q_norm.weight"},
+        {.drop_tensor = "blk.4.ssm_a"},
+        {.positive_tensor = "blk.0.ssm_a"},
+    };
+    char *dir = tu_tmpdir("q35bad");
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.gguf", dir);
+    for (size_t i = 0; i < KVT_ARRAY_LEN(ms); i++) {
+        write_mutated(g, &ms[i], path);
+        kvt_gguf *b = NULL;
+        assert_int_equal(kvt_gguf_open(path, &b, err, sizeof err), KVT_OK);
+        kvt_model *m = NULL;
+        err[0] = 0;
+        kvt_status stl = kvt_model_load(b, &m, err, sizeof err);
+        if (stl == KVT_OK) fail_msg("mutation %zu was accepted", i);
+        assert_null(m);
+        assert_true(err[0] != 0);
+        kvt_gguf_free(b);
+    }
+    /* the unmutated copy loads */
+    write_mutated(g, &(mutation){0}, path);
+    kvt_gguf *b = NULL;
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_gguf_open(path, &b, err, sizeof err), KVT_OK);
+    assert_int_equal(kvt_model_load(b, &m, err, sizeof err), KVT_OK);
+    kvt_model_free(m);
+    kvt_gguf_free(b);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+    kvt_gguf_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dn_conv),
@@ -357,6 +440,7 @@ int main(void) {
         cmocka_unit_test(test_decode_eq_full),
         cmocka_unit_test(test_gen_model_qwen35),
         cmocka_unit_test(test_fixture_parity),
+        cmocka_unit_test(test_hostile_qwen35_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
