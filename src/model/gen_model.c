@@ -201,6 +201,8 @@ uint32_t kvt_gen_model_pick_type(uint32_t want, int64_t n0) {
 
 bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
     const char *file = "ggml-vocab-gpt-2.gguf";
+    snprintf(buf, buflen, "data/vocab/%s", file); /* the repository's copy (run from the root) */
+    if (access(buf, R_OK) == 0) return true;
     snprintf(buf, buflen, "../shared/vocab/%s", file);
     if (access(buf, R_OK) == 0) return true;
     char exe[4096];
@@ -210,6 +212,8 @@ bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
+            snprintf(buf, buflen, "%s/../data/vocab/%s", exe, file); /* build/kvtier -> data/vocab */
+            if (access(buf, R_OK) == 0) return true;
             snprintf(buf, buflen, "%s/../../shared/vocab/%s", exe, file);
             if (access(buf, R_OK) == 0) return true;
         }
