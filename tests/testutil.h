@@ -30,10 +30,11 @@ static inline char *tu_tmpdir(const char *tag) {
     if (!mkdtemp(p)) { free(p); return NULL; }
     return p;
 }
-/* Path of the shared vocab directory (../shared/vocab from the repo root), or NULL. */
+/* Path of the vocab directory (data/vocab of the repository, tests run from its root), or NULL. */
 static inline const char *tu_vocab_dir(void) {
     const char *e = getenv("KVT_VOCAB_DIR");
     if (e) return e;
+    if (access("data/vocab", R_OK) == 0) return "data/vocab";
     if (access("../shared/vocab", R_OK) == 0) return "../shared/vocab";
     return NULL;
 }

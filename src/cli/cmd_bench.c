@@ -45,6 +45,7 @@ static void usage(void) {
            "                      (default: the --kv-quant given, else kv8/kv4 resp. all of issue 14's set)\n"
            "      --once          one cached request of -p tokens (--prompt-seed), then flush the SSD tier\n"
            "      --turns K       K-turn conversation: -p first prompt, -n answer, --suffix new tokens a turn\n"
+           "      --restart-after K  with --turns: flush, close and reopen the engine after turn K\n"
            "      --prompt-seed S seed of the random prompt (default 1)\n"
            "      --json    machine-readable output\n\n%s",
            kvt_engine_flags_help);
@@ -516,7 +517,8 @@ static int bench_once(const kvt_engine_opts *o_in, uint32_t n_p, uint32_t n_g, u
     return rc;
 }
 
-static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p, uint32_t n_g, uint32_t suffix, uint64_t seed, bool json) {
+static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p, uint32_t n_g, uint32_t suffix, uint64_t seed,
+                       uint32_t restart_after, bool json) {
     kvt_engine_opts o = *o_in;
     if (n_g < 1) n_g = 1;
     const uint32_t cap = n_p + turns * (n_g + suffix) + 16;
@@ -538,7 +540,18 @@ static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p
     char err[512] = "";
     int rc = 0;
     if (json) printf("{\"mode\":\"turns\",\"turns\":[");
+    double cold_ms_per_tok = 0; /* turn 1 is cold: its TTFT per prompt token estimates later cold turns */
     for (uint32_t k = 0; k < turns; k++) {
+        if (restart_after && k == restart_after) { /* a process restart: flush, close, reopen (SSD tier) */
+            kvt_flush_result fr;
+            kvt_engine_flush(e, 600000, &fr);
+            kvt_engine_free(e);
+            if (!(e = open_engine(&o))) {
+                free(buf);
+                return 1;
+            }
+            if (!json) printf("-- restart (flushed %llu entries, durable %d) --\n", (unsigned long long)fr.entries, fr.durable);
+        }
         kvt_gen_request req = {.prompt = buf, .n_prompt = len, .max_tokens = n_g, .ignore_eog = true};
         kvt_sampling_default(&req.sampling);
         kvt_gen_result res;
@@ -553,7 +566,12 @@ static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p
         dec_sum += res.decode_tps;
         if (json) printf("%s{\"n_prompt\":%u,\"n_reused\":%u,\"from\":\"%s\",\"ttft_ms\":%.1f}", k ? "," : "", len, res.n_reused,
                          tier_name(res.reused_from), res.ttft_ms);
-        else printf("turn %u: prompt %u, reused %u (%s), TTFT %.1f ms\n", k + 1, len, res.n_reused, tier_name(res.reused_from), res.ttft_ms);
+        else {
+            if (k == 0) cold_ms_per_tok = res.ttft_ms / len;
+            printf("turn %u: prompt %u, reused %u (%s), TTFT %.1f ms (cold estimate %.0f ms, %.1fx)\n", k + 1, len,
+                   res.n_reused, tier_name(res.reused_from), res.ttft_ms, cold_ms_per_tok * len,
+                   res.ttft_ms > 0 ? cold_ms_per_tok * len / res.ttft_ms : 0.0);
+        }
         for (uint32_t i = 0; i < res.n_gen && len < cap; i++) buf[len++] = res.tokens[i];
         free(res.tokens);
         uint32_t add = KVT_MIN(suffix, cap - len);
@@ -584,7 +602,7 @@ static int bench_cmd(int argc, char **argv) {
     kvt_engine_opts_default(&eo);
     uint32_t n_p = 512, n_g = 128, reps = 3, suffix = 100;
     bool json = false, cache = false, cold = false, once = false;
-    uint32_t decode_at = 0, agreement = 0, turns = 0, quality = 0, quality_ctx = 4096;
+    uint32_t decode_at = 0, agreement = 0, turns = 0, restart_after = 0, quality = 0, quality_ctx = 4096;
     const char *codecs = NULL;
     uint64_t pseed = 1;
     kvt_args a;
@@ -604,6 +622,7 @@ static int bench_cmd(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--kv-codecs")) codecs = kvt_args_str(&a);
         else if (kvt_args_flag(&a, NULL, "--once")) once = true;
         else if (kvt_args_is(&a, NULL, "--turns")) turns = kvt_args_u32(&a, 1, 1000);
+        else if (kvt_args_is(&a, NULL, "--restart-after")) restart_after = kvt_args_u32(&a, 1, 1000);
         else if (kvt_args_is(&a, NULL, "--prompt-seed")) pseed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
         else if (kvt_args_flag(&a, NULL, "--json")) json = true;
         else kvt_args_unknown(&a);
@@ -622,7 +641,7 @@ static int bench_cmd(int argc, char **argv) {
                              true, json);
     if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, json);
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);
-    if (turns) return bench_turns(&eo, turns, n_p, n_g, suffix, pseed, json);
+    if (turns) return bench_turns(&eo, turns, n_p, n_g, suffix, pseed, restart_after, json);
     if (!eo.n_ctx) eo.n_ctx = n_p + n_g + suffix + 16;
     char err[512] = "";
     kvt_engine *e = NULL;

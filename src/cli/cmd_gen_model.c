@@ -10,8 +10,9 @@ static void usage(void) {
     printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf] [--seed N] [--peaked] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
-           "  --arch   llama | qwen2 | qwen3 | gemma3      (default: the shape's own arch; llama for tiny)\n"
-           "  --shape  tiny | smol-135m | qwen3-0.6b | llama-1b | gemma3-1b   (default tiny)\n"
+           "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35   (default: the shape's own arch; llama for tiny)\n"
+           "  --shape  tiny | smol-135m | qwen3-0.6b | llama-1b | gemma3-1b | qwen35-0.8b | qwen35-2b\n"
+           "           (default tiny; the qwen35 shapes are Qwen3.5-like hybrid layer shapes)\n"
            "  --type   f16 | q8_0 | q4_0 | q4_k | f32 | bf16   (default f16; 1-D tensors stay f32;\n"
            "           q4_k rows not a multiple of 256 fall back to q5_0, like llama-quantize)\n"
            "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default\n"
@@ -45,7 +46,7 @@ int cmd_gen_model(int argc, char **argv) {
     }
     if (a.failed) return 2;
     if (a.help) return 0;
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3", NULL};
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35", NULL};
     const char *bad = NULL, *what = NULL;
     if (o.arch && !in_list(archs, o.arch)) bad = o.arch, what = "arch";
     else if (o.shape && !in_list(kvt_gen_model_shapes, o.shape)) bad = o.shape, what = "shape";

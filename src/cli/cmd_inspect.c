@@ -153,7 +153,13 @@ int cmd_inspect(int argc, char **argv) {
     uint32_t n_windowed = 0;
     if (!strcmp(arch, "gemma3") && n_swa) /* layer il is windowed iff il % 6 < 5 */
         n_windowed = n_layer / 6 * 5 + KVT_MIN(n_layer % 6, 5u);
-    if (!kvt_mul_ok(per_layer, n_layer, &kv_tok)) kv_tok = UINT64_MAX;
+    uint32_t n_kv_layers = n_layer; /* qwen35: only every full_attention_interval-th layer has KV */
+    if (!strcmp(arch, "qwen35")) {
+        uint32_t iv = 4;
+        if (!kvt_gguf_get_u32(g, "qwen35.full_attention_interval", &iv) || iv == 0) iv = 4;
+        n_kv_layers = n_layer / iv;
+    }
+    if (!kvt_mul_ok(per_layer, n_kv_layers, &kv_tok)) kv_tok = UINT64_MAX;
     if (!kvt_mul_ok(per_layer, n_layer - n_windowed, &kv_tok_global)) kv_tok_global = UINT64_MAX;
     const char *fam = template_family(g);
 

@@ -23,6 +23,7 @@ const char kvt_engine_flags_help[] =
     "      --kv-pool-gb GB       KV block pool budget (default: one context + the prompt cache)\n"
     "      --prompt-cache GB     RAM tier byte cap (default 8, 0 disables)\n"
     "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
+    "      --recurrent-snapshot-every N  hybrid models: state snapshot every N prompt tokens, whole blocks (default 1024, 0 = off)\n"
     "      --ssd-cache DIR       SSD tier directory (off unless set; needs the RAM tier)\n"
     "      --ssd-cache-max GB    SSD tier byte cap (default 0 = unlimited)\n"
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
@@ -75,6 +76,7 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_is(a, NULL, "--kv-pool-gb")) o->kv_pool_gb = kvt_args_f64(a, 0, 1e6);
     else if (kvt_args_is(a, NULL, "--prompt-cache")) o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
     else if (kvt_args_is(a, NULL, "--snapshot-min-tokens")) o->snapshot_min_tokens = kvt_args_u32(a, 1, 1u << 30);
+    else if (kvt_args_is(a, NULL, "--recurrent-snapshot-every")) o->recurrent_snapshot_every = kvt_args_u32(a, 0, 1u << 30);
     else if (kvt_args_is(a, NULL, "--ssd-cache")) o->ssd_dir = kvt_args_str(a);
     else if (kvt_args_flag(a, NULL, "--ssd-cache-verify")) {
         o->ssd_verify = true;

@@ -52,6 +52,7 @@ struct kvt_engine {
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
+    bool recurrent;      /* the layout has RECURRENT layers (state snapshots instead of trimming) */
     char compat[1024];
     char scheme[128];
     char name[160];
@@ -83,6 +84,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->kv_quant_group = 0; /* auto: largest supported group dividing head_dim */
     o->prompt_cache_gb = 8.0;
     o->snapshot_min_tokens = 1024;
+    o->recurrent_snapshot_every = 1024; /* 4 blocks: see docs/kv-blocks.md, "Recurrent state" */
     o->ssd_writeback = true;
     o->ssd_demote_idle_s = 300.0;
     o->shared_timeout_ms = 1000;
@@ -264,6 +266,7 @@ static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
     if (st == KVT_OK) {
         kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
         log_layout(e->layout);
+        e->recurrent = kvt_kv_layout_state_bytes(e->layout) > 0;
         for (uint32_t g = 0; g < kvt_kv_layout_n_groups(e->layout); g++)
             if (kvt_kv_layout_group_kind(e->layout, g) == KVT_KIND_WINDOW) {
                 uint32_t w = kvt_kv_layout_group_window(e->layout, g);
@@ -501,6 +504,15 @@ static void shared_set_busy(kvt_engine *e, bool busy) {
 
 /* ---- generate ------------------------------------------------------------------------------- */
 
+/* Register the sequence in the RAM tier (blocks, tail and, for recurrent layouts, a state snapshot
+ * at its length) and queue it for the SSD tier, the snapshot included. */
+/* A finished or boundary sequence into the tiers (RAM put, write-behind incl. its recurrent-state
+ * snapshot: kvt_tiers_put) and the shared tier's publisher. */
+static void cache_put(kvt_engine *e, kvt_seq *seq) {
+    kvt_tiers_put(e->tier, seq);
+    shared_publish(e, seq);
+}
+
 kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
     memset(res, 0, sizeof *res);
     res->finish = KVT_FINISH_ERROR;
@@ -575,12 +587,20 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     if (keep_window) chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), chunk);
     if (e->progress) chunk = KVT_MIN(e->o.ubatch, chunk); /* same chunks the model makes, reported one by one */
     report(e, KVT_PROGRESS_PREFILL, 0, n - reused);
+    /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
+     * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
+    const uint32_t bt = e->o.block_tokens;
+    const uint32_t every = use_cache && e->recurrent && e->o.recurrent_snapshot_every
+                               ? (e->o.recurrent_snapshot_every + bt - 1) / bt * bt
+                               : 0;
     for (uint32_t done_tok = reused; done_tok < n && st == KVT_OK;) {
         uint32_t m = KVT_MIN(chunk, n - done_tok);
+        if (every) m = KVT_MIN(m, (done_tok / every + 1) * every - done_tok);
         st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
         done_tok += m;
         if (st == KVT_OK && keep_window && done_tok < n) kvt_tiers_put_blocks(e->tier, seq);
         if (done_tok < n) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, n - reused);
+        if (st == KVT_OK && every && done_tok < n && done_tok % every == 0) cache_put(e, seq);
     }
     report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
     if (st) {
@@ -595,10 +615,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     res->prefill_ms = kvt_now_ms() - tp0;
     if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
     /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
-    if (use_cache && n - reused >= e->o.snapshot_min_tokens) {
-        kvt_tiers_put(e->tier, seq);
-        shared_publish(e, seq);
-    }
+    /* (always for recurrent layouts: their state cannot be cut back to the prompt later) */
+    if (use_cache && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent)) cache_put(e, seq);
 
     /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
     if (e->ssd) kvt_ssd_set_busy(e->ssd, true);
@@ -698,10 +716,7 @@ put_back:
     if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
     shared_set_busy(e, false);
     /* 5. what was computed stays cached, also for cancelled requests */
-    if (seq && use_cache && kvt_seq_len(seq) > 0) {
-        kvt_tiers_put(e->tier, seq);
-        shared_publish(e, seq);
-    }
+    if (seq && use_cache && kvt_seq_len(seq) > 0) cache_put(e, seq);
     res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
     pthread_mutex_lock(&e->stats_mu);
     e->requests++;

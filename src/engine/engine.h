@@ -30,6 +30,8 @@ typedef struct kvt_engine_opts {
     bool kv_bf16;               /* base codec bf16 instead of f16 */
     double prompt_cache_gb;     /* RAM tier cap, default 8, 0 disables */
     uint32_t snapshot_min_tokens; /* prompt-boundary snapshot threshold, default 1024 */
+    uint32_t recurrent_snapshot_every; /* hybrid (recurrent) models: also snapshot every N prompt
+                                        * tokens, rounded up to whole blocks; 0 = off; default 1024 */
     const char *ssd_dir;        /* NULL = no SSD tier */
     double ssd_max_gb;          /* 0 = unlimited */
     bool ssd_writeback;         /* default true */

@@ -12,17 +12,30 @@
 #include "../gguf/gguf.h"
 #include "../kernels/quant.h"
 
-const char *const kvt_gen_model_shapes[] = {"tiny", "smol-135m", "qwen3-0.6b", "llama-1b", "gemma3-1b", NULL};
+const char *const kvt_gen_model_shapes[] = {"tiny", "smol-135m", "qwen3-0.6b", "llama-1b", "gemma3-1b",
+                                            "qwen35-0.8b", "qwen35-2b", NULL};
 const char *const kvt_gen_model_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", NULL};
 
-enum { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_COUNT };
-static const char *const k_arch_names[A_COUNT] = {"llama", "qwen2", "qwen3", "gemma3"};
+enum { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_QWEN35, A_COUNT };
+static const char *const k_arch_names[A_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35"};
 
 typedef struct shape {
     uint32_t n_embd, n_layer, n_head, n_kv, head_dim, n_ff, n_ctx, n_swa;
     float rope_base, eps;
     bool tied, llama3_rope;
 } shape;
+
+/* qwen35 extras: DeltaNet heads/dim/conv taps, attention every `interval` layers, rope dims. The
+ * tiny test shape has small DeltaNet heads; every other shape gets Qwen3.5 small-model dims and
+ * rope on a quarter of the head. */
+typedef struct ssm_shape {
+    uint32_t hk, hv, d, conv, interval, n_rot;
+} ssm_shape;
+
+static ssm_shape qwen35_extras(const char *shape_name, const shape *s) {
+    if (!strcmp(shape_name, "tiny")) return (ssm_shape){2, 4, 16, 4, 4, 8};
+    return (ssm_shape){16, 16, 128, 4, 4, s->head_dim >= 8 ? s->head_dim / 4 / 2 * 2 : s->head_dim};
+}
 
 /* tiny: small enough for unit tests, but exercising each arch's special paths: qwen3/gemma3 use
  * head_dim 32 so that n_head*head_dim != n_embd, gemma3 has 6 layers so layer 5 is global,
@@ -34,6 +47,7 @@ static shape tiny_shape(int arch) {
     case A_QWEN2: s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_QWEN3: s.head_dim = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_GEMMA3: s.n_layer = 6; s.head_dim = 32; s.n_swa = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
+    case A_QWEN35: s.n_layer = 4; s.head_dim = 32; s.rope_base = 1e7f; s.eps = 1e-6f; break; /* DeltaNet 0-2, attn 3 */
     }
     return s;
 }
@@ -48,6 +62,12 @@ static bool named_shape(const char *name, int *arch, shape *s) {
     } else if (!strcmp(name, "llama-1b")) {
         *arch = A_LLAMA;
         *s = (shape){2048, 16, 32, 8, 64, 8192, 131072, 0, 500000.0f, 1e-5f, true, true};
+    } else if (!strcmp(name, "qwen35-0.8b")) { /* Qwen3.5-0.8B-like layer shapes */
+        *arch = A_QWEN35;
+        *s = (shape){1024, 24, 8, 2, 256, 3584, 262144, 0, 1e7f, 1e-6f, true, false};
+    } else if (!strcmp(name, "qwen35-2b")) { /* Qwen3.5-2B-like layer shapes */
+        *arch = A_QWEN35;
+        *s = (shape){2048, 24, 8, 2, 256, 6144, 262144, 0, 1e7f, 1e-6f, true, false};
     } else if (!strcmp(name, "gemma3-1b")) {
         *arch = A_GEMMA3;
         *s = (shape){1152, 26, 4, 1, 256, 6912, 32768, 512, 1e6f, 1e-6f, true, false};
@@ -67,6 +87,12 @@ static const char k_tmpl_smol[] =
 static const char k_tmpl_chatml[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+/* Qwen3 / Qwen3.5 style: ChatML whose earlier assistant turns drop their <think> block. */
+static const char k_tmpl_qwen35[] =
+    "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = "
+    "message.content.split('</think>')[-1].lstrip('\n') %}{%- else %}{%- set content = message.content %}"
+    "{%- endif %}{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
 static const char k_tmpl_llama3[] =
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
@@ -139,7 +165,8 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
     uint64_t s = c->seed ^ 0x6b767469657221ull;
     for (const char *p = name; *p; p++) s = (s ^ (uint8_t)*p) * 1099511628211ull;
     int kind = ends_with(name, "norm.weight") ? 1 : ends_with(name, ".bias") ? 2
-             : !strcmp(name, "rope_freqs.weight") ? 3 : 0;
+             : !strcmp(name, "rope_freqs.weight") ? 3 : ends_with(name, ".ssm_a") ? 4
+             : ends_with(name, "ssm_conv1d.weight") ? 5 : 0;
     const float a = 0.02f * 1.7320508f; /* uniform with std 0.02 */
     const float pk = c->peaked ? peak_factor(name) : 1.0f;
     for (int64_t r = 0; r < rows; r++) {
@@ -148,6 +175,8 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
             case 1: row[i] = 1.0f + 0.05f * unif(&s); break;
             case 2: row[i] = 0.02f * unif(&s); break;
             case 3: row[i] = kvt_gen_model_llama3_factor(c->rope_base, c->n_rot, (uint32_t)i); break;
+            case 4: row[i] = -expf(0.5f * unif(&s)); break; /* qwen35 A, stored negated: -exp(A_log) */
+            case 5: row[i] = 0.5f * unif(&s); break;         /* qwen35 conv taps */
             default: row[i] = a * unif(&s); break;
             }
             row[i] *= pk;
@@ -199,6 +228,8 @@ bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
+            snprintf(buf, buflen, "%s/../data/vocab/%s", exe, file); /* build/kvtier -> data/vocab */
+            if (access(buf, R_OK) == 0) return true;
             snprintf(buf, buflen, "%s/../../shared/vocab/%s", exe, file);
             if (access(buf, R_OK) == 0) return true;
         }
@@ -261,7 +292,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         for (int i = 0; i < A_COUNT; i++)
             if (!strcmp(o->arch, k_arch_names[i])) arch = i;
         if (arch < 0)
-            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown arch '%s' (llama, qwen2, qwen3, gemma3)", o->arch);
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown arch '%s' (llama, qwen2, qwen3, gemma3, qwen35)", o->arch);
     }
     if (!strcmp(shape_name, "tiny")) {
         if (arch < 0) arch = A_LLAMA;
@@ -270,12 +301,14 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         int native;
         if (!named_shape(shape_name, &native, &s))
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                            "unknown shape '%s' (tiny, smol-135m, qwen3-0.6b, llama-1b, gemma3-1b)", shape_name);
+                            "unknown shape '%s' (tiny, smol-135m, qwen3-0.6b, llama-1b, gemma3-1b, qwen35-0.8b, qwen35-2b)",
+                            shape_name);
         if (arch < 0) arch = native;
         /* another arch on a real shape: keep the dims, take the arch's own features */
         if (arch == A_GEMMA3 && !s.n_swa) s.n_swa = 512;
         if (arch != A_LLAMA) s.llama3_rope = false;
     }
+    const ssm_shape q35 = arch == A_QWEN35 ? qwen35_extras(shape_name, &s) : (ssm_shape){0, 0, 0, 0, 0, s.head_dim};
     uint32_t wtype, ftype;
     static const struct { const char *name; uint32_t type, ftype; } types[] = {
         {"f32", KVT_TYPE_F32, 0}, {"f16", KVT_TYPE_F16, 1},   {"bf16", KVT_TYPE_BF16, 32},
@@ -335,10 +368,20 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     kvt_gguf_w_u32(w, K("attention.head_count_kv"), s.n_kv);
     kvt_gguf_w_u32(w, K("attention.key_length"), s.head_dim);
     kvt_gguf_w_u32(w, K("attention.value_length"), s.head_dim);
-    kvt_gguf_w_u32(w, K("rope.dimension_count"), s.head_dim);
+    kvt_gguf_w_u32(w, K("rope.dimension_count"), q35.n_rot);
     kvt_gguf_w_f32(w, K("rope.freq_base"), s.rope_base);
     kvt_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), s.eps);
     if (arch == A_GEMMA3) kvt_gguf_w_u32(w, K("attention.sliding_window"), s.n_swa);
+    if (arch == A_QWEN35) {
+        const int32_t sect[4] = {11, 11, 10, 0};
+        kvt_gguf_w_arr(w, K("rope.dimension_sections"), KVT_GGUF_I32, sect, 4);
+        kvt_gguf_w_u32(w, K("full_attention_interval"), q35.interval);
+        kvt_gguf_w_u32(w, K("ssm.conv_kernel"), q35.conv);
+        kvt_gguf_w_u32(w, K("ssm.state_size"), q35.d);
+        kvt_gguf_w_u32(w, K("ssm.group_count"), q35.hk);
+        kvt_gguf_w_u32(w, K("ssm.time_step_rank"), q35.hv);
+        kvt_gguf_w_u32(w, K("ssm.inner_size"), q35.hv * q35.d);
+    }
     /* llama3 scaling lives in rope_freqs.weight only: a rope.scaling.factor key would tell readers
      * to apply linear scaling on top of it (that is what llama.cpp's converter does too) */
 
@@ -356,11 +399,12 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         n_vocab = write_byte_vocab(w);
     }
     const char *tmpl = arch == A_GEMMA3 ? k_tmpl_gemma
+                     : arch == A_QWEN35 ? k_tmpl_qwen35
                      : arch == A_QWEN2 || arch == A_QWEN3 ? k_tmpl_chatml
                      : s.llama3_rope ? k_tmpl_llama3 : k_tmpl_smol;
     kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
 
-    gen_ctx gc = {o->seed, s.rope_base, s.head_dim, o->peaked};
+    gen_ctx gc = {o->seed, s.rope_base, q35.n_rot, o->peaked};
     kvt_status st = KVT_OK;
     const uint32_t qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
 #define T1(nm, n0) do { int64_t ne_[1] = {(n0)}; \
@@ -372,6 +416,34 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     for (uint32_t il = 0; il < s.n_layer; il++) {
         char tn[96];
 #define BLK(x) (snprintf(tn, sizeof tn, "blk.%u." x, il), tn)
+        if (arch == A_QWEN35) { /* README "qwen35": gated attention every interval-th layer, else DeltaNet */
+            const uint32_t kd = q35.hk * q35.d, vd = q35.hv * q35.d;
+            T1(BLK("attn_norm.weight"), s.n_embd);
+            T1(BLK("post_attention_norm.weight"), s.n_embd);
+            if ((il + 1) % q35.interval == 0) {
+                T2(BLK("attn_q.weight"), s.n_embd, 2 * qd);
+                T2(BLK("attn_k.weight"), s.n_embd, kvd);
+                T2(BLK("attn_v.weight"), s.n_embd, kvd);
+                T1(BLK("attn_q_norm.weight"), s.head_dim);
+                T1(BLK("attn_k_norm.weight"), s.head_dim);
+                T2(BLK("attn_output.weight"), qd, s.n_embd);
+            } else {
+                int64_t ne_c[2] = {q35.conv, 2 * kd + vd};
+                T2(BLK("attn_qkv.weight"), s.n_embd, 2 * kd + vd);
+                T2(BLK("attn_gate.weight"), s.n_embd, vd);
+                if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, BLK("ssm_conv1d.weight"), KVT_TYPE_F32, 2, ne_c, fill_tensor, &gc);
+                T2(BLK("ssm_beta.weight"), s.n_embd, q35.hv);
+                T2(BLK("ssm_alpha.weight"), s.n_embd, q35.hv);
+                T1(BLK("ssm_dt.bias"), q35.hv);
+                T1(BLK("ssm_a"), q35.hv);
+                T1(BLK("ssm_norm.weight"), q35.d);
+                T2(BLK("ssm_out.weight"), vd, s.n_embd);
+            }
+            T2(BLK("ffn_gate.weight"), s.n_embd, s.n_ff);
+            T2(BLK("ffn_up.weight"), s.n_embd, s.n_ff);
+            T2(BLK("ffn_down.weight"), s.n_ff, s.n_embd);
+            continue;
+        }
         T1(BLK("attn_norm.weight"), s.n_embd);
         T2(BLK("attn_q.weight"), s.n_embd, qd);
         T2(BLK("attn_k.weight"), s.n_embd, kvd);

@@ -30,8 +30,9 @@ typedef struct kvt_gen_model_opts {
 /* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */
 kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char *err, size_t errlen);
 
-/* Default vocabulary lookup: ../shared/vocab/ggml-vocab-gpt-2.gguf relative to the cwd, then
- * ../../shared/vocab/ next to the executable (/proc/self/exe), then $KVT_VOCAB_DIR. Writes the
+/* Default vocabulary lookup: data/vocab/ggml-vocab-gpt-2.gguf relative to the cwd, then
+ * ../shared/vocab/, then ../data/vocab/ and ../../shared/vocab/ next to the executable
+ * (/proc/self/exe), then $KVT_VOCAB_DIR. Writes the
  * path into buf and returns true if one exists. */
 bool kvt_gen_model_default_vocab(char *buf, size_t buflen);
 

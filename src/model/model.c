@@ -43,6 +43,7 @@ struct kvt_model {
     kvt_mla_w *mla;       /* [n_layer] or NULL (model_int.h) */
     kvt_moe_w *moe;       /* [n_layer] or NULL; used by the layers kvt_moe_layer() names */
     uint64_t weight_bytes;
+    kvt_q35 *q35;         /* qwen35 only: its own layer tables and forward pass (arch_qwen35.c) */
 };
 
 const char *kvt_arch_name(kvt_arch a) {
@@ -53,6 +54,7 @@ const char *kvt_arch_name(kvt_arch a) {
     case KVT_ARCH_GEMMA3: return "gemma3";
     case KVT_ARCH_QWEN3MOE: return "qwen3moe";
     case KVT_ARCH_DEEPSEEK2: return "deepseek2";
+    case KVT_ARCH_QWEN35: return "qwen35";
     }
     return "?";
 }
@@ -65,6 +67,7 @@ int kvt_arch_from_name(const char *s) {
     if (!strcmp(s, "gemma3")) return KVT_ARCH_GEMMA3;
     if (!strcmp(s, "qwen3moe")) return KVT_ARCH_QWEN3MOE;
     if (!strcmp(s, "deepseek2")) return KVT_ARCH_DEEPSEEK2;
+    if (!strcmp(s, "qwen35")) return KVT_ARCH_QWEN35;
     return -1;
 }
 
@@ -368,7 +371,13 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
                     goto fail;
                 }
     }
-    const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3 || hp->arch == KVT_ARCH_QWEN3MOE;
+    if (hp->arch == KVT_ARCH_QWEN35) {
+        if ((st = kvt_q35_load(m, g, &m->q35, err, errlen)) != KVT_OK) goto fail;
+        if ((st = make_inv_freq(m, NULL)) != KVT_OK) goto fail;
+        *out = m;
+        return KVT_OK;
+    }
+        const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3 || hp->arch == KVT_ARCH_QWEN3MOE;
     const bool gem = hp->arch == KVT_ARCH_GEMMA3;
     const bool bias = hp->arch == KVT_ARCH_QWEN2;
     for (uint32_t il = 0; il < L; il++) {
@@ -426,6 +435,7 @@ void kvt_model_free(kvt_model *m) {
     }
     free(m->mla);
     free(m->moe);
+    kvt_q35_free(m->q35);
     free(m->layers);
     free(m->vecs);
     free(m->inv_freq[0]);
@@ -458,10 +468,18 @@ static void layer_desc(const kvt_model *m, uint32_t il, kvt_codec c, kvt_layer_d
 }
 
 void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
+    if (m->q35) { /* hybrid: DeltaNet layers are RECURRENT (arch_qwen35.c) */
+        kvt_q35_layer_descs(m->q35, &m->hp, codecs, out);
+        return;
+    }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) layer_desc(m, il, codecs[il], &out[il]);
 }
 
 uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+
+const kvt_wmat *kvt_model_tok_embd(const kvt_model *m) { return &m->tok_embd; }
+const kvt_wmat *kvt_model_output(const kvt_model *m) { return &m->output; }
+const float *kvt_model_output_norm(const kvt_model *m) { return m->output_norm; }
 
 /* ------------------------------------------------------------------ context */
 
@@ -487,6 +505,7 @@ struct kvt_ctx {
     size_t att_scratch_floats;
     uint32_t logits_rows;    /* rows the logits buffer holds */
     kvt_ext_scratch *ext;    /* MLA / MoE scratch (model_int.h), NULL for dense models */
+    kvt_q35_ctx *q35;        /* qwen35 only: its scratch (arch_qwen35.c) */
 
     /* per-chunk state read by the workers */
     kvt_seq *seq;
@@ -574,6 +593,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
         }
     }
     if (ok && (hp->moe.n_expert || hp->mla.kv_lora_rank)) ok = (c->ext = kvt_ext_scratch_create(hp, ubatch)) != NULL;
+    if (ok && m->q35) ok = kvt_q35_ctx_create(m, m->q35, n_threads, ubatch, &c->q35) == KVT_OK;
     c->tp = ok ? kvt_threadpool_create(n_threads) : NULL;
     if (!c->tp) {
         kvt_ctx_free(c);
@@ -586,6 +606,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
 void kvt_ctx_free(kvt_ctx *c) {
     if (!c) return;
     kvt_threadpool_free(c->tp);
+    kvt_q35_ctx_free(c->q35);
     float **bufs[] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->logits, &c->rope_cs};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(*bufs[i]);
     for (int i = 0; i < KVT_N_ACT; i++) free(c->act[i]);
@@ -957,6 +978,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
 
 static kvt_status check_layout(const kvt_model *m, const kvt_kv_layout *l) {
     if (kvt_kv_layout_n_layers(l) != m->hp.n_layer) return KVT_ERR_INVALID_ARG;
+    if (m->q35) return kvt_q35_check_layout(m->q35, &m->hp, l);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
         kvt_layer_desc want;
@@ -996,6 +1018,11 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         free(c->logits);
         c->logits = nl;
         c->logits_rows = n;
+    }
+    if (m->q35) {
+        st = kvt_q35_forward(c->q35, c->tp, c->att_scratch, seq, tokens, n, all_logits, cancel, c->logits);
+        if (st == KVT_OK && logits) *logits = c->logits;
+        return st;
     }
     for (uint32_t off = 0; off < n; off += c->ubatch) {
         if (cancel && *cancel) return KVT_ERR_CANCELLED;

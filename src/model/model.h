@@ -1,6 +1,6 @@
 /*
- * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3, qwen3moe, deepseek2)
- * and the CPU forward pass over a block-based KV sequence (kv/kv.h).
+ * model.h — transformer weights loaded from a GGUF (llama, qwen2, qwen3, gemma3, qwen3moe, deepseek2,
+ * qwen35) and the CPU forward pass over a block-based KV sequence (kv/kv.h).
  *
  * Ownership: kvt_model borrows tensor data from the kvt_gguf mapping (the GGUF must outlive the
  * model) and owns only small derived tables (RoPE frequencies, per-layer pointers, deepseek2's
@@ -23,6 +23,7 @@ typedef enum kvt_arch {
     KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4,
     KVT_ARCH_QWEN3MOE = 5,  /* qwen3 attention + MoE FFN (model/moe.c) */
     KVT_ARCH_DEEPSEEK2 = 6, /* MLA attention (model/mla.c) + MoE FFN with shared experts */
+    KVT_ARCH_QWEN35 = 7,    /* hybrid gated DeltaNet + gated attention (model/arch_qwen35.c) */
 } kvt_arch;
 const char *kvt_arch_name(kvt_arch a);
 int kvt_arch_from_name(const char *s); /* -1 if unsupported */

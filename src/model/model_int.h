@@ -13,6 +13,9 @@
  * Ownership: the per-layer weight structs (kvt_mla_w, kvt_moe_w) are owned by the model (allocated
  * at load, freed by kvt_model_free); the matrices inside borrow the GGUF mapping, except the
  * absorbed MLA matrices, which the kvt_mla_w owns. kvt_ext_scratch is owned by the kvt_ctx.
+ *
+ * Architectures with their own forward pass (qwen35, arch_qwen35.c) use the loaders below and the
+ * kvt_q35_* hooks instead of the layer loop.
  */
 #ifndef KVT_MODEL_INT_H
 #define KVT_MODEL_INT_H
@@ -138,5 +141,29 @@ kvt_ext_scratch *kvt_ext_scratch_create(const kvt_hparams *hp, uint32_t ubatch);
 void kvt_ext_scratch_free(kvt_ext_scratch *s);
 /* Largest activation bytes the MLA/MoE matrices of a layer need for `rows` input rows. */
 size_t kvt_ext_act_bytes(const kvt_mla_w *mla, const kvt_moe_w *moe, uint32_t rows, size_t cur);
+
+/* Accessors for architectures with their own forward pass (qwen35). */
+const kvt_wmat *kvt_model_tok_embd(const kvt_model *m);
+const kvt_wmat *kvt_model_output(const kvt_model *m);
+const float *kvt_model_output_norm(const kvt_model *m);
+
+/* ---- qwen35 (arch_qwen35.c): hybrid gated DeltaNet + gated attention ---- */
+typedef struct kvt_q35 kvt_q35;         /* per-model tables, owned by the kvt_model */
+typedef struct kvt_q35_ctx kvt_q35_ctx; /* per-context scratch, owned by the kvt_ctx */
+
+/* Reads the qwen35 keys and every per-layer tensor (token_embd/output are loaded by model.c). */
+kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *err, size_t errlen);
+void kvt_q35_free(kvt_q35 *q);
+bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il);
+void kvt_q35_layer_descs(const kvt_q35 *q, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out);
+kvt_status kvt_q35_check_layout(const kvt_q35 *q, const kvt_hparams *hp, const kvt_kv_layout *l);
+kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_threads, uint32_t ubatch,
+                              kvt_q35_ctx **out);
+void kvt_q35_ctx_free(kvt_q35_ctx *qc);
+/* The forward pass of kvt_model_forward for qwen35 (same contract). logits: the ctx's buffer, big
+ * enough for n rows when all_logits; att_scratch: one attention scratch per thread. */
+kvt_status kvt_q35_forward(kvt_q35_ctx *qc, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
+                           const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
+                           float *logits);
 
 #endif

@@ -22,7 +22,8 @@ static const struct {
     const char *name;
     kvt_chat_family f;
 } k_names[] = {{"chatml", KVT_CHAT_CHATML}, {"llama3", KVT_CHAT_LLAMA3}, {"gemma", KVT_CHAT_GEMMA},
-               {"mistral", KVT_CHAT_MISTRAL}, {"llama2", KVT_CHAT_MISTRAL}, {"phi3", KVT_CHAT_PHI3}};
+               {"mistral", KVT_CHAT_MISTRAL}, {"llama2", KVT_CHAT_MISTRAL}, {"phi3", KVT_CHAT_PHI3},
+               {"qwen35", KVT_CHAT_QWEN35}};
 
 const char *kvt_chat_family_name(kvt_chat_family f) {
     switch (f) {
@@ -31,6 +32,7 @@ const char *kvt_chat_family_name(kvt_chat_family f) {
     case KVT_CHAT_GEMMA: return "gemma";
     case KVT_CHAT_MISTRAL: return "mistral";
     case KVT_CHAT_PHI3: return "phi3";
+    case KVT_CHAT_QWEN35: return "qwen35";
     }
     return "unknown";
 }
@@ -52,6 +54,8 @@ kvt_chat_family kvt_chat_detect(const char *text, size_t len, bool *known) {
     if (known) *known = true;
     for (size_t i = 0; text && i < KVT_ARRAY_LEN(k_names); i++)
         if (strlen(k_names[i].name) == len && !memcmp(text, k_names[i].name, len)) return k_names[i].f;
+    /* Qwen3 / Qwen3.5 templates: ChatML that splits assistant content on </think> */
+    if (has(text, len, "<|im_start|>") && has(text, len, "</think>")) return KVT_CHAT_QWEN35;
     if (has(text, len, "<|im_start|>")) return KVT_CHAT_CHATML; /* (phi4 / smolvlm variants: ChatML) */
     if ((len >= 7 && !memcmp(text, "mistral", 7)) || has(text, len, "[INST]")) return KVT_CHAT_MISTRAL;
     if (has(text, len, "<|assistant|>") && has(text, len, "<|end|>")) return KVT_CHAT_PHI3;
@@ -74,7 +78,8 @@ kvt_status kvt_chat_template_create(const kvt_gguf *g, const kvt_tokenizer *t, c
 
 const char *kvt_chat_end_of_turn(const kvt_chat_template *c) {
     switch (c->family) {
-    case KVT_CHAT_CHATML: return "<|im_end|>\n";
+    case KVT_CHAT_CHATML:
+    case KVT_CHAT_QWEN35: return "<|im_end|>\n";
     case KVT_CHAT_LLAMA3: return "<|eot_id|>";
     case KVT_CHAT_GEMMA: return "<end_of_turn>\n";
     case KVT_CHAT_MISTRAL: return c->eos_text;
@@ -92,7 +97,7 @@ kvt_status kvt_chat_template_create_text(const char *tt, size_t tl, const kvt_to
     if (name_override) {
         if (kvt_chat_family_parse(name_override, &f) != KVT_OK)
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                            "unknown chat template '%s' (valid: chatml, llama3, gemma, mistral, llama2, phi3)",
+                            "unknown chat template '%s' (valid: chatml, qwen35, llama3, gemma, mistral, llama2, phi3)",
                             name_override);
     } else {
         bool known;
@@ -186,6 +191,31 @@ kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs,
     }
     kvt_strbuf b = {0};
     switch (c->family) {
+    case KVT_CHAT_QWEN35: {
+        /* Qwen3 rule: an assistant turn before the last user message keeps only what follows its
+         * last "</think>" (leading newlines dropped); later turns are rendered verbatim. */
+        size_t last_user = 0;
+        for (size_t i = 0; i < n_msgs; i++)
+            if (role_of(msgs[i].role) == R_USER) last_user = i;
+        for (size_t i = 0; i < n_msgs; i++) {
+            const char *t = msgs[i].content;
+            size_t tl = msgs[i].content_len;
+            if (role_of(msgs[i].role) == R_ASSISTANT && i < last_user) {
+                for (const char *p; t && (p = memmem(t, tl, "</think>", 8)) != NULL;) {
+                    tl -= (size_t)(p + 8 - t);
+                    t = p + 8;
+                }
+                while (tl && *t == '\n') t++, tl--;
+            }
+            kvt_strbuf_addstr(&b, "<|im_start|>");
+            kvt_strbuf_addstr(&b, msgs[i].role);
+            kvt_strbuf_addstr(&b, "\n");
+            kvt_strbuf_add(&b, t, tl);
+            kvt_strbuf_addstr(&b, "<|im_end|>\n");
+        }
+        if (add_generation_prompt) kvt_strbuf_addstr(&b, "<|im_start|>assistant\n");
+        break;
+    }
     case KVT_CHAT_CHATML:
         if (c->qwen_default_system && (n_msgs == 0 || role_of(msgs[0].role) != R_SYSTEM))
             kvt_strbuf_addstr(&b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "

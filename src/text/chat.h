@@ -1,6 +1,7 @@
 /*
  * chat.h — chat template rendering for the families real GGUF files carry: ChatML (Qwen 2/2.5/3,
- * SmolLM), Llama 3.x, Gemma 3, Mistral / Llama 2 [INST], Phi-3. The family is detected from
+ * SmolLM), Qwen3 / Qwen3.5 (ChatML + thinking), Llama 3.x, Gemma 3, Mistral / Llama 2 [INST], Phi-3.
+ * The family is detected from
  * tokenizer.chat_template; a name can override it; an unknown template falls back to ChatML with a
  * warning.
  *
@@ -18,6 +19,7 @@ typedef enum kvt_chat_family {
     KVT_CHAT_GEMMA = 3,
     KVT_CHAT_MISTRAL = 4, /* also Llama 2 [INST] */
     KVT_CHAT_PHI3 = 5,
+    KVT_CHAT_QWEN35 = 6,  /* Qwen3 / Qwen3.5: ChatML whose earlier assistant turns drop their thinking */
 } kvt_chat_family;
 
 typedef struct kvt_chat_msg {
@@ -28,7 +30,7 @@ typedef struct kvt_chat_msg {
 
 typedef struct kvt_chat_template kvt_chat_template;
 
-/* name_override: NULL or one of "chatml", "llama3", "gemma", "mistral", "llama2", "phi3".
+/* name_override: NULL or one of "chatml", "qwen35", "llama3", "gemma", "mistral", "llama2", "phi3".
  * An unknown override is KVT_ERR_INVALID_ARG with a message listing the valid names. */
 kvt_status kvt_chat_template_create(const kvt_gguf *g, const kvt_tokenizer *t, const char *name_override,
                                     kvt_chat_template **out, char *err, size_t errlen);

@@ -1,0 +1,526 @@
+/*
+ * arch_qwen35.c — the qwen35 architecture (Qwen3.5 dense): gated DeltaNet layers (recurrent state,
+ * deltanet.h) interleaved with gated full-attention layers (block KV, kv.h). Loading, layer
+ * descriptors and the CPU forward pass; the math is the reference README's:
+ *   every layer  h += Mixer(RMSNorm(h; attn_norm)); h += FFN(RMSNorm(h; post_attention_norm))
+ *   attention    [q|gate] per head, q/k RMSNorm per head, NEOX rope on n_rot dims (imrope sections),
+ *                causal GQA attention, o *= sigmoid(gate), attn_output
+ *   DeltaNet     u = attn_qkv x -> causal conv + silu -> q,k (L2-normalized), v; beta = sigmoid(b),
+ *                g = softplus(a + dt) * ssm_a; gated delta rule; RMSNorm(o; ssm_norm) * silu(z); ssm_out
+ * Layer il is attention iff (il + 1) % full_attention_interval == 0.
+ *
+ * Threads: one kvt_threadpool_run per ubatch chunk, ops separated by barriers; row ops split rows,
+ * matmuls split output columns, the conv splits channels, the delta rule splits v heads and
+ * attention splits query heads. Every token's result depends only on its row and on state/KV of
+ * earlier positions (deltanet.h), so any chunking or thread count gives the same bits.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../kernels/quant.h"
+#include "deltanet.h"
+#include "model_int.h"
+
+#define Q35_MAX_MM 4 /* matrices sharing one input */
+
+typedef struct q35_layer {
+    bool attn;
+    const float *attn_norm, *ffn_norm;
+    kvt_wmat gate, up, down;
+    /* attention layers */
+    kvt_wmat wq, wk, wv, wo; /* wq: [q_h | gate_h] per head */
+    const float *q_norm, *k_norm;
+    /* DeltaNet layers */
+    kvt_wmat wqkv, wz, wbeta, walpha, wout;
+    const float *conv_w; /* [conv_dim][K], owned by kvt_q35 */
+    const float *dt_bias, *ssm_a, *ssm_norm;
+} q35_layer;
+
+struct kvt_q35 {
+    kvt_dn_dims dn;
+    uint32_t interval;
+    q35_layer *layers;
+    float *conv_store; /* owned conv weights of every DeltaNet layer */
+    double *inv_freq;  /* n_rot/2; 0 for pairs whose imrope section is the (unused) e axis */
+    const kvt_model *m;
+};
+
+struct kvt_q35_ctx {
+    const kvt_model *m;
+    const kvt_q35 *q;
+    kvt_dn_impl impl;
+    uint32_t ubatch;
+    float *x, *xn, *tmp, *big, *conv, *z, *ba, *bb, *o, *qa, *gt, *ff_g, *ff_u, *rope_cs;
+    void *act[Q35_MAX_MM];
+    /* per chunk */
+    kvt_seq *seq;
+    const int32_t *tokens;
+    uint32_t n, pos0;
+    bool all_logits;
+    float *logits;
+    float *const *att_scratch;
+    kvt_threadpool *tp;
+};
+
+/* ------------------------------------------------------------------ loading */
+
+bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
+
+void kvt_q35_free(kvt_q35 *q) {
+    if (!q) return;
+    free(q->layers);
+    free(q->conv_store);
+    free(q->inv_freq);
+    free(q);
+}
+
+static kvt_status get_key(const kvt_gguf *g, const char *suffix, bool required, uint32_t def, uint32_t lo,
+                          uint32_t hi, uint32_t *out, char *err, size_t errlen) {
+    char key[96];
+    snprintf(key, sizeof key, "qwen35.%s", suffix);
+    *out = def;
+    if (kvt_gguf_find_key(g, key) < 0) {
+        if (required) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "missing key %s", key);
+    } else if (!kvt_gguf_get_u32(g, key, out)) {
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: expected an unsigned integer", key);
+    }
+    if (*out < lo || *out > hi)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s = %u not in %u..%u", key, *out, lo, hi);
+    return KVT_OK;
+}
+
+/* imrope: pair i takes section s = i % sum(sections); t/h/w sections carry the text position p,
+ * the e section (and pairs past 3*sect[k]) position 0 = no rotation. */
+static kvt_status load_rope(kvt_q35 *q, const kvt_gguf *g, const kvt_hparams *hp, char *err, size_t errlen) {
+    kvt_gguf_vtype et;
+    uint64_t n;
+    const void *data;
+    int64_t sect[4] = {0, 0, 0, 0}, tot = 0;
+    if (!kvt_gguf_get_arr(g, "qwen35.rope.dimension_sections", &et, &n, &data) || n < 3 || n > 4)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key qwen35.rope.dimension_sections: missing or not 3-4 integers");
+    for (uint64_t i = 0; i < n; i++) {
+        if (!kvt_gguf_get_arr_i64(g, "qwen35.rope.dimension_sections", i, &sect[i]) || sect[i] < 0 || sect[i] > 4096)
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key qwen35.rope.dimension_sections: bad entry");
+        tot += sect[i];
+    }
+    if (tot == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "rope.dimension_sections are all 0");
+    const uint32_t half = hp->n_rot / 2;
+    q->inv_freq = calloc(half, sizeof(double));
+    if (!q->inv_freq) return KVT_ERR_NOMEM;
+    for (uint32_t i = 0; i < half; i++) {
+        const int64_t s = (int64_t)i % tot;
+        const bool text = (s % 3 == 0 && s < 3 * sect[0]) || (s % 3 == 1 && s < 3 * sect[1]) ||
+                          (s % 3 == 2 && s < 3 * sect[2]);
+        q->inv_freq[i] = text ? pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot) : 0.0;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *err, size_t errlen) {
+    *out = NULL;
+    const kvt_hparams *hp = kvt_model_hparams(m);
+    kvt_q35 *q = calloc(1, sizeof *q);
+    if (!q) return KVT_ERR_NOMEM;
+    q->m = m;
+    kvt_status st;
+    uint32_t inner;
+    if ((st = get_key(g, "ssm.conv_kernel", true, 0, 1, 16, &q->dn.conv_k, err, errlen)) ||
+        (st = get_key(g, "ssm.state_size", true, 0, 1, 512, &q->dn.d, err, errlen)) ||
+        (st = get_key(g, "ssm.group_count", true, 0, 1, 256, &q->dn.n_k_heads, err, errlen)) ||
+        (st = get_key(g, "ssm.time_step_rank", true, 0, 1, 256, &q->dn.n_v_heads, err, errlen)) ||
+        (st = get_key(g, "ssm.inner_size", true, 0, 1, 1u << 20, &inner, err, errlen)) ||
+        (st = get_key(g, "full_attention_interval", false, 4, 1, KVT_MAX_LAYERS, &q->interval, err, errlen)))
+        goto fail;
+    uint32_t mtp = 0;
+    if ((st = get_key(g, "nextn_predict_layers", false, 0, 0, 0, &mtp, err, errlen))) goto fail;
+    if (inner != q->dn.n_v_heads * q->dn.d) {
+        st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "ssm.inner_size %u != time_step_rank %u * state_size %u", inner,
+                      q->dn.n_v_heads, q->dn.d);
+        goto fail;
+    }
+    if (q->dn.n_v_heads % q->dn.n_k_heads != 0) {
+        st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "ssm v heads %u not a multiple of k heads %u",
+                      q->dn.n_v_heads, q->dn.n_k_heads);
+        goto fail;
+    }
+    if ((st = load_rope(q, g, hp, err, errlen)) != KVT_OK) goto fail;
+    const uint32_t L = hp->n_layer, E = hp->n_embd, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
+    const uint32_t d = q->dn.d, HK = q->dn.n_k_heads, HV = q->dn.n_v_heads, K = q->dn.conv_k;
+    const uint32_t CD = kvt_dn_conv_dim(&q->dn), VD = HV * d;
+    uint32_t n_dn = 0;
+    for (uint32_t il = 0; il < L; il++) n_dn += !kvt_q35_layer_is_attn(q, il);
+    q->layers = calloc(L, sizeof *q->layers);
+    q->conv_store = calloc((size_t)n_dn * CD * K + 1, sizeof(float));
+    if (!q->layers || !q->conv_store) {
+        st = KVT_ERR_NOMEM;
+        goto fail;
+    }
+    float *cw = q->conv_store;
+    for (uint32_t il = 0; il < L; il++) {
+        q35_layer *w = &q->layers[il];
+        char nm[96];
+#define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, il), nm)
+#define MAT(name, ni, no, dst) if ((st = kvt_load_mat(m, g, NM(name), ni, no, 1, true, dst, err, errlen))) goto fail
+#define VEC(name, len, dst) if ((st = kvt_load_vec(m, g, NM(name), len, true, dst, err, errlen))) goto fail
+        w->attn = kvt_q35_layer_is_attn(q, il);
+        VEC("attn_norm.weight", E, &w->attn_norm);
+        VEC("post_attention_norm.weight", E, &w->ffn_norm);
+        MAT("ffn_gate.weight", E, hp->n_ff, &w->gate);
+        MAT("ffn_up.weight", E, hp->n_ff, &w->up);
+        MAT("ffn_down.weight", hp->n_ff, E, &w->down);
+        if (w->attn) {
+            MAT("attn_q.weight", E, 2 * NH * HD, &w->wq);
+            MAT("attn_k.weight", E, NKV * HD, &w->wk);
+            MAT("attn_v.weight", E, NKV * HD, &w->wv);
+            MAT("attn_output.weight", NH * HD, E, &w->wo);
+            VEC("attn_q_norm.weight", HD, &w->q_norm);
+            VEC("attn_k_norm.weight", HD, &w->k_norm);
+        } else {
+            kvt_wmat conv;
+            MAT("attn_qkv.weight", E, CD, &w->wqkv);
+            MAT("attn_gate.weight", E, VD, &w->wz);
+            MAT("ssm_beta.weight", E, HV, &w->wbeta);
+            MAT("ssm_alpha.weight", E, HV, &w->walpha);
+            MAT("ssm_out.weight", VD, E, &w->wout);
+            MAT("ssm_conv1d.weight", K, CD, &conv);
+            VEC("ssm_dt.bias", HV, &w->dt_bias);
+            VEC("ssm_a", HV, &w->ssm_a);
+            VEC("ssm_norm.weight", d, &w->ssm_norm);
+            for (uint32_t ch = 0; ch < CD; ch++)
+                kvt_dequant_row(conv.type, (const uint8_t *)conv.data + (uint64_t)ch * conv.row_bytes, cw + (size_t)ch * K, K);
+            w->conv_w = cw;
+            cw += (size_t)CD * K;
+            for (uint32_t h = 0; h < HV; h++)
+                if (!isfinite(w->dt_bias[h]) || !isfinite(w->ssm_a[h]) || w->ssm_a[h] > 0.0f) {
+                    st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "blk.%u.ssm_a/ssm_dt: non-finite or positive A", il);
+                    goto fail;
+                }
+        }
+#undef NM
+#undef MAT
+#undef VEC
+    }
+    (void)HK;
+    *out = q;
+    return KVT_OK;
+fail:
+    kvt_q35_free(q);
+    return st;
+}
+
+void kvt_q35_layer_descs(const kvt_q35 *q, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out) {
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        kvt_layer_desc *d = &out[il];
+        memset(d, 0, sizeof *d);
+        if (kvt_q35_layer_is_attn(q, il)) {
+            d->kind = KVT_KIND_FULL;
+            d->n_kv_heads = hp->n_head_kv;
+            d->head_dim_k = d->head_dim_v = hp->head_dim;
+            d->codec = codecs[il];
+        } else {
+            d->kind = KVT_KIND_RECURRENT;
+            d->state_bytes = (uint32_t)kvt_dn_state_bytes(&q->dn);
+        }
+    }
+}
+
+kvt_status kvt_q35_check_layout(const kvt_q35 *q, const kvt_hparams *hp, const kvt_kv_layout *l) {
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
+        if (kvt_q35_layer_is_attn(q, il)) {
+            if (d->kind != KVT_KIND_FULL || d->n_kv_heads != hp->n_head_kv || d->head_dim_k != hp->head_dim ||
+                d->head_dim_v != hp->head_dim)
+                return KVT_ERR_INVALID_ARG;
+        } else if (d->kind != KVT_KIND_RECURRENT || d->state_bytes != kvt_dn_state_bytes(&q->dn)) {
+            return KVT_ERR_INVALID_ARG;
+        }
+    }
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ context */
+
+static float *fbuf(size_t n) { return kvt_aligned_alloc(64, (n ? n : 16) * sizeof(float)); }
+
+void kvt_q35_ctx_free(kvt_q35_ctx *qc) {
+    if (!qc) return;
+    float *bufs[] = {qc->x, qc->xn, qc->tmp, qc->big, qc->conv, qc->z, qc->ba, qc->bb,
+                     qc->o, qc->qa, qc->gt, qc->ff_g, qc->ff_u, qc->rope_cs};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(bufs[i]);
+    for (int i = 0; i < Q35_MAX_MM; i++) free(qc->act[i]);
+    free(qc);
+}
+
+static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
+
+kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_threads, uint32_t ubatch,
+                              kvt_q35_ctx **out) {
+    (void)n_threads;
+    *out = NULL;
+    const kvt_hparams *hp = kvt_model_hparams(m);
+    kvt_q35_ctx *qc = calloc(1, sizeof *qc);
+    if (!qc) return KVT_ERR_NOMEM;
+    qc->m = m;
+    qc->q = q;
+    qc->impl = kvt_dn_best_impl();
+    qc->ubatch = ubatch;
+    const size_t U = ubatch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+    const size_t CD = kvt_dn_conv_dim(&q->dn), VD = (size_t)q->dn.n_v_heads * q->dn.d, HV = q->dn.n_v_heads;
+    const size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
+    qc->x = fbuf(U * E);
+    qc->xn = fbuf(U * E);
+    qc->tmp = fbuf(U * E);
+    qc->big = fbuf(U * umax(2 * QD, CD));   /* attn: [q|gate]; DeltaNet: raw u */
+    qc->conv = fbuf(U * umax(CD, 2 * KD));  /* DeltaNet: conv output; attn: k then v */
+    qc->z = fbuf(U * VD);
+    qc->ba = fbuf(U * HV);
+    qc->bb = fbuf(U * HV);
+    qc->o = fbuf(U * umax(VD, QD));
+    qc->qa = fbuf(U * QD);
+    qc->gt = fbuf(U * QD);
+    qc->ff_g = fbuf(U * hp->n_ff);
+    qc->ff_u = fbuf(U * hp->n_ff);
+    qc->rope_cs = fbuf(U * hp->n_rot);
+    size_t ab = kvt_act_bytes(kvt_model_output(m)->type, E, U);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const q35_layer *w = &q->layers[il];
+        const kvt_wmat *ws[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo,
+                                &w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wout};
+        for (size_t i = 0; i < KVT_ARRAY_LEN(ws); i++)
+            if (ws[i]->data) ab = umax(ab, kvt_act_bytes(ws[i]->type, ws[i]->n_in, U));
+    }
+    bool ok = qc->x && qc->xn && qc->tmp && qc->big && qc->conv && qc->z && qc->ba && qc->bb && qc->o && qc->qa &&
+              qc->gt && qc->ff_g && qc->ff_u && qc->rope_cs;
+    for (int i = 0; i < Q35_MAX_MM && ok; i++) ok = (qc->act[i] = kvt_aligned_alloc(64, ab + 64)) != NULL;
+    if (!ok) {
+        kvt_q35_ctx_free(qc);
+        return KVT_ERR_NOMEM;
+    }
+    *out = qc;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static void rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps) {
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
+}
+
+static void l2norm(float *x, uint32_t n, float eps) {
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
+    for (uint32_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
+    const uint32_t per = (n + (uint32_t)nth - 1) / (uint32_t)nth;
+    const uint32_t s = (uint32_t)ith * per;
+    *a = s < n ? s : n;
+    *b = s + per < n ? s + per : n;
+}
+
+/* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): rows quantized in parallel,
+ * then output columns (aligned to 16) split across threads. Ends with a barrier. */
+static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
+               int ith, int nth) {
+    uint32_t r0, r1;
+    split(n, ith, nth, &r0, &r1);
+    for (int i = 0; i < nw; i++)
+        if (r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
+    kvt_threadpool_barrier(c->tp);
+    for (int i = 0; i < nw; i++) {
+        const uint32_t no = ws[i]->n_out;
+        uint32_t per = ((no + (uint32_t)nth - 1) / (uint32_t)nth + 15u) & ~15u;
+        uint64_t o0 = (uint64_t)ith * per, o1 = o0 + per;
+        if (o0 > no) o0 = no;
+        if (o1 > no) o1 = no;
+        if (o0 < o1) kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[i], n, ys[i], no, (int64_t)o0, (int64_t)o1);
+    }
+    kvt_threadpool_barrier(c->tp);
+}
+
+static void rope(float *x, const float *cs, uint32_t n_rot) {
+    const uint32_t half = n_rot / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        const float co = cs[2 * i], si = cs[2 * i + 1], x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * co - x1 * si;
+        x[i + half] = x0 * si + x1 * co;
+    }
+}
+
+static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith, int nth) {
+    const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const uint32_t n = c->n, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
+    const uint32_t QD = NH * HD, KD = NKV * HD;
+    float *kb = c->conv, *vb = c->conv + (size_t)c->ubatch * KD;
+    const kvt_wmat *ws[3] = {&w->wq, &w->wk, &w->wv};
+    float *ys[3] = {c->big, kb, vb};
+    mm(c, ws, ys, 3, c->xn, n, ith, nth);
+    uint32_t r0, r1;
+    split(n, ith, nth, &r0, &r1);
+    for (uint32_t r = r0; r < r1; r++) {
+        const float *qg = c->big + (size_t)r * 2 * QD, *cs = c->rope_cs + (size_t)r * hp->n_rot;
+        float *qr = c->qa + (size_t)r * QD, *gr = c->gt + (size_t)r * QD, *kr = kb + (size_t)r * KD;
+        for (uint32_t h = 0; h < NH; h++) {
+            memcpy(qr + h * HD, qg + (size_t)h * 2 * HD, HD * sizeof(float));
+            memcpy(gr + h * HD, qg + (size_t)h * 2 * HD + HD, HD * sizeof(float));
+            rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, hp->norm_eps);
+            rope(qr + h * HD, cs, hp->n_rot);
+        }
+        for (uint32_t h = 0; h < NKV; h++) {
+            rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, hp->norm_eps);
+            rope(kr + h * HD, cs, hp->n_rot);
+        }
+    }
+    kvt_threadpool_barrier(c->tp);
+    if (ith == 0) /* one writer per sequence (kv.h) */
+        for (uint32_t r = 0; r < n; r++)
+            kvt_seq_write_kv(c->seq, il, c->pos0 + r, kb + (size_t)r * KD, vb + (size_t)r * KD);
+    kvt_threadpool_barrier(c->tp);
+    uint32_t h0, h1;
+    split(NH, ith, nth, &h0, &h1);
+    if (h0 < h1)
+        kvt_attention(c->seq, il, c->qa, n, QD, c->pos0, NH, 1.0f / sqrtf((float)HD), h0, h1, c->o, QD,
+                      c->att_scratch[ith]);
+    kvt_threadpool_barrier(c->tp);
+    for (uint32_t r = r0; r < r1; r++)
+        for (uint32_t i = 0; i < QD; i++) c->o[(size_t)r * QD + i] *= sigmoid(c->gt[(size_t)r * QD + i]);
+    const kvt_wmat *wo[1] = {&w->wo};
+    float *to[1] = {c->tmp};
+    kvt_threadpool_barrier(c->tp);
+    mm(c, wo, to, 1, c->o, n, ith, nth);
+}
+
+static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith, int nth) {
+    const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const kvt_dn_dims *dm = &c->q->dn;
+    const uint32_t n = c->n, d = dm->d, HK = dm->n_k_heads, HV = dm->n_v_heads, CD = kvt_dn_conv_dim(dm);
+    const uint32_t VD = HV * d;
+    float *state = (float *)kvt_seq_state(c->seq, il);
+    const kvt_wmat *ws[4] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha};
+    float *ys[4] = {c->big, c->z, c->bb, c->ba};
+    mm(c, ws, ys, 4, c->xn, n, ith, nth);
+    uint32_t a, b;
+    split(CD, ith, nth, &a, &b);
+    if (a < b) kvt_dn_conv(dm, w->conv_w, state, c->big, n, c->conv, a, b);
+    kvt_threadpool_barrier(c->tp);
+    uint32_t r0, r1;
+    split(n, ith, nth, &r0, &r1);
+    for (uint32_t r = r0; r < r1; r++) {
+        float *row = c->conv + (size_t)r * CD;
+        for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
+        for (uint32_t h = 0; h < HV; h++) {
+            float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
+            *bt = sigmoid(*bt);
+            *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
+        }
+    }
+    kvt_threadpool_barrier(c->tp);
+    uint32_t h0, h1;
+    split(HV, ith, nth, &h0, &h1);
+    if (h0 < h1) kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
+    kvt_threadpool_barrier(c->tp);
+    for (uint32_t r = r0; r < r1; r++)
+        for (uint32_t h = 0; h < HV; h++) {
+            float *o = c->o + (size_t)r * VD + (size_t)h * d;
+            const float *z = c->z + (size_t)r * VD + (size_t)h * d;
+            rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+            for (uint32_t i = 0; i < d; i++) o[i] *= silu(z[i]);
+        }
+    kvt_threadpool_barrier(c->tp);
+    const kvt_wmat *wo[1] = {&w->wout};
+    float *to[1] = {c->tmp};
+    mm(c, wo, to, 1, c->o, n, ith, nth);
+}
+
+static void chunk_fn(void *arg, int ith, int nth) {
+    kvt_q35_ctx *c = arg;
+    const kvt_model *m = c->m;
+    const kvt_hparams *hp = kvt_model_hparams(m);
+    const kvt_q35 *q = c->q;
+    const uint32_t n = c->n, E = hp->n_embd, F = hp->n_ff, half = hp->n_rot / 2;
+    const kvt_wmat *emb = kvt_model_tok_embd(m);
+    uint32_t r0, r1;
+    split(n, ith, nth, &r0, &r1);
+    for (uint32_t r = r0; r < r1; r++) {
+        kvt_dequant_row(emb->type, (const uint8_t *)emb->data + (uint64_t)c->tokens[r] * emb->row_bytes,
+                        c->x + (size_t)r * E, E);
+        float *cs = c->rope_cs + (size_t)r * hp->n_rot;
+        for (uint32_t i = 0; i < half; i++) {
+            const double th = (double)(c->pos0 + r) * q->inv_freq[i];
+            cs[2 * i] = (float)cos(th);
+            cs[2 * i + 1] = (float)sin(th);
+        }
+    }
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const q35_layer *w = &q->layers[il];
+        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, hp->norm_eps);
+        kvt_threadpool_barrier(c->tp);
+        if (w->attn) attn_layer(c, il, w, ith, nth);
+        else deltanet_layer(c, il, w, ith, nth);
+        for (uint32_t r = r0; r < r1; r++) {
+            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
+            rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, hp->norm_eps);
+        }
+        kvt_threadpool_barrier(c->tp);
+        const kvt_wmat *gu[2] = {&w->gate, &w->up};
+        float *gu_out[2] = {c->ff_g, c->ff_u};
+        mm(c, gu, gu_out, 2, c->xn, n, ith, nth);
+        for (uint32_t r = r0; r < r1; r++) {
+            float *g = c->ff_g + (size_t)r * F, *u = c->ff_u + (size_t)r * F;
+            for (uint32_t i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+        }
+        kvt_threadpool_barrier(c->tp);
+        const kvt_wmat *dn[1] = {&w->down};
+        float *dn_out[1] = {c->tmp};
+        mm(c, dn, dn_out, 1, c->ff_g, n, ith, nth);
+        for (uint32_t r = r0; r < r1; r++) {
+            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
+        }
+    }
+    const uint32_t first = c->all_logits ? 0 : n - 1;
+    for (uint32_t r = r0; r < r1; r++)
+        if (r >= first) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, kvt_model_output_norm(m), E, hp->norm_eps);
+    kvt_threadpool_barrier(c->tp);
+    const kvt_wmat *ow[1] = {kvt_model_output(m)};
+    float *lo[1] = {c->logits};
+    mm(c, ow, lo, 1, c->xn + (size_t)first * E, n - first, ith, nth);
+}
+
+kvt_status kvt_q35_forward(kvt_q35_ctx *qc, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
+                           const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
+                           float *logits) {
+    const kvt_hparams *hp = kvt_model_hparams(qc->m);
+    if (kvt_seq_len(seq) == 0) /* a sequence starts from the zero state */
+        for (uint32_t il = 0; il < hp->n_layer; il++)
+            if (!kvt_q35_layer_is_attn(qc->q, il)) memset(kvt_seq_state(seq, il), 0, kvt_dn_state_bytes(&qc->q->dn));
+    kvt_status st;
+    for (uint32_t off = 0; off < n; off += qc->ubatch) {
+        if (cancel && *cancel) return KVT_ERR_CANCELLED;
+        const uint32_t nc = n - off < qc->ubatch ? n - off : qc->ubatch;
+        if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
+        qc->seq = seq;
+        qc->tokens = tokens + off;
+        qc->n = nc;
+        qc->pos0 = kvt_seq_len(seq);
+        qc->all_logits = all_logits;
+        qc->logits = logits;
+        qc->att_scratch = att_scratch;
+        qc->tp = tp;
+        kvt_threadpool_run(tp, chunk_fn, qc);
+        qc->seq = NULL;
+        if ((st = kvt_seq_commit(seq, tokens + off, nc)) != KVT_OK) return st;
+    }
+    return KVT_OK;
+}
