@@ -101,5 +101,19 @@ check "missing file" one_line_err "cannot open" "$T/does-not-exist.gguf"
 "$KV" inspect --bogus "$T/llama.gguf" 2>/dev/null; check "inspect unknown flag exit 2" test $? -eq 2
 "$KV" gen-model --help >/dev/null; check "gen-model --help exit 0" test $? -eq 0
 
+# the vocabulary comes from the repository's data/vocab (found from the executable's location, not
+# the working directory); a binary with no data/vocab beside it fails clearly instead of falling
+# back to a byte vocabulary, which it makes only when asked (--byte-vocab)
+(kva=$(realpath "$KV") && cd "$T" && "$kva" gen-model --shape tiny -o "$T/cwd.gguf" >/dev/null 2>&1); check "default vocab from another cwd" test $? -eq 0
+check "default vocab is GPT-2 (50257 tokens)" grep -q 50257 <("$KV" inspect "$T/cwd.gguf" 2>&1)
+mkdir -p "$T/alone/bin" && cp "$KV" "$T/alone/bin/kvtier"
+env -u KVT_VOCAB_DIR "$T/alone/bin/kvtier" gen-model --shape tiny -o "$T/alone/x.gguf" 2>"$T/alone/err"
+check "no vocabulary: exit 1" test $? -eq 1
+check "no vocabulary: clear error" grep -q "no vocabulary found.*--byte-vocab" "$T/alone/err"
+check "no vocabulary: no file written" test ! -e "$T/alone/x.gguf"
+"$T/alone/bin/kvtier" gen-model --shape tiny --byte-vocab -o "$T/alone/b.gguf" >/dev/null 2>&1; check "--byte-vocab works alone" test $? -eq 0
+KVT_VOCAB_DIR="$PWD/data/vocab" "$T/alone/bin/kvtier" gen-model --shape tiny -o "$T/alone/v.gguf" >/dev/null 2>&1; check "KVT_VOCAB_DIR honoured" test $? -eq 0
+"$KV" gen-model --byte-vocab --vocab data/vocab/ggml-vocab-gpt-2.gguf -o "$T/y.gguf" 2>/dev/null; check "--vocab with --byte-vocab exit 2" test $? -eq 2
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
