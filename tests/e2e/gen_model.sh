@@ -10,10 +10,10 @@ fails=0
 ok()   { echo "ok   $*"; }
 bad()  { echo "FAIL $*"; fails=$((fails+1)); }
 check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+command -v python3 >/dev/null || { echo "skipped: missing dependency: python3 (scripts/install-deps)"; exit 77; }
 
 # Independent reader: checks the GGUF v3 layout rules other readers (ggml) rely on.
 layout_check() {
-  command -v python3 >/dev/null || return 0
   python3 - "$1" <<'PY'
 import struct, sys
 p = sys.argv[1]; b = open(p, 'rb').read(); o = 0
@@ -62,9 +62,7 @@ for arch in llama qwen2 qwen3 gemma3; do
   check "inspect $arch kv bytes" grep -q "^kv per token: *[1-9][0-9]* bytes at f16" <<<"$out"
   check "inspect $arch q8_0 tensors" grep -q "q8_0 .* tensors" <<<"$out"
   check "layout $arch" layout_check "$f"
-  if command -v python3 >/dev/null; then
-    check "inspect --json $arch" python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["architecture"]==sys.argv[1] and j["kv_bytes_per_token_f16"]>0 and j["tensors"]["count"]>0' $arch < <("$KV" inspect --json "$f")
-  fi
+  check "inspect --json $arch" python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["architecture"]==sys.argv[1] and j["kv_bytes_per_token_f16"]>0 and j["tensors"]["count"]>0' $arch < <("$KV" inspect --json "$f")
 done
 check "gemma3 windowed note" grep -q "windowed" < <("$KV" inspect "$T/gemma3.gguf")
 check "qwen chatml hint" grep -q "^chat template: chatml" < <("$KV" inspect "$T/qwen3.gguf")

@@ -5,7 +5,7 @@
 set -u
 . "$(dirname "$0")/server_common.bash"
 need_py
-command -v curl >/dev/null || { echo "SKIP: curl not available"; exit 0; }
+need curl
 [ -x "$KV" ] || fail "$KV not built"
 
 MODEL=$TMP/m.gguf
