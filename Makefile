@@ -2,7 +2,8 @@
 #   make            build build/kvtier and build/libkvtier.a
 #   make run        build, make the demo model if missing, start the main job
 #   make test       build and run every test (unit, CLI, end-to-end)
-#   make sanitize   build with ASan+UBSan into build-san/ and run the unit tests there
+#   make sanitize   build with ASan+UBSan into build-san/; unit tests and every e2e script there
+#   make tsan       ThreadSanitizer build in build-tsan/; the server e2e suite (8 concurrent clients)
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
@@ -24,7 +25,7 @@ DEPS_OK  := $(BUILD)/.deps-ok
 DEMO_MODEL ?= models/demo.gguf
 RUN_ARGS   ?=
 
-.PHONY: all run test unit-test sanitize clean deps bench
+.PHONY: all run test unit-test e2e-test sanitize tsan clean deps bench
 all: $(BUILD)/kvtier $(BUILD)/libkvtier.a
 
 $(DEPS_OK): scripts/install-deps
@@ -62,13 +63,24 @@ unit-test: $(TEST_BIN) $(BUILD)/kvtier
 test: all $(TEST_BIN)
 	@BUILD=$(BUILD) scripts/run-tests $(TEST_BIN) --with-e2e
 
+e2e-test: all
+	@BUILD=$(BUILD) scripts/run-tests --with-e2e
+
+SAN_ASAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 sanitize:
-	$(MAKE) BUILD=build-san OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit-test
+	$(MAKE) BUILD=build-san OPT=-O1 SAN="$(SAN_ASAN)" unit-test
+	ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(MAKE) BUILD=build-san OPT=-O1 SAN="$(SAN_ASAN)" e2e-test
+
+# halt_on_error: the first data race ends the server, so the e2e test fails
+tsan:
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 E2E_ONLY="server_api" \
+	  $(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" e2e-test
 
 bench: $(BUILD)/kvtier
 	bench/run-all
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

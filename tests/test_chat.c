@@ -8,26 +8,19 @@
 
 static kvt_gguf *g_g[2];
 static kvt_tokenizer *g_t[2]; /* 0 gpt2, 1 llama spm */
-static bool g_have;
 
 static int setup_all(void **state) {
     (void)state;
-    const char *dir = tu_vocab_dir();
-    if (!dir) {
-        fprintf(stderr, "test_chat: vocab dir absent; vocabulary tests skipped\n");
-        return 0;
-    }
     const char *names[2] = {"ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-spm.gguf"};
     for (int i = 0; i < 2; i++) {
         char path[512], err[256];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        tu_vocab_path(path, sizeof path, names[i], ""); /* the repository's data/vocab: missing fails */
         if (kvt_gguf_open(path, &g_g[i], err, sizeof err) != KVT_OK ||
             kvt_tokenizer_create(g_g[i], &g_t[i], err, sizeof err) != KVT_OK) {
             fprintf(stderr, "%s: %s\n", path, err);
             return -1;
         }
     }
-    g_have = true;
     return 0;
 }
 
@@ -190,7 +183,6 @@ static void test_render_errors(void **s) {
 
 static void test_bos_by_vocab(void **s) {
     (void)s;
-    if (!g_have) skip();
     char *out, err[256];
     size_t len;
     /* gpt2 has no <|begin_of_text|>, <bos> or <s>: no BOS text */
@@ -290,7 +282,6 @@ static bool prefix_holds(const kvt_chat_template *c, const kvt_tokenizer *t, con
 
 static void test_prefix_property(void **s) {
     (void)s;
-    if (!g_have) skip();
     const prefix_case cases[] = {
         {"chatml", NULL, 0, true},
         {"chatml", NULL, 1, true},
@@ -373,7 +364,6 @@ static void expect_same(const kvt_tokenizer *a, const char *ta, const kvt_tokeni
 
 static void test_llama3_vocab(void **s) {
     (void)s;
-    if (!g_have) skip();
     kvt_gguf *g;
     char *path;
     kvt_tokenizer *t = make_llama3_like(&g, "llama-bpe", &path);

@@ -9,17 +9,19 @@
 
 static char *g_dir;
 
-static char *make_model(const char *arch, const char *type) {
+/* A tiny model with the repository's GPT-2 vocabulary, or the 256-token byte vocabulary. */
+static char *make_model_vocab(const char *arch, const char *type, bool byte_vocab) {
     char *path = malloc(strlen(g_dir) + 64);
-    sprintf(path, "%s/%s-%s.gguf", g_dir, arch, type);
+    sprintf(path, "%s/%s-%s%s.gguf", g_dir, arch, type, byte_vocab ? "-bytes" : "");
     if (access(path, R_OK) == 0) return path;
-    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = type, .seed = 7, .quiet = true};
+    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = type, .seed = 7, .byte_vocab = byte_vocab};
     char err[256] = "";
     kvt_status st = kvt_gen_model(&o, path, err, sizeof err);
     if (st != KVT_OK) fprintf(stderr, "gen_model: %s\n", err);
     assert_int_equal(st, KVT_OK);
     return path;
 }
+static char *make_model(const char *arch, const char *type) { return make_model_vocab(arch, type, false); }
 
 static kvt_engine *open_engine(const char *model, const char *kv_quant, double pc_gb, const char *ssd) {
     kvt_engine_opts o;
@@ -42,9 +44,14 @@ static kvt_engine *open_engine(const char *model, const char *kv_quant, double p
     return e;
 }
 
+/* Random prompt ids away from both ends of the vocabulary (byte/special tokens sit low, the GPT-2
+ * <|endoftext|> at the top): a margin of min(300, nv / 4) each side, so any vocabulary size with
+ * at least 2 tokens gives ids in [margin, nv - margin) and one more still fits below nv. */
 static void fill(int32_t *ids, uint32_t n, uint32_t nv, uint64_t seed) {
+    assert_true(nv >= 2);
+    uint32_t margin = nv / 4 < 300 ? nv / 4 : 300;
     uint64_t s = seed;
-    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(300 + tu_rand(&s) % (nv - 600));
+    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(margin + tu_rand(&s) % (nv - 2 * margin));
 }
 
 typedef struct run_out {
@@ -118,7 +125,15 @@ static void check_hit_equals_cold(const char *arch, const char *type, const char
 #define DS2_FIXTURE "tests/fixtures/deepseek2-tiny.gguf"
 static void test_hit_deepseek2_mla(void **s) { check_hit_equals_cold_model(DS2_FIXTURE, "off"); }
 
+/* Takes ownership of the model path m. */
+static void check_hit_on(char *m, const char *kvq) {
+    check_hit_equals_cold_model(m, kvq);
+    free(m);
+}
+
 static void test_hit_llama_f16(void **s) { check_hit_equals_cold("llama", "f16", "off"); }
+/* the prompt helper and the cache work for a vocabulary far smaller than GPT-2's */
+static void test_hit_byte_vocab(void **s) { check_hit_on(make_model_vocab("llama", "f16", true), "off"); }
 static void test_hit_qwen3_q8(void **s) { check_hit_equals_cold("qwen3", "q8_0", "off"); }
 static void test_hit_gemma3_window(void **s) { check_hit_equals_cold("gemma3", "f16", "off"); }
 static void test_hit_qwen3_kv8(void **s) { check_hit_equals_cold("qwen3", "f16", "8"); }
@@ -516,7 +531,7 @@ static void test_window_blocks_written_behind(void **s) {
 int main(void) {
     g_dir = tu_tmpdir("engine");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
+        cmocka_unit_test(test_hit_llama_f16),  cmocka_unit_test(test_hit_byte_vocab), cmocka_unit_test(test_hit_qwen3_q8), cmocka_unit_test(test_hit_gemma3_window),
         cmocka_unit_test(test_hit_qwen3_kv8),  cmocka_unit_test(test_hit_gemma3_kv4), cmocka_unit_test(test_namespaces),
         cmocka_unit_test(test_ssd_restart),    cmocka_unit_test(test_hit_deepseek2_mla), cmocka_unit_test(test_ssd_restart_deepseek2_mla),
         cmocka_unit_test(test_kv_quant_mla_refused),    cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_errors), cmocka_unit_test(test_kv_config), cmocka_unit_test(test_demote_idle), cmocka_unit_test(test_pressure_with_ssd), cmocka_unit_test(test_lookup_prefers_longer_tier), cmocka_unit_test(test_window_blocks_written_behind),

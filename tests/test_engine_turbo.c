@@ -16,7 +16,7 @@ static char *model_path(const char *arch) {
     sprintf(path, "%s/%s.gguf", g_dir, arch);
     if (access(path, R_OK) == 0) return path;
     /* the repository vocabulary (a real BPE vocab, ids above 600 exist) */
-    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = "f16", .seed = 9, .quiet = true,
+    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = "f16", .seed = 9,
                             .vocab_path = "data/vocab/ggml-vocab-gpt-2.gguf"};
     char err[256] = "";
     assert_int_equal(kvt_gen_model(&o, path, err, sizeof err), KVT_OK);

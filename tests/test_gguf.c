@@ -612,16 +612,11 @@ static void test_open_errors(void **state) {
     free(dir);
 }
 
-/* Files written by ggml's own writer (the shared vocab GGUFs) read correctly. */
+/* Files written by ggml's own writer (the repository's data/vocab GGUFs) read correctly. */
 static void test_read_ggml_vocab_files(void **state) {
     (void)state;
-    const char *vd = tu_vocab_dir();
-    if (!vd) {
-        print_message("no vocab dir; skipped\n");
-        return;
-    }
     char path[1024], err[512];
-    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", vd);
+    tu_vocab_path(path, sizeof path, "ggml-vocab-gpt-2.gguf", ""); /* missing fails */
     kvt_gguf *g;
     assert_int_equal(kvt_gguf_open(path, &g, err, sizeof err), KVT_OK);
     uint64_t n;
@@ -642,7 +637,7 @@ static void test_read_ggml_vocab_files(void **state) {
     assert_true(kvt_gguf_get_arr_str(g, "tokenizer.ggml.merges", 0, &s, &len));
     assert_non_null(memchr(s, ' ', len));
     kvt_gguf_free(g);
-    snprintf(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf", vd);
+    tu_vocab_path(path, sizeof path, "ggml-vocab-llama-spm.gguf", "");
     assert_int_equal(kvt_gguf_open(path, &g, err, sizeof err), KVT_OK);
     assert_true(kvt_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &n, NULL));
     assert_int_equal(et, KVT_GGUF_F32);
@@ -797,15 +792,14 @@ static void test_gen_tiny_each_arch(void **state) {
     const char *types[2] = {"f16", "q8_0"};
     char *dir = tu_tmpdir("gguf-gen");
     char *path = path_in(dir, "m.gguf");
-    const char *vd = tu_vocab_dir();
     char vocab[1024];
-    if (vd) snprintf(vocab, sizeof vocab, "%s/ggml-vocab-gpt-2.gguf", vd);
+    tu_vocab_path(vocab, sizeof vocab, "ggml-vocab-gpt-2.gguf", "");
     for (int ai = 0; ai < 4; ai++) {
         for (int ti = 0; ti < 2; ti++) {
             const char *arch = archs[ai];
             kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = types[ti], .seed = 1};
             /* the real vocab once per arch (f16); byte vocab otherwise (faster) */
-            if (ti == 0 && vd) o.vocab_path = vocab;
+            if (ti == 0) o.vocab_path = vocab;
             else o.byte_vocab = true;
             char err[512];
             assert_int_equal(kvt_gen_model(&o, path, err, sizeof err), KVT_OK);
@@ -1008,6 +1002,44 @@ static void test_gen_byte_vocab(void **state) {
     free(dir);
 }
 
+/* Without --vocab, gen-model embeds the repository's data/vocab GPT-2 vocabulary, found from the
+ * executable's location (not the working directory); an explicit $KVT_VOCAB_DIR without the file
+ * is an error naming it, never a silent byte-vocabulary fallback. */
+static void test_gen_default_vocab(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir("gguf-dv");
+    char *path = path_in(dir, "m.gguf");
+    char err[512], cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(dir), 0); /* the lookup must not depend on the working directory */
+    unsetenv("KVT_VOCAB_DIR");
+    kvt_gen_model_opts o = {.arch = "llama", .type = "q8_0"};
+    kvt_status st = kvt_gen_model(&o, path, err, sizeof err);
+    assert_int_equal(chdir(cwd), 0);
+    if (st != KVT_OK) fail_msg("gen-model default vocab: %s", err);
+    kvt_gguf *g;
+    assert_int_equal(kvt_gguf_open(path, &g, err, sizeof err), KVT_OK);
+    uint64_t n;
+    assert_true(kvt_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &n, NULL));
+    assert_int_equal(n, 50257);
+    uint32_t bos, eos;
+    assert_true(kvt_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos));
+    assert_true(kvt_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos));
+    assert_int_equal(eos, 50256);
+    kvt_gguf_free(g);
+    /* $KVT_VOCAB_DIR is taken as given: an empty folder there is a clear error */
+    setenv("KVT_VOCAB_DIR", dir, 1);
+    char *p2 = path_in(dir, "none.gguf");
+    assert_int_equal(kvt_gen_model(&o, p2, err, sizeof err), KVT_ERR_NOT_FOUND);
+    assert_non_null(strstr(err, "KVT_VOCAB_DIR"));
+    assert_int_equal(access(p2, F_OK), -1);
+    unsetenv("KVT_VOCAB_DIR");
+    free(p2);
+    free(path);
+    rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_all_types),
@@ -1025,6 +1057,7 @@ int main(void) {
         cmocka_unit_test(test_gen_determinism),
         cmocka_unit_test(test_gen_types_and_fallback),
         cmocka_unit_test(test_gen_byte_vocab),
+        cmocka_unit_test(test_gen_default_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

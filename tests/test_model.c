@@ -256,7 +256,7 @@ static void test_gen_model_archs(void **st) {
         f.dir = tu_tmpdir("genmodel");
         assert_non_null(f.dir);
         snprintf(f.path, sizeof(f.path), "%s/m.gguf", f.dir);
-        kvt_gen_model_opts o = {.arch = cases[i].arch, .shape = "tiny", .type = cases[i].type, .seed = 3, .quiet = true};
+        kvt_gen_model_opts o = {.arch = cases[i].arch, .shape = "tiny", .type = cases[i].type, .seed = 3};
         char err[256];
         if (kvt_gen_model(&o, f.path, err, sizeof(err)) != KVT_OK) fail_msg("gen-model %s/%s: %s", cases[i].arch, cases[i].type, err);
         fx_open_written(&f, 16);

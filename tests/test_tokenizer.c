@@ -1,4 +1,4 @@
-/* test_tokenizer.c — tokenizers against real vocabularies (../shared/vocab): every reference
+/* test_tokenizer.c — tokenizers against real vocabularies (data/vocab): every reference
  * vector, round trips, byte fuzzing, streaming detokenization, special tokens, EOG set, and a
  * 1 MB timing that is printed, never asserted. */
 #include "testutil.h"
@@ -14,13 +14,10 @@ typedef struct vocab {
 } vocab;
 
 static vocab g_gpt2, g_spm;
-static bool g_have;
 
 static bool load_vocab(const char *name, vocab *v) {
-    const char *dir = tu_vocab_dir();
-    if (!dir) return false;
     char path[512], err[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tu_vocab_path(path, sizeof path, name, "");
     if (kvt_gguf_open(path, &v->g, err, sizeof err) != KVT_OK) {
         fprintf(stderr, "open %s: %s\n", path, err);
         return false;
@@ -34,12 +31,8 @@ static bool load_vocab(const char *name, vocab *v) {
 
 static int setup_all(void **state) {
     (void)state;
-    if (!tu_vocab_dir()) {
-        fprintf(stderr, "test_tokenizer: vocab dir (../shared/vocab or $KVT_VOCAB_DIR) absent; skipping\n");
-        return 0;
-    }
-    g_have = load_vocab("ggml-vocab-gpt-2.gguf", &g_gpt2) && load_vocab("ggml-vocab-llama-spm.gguf", &g_spm);
-    return g_have ? 0 : -1;
+    /* the vocabularies are part of the repository: missing or unreadable fails the suite */
+    return load_vocab("ggml-vocab-gpt-2.gguf", &g_gpt2) && load_vocab("ggml-vocab-llama-spm.gguf", &g_spm) ? 0 : -1;
 }
 
 static int teardown_all(void **state) {
@@ -51,14 +44,6 @@ static int teardown_all(void **state) {
     }
     return 0;
 }
-
-#define NEED_VOCAB()                                                                                              \
-    do {                                                                                                          \
-        if (!g_have) {                                                                                            \
-            fprintf(stderr, "skipped: no vocab dir\n");                                                           \
-            skip();                                                                                               \
-        }                                                                                                         \
-    } while (0)
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -86,8 +71,8 @@ static int32_t *tok(const kvt_tokenizer *t, const char *s, size_t len, uint32_t 
 /* Runs every .inp/.out vector; returns the number that passed and checks round trips. */
 static void run_vectors(const char *name, const kvt_tokenizer *t) {
     char p1[512], p2[512];
-    snprintf(p1, sizeof p1, "%s/%s.inp", tu_vocab_dir(), name);
-    snprintf(p2, sizeof p2, "%s/%s.out", tu_vocab_dir(), name);
+    tu_vocab_path(p1, sizeof p1, name, ".inp");
+    tu_vocab_path(p2, sizeof p2, name, ".out");
     size_t il, ol;
     char *inp = read_file(p1, &il), *outp = read_file(p2, &ol);
     assert_non_null(inp);
@@ -142,7 +127,6 @@ static void run_vectors(const char *name, const kvt_tokenizer *t) {
 
 static void test_vectors_gpt2(void **s) {
     (void)s;
-    NEED_VOCAB();
     assert_string_equal(kvt_tokenizer_model_name(g_gpt2.t), "gpt2");
     assert_int_equal(kvt_tokenizer_n_vocab(g_gpt2.t), 50257);
     run_vectors("ggml-vocab-gpt-2.gguf", g_gpt2.t);
@@ -150,7 +134,6 @@ static void test_vectors_gpt2(void **s) {
 
 static void test_vectors_spm(void **s) {
     (void)s;
-    NEED_VOCAB();
     assert_string_equal(kvt_tokenizer_model_name(g_spm.t), "llama");
     assert_int_equal(kvt_tokenizer_n_vocab(g_spm.t), 32000);
     run_vectors("ggml-vocab-llama-spm.gguf", g_spm.t);
@@ -179,7 +162,6 @@ static size_t rand_text(uint64_t *rng, char *buf, size_t cap) {
 /* The SPM fast path cuts the text before U+2581 runs; it must equal the uncut algorithm. */
 static void test_spm_chunking_exact(void **s) {
     (void)s;
-    NEED_VOCAB();
     assert_true(g_spm.t->spm_split_ws);
     uint64_t rng = 4242;
     char buf[128];
@@ -256,7 +238,6 @@ static void test_tokenize_limit(void **s) {
 
 static void test_fuzz_roundtrip(void **s) {
     (void)s;
-    NEED_VOCAB();
     uint64_t rng = 12345;
     char buf[128];
     int spm_rt = 0, spm_total = 0;
@@ -337,7 +318,6 @@ static void stream_check(const kvt_tokenizer *t, const int32_t *ids, int64_t n, 
 
 static void test_stream_detok(void **s) {
     (void)s;
-    NEED_VOCAB();
     uint64_t rng = 777;
     int32_t ids[48];
     for (int it = 0; it < 600; it++) {
@@ -374,7 +354,6 @@ static void test_stream_detok(void **s) {
 
 static void test_special_tokens(void **s) {
     (void)s;
-    NEED_VOCAB();
     const char *txt = "Hi<|endoftext|>there";
     int64_t n1, n2;
     int32_t *a = tok(g_gpt2.t, txt, strlen(txt), KVT_TOK_PARSE_SPECIAL, &n1);
@@ -420,7 +399,6 @@ static void test_special_tokens(void **s) {
 
 static void test_bos_eos_eog(void **s) {
     (void)s;
-    NEED_VOCAB();
     /* SPM defaults: bos 1, eos 2, add_bos true */
     assert_int_equal(kvt_tokenizer_bos(g_spm.t), 1);
     assert_int_equal(kvt_tokenizer_eos(g_spm.t), 2);
@@ -458,7 +436,6 @@ static void test_bos_eos_eog(void **s) {
 
 static void test_speed_1mb(void **s) {
     (void)s;
-    NEED_VOCAB();
     static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and",
                                   "tokenizer", "inference", "server", "cache", "of", "in", "to", "is",
                                   "memory", "blocks", "shared", "sequences", "It's", "we'll", "2024",

@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "model/gen_model.h" /* kvt_vocab_dir */
+
 /* Deterministic PRNG for tests (splitmix64). */
 static inline uint64_t tu_rand(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -30,12 +32,24 @@ static inline char *tu_tmpdir(const char *tag) {
     if (!mkdtemp(p)) { free(p); return NULL; }
     return p;
 }
-/* Path of the vocab directory (data/vocab of the repository, tests run from its root), or NULL. */
+/* The repository's vocabulary folder (data/vocab, or $KVT_VOCAB_DIR; model/gen_model.h). The data
+ * is part of the repository, so a missing folder fails the calling test (never a skip). */
 static inline const char *tu_vocab_dir(void) {
-    const char *e = getenv("KVT_VOCAB_DIR");
-    if (e) return e;
-    if (access("data/vocab", R_OK) == 0) return "data/vocab";
-    if (access("../shared/vocab", R_OK) == 0) return "../shared/vocab";
-    return NULL;
+    static char dir[4096];
+    if (!dir[0] && !kvt_vocab_dir(dir, sizeof dir))
+        fail_msg("vocabulary folder not found (data/vocab beside the build folder, or $KVT_VOCAB_DIR='%s')",
+                 getenv("KVT_VOCAB_DIR") ? getenv("KVT_VOCAB_DIR") : "");
+    return dir;
+}
+/* <vocab folder>/<file><suffix> into buf (suffix may be ""); fails the test if it does not fit. */
+static inline const char *tu_vocab_path(char *buf, size_t n, const char *file, const char *suffix) {
+    const char *d = tu_vocab_dir();
+    size_t a = strlen(d), b = strlen(file), c = strlen(suffix);
+    if (a + 1 + b + c + 1 > n) fail_msg("vocabulary path too long: %s/%s%s", d, file, suffix);
+    memcpy(buf, d, a);
+    buf[a] = '/';
+    memcpy(buf + a + 1, file, b);
+    memcpy(buf + a + 1 + b, suffix, c + 1);
+    return buf;
 }
 #endif

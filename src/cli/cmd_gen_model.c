@@ -7,7 +7,7 @@
 #include "cmds.h"
 
 static void usage(void) {
-    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf] [--seed N] [--peaked] -o OUT.gguf\n"
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
            "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35   (default: the shape's own arch; llama for tiny)\n"
@@ -15,8 +15,10 @@ static void usage(void) {
            "           (default tiny; the qwen35 shapes are Qwen3.5-like hybrid layer shapes)\n"
            "  --type   f16 | q8_0 | q4_0 | q4_k | f32 | bf16   (default f16; 1-D tensors stay f32;\n"
            "           q4_k rows not a multiple of 256 fall back to q5_0, like llama-quantize)\n"
-           "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default\n"
-           "           ../shared/vocab/ggml-vocab-gpt-2.gguf, else $KVT_VOCAB_DIR; else a 256-byte vocab)\n"
+           "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default: ggml-vocab-gpt-2.gguf\n"
+           "           in $KVT_VOCAB_DIR if set, else in the repository's data/vocab/ found from the\n"
+           "           executable's location; an error if it is missing)\n"
+           "  --byte-vocab  a 256-token byte vocabulary instead (BOS = EOS = token 0; for tests)\n"
            "  --seed   PRNG seed (default 0)\n"
            "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2):\n"
            "           makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
@@ -39,6 +41,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--shape")) o.shape = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--type")) o.type = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--vocab")) o.vocab_path = kvt_args_str(&a);
+        else if (kvt_args_flag(&a, NULL, "--byte-vocab")) o.byte_vocab = true;
         else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
         else if (kvt_args_flag(&a, NULL, "--peaked")) o.peaked = true;
         else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
@@ -53,6 +56,10 @@ int cmd_gen_model(int argc, char **argv) {
     else if (o.type && !in_list(kvt_gen_model_types, o.type)) bad = o.type, what = "type";
     if (bad) {
         fprintf(stderr, "kvtier gen-model: unknown %s '%s' (see kvtier gen-model --help)\n", what, bad);
+        return 2;
+    }
+    if (o.byte_vocab && o.vocab_path) {
+        fprintf(stderr, "kvtier gen-model: --vocab and --byte-vocab exclude each other\n");
         return 2;
     }
     if (a.n_positional > 0) {

@@ -676,7 +676,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
             res->finish = KVT_FINISH_STOP;
             break;
         }
-        if (req->cancel && *req->cancel) {
+        if (req->cancel && __atomic_load_n(req->cancel, __ATOMIC_RELAXED)) { /* set by another thread */
             res->finish = KVT_FINISH_CANCELLED;
             break;
         }

@@ -91,7 +91,7 @@ typedef struct kvt_gen_request {
     bool no_cache;            /* bypass the tiers for this request (neither take nor put) */
     kvt_token_cb on_token;
     void *cb_ctx;
-    volatile int *cancel;     /* optional: set non-zero to cancel */
+    volatile int *cancel;     /* optional: set non-zero to cancel (from another thread: __atomic_store_n) */
 } kvt_gen_request;
 
 typedef struct kvt_gen_result {

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "../gguf/gguf.h"
@@ -215,30 +216,41 @@ uint32_t kvt_gen_model_pick_type(uint32_t want, int64_t n0) {
 
 /* ------------------------------------------------------------------ vocabulary */
 
-bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
-    const char *file = "ggml-vocab-gpt-2.gguf";
-    snprintf(buf, buflen, "data/vocab/%s", file); /* the repository's copy (run from its root) */
-    if (access(buf, R_OK) == 0) return true;
-    snprintf(buf, buflen, "../shared/vocab/%s", file);
-    if (access(buf, R_OK) == 0) return true;
+/* The repository keeps its vocabularies in data/vocab; the binaries live in build/ (kvtier) and
+ * build/tests/ (test suites), so the folder is found by walking up from the executable's own
+ * directory — never from the working directory, so `kvtier` works wherever it is started. */
+bool kvt_vocab_dir(char *buf, size_t buflen) {
+    const char *env = getenv("KVT_VOCAB_DIR");
+    if (env && *env) { /* explicit: used as given, no fallback behind the user's back */
+        snprintf(buf, buflen, "%s", env);
+        return access(buf, R_OK | X_OK) == 0;
+    }
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
+    if (n <= 0) {
+        buf[0] = 0;
+        return false;
+    }
+    exe[n] = 0;
+    for (int up = 0; up < 3; up++) { /* <exe dir>/.., ../.., ../../.. */
         char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(buf, buflen, "%s/../data/vocab/%s", exe, file); /* build/kvtier -> data/vocab */
-            if (access(buf, R_OK) == 0) return true;
-            snprintf(buf, buflen, "%s/../../shared/vocab/%s", exe, file);
-            if (access(buf, R_OK) == 0) return true;
-        }
+        if (!slash) break;
+        *slash = 0;
+        int w = snprintf(buf, buflen, "%s/../data/vocab", exe);
+        if (w > 0 && (size_t)w < buflen && access(buf, R_OK | X_OK) == 0) return true;
     }
-    const char *env = getenv("KVT_VOCAB_DIR");
-    if (env && *env) {
-        snprintf(buf, buflen, "%s/%s", env, file);
-        if (access(buf, R_OK) == 0) return true;
+    buf[0] = 0;
+    return false;
+}
+
+bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
+    char dir[4096];
+    if (!kvt_vocab_dir(dir, sizeof dir)) {
+        buf[0] = 0;
+        return false;
     }
+    int w = snprintf(buf, buflen, "%s/ggml-vocab-gpt-2.gguf", dir);
+    if (w > 0 && (size_t)w < buflen && access(buf, R_OK) == 0) return true;
     buf[0] = 0;
     return false;
 }
@@ -330,7 +342,12 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     } else if (o->vocab_path) {
         snprintf(vpath, sizeof vpath, "%s", o->vocab_path);
     } else if (!kvt_gen_model_default_vocab(vpath, sizeof vpath)) {
-        vpath[0] = 0;
+        const char *env = getenv("KVT_VOCAB_DIR");
+        if (env && *env)
+            return kvt_errf(err, errlen, KVT_ERR_NOT_FOUND, "no ggml-vocab-gpt-2.gguf in $KVT_VOCAB_DIR (%s)", env);
+        return kvt_errf(err, errlen, KVT_ERR_NOT_FOUND,
+                        "no vocabulary found (data/vocab/ggml-vocab-gpt-2.gguf beside the executable's folder); "
+                        "pass --vocab FILE.gguf, set KVT_VOCAB_DIR, or --byte-vocab for a 256-token byte vocabulary");
     }
     if (vpath[0]) {
         kvt_status st = kvt_gguf_open(vpath, &vocab, err, errlen);
@@ -342,8 +359,6 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
             kvt_gguf_free(vocab);
             return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: no usable tokenizer.ggml.tokens array", vpath);
         }
-    } else if (!o->quiet && !o->byte_vocab) {
-        KVT_WARN("gen-model: no vocabulary found (../shared/vocab, $KVT_VOCAB_DIR); using a 256-token byte vocabulary");
     }
 
     kvt_gguf_writer *w = kvt_gguf_writer_create();

@@ -3,8 +3,9 @@
  *
  * Writes a complete, loadable GGUF v3 model for llama / qwen2 / qwen3 / gemma3 with a real shape
  * (or a tiny test shape), random weights from a seeded splitmix64 stream (same options → same
- * bytes), and a real vocabulary copied from a vocab GGUF (tokenizer.* keys verbatim), falling back
- * to a 256-token byte vocabulary when none is found. Each tensor's values depend only on
+ * bytes), and a real vocabulary copied from a vocab GGUF (tokenizer.* keys verbatim): the one given,
+ * else the repository's data/vocab/ggml-vocab-gpt-2.gguf (an error when none is found), or a
+ * 256-token byte vocabulary only when asked for (byte_vocab). Each tensor's values depend only on
  * (seed, tensor name), and tensors are generated one at a time while the file is written, so
  * memory stays at one tensor even for 1B-parameter shapes.
  *
@@ -22,7 +23,6 @@ typedef struct kvt_gen_model_opts {
     const char *vocab_path; /* vocab GGUF; NULL = default search (kvt_gen_model_default_vocab) */
     uint64_t seed;
     bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
-    bool quiet;             /* no warning on the byte-vocab fallback */
     bool peaked;            /* scale the final norm (x8) and Q/K (x2 each) so logits and attention are
                              * as peaked as a trained model's (gen_model.c peak_factor) */
 } kvt_gen_model_opts;
@@ -30,10 +30,14 @@ typedef struct kvt_gen_model_opts {
 /* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */
 kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char *err, size_t errlen);
 
-/* Default vocabulary lookup: data/vocab/ggml-vocab-gpt-2.gguf relative to the cwd, then
- * ../shared/vocab/, then ../data/vocab/ and ../../shared/vocab/ next to the executable
- * (/proc/self/exe), then $KVT_VOCAB_DIR. Writes the
- * path into buf and returns true if one exists. */
+/* The vocabulary folder: $KVT_VOCAB_DIR when set (used as given), else the first data/vocab found
+ * beside the executable's folder or one or two levels above it (/proc/self/exe: build/kvtier and
+ * build/tests/test_* both find <repo>/data/vocab); never relative to the working directory. Writes
+ * the path into buf; returns false (buf = "" unless from the environment) if it is not there. */
+bool kvt_vocab_dir(char *buf, size_t buflen);
+
+/* Default vocabulary for gen-model: ggml-vocab-gpt-2.gguf in kvt_vocab_dir(). Writes the path into
+ * buf and returns true if it exists. */
 bool kvt_gen_model_default_vocab(char *buf, size_t buflen);
 
 /* Exposed for tests: the weight type a 2-D tensor with rows of n0 elements gets when `want` was

@@ -1025,7 +1025,7 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         return st;
     }
     for (uint32_t off = 0; off < n; off += c->ubatch) {
-        if (cancel && *cancel) return KVT_ERR_CANCELLED;
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) return KVT_ERR_CANCELLED; /* set by another thread */
         uint32_t nc = n - off < c->ubatch ? n - off : c->ubatch;
         if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
         c->seq = seq;

@@ -73,6 +73,11 @@ typedef struct job {
     kvt_gen_result res;
 } job;
 
+/* The cancel flag is set by connection threads and the shutdown path and polled by the worker
+ * (engine/model forward): relaxed atomic accesses, so the flag is race-free (ThreadSanitizer). */
+static void job_cancel(job *j) { __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED); }
+static bool job_cancelled(job *j) { return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) != 0; }
+
 struct kvt_server {
     kvt_server_opts o;
     kvt_engine *e;
@@ -110,6 +115,9 @@ struct kvt_server {
     pthread_cond_t tcv;
     uint64_t tok_in_use;
 };
+
+/* shutting_down is set once by kvt_server_shutdown and read by connection threads: atomic. */
+static bool server_stopping(kvt_server *s) { return __atomic_load_n(&s->shutting_down, __ATOMIC_RELAXED) != 0; }
 
 /* Per-HTTP-request state (MHD con_cls). */
 typedef struct conn_ctx {
@@ -220,7 +228,7 @@ static bool on_token(void *ctx, int32_t id, const char *text, size_t len) {
         }
     }
     pthread_cond_broadcast(&j->cv);
-    bool go = !j->cancel && !j->oom;
+    bool go = !job_cancelled(j) && !j->oom;
     pthread_mutex_unlock(&j->mu);
     return go;
 }
@@ -238,7 +246,7 @@ static void append_sse_error(job *j, int http, const char *type, const char *cod
 
 static void run_job(kvt_server *s, job *j) {
     pthread_mutex_lock(&j->mu);
-    bool skip = j->cancel != 0;
+    bool skip = job_cancelled(j);
     j->state = JOB_RUNNING;
     pthread_mutex_unlock(&j->mu);
 
@@ -326,10 +334,12 @@ static void *worker_main(void *arg) {
         s->c.in_flight = 0;
         if (j->st == KVT_ERR_CANCELLED) s->c.cancelled++;
         pthread_mutex_unlock(&s->cmu);
-        job_unref(j);
 
         pthread_mutex_lock(&s->qmu);
         s->running = NULL;
+        /* only after s->running no longer points at it (the shutdown path cancels s->running under
+         * qmu): qmu then j->mu is the order enqueue() uses too */
+        job_unref(j);
         pthread_cond_broadcast(&s->idle_cv);
     }
     pthread_mutex_unlock(&s->qmu);
@@ -456,7 +466,7 @@ static void count_status(kvt_server *s, int status) {
     if (status >= 200 && status < 300) s->c.ok++;
     else if (status >= 400 && status < 500) s->c.client_errors++;
     else if (status >= 500) s->c.server_errors++;
-    if (status == 503 && s->shutting_down) s->c.rejected_shutdown++;
+    if (status == 503 && server_stopping(s)) s->c.rejected_shutdown++;
     pthread_mutex_unlock(&s->cmu);
 }
 
@@ -519,7 +529,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     while (j->rd == j->len && j->state != JOB_DONE) {
         timed_wait(&j->cv, &j->mu, 100);
         if (j->rd == j->len && j->state != JOB_DONE && client_gone(j->fd)) {
-            j->cancel = 1;
+            job_cancel(j);
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -539,7 +549,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    if (j->state != JOB_DONE) j->cancel = 1; /* response torn down early: the client is gone */
+    if (j->state != JOB_DONE) job_cancel(j); /* response torn down early: the client is gone */
     pthread_mutex_unlock(&j->mu);
     job_unref(j);
 }
@@ -554,7 +564,7 @@ static MHD_Result_t job_error_response(struct MHD_Connection *c, conn_ctx *x, jo
         return send_err(c, x, 503, "server_error", NULL, "out_of_memory", "%s", j->err);
     case KVT_ERR_CANCELLED:
         return send_err(c, x, 503, "server_error", NULL, "shutting_down", "generation cancelled (%s)",
-                        x->s->shutting_down ? "server shutting down" : "client gone");
+                        server_stopping(x->s) ? "server shutting down" : "client gone");
     default:
         return send_err(c, x, 500, "server_error", NULL, NULL, "generation failed: %s", j->err);
     }
@@ -729,7 +739,7 @@ static MHD_Result_t do_generate(struct MHD_Connection *c, conn_ctx *x) {
     pthread_mutex_lock(&j->mu);
     while (j->state != JOB_DONE && !(j->stream && j->started)) {
         timed_wait(&j->cv, &j->mu, 100);
-        if (!j->cancel && client_gone(j->fd)) j->cancel = 1;
+        if (!job_cancelled(j) && client_gone(j->fd)) job_cancel(j);
     }
     bool done = j->state == JOB_DONE;
     kvt_status st = j->st;
@@ -860,7 +870,7 @@ static MHD_Result_t handle_first(struct MHD_Connection *c, conn_ctx *x, const ch
             return send_err(c, x, 401, "invalid_request_error", NULL, "invalid_api_key",
                             auth ? "Incorrect API key provided" : "Missing API key (Authorization: Bearer KEY)");
     }
-    if (s->shutting_down)
+    if (server_stopping(s))
         return send_err(c, x, 503, "server_error", NULL, "shutting_down", "server is shutting down");
     bool method_ok;
     x->route = route_of(x->path, method, &method_ok);
@@ -966,7 +976,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     double ms = kvt_now_ms() - x->t0;
     if (j) {
         pthread_mutex_lock(&j->mu);
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && j->state != JOB_DONE) j->cancel = 1;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && j->state != JOB_DONE) job_cancel(j);
         kvt_gen_result r = j->res;
         bool done = j->state == JOB_DONE;
         pthread_mutex_unlock(&j->mu);
@@ -1127,14 +1137,14 @@ bool kvt_server_shutdown(kvt_server *s) {
     double drain_until = t0 + budget * 0.75; /* leave a quarter of the budget for the flush */
 
     pthread_mutex_lock(&s->qmu);
-    s->shutting_down = 1;
+    __atomic_store_n(&s->shutting_down, 1, __ATOMIC_RELAXED); /* read by connection threads */
     uint32_t waiting = s->n_queued + (s->running ? 1u : 0u);
     if (waiting) KVT_INFO("shutdown: draining %u request(s)", waiting);
     while ((s->q_head || s->running) && kvt_now_ms() < drain_until) timed_wait(&s->idle_cv, &s->qmu, 100);
     if (s->q_head || s->running) {
         KVT_WARN("shutdown: timeout reached, cancelling in-flight requests");
-        for (job *j = s->q_head; j; j = j->next) j->cancel = 1;
-        if (s->running) s->running->cancel = 1;
+        for (job *j = s->q_head; j; j = j->next) job_cancel(j);
+        if (s->running) job_cancel(s->running);
     }
     s->stop_worker = true;
     pthread_cond_broadcast(&s->qcv);

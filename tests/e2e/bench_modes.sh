@@ -15,7 +15,7 @@ fails=0
 ok()  { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails+1)); }
 check() { local what=$1; shift; if "$@" >/dev/null; then ok "$what"; else bad "$what"; fi; }
-command -v jq >/dev/null || { echo "skip: jq not installed"; exit 0; }
+command -v jq >/dev/null || { echo "skipped: missing dependency: jq (scripts/install-deps)"; exit 77; }
 M=$T/tiny.gguf
 "$KV" gen-model --arch llama --shape tiny --type f16 -o "$M" >/dev/null 2>&1 || { echo "FAIL gen-model"; exit 1; }
 B=("$KV" bench -m "$M" -t 1 --block-tokens 16 --json)

@@ -9,6 +9,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-cli-XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 ok() { echo "ok: $*"; }
+command -v python3 >/dev/null || { echo "skipped: missing dependency: python3 (scripts/install-deps)"; exit 77; }
 M=$TMP/m.gguf
 "$KV" gen-model --arch llama --shape tiny --type f16 -o "$M" >/dev/null 2>&1 || fail "gen-model"
 

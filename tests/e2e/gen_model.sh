@@ -10,10 +10,10 @@ fails=0
 ok()   { echo "ok   $*"; }
 bad()  { echo "FAIL $*"; fails=$((fails+1)); }
 check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+command -v python3 >/dev/null || { echo "skipped: missing dependency: python3 (scripts/install-deps)"; exit 77; }
 
 # Independent reader: checks the GGUF v3 layout rules other readers (ggml) rely on.
 layout_check() {
-  command -v python3 >/dev/null || return 0
   python3 - "$1" <<'PY'
 import struct, sys
 p = sys.argv[1]; b = open(p, 'rb').read(); o = 0
@@ -62,9 +62,7 @@ for arch in llama qwen2 qwen3 gemma3; do
   check "inspect $arch kv bytes" grep -q "^kv per token: *[1-9][0-9]* bytes at f16" <<<"$out"
   check "inspect $arch q8_0 tensors" grep -q "q8_0 .* tensors" <<<"$out"
   check "layout $arch" layout_check "$f"
-  if command -v python3 >/dev/null; then
-    check "inspect --json $arch" python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["architecture"]==sys.argv[1] and j["kv_bytes_per_token_f16"]>0 and j["tensors"]["count"]>0' $arch < <("$KV" inspect --json "$f")
-  fi
+  check "inspect --json $arch" python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["architecture"]==sys.argv[1] and j["kv_bytes_per_token_f16"]>0 and j["tensors"]["count"]>0' $arch < <("$KV" inspect --json "$f")
 done
 check "gemma3 windowed note" grep -q "windowed" < <("$KV" inspect "$T/gemma3.gguf")
 check "qwen chatml hint" grep -q "^chat template: chatml" < <("$KV" inspect "$T/qwen3.gguf")
@@ -100,6 +98,20 @@ check "missing file" one_line_err "cannot open" "$T/does-not-exist.gguf"
 "$KV" gen-model --shape tiny 2>/dev/null; check "missing -o exit 2" test $? -eq 2
 "$KV" inspect --bogus "$T/llama.gguf" 2>/dev/null; check "inspect unknown flag exit 2" test $? -eq 2
 "$KV" gen-model --help >/dev/null; check "gen-model --help exit 0" test $? -eq 0
+
+# the vocabulary comes from the repository's data/vocab (found from the executable's location, not
+# the working directory); a binary with no data/vocab beside it fails clearly instead of falling
+# back to a byte vocabulary, which it makes only when asked (--byte-vocab)
+(kva=$(realpath "$KV") && cd "$T" && "$kva" gen-model --shape tiny -o "$T/cwd.gguf" >/dev/null 2>&1); check "default vocab from another cwd" test $? -eq 0
+check "default vocab is GPT-2 (50257 tokens)" grep -q 50257 <("$KV" inspect "$T/cwd.gguf" 2>&1)
+mkdir -p "$T/alone/bin" && cp "$KV" "$T/alone/bin/kvtier"
+env -u KVT_VOCAB_DIR "$T/alone/bin/kvtier" gen-model --shape tiny -o "$T/alone/x.gguf" 2>"$T/alone/err"
+check "no vocabulary: exit 1" test $? -eq 1
+check "no vocabulary: clear error" grep -q "no vocabulary found.*--byte-vocab" "$T/alone/err"
+check "no vocabulary: no file written" test ! -e "$T/alone/x.gguf"
+"$T/alone/bin/kvtier" gen-model --shape tiny --byte-vocab -o "$T/alone/b.gguf" >/dev/null 2>&1; check "--byte-vocab works alone" test $? -eq 0
+KVT_VOCAB_DIR="$PWD/data/vocab" "$T/alone/bin/kvtier" gen-model --shape tiny -o "$T/alone/v.gguf" >/dev/null 2>&1; check "KVT_VOCAB_DIR honoured" test $? -eq 0
+"$KV" gen-model --byte-vocab --vocab data/vocab/ggml-vocab-gpt-2.gguf -o "$T/y.gguf" 2>/dev/null; check "--vocab with --byte-vocab exit 2" test $? -eq 2
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -5,7 +5,7 @@
 set -u
 . "$(dirname "$0")/server_common.bash"
 need_py
-command -v curl >/dev/null || { echo "SKIP: curl not available"; exit 0; }
+need curl
 [ -x "$KV" ] || fail "$KV not built"
 
 MODEL=$TMP/m.gguf
@@ -171,13 +171,24 @@ EOF
 ok "8 concurrent clients, identical greedy output"
 
 # ------------------------------------------------------------------ client disconnect mid-stream
-curl -sN --max-time 1 --data-binary '{"prompt":"disconnect me","max_tokens":2000,"temperature":1,"stream":true}' \
+# (a prompt of several KV blocks, so that what the cancelled request computed can be reused)
+DPROMPT="disconnect me: $(printf 'block %s of the cancelled prompt, ' $(seq 1 40))"
+curl -sN --max-time 1 --data-binary "{\"prompt\":\"$DPROMPT\",\"max_tokens\":1500,\"temperature\":1,\"stream\":true}" \
   "$SRV_URL/v1/completions" >/dev/null 2>&1; crc=$?
 expect 200 POST /v1/completions "$(jbody '{"prompt":"still alive?","max_tokens":2,"temperature":0}')"
 if [ "$crc" -eq 28 ]; then # the client really left mid-generation: the generation must have been cancelled
-  expect 200 GET /stats
+  for i in $(seq 1 50); do # bounded wait for the worker to notice
+    expect 200 GET /stats
+    [ "$(jget "j['requests']['cancelled'] >= 1")" = True ] && break
+    sleep 0.2
+  done
   [ "$(jget "j['requests']['cancelled'] >= 1")" = True ] || fail "disconnect did not cancel the generation"
 fi
+# the cancelled request's KV stays in the cache: the same prompt again reuses it
+expect 200 POST /v1/completions "$(jbody "{\"prompt\":\"$DPROMPT\",\"max_tokens\":1,\"temperature\":0}")"
+DPT=$(jget "j['usage']['prompt_tokens']"); DCT=$(jget "j['usage']['prompt_tokens_details']['cached_tokens']")
+[ "$DCT" -gt 0 ] || fail "cancelled request's KV not reused: cached_tokens $DCT of $DPT"
+ok "after a disconnect the same prompt reuses $DCT of $DPT prompt tokens"
 curl -s --max-time 1 --data-binary '{"prompt":"disconnect me too","max_tokens":2000,"temperature":1}' \
   "$SRV_URL/v1/completions" >/dev/null 2>&1; crc2=$?
 expect 200 GET /health

@@ -29,7 +29,12 @@ fail() {
 }
 ok() { echo "ok: $*"; }
 
-need_py() { command -v python3 >/dev/null || { echo "SKIP: python3 not available"; exit 0; }; }
+# need TOOL...: exit 77 (skipped; scripts/run-tests fails it under CI=true) unless every tool is on PATH
+need() {
+  local t
+  for t in "$@"; do command -v "$t" >/dev/null || { echo "skipped: missing dependency: $t (scripts/install-deps)"; exit 77; }; done
+}
+need_py() { need python3; }
 
 srv_start() {
   local try
