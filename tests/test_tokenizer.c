@@ -196,7 +196,6 @@ static void test_spm_chunking_exact(void **s) {
  * len / kvt_tokenizer_max_token_bytes (the server's pre-check relies on that bound). */
 static void test_tokenize_limit(void **s) {
     (void)s;
-    NEED_VOCAB();
     const kvt_tokenizer *ts[2] = {g_gpt2.t, g_spm.t};
     uint64_t rng = 777;
     char buf[1024];
