@@ -475,7 +475,7 @@ static void test_cap_lru_leaf_first(void **state) {
     /* A is used again (more recent than B) */
     kvt_seq *r = NULL;
     uint32_t nr = 0;
-    struct timespec ts = {0, 2000000};
+    struct timespec ts = {0, 20000000}; /* past the kernel's coarse file-time tick */
     nanosleep(&ts, NULL);
     assert_int_equal(kvt_ssd_restore(s, ta, 13 > 12 ? 12 : 12, root, &r, &nr), KVT_OK);
     assert_int_equal(nr, 11);

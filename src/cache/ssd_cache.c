@@ -2795,6 +2795,11 @@ static kvt_status load_snapshot(kvt_ssd *s, uint64_t chain, uint32_t pos, kvt_se
 /* Touches the files and index entries of a successful restore (LRU bump). */
 static void bump_lru(kvt_ssd *s, const plan *pl) {
     uint64_t now = now_real_ns();
+    /* the file's mtime is the persisted LRU stamp: set it to the index's fine-grained `now`, not to
+     * the kernel's coarse current time (a tie with a file written a few ms earlier would make the
+     * eviction order after a restart arbitrary) */
+    const struct timespec tv[2] = {{.tv_sec = (time_t)(now / 1000000000ull), .tv_nsec = (long)(now % 1000000000ull)},
+                                   {.tv_sec = (time_t)(now / 1000000000ull), .tv_nsec = (long)(now % 1000000000ull)}};
     char name[64], path[PATH_MAX];
     pthread_mutex_lock(&s->mu);
     for (uint32_t j = 0; j < pl->n_idx; j++)
@@ -2804,14 +2809,14 @@ static void bump_lru(kvt_ssd *s, const plan *pl) {
             if (e) e->last_use = now;
             entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
             snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-            utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
+            utimensat(AT_FDCWD, path, tv, AT_SYMLINK_NOFOLLOW);
         }
     if (pl->snap) {
         ssd_entry *e = idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         if (e) e->last_use = now;
         entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
+        utimensat(AT_FDCWD, path, tv, AT_SYMLINK_NOFOLLOW);
     }
     pthread_mutex_unlock(&s->mu);
 }
