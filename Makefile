@@ -3,6 +3,7 @@
 #   make run        build, make the demo model if missing, start the main job
 #   make test       build and run every test (unit, CLI, end-to-end)
 #   make sanitize   build with ASan+UBSan into build-san/; unit tests and every e2e script there
+#   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) in build-fuzz/, each run FUZZ_SECONDS
 #   make tsan       ThreadSanitizer build in build-tsan/; the server e2e suite (8 concurrent clients)
 CC      ?= cc
 BUILD   ?= build
@@ -25,7 +26,7 @@ DEPS_OK  := $(BUILD)/.deps-ok
 DEMO_MODEL ?= models/demo.gguf
 RUN_ARGS   ?=
 
-.PHONY: all run test unit-test e2e-test sanitize tsan clean deps bench
+.PHONY: all run test unit-test e2e-test sanitize tsan fuzz fuzz-build clean deps bench
 all: $(BUILD)/kvtier $(BUILD)/libkvtier.a
 
 $(DEPS_OK): scripts/install-deps
@@ -77,10 +78,29 @@ tsan:
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 E2E_ONLY="server_api" \
 	  $(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" e2e-test
 
+# libFuzzer: the library built by clang with coverage + ASan/UBSan in build-fuzz/, one binary per
+# tests/fuzz/fuzz_NAME.c; each runs FUZZ_SECONDS over tests/fuzz/corpus/NAME/ (new inputs go to
+# build-fuzz/corpus/NAME/, crashes to build-fuzz/crash-NAME-*; keep a crash as a seed once fixed)
+FUZZ_SECONDS ?= 30
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+fuzz-build:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" build-fuzz/libkvtier.a
+	$(MAKE) $(FUZZ_BIN)
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c build-fuzz/libkvtier.a
+	clang -std=c11 -Isrc -O1 -g -D_GNU_SOURCE -pthread $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< build-fuzz/libkvtier.a $(LDLIBS)
+fuzz: fuzz-build
+	@set -e; for b in $(FUZZ_BIN); do n=$${b#build-fuzz/fuzz_}; mkdir -p build-fuzz/corpus/$$n tests/fuzz/corpus/$$n; \
+	  echo "=== fuzz $$n ($(FUZZ_SECONDS) s)"; \
+	  $$b -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/crash-$$n- \
+	    build-fuzz/corpus/$$n tests/fuzz/corpus/$$n >build-fuzz/fuzz-$$n.log 2>&1 \
+	    || { tail -40 build-fuzz/fuzz-$$n.log; exit 1; }; grep -E "^Done [0-9]+ runs" build-fuzz/fuzz-$$n.log; done
+
 bench: $(BUILD)/kvtier
 	bench/run-all
 
 clean:
-	rm -rf build build-san build-tsan
+	rm -rf build build-san build-tsan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
