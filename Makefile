@@ -47,7 +47,7 @@ $(BUILD)/libkvtier.a: $(LIB_OBJ)
 $(BUILD)/kvtier: $(CLI_OBJ) $(BUILD)/libkvtier.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libkvtier.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libkvtier.a tests/testutil.h | $(DEPS_OK)
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libkvtier.a tests/testutil.h tests/fixture_model.h | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libkvtier.a $(TESTLIBS) $(LDLIBS)
 

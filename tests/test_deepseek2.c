@@ -5,6 +5,7 @@
  * same bits; routing against a naive reference; absorbed attention + grouped experts against a
  * naive double-precision forward with expanded per-head K/V and every expert computed, masked. */
 #include "testutil.h"
+#include "fixture_model.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -24,49 +25,7 @@
  * (a missing YaRN ramp or softmax scale moves log-probs by > 0.1 and flips tokens). */
 #define LOGPROB_TOL 0.05
 
-typedef struct ds_fx {
-    kvt_gguf *g;
-    kvt_model *m;
-    kvt_kv_layout *layout;
-    kvt_block_pool *pool;
-} ds_fx;
-
-static void ds_open(ds_fx *f, uint32_t block_tokens) {
-    char err[256];
-    memset(f, 0, sizeof(*f));
-    if (kvt_gguf_open(FIXTURE, &f->g, err, sizeof err) != KVT_OK) fail_msg("open: %s", err);
-    if (kvt_model_load(f->g, &f->m, err, sizeof err) != KVT_OK) fail_msg("load: %s", err);
-    const kvt_hparams *hp = kvt_model_hparams(f->m);
-    kvt_codec codecs[16];
-    kvt_layer_desc d[16];
-    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = (kvt_codec){.kind = KVT_CODEC_F16};
-    kvt_model_layer_descs(f->m, codecs, d);
-    if (kvt_kv_layout_create(d, hp->n_layer, block_tokens, (kvt_codec){.kind = KVT_CODEC_F16}, 0, &f->layout, err,
-                             sizeof err) != KVT_OK)
-        fail_msg("layout: %s", err);
-    f->pool = kvt_block_pool_create(f->layout, 0);
-    assert_non_null(f->pool);
-}
-
-static void ds_close(ds_fx *f) {
-    kvt_block_pool_free(f->pool);
-    kvt_kv_layout_free(f->layout);
-    kvt_model_free(f->m);
-    kvt_gguf_free(f->g);
-}
-
-static char *slurp(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, fp) != (size_t)n) n = 0;
-    b[n] = 0;
-    fclose(fp);
-    return b;
-}
+static void ds_open(tu_fx *f, uint32_t block_tokens) { tu_fx_open(f, FIXTURE, block_tokens); }
 
 static double log_softmax_at(const float *x, uint32_t n, uint32_t i) {
     double mx = x[0];
@@ -86,7 +45,7 @@ static uint32_t argmax(const float *x, uint32_t n) {
 /* Loaded hyperparameters: every metadata key of the fixture as the README lists it. */
 static void test_hparams(void **st) {
     (void)st;
-    ds_fx f;
+    tu_fx f;
     ds_open(&f, 256);
     const kvt_hparams *hp = kvt_model_hparams(f.m);
     assert_int_equal(hp->arch, KVT_ARCH_DEEPSEEK2);
@@ -112,11 +71,11 @@ static void test_hparams(void **st) {
     char key[128];
     kvt_kv_layout_key(f.layout, key, sizeof key);
     assert_non_null(strstr(key, "mla"));
-    ds_close(&f);
+    tu_fx_close(&f);
 }
 
 /* Greedy decode of every case against the reference tokens and log-probabilities. */
-static void run_case(ds_fx *f, cJSON *cs, uint32_t ubatch, int nth, double *max_dlp) {
+static void run_case(tu_fx *f, cJSON *cs, uint32_t ubatch, int nth, double *max_dlp) {
     cJSON *jp = cJSON_GetObjectItem(cs, "prompt"), *jt = cJSON_GetObjectItem(cs, "tokens");
     cJSON *jl = cJSON_GetObjectItem(cs, "top_logsoftmax");
     const uint32_t np = (uint32_t)cJSON_GetArraySize(jp), nt = (uint32_t)cJSON_GetArraySize(jt);
@@ -146,20 +105,20 @@ static void run_case(ds_fx *f, cJSON *cs, uint32_t ubatch, int nth, double *max_
 
 static void test_reference_parity(void **st) {
     (void)st;
-    char *js = slurp(FIXTURE_REF);
+    char *js = tu_read_file(FIXTURE_REF);
     assert_non_null(js);
     cJSON *root = cJSON_Parse(js);
     assert_non_null(root);
     cJSON *cases = cJSON_GetObjectItem(root, "cases");
     assert_int_equal(cJSON_GetArraySize(cases), 3);
-    ds_fx f;
+    tu_fx f;
     ds_open(&f, 64); /* multi-block prompts: 300 and 700 tokens span 5 and 11 blocks */
     for (int i = 0; i < 3; i++) {
         double max_dlp = 0;
         run_case(&f, cJSON_GetArrayItem(cases, i), 512, 2, &max_dlp);
         fprintf(stderr, "deepseek2 fixture case %d: 32 tokens equal, max |dlogprob| %.5f\n", i, max_dlp);
     }
-    ds_close(&f);
+    tu_fx_close(&f);
     cJSON_Delete(root);
     free(js);
 }
@@ -170,7 +129,7 @@ static void test_reference_parity(void **st) {
  * chosen experts), with 1 and 2 threads and a chunk split mid-block (ubatch 13). */
 static void test_grouped_eq_per_token(void **st) {
     (void)st;
-    ds_fx f;
+    tu_fx f;
     ds_open(&f, 16);
     const uint32_t V = kvt_model_hparams(f.m)->n_vocab, N = 40;
     int32_t tok[40];
@@ -202,7 +161,7 @@ static void test_grouped_eq_per_token(void **st) {
         kvt_ctx_free(c);
     }
     free(full);
-    ds_close(&f);
+    tu_fx_close(&f);
 }
 
 /* Routing against a naive reference: every expert's probability computed, sorted by biased score
@@ -407,7 +366,7 @@ static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int
  * ~67: f32 accumulation; both round the latent row to f16 like the cache). */
 static void test_absorbed_vs_expanded_naive(void **st) {
     (void)st;
-    ds_fx f;
+    tu_fx f;
     ds_open(&f, 16);
     const kvt_hparams *hp = kvt_model_hparams(f.m);
     const uint32_t V = hp->n_vocab, N = 24;
@@ -434,7 +393,7 @@ static void test_absorbed_vs_expanded_naive(void **st) {
     kvt_seq_free(s);
     kvt_ctx_free(c);
     free(ref);
-    ds_close(&f);
+    tu_fx_close(&f);
 }
 
 int main(void) {

@@ -2,6 +2,7 @@
  * (tests/fixtures/qwen35-tiny.*), the delta-rule kernels (chunked form vs the token recurrence,
  * scalar vs AVX2), and decode == full recompute / chunking and thread invariance. */
 #include "testutil.h"
+#include "fixture_model.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -15,49 +16,6 @@
 #define FIX_GGUF "tests/fixtures/qwen35-tiny.gguf"
 #define FIX_REF "tests/fixtures/qwen35-tiny.ref.json"
 
-typedef struct qfx {
-    kvt_gguf *g;
-    kvt_model *m;
-    kvt_kv_layout *layout;
-    kvt_block_pool *pool;
-} qfx;
-
-static void qfx_open(qfx *f, const char *path, uint32_t block_tokens) {
-    char err[256];
-    memset(f, 0, sizeof *f);
-    if (kvt_gguf_open(path, &f->g, err, sizeof err) != KVT_OK) fail_msg("open: %s", err);
-    if (kvt_model_load(f->g, &f->m, err, sizeof err) != KVT_OK) fail_msg("load: %s", err);
-    const kvt_hparams *hp = kvt_model_hparams(f->m);
-    kvt_codec codecs[KVT_MAX_LAYERS];
-    kvt_layer_desc d[KVT_MAX_LAYERS];
-    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = (kvt_codec){.kind = KVT_CODEC_F16};
-    kvt_model_layer_descs(f->m, codecs, d);
-    if (kvt_kv_layout_create(d, hp->n_layer, block_tokens, (kvt_codec){.kind = KVT_CODEC_F16}, 0, &f->layout, err,
-                             sizeof err) != KVT_OK)
-        fail_msg("layout: %s", err);
-    f->pool = kvt_block_pool_create(f->layout, 0);
-    assert_non_null(f->pool);
-}
-
-static void qfx_close(qfx *f) {
-    kvt_block_pool_free(f->pool);
-    kvt_kv_layout_free(f->layout);
-    kvt_model_free(f->m);
-    kvt_gguf_free(f->g);
-}
-
-static char *read_all(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (fread(b, 1, (size_t)n, fp) != (size_t)n) n = 0;
-    b[n] = 0;
-    fclose(fp);
-    return b;
-}
 
 static uint32_t argmax(const float *x, uint32_t n) {
     uint32_t b = 0;
@@ -79,13 +37,13 @@ static double log_softmax_at(const float *x, uint32_t n, uint32_t k) {
 
 static void test_fixture_parity(void **st) {
     (void)st;
-    char *js = read_all(FIX_REF);
+    char *js = tu_read_file(FIX_REF);
     assert_non_null(js);
     cJSON *root = cJSON_Parse(js);
     assert_non_null(root);
     assert_string_equal(cJSON_GetObjectItem(root, "architecture")->valuestring, "qwen35");
-    qfx f;
-    qfx_open(&f, FIX_GGUF, 256);
+    tu_fx f;
+    tu_fx_open(&f, FIX_GGUF, 256);
     const kvt_hparams *hp = kvt_model_hparams(f.m);
     assert_int_equal(hp->arch, KVT_ARCH_QWEN35);
     kvt_ctx *c = NULL;
@@ -122,7 +80,7 @@ static void test_fixture_parity(void **st) {
     printf("qwen35 fixture: max |dlogprob| of the chosen token = %.2e\n", worst);
     assert_true(worst < 1e-3);
     kvt_ctx_free(c);
-    qfx_close(&f);
+    tu_fx_close(&f);
     cJSON_Delete(root);
     free(js);
 }
@@ -286,8 +244,8 @@ static void test_dn_conv(void **st) {
 
 /* Logits of every position: one prefill, token-by-token decode, odd ubatch, 1 vs 2 threads. */
 static void check_decode_eq_full(const char *path) {
-    qfx f;
-    qfx_open(&f, path, 16);
+    tu_fx f;
+    tu_fx_open(&f, path, 16);
     const uint32_t V = kvt_model_hparams(f.m)->n_vocab, n = 150;
     int32_t tok[150];
     uint64_t seed = 99;
@@ -317,7 +275,7 @@ static void check_decode_eq_full(const char *path) {
         kvt_ctx_free(c);
     }
     free(want);
-    qfx_close(&f);
+    tu_fx_close(&f);
 }
 
 static void test_decode_eq_full(void **st) {
@@ -336,12 +294,12 @@ static void test_gen_model_qwen35(void **st) {
         snprintf(path, sizeof path, "%s/m.gguf", dir);
         kvt_gen_model_opts o = {.arch = "qwen35", .shape = "tiny", .type = types[i], .seed = 3, .byte_vocab = true};
         if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model %s: %s", types[i], err);
-        qfx f;
-        qfx_open(&f, path, 16);
+        tu_fx f;
+        tu_fx_open(&f, path, 16);
         assert_int_equal(kvt_model_hparams(f.m)->arch, KVT_ARCH_QWEN35);
         for (uint32_t il = 0; il < 4; il++)
             assert_int_equal(kvt_kv_layout_layer(f.layout, il)->kind, il == 3 ? KVT_KIND_FULL : KVT_KIND_RECURRENT);
-        qfx_close(&f);
+        tu_fx_close(&f);
         if (i == 0) check_decode_eq_full(path);
         unlink(path);
     }
