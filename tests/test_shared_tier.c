@@ -327,8 +327,10 @@ static redisContext *redis_connect(int port) {
     return c;
 }
 
-/* Starts redis-server on a random loopback port in its own temp dir; fails the test without it. */
-static void redis_start(redis_proc *r) {
+/* Starts redis-server on a random loopback port (plain, for the test's own control connection)
+ * in its own temp dir, plus `extra` arguments (NULL-terminated; "@TLSPORT@" is replaced by
+ * port + 1); fails the test without it. */
+static void redis_start_args(redis_proc *r, const char *const *extra) {
     int found = system("command -v redis-server >/dev/null 2>&1");
     if (found != 0) fail_msg("redis-server is missing (scripts/install-deps installs it)");
     r->dir = tu_tmpdir("shared-redis");
@@ -346,8 +348,14 @@ static void redis_start(redis_proc *r) {
                 dup2(devnull, 1);
                 dup2(devnull, 2);
             }
-            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", r->dir, "--save", "",
-                   "--appendonly", "no", (char *)NULL);
+            const char *av[64] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", r->dir, "--save", "",
+                                  "--appendonly", "no"};
+            int ac = 11;
+            char tport[16];
+            snprintf(tport, sizeof tport, "%d", r->port + 1);
+            for (int k = 0; extra && extra[k] && ac < 63; k++) av[ac++] = strcmp(extra[k], "@TLSPORT@") ? extra[k] : tport;
+            av[ac] = NULL;
+            execvp("redis-server", (char *const *)av);
             _exit(127);
         }
         for (int i = 0; i < 100; i++) { /* up to 5 s */
@@ -370,9 +378,13 @@ static void redis_start(redis_proc *r) {
     fail_msg("redis-server did not start");
 }
 
+static void redis_start(redis_proc *r) { redis_start_args(r, NULL); }
+
 static void redis_stop(redis_proc *r) {
-    kill(r->pid, SIGKILL);
-    waitpid(r->pid, NULL, 0);
+    if (r->pid > 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
     if (system(cmd) != 0) { /* best effort */
@@ -530,7 +542,221 @@ static void test_unreachable_is_bounded(void **state) {
     fx_done(&a);
 }
 
-static void test_requires_ssd_and_plain_tcp(void **state) {
+/* ------------------------------------------------------------------ TLS (rediss://) */
+/* Certificates made by the openssl CLI: ca (signs server + client), wrongca (signs nothing we
+ * use), server cert for DNS:localhost + IP:127.0.0.1 (not 127.0.0.2), a client cert. */
+static char *make_certs(void) {
+    char *d = tu_tmpdir("shared-tls");
+    assert_non_null(d);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "set -e; cd '%s'; "
+             "k() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \"$@\" >/dev/null 2>&1; }; "
+             "k -x509 -keyout ca.key -out ca.crt -days 2 -subj /CN=test-ca; "
+             "k -x509 -keyout wrongca.key -out wrongca.crt -days 2 -subj /CN=wrong-ca; "
+             "k -keyout server.key -out server.csr -subj /CN=localhost; "
+             "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext; "
+             "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile san.ext >/dev/null 2>&1; "
+             "k -keyout client.key -out client.csr -subj /CN=kvtier; "
+             "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 >/dev/null 2>&1",
+             d);
+    if (system(cmd) != 0) fail_msg("openssl could not make test certificates");
+    return d;
+}
+
+typedef struct tls_fx {
+    redis_proc rp;
+    char *certs;
+    char f_ca[512], f_wrong[512], f_srv[512], f_srvkey[512], f_cli[512], f_clikey[512];
+} tls_fx;
+
+/* redis-server with a plain control port and a TLS port (port + 1) that requires client
+ * certificates; ACL user kvt / pw limited to kvtier:* keys and the commands kvtier sends. */
+static void tls_start(tls_fx *t) {
+    t->certs = make_certs();
+    snprintf(t->f_ca, sizeof t->f_ca, "%s/ca.crt", t->certs);
+    snprintf(t->f_wrong, sizeof t->f_wrong, "%s/wrongca.crt", t->certs);
+    snprintf(t->f_srv, sizeof t->f_srv, "%s/server.crt", t->certs);
+    snprintf(t->f_srvkey, sizeof t->f_srvkey, "%s/server.key", t->certs);
+    snprintf(t->f_cli, sizeof t->f_cli, "%s/client.crt", t->certs);
+    snprintf(t->f_clikey, sizeof t->f_clikey, "%s/client.key", t->certs);
+    const char *extra[] = {"--tls-port", "@TLSPORT@", "--tls-cert-file", t->f_srv, "--tls-key-file", t->f_srvkey,
+                           "--tls-ca-cert-file", t->f_ca, "--tls-auth-clients", "yes", "--bind", "127.0.0.1", "127.0.0.2",
+                           "--user", "kvt", "on", ">pw", "~kvtier:*", "+get", "+set", "+del", "+ping", "+auth", "+select",
+                           NULL};
+    redis_start_args(&t->rp, extra);
+}
+
+static void tls_stop(tls_fx *t) {
+    redis_stop(&t->rp);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->certs);
+    if (system(cmd) != 0) { /* best effort */
+    }
+    free(t->certs);
+}
+
+static kvt_shared *open_tls(fx *f, const tls_fx *t, const char *userinfo, const char *host, const char *ca, bool client_cert,
+                            bool insecure, uint32_t timeout_ms) {
+    char url[256];
+    snprintf(url, sizeof url, "rediss://%s%s:%d", userinfo, host, t->rp.port + 1);
+    kvt_shared_opts o;
+    kvt_shared_opts_default(&o);
+    o.url = url;
+    o.timeout_ms = timeout_ms;
+    o.tls_ca_file = ca;
+    o.tls_cert_file = client_cert ? t->f_cli : NULL;
+    o.tls_key_file = client_cert ? t->f_clikey : NULL;
+    o.tls_insecure = insecure;
+    kvt_shared *sh = NULL;
+    char err[256];
+    assert_int_equal(kvt_shared_create(&o, f->ssd, &sh, err, sizeof err), KVT_OK);
+    return sh;
+}
+
+/* One lookup of tok[0..n) into a fresh sequence of f: tokens appended (sequence freed). */
+static uint32_t lookup(fx *f, kvt_shared *sh, uint64_t root, const int32_t *tok, uint32_t n, double *ms) {
+    kvt_seq *dst = NULL;
+    assert_int_equal(kvt_seq_create(f->pool, root, &dst), KVT_OK);
+    double t0 = kvt_now_ms();
+    uint32_t got = kvt_shared_extend(sh, dst, tok, n);
+    if (ms) *ms = kvt_now_ms() - t0;
+    assert_int_equal(kvt_seq_len(dst), got);
+    kvt_seq_free(dst);
+    return got;
+}
+
+static void test_tls_live(void **state) {
+    (void)state;
+    tls_fx t;
+    tls_start(&t);
+    fx a, b;
+    fx_init(&a, COMPAT_A);
+    fx_init(&b, COMPAT_A);
+    int32_t tok[40];
+    gen_tokens(tok, 40, 11);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    kvt_shared_stats st;
+
+    /* verified TLS + ACL user + client certificate: A publishes, B fetches byte-identical blocks */
+    kvt_shared *sa = open_tls(&a, &t, "kvt:pw@", "127.0.0.1", t.f_ca, true, false, 2000);
+    kvt_shared *sb = open_tls(&b, &t, "kvt:pw@", "localhost", t.f_ca, true, false, 2000);
+    kvt_seq *src = build_seq(&a, root, tok, 40);
+    assert_int_equal(kvt_shared_publish_seq(sa, src), 3);
+    assert_true(kvt_shared_flush(sa, 10000));
+    kvt_shared_stats_get(sa, &st);
+    assert_int_equal(st.published_blocks, 3);
+    assert_int_equal(st.errors, 0);
+    kvt_seq *dst = NULL;
+    assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
+    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 39);
+    for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
+    kvt_seq_free(dst);
+    kvt_shared_stats_get(sb, &st);
+    assert_int_equal(st.errors, 0);
+    assert_string_equal(st.last_error, "");
+    /* the values really are in Redis under the ACL user's key space (plain control port) */
+    redisContext *rc = redis_connect(t.rp.port);
+    assert_non_null(rc);
+    redisReply *rep = redisCommand(rc, "DBSIZE");
+    assert_int_equal(rep->integer, 3);
+    freeReplyObject(rep);
+    redisFree(rc);
+    kvt_shared_free(sb);
+
+    /* a CA that did not sign the server: refused with a clear reason, bounded, breaker opens */
+    kvt_shared *sw = open_tls(&b, &t, "kvt:pw@", "127.0.0.1", t.f_wrong, true, false, 300);
+    for (int i = 0; i < 4; i++) {
+        double ms;
+        assert_int_equal(lookup(&b, sw, root, tok, 40, &ms), 0);
+        assert_true(ms < 1000.0);
+    }
+    kvt_shared_stats_get(sw, &st);
+    assert_non_null(strstr(st.last_error, "certificate verify failed"));
+    assert_int_equal(st.fetch_breaker, KVT_BREAKER_OPEN);
+    assert_int_equal(st.fetched_blocks, 0);
+    kvt_shared_free(sw);
+    /* ... unless explicitly asked to run unverified */
+    sw = open_tls(&b, &t, "kvt:pw@", "127.0.0.1", t.f_wrong, true, true, 2000);
+    assert_int_equal(lookup(&b, sw, root, tok, 40, NULL), 39);
+    kvt_shared_free(sw);
+    /* the right CA but a host name the certificate does not name (127.0.0.2 is not in its SAN) */
+    sw = open_tls(&b, &t, "kvt:pw@", "127.0.0.2", t.f_ca, true, false, 300);
+    assert_int_equal(lookup(&b, sw, root, tok, 40, NULL), 0);
+    kvt_shared_stats_get(sw, &st);
+    assert_non_null(strstr(st.last_error, "certificate verify failed"));
+    assert_non_null(strstr(st.last_error, "mismatch"));
+    kvt_shared_free(sw);
+    /* no client certificate: the server refuses the session */
+    sw = open_tls(&b, &t, "kvt:pw@", "127.0.0.1", t.f_ca, false, false, 300);
+    assert_int_equal(lookup(&b, sw, root, tok, 40, NULL), 0);
+    kvt_shared_stats_get(sw, &st);
+    assert_true(st.last_error[0] != 0);
+    kvt_shared_free(sw);
+    /* wrong password over TLS: AUTH refused, said so */
+    sw = open_tls(&b, &t, "kvt:nope@", "127.0.0.1", t.f_ca, true, false, 300);
+    assert_int_equal(lookup(&b, sw, root, tok, 40, NULL), 0);
+    kvt_shared_stats_get(sw, &st);
+    assert_non_null(strstr(st.last_error, "AUTH refused"));
+    kvt_shared_free(sw);
+    /* plain text to the TLS port: no reply a client could mistake for data */
+    char url[64];
+    snprintf(url, sizeof url, "redis://kvt:pw@127.0.0.1:%d", t.rp.port + 1);
+    kvt_shared_opts o;
+    kvt_shared_opts_default(&o);
+    o.url = url;
+    o.timeout_ms = 300;
+    char err[256];
+    assert_int_equal(kvt_shared_create(&o, b.ssd, &sw, err, sizeof err), KVT_OK);
+    assert_int_equal(lookup(&b, sw, root, tok, 40, NULL), 0);
+    kvt_shared_free(sw);
+    assert_int_equal(kvt_block_pool_used_bytes(b.pool), 0);
+
+    kvt_seq_free(src);
+    kvt_shared_free(sa);
+    fx_done(&a);
+    fx_done(&b);
+    tls_stop(&t);
+}
+
+/* A hung TLS server (SIGSTOP) costs a request at most its budget; a killed one fails at once. */
+static void test_tls_hung_and_killed(void **state) {
+    (void)state;
+    tls_fx t;
+    tls_start(&t);
+    fx a;
+    fx_init(&a, COMPAT_A);
+    int32_t tok[40];
+    gen_tokens(tok, 40, 12);
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    kvt_shared *sh = open_tls(&a, &t, "kvt:pw@", "127.0.0.1", t.f_ca, true, false, 300);
+    kvt_seq *src = build_seq(&a, root, tok, 40);
+    kvt_shared_publish_seq(sh, src);
+    assert_true(kvt_shared_flush(sh, 10000));
+    assert_int_equal(lookup(&a, sh, root, tok, 40, NULL), 39); /* connection established and used */
+    kill(t.rp.pid, SIGSTOP);
+    double ms;
+    assert_int_equal(lookup(&a, sh, root, tok, 40, &ms), 0);
+    assert_true(ms >= 250.0 && ms < 1000.0); /* the socket timeout = the remaining budget */
+    kill(t.rp.pid, SIGCONT);
+    kvt_shared_stats st;
+    kvt_shared_stats_get(sh, &st);
+    assert_int_equal(st.errors, 1);
+    assert_int_equal(lookup(&a, sh, root, tok, 40, NULL), 39); /* reconnects */
+    kill(t.rp.pid, SIGKILL);
+    waitpid(t.rp.pid, NULL, 0);
+    assert_int_equal(lookup(&a, sh, root, tok, 40, &ms), 0);
+    assert_true(ms < 250.0); /* EOF through the bridge at once, not the timeout */
+    kvt_shared_stats_get(sh, &st);
+    assert_int_equal(st.errors, 2);
+    kvt_seq_free(src);
+    kvt_shared_free(sh);
+    fx_done(&a);
+    t.rp.pid = -1; /* already reaped: redis_stop must not signal a recycled pid */
+    tls_stop(&t);
+}
+
+static void test_requires_ssd_and_tls_options(void **state) {
     (void)state;
     kvt_shared_opts o;
     kvt_shared_opts_default(&o);
@@ -541,8 +767,18 @@ static void test_requires_ssd_and_plain_tcp(void **state) {
     fx a;
     fx_init(&a, COMPAT_A);
     o.url = "rediss://127.0.0.1:1";
-    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err, "TLS"));
+    o.tls_ca_file = "/nonexistent/ca.pem"; /* an unreadable CA refuses to start, clearly */
+    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_IO);
+    assert_non_null(strstr(err, "/nonexistent/ca.pem"));
+    o.tls_ca_file = NULL;
+    o.tls_key_file = "/x.key"; /* a key without a certificate */
+    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_INVALID_ARG);
+    o.tls_key_file = NULL;
+    o.url = "redis://127.0.0.1:1"; /* TLS options on a plain URL: refused, not silently ignored */
+    o.tls_insecure = true;
+    assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "rediss://"));
+    o.tls_insecure = false;
     o.url = "memcached://x";
     assert_int_equal(kvt_shared_create(&o, a.ssd, &sh, err, sizeof err), KVT_ERR_INVALID_ARG);
     assert_null(sh);
@@ -556,7 +792,9 @@ int main(void) {
         cmocka_unit_test(test_key_format),
         cmocka_unit_test(test_breaker),
         cmocka_unit_test(test_record_round_trip_and_tamper),
-        cmocka_unit_test(test_requires_ssd_and_plain_tcp),
+        cmocka_unit_test(test_requires_ssd_and_tls_options),
+        cmocka_unit_test(test_tls_live),
+        cmocka_unit_test(test_tls_hung_and_killed),
         cmocka_unit_test(test_live_round_trip),
         cmocka_unit_test(test_unreachable_is_bounded),
     };

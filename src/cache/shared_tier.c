@@ -22,6 +22,7 @@
  *       equal the prompt's at that position.
  */
 #include "shared_tier.h"
+#include "tls_bridge.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SHARED_SEEN_SLOTS 65536u
 #define SHARED_BUSY_MAX_DEFER_MS 2000u
@@ -161,7 +163,9 @@ void kvt_shared_key(const char *compat_key, bool tail, uint32_t group, uint64_t 
 /* ------------------------------------------------------------------ connections */
 typedef struct rconn {
     redisContext *c;
+    kvt_tls_bridge *tls; /* rediss://: the TLS bridge behind c's socket (NULL on redis://) */
     kvt_breaker br;
+    char last_err[600];  /* last connect failure, logged once per change */
 } rconn;
 
 typedef struct pub_item {
@@ -175,6 +179,7 @@ struct kvt_shared {
     kvt_shared_opts o;
     kvt_shared_url url;
     kvt_ssd *ssd;
+    kvt_tls_ctx *tls; /* rediss:// only: verified TLS settings shared by both connections */
     const kvt_kv_layout *layout;
     uint32_t bt;
 
@@ -200,8 +205,21 @@ static struct timeval tv_ms(uint64_t ms) {
 }
 
 static void conn_drop(rconn *rc) {
-    if (rc->c) redisFree(rc->c);
+    if (rc->c) redisFree(rc->c); /* closes hiredis's end of the TLS bridge too */
     rc->c = NULL;
+    kvt_tls_bridge_close(rc->tls);
+    rc->tls = NULL;
+}
+
+/* Logs a connect failure when it differs from the previous one on this connection (the breaker
+ * bounds how often it is retried; an unchanged cause is not repeated). */
+static void conn_note_failure(kvt_shared *sh, rconn *rc, const char *what) {
+    pthread_mutex_lock(&sh->mu);
+    snprintf(sh->st.last_error, sizeof sh->st.last_error, "%s", what);
+    pthread_mutex_unlock(&sh->mu);
+    if (!strcmp(rc->last_err, what)) return;
+    snprintf(rc->last_err, sizeof rc->last_err, "%s", what);
+    KVT_WARN("shared tier: %s", what);
 }
 
 /* One argv command and its reply; NULL on an I/O or timeout error (context dropped). */
@@ -211,14 +229,47 @@ static redisReply *conn_cmd(rconn *rc, int argc, const char **argv, const size_t
     return r;
 }
 
+/* One connection-setup command (AUTH, SELECT, PING) that must answer +OK/+PONG; on anything else
+ * the reason is noted and the connection dropped. */
+static bool setup_cmd(kvt_shared *sh, rconn *rc, const char *what, int argc, const char **argv, const size_t *lens) {
+    redisReply *r = redisCommandArgv(rc->c, argc, argv, lens);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    if (!ok) {
+        char why[560];
+        if (r) snprintf(why, sizeof why, "%s refused: %.*s", what, (int)KVT_MIN(r->len, (size_t)200), r->str ? r->str : "");
+        else snprintf(why, sizeof why, "%s failed: %s%s", what, rc->c->errstr[0] ? rc->c->errstr : "connection lost",
+                      sh->tls ? " (over TLS: a refused client certificate looks like this)" : "");
+        conn_note_failure(sh, rc, why);
+    }
+    if (r) freeReplyObject(r);
+    if (!ok) conn_drop(rc);
+    return ok;
+}
+
 /* Connects (if needed) within budget_ms. False = unreachable (context dropped). */
 static bool conn_ensure(kvt_shared *sh, rconn *rc, uint64_t budget_ms) {
     if (rc->c) {
         redisSetTimeout(rc->c, tv_ms(budget_ms));
         return true;
     }
-    rc->c = redisConnectWithTimeout(sh->url.host, sh->url.port, tv_ms(budget_ms));
+    if (sh->tls) { /* rediss://: hiredis speaks RESP into the bridge; same timeouts as below */
+        char why[560];
+        int fd = -1;
+        if (kvt_tls_bridge_open(sh->tls, sh->url.host, sh->url.port, (uint32_t)KVT_MIN(budget_ms, (uint64_t)UINT32_MAX), &rc->tls,
+                                &fd, why, sizeof why) != KVT_OK) {
+            conn_note_failure(sh, rc, why);
+            return false;
+        }
+        rc->c = redisConnectFd(fd);
+        if (!rc->c) close(fd);
+    } else {
+        rc->c = redisConnectWithTimeout(sh->url.host, sh->url.port, tv_ms(budget_ms));
+    }
     if (!rc->c || rc->c->err) {
+        char why[560];
+        snprintf(why, sizeof why, "cannot connect to %s:%u: %s", sh->url.host, sh->url.port,
+                 rc->c && rc->c->errstr[0] ? rc->c->errstr : "out of memory");
+        conn_note_failure(sh, rc, why);
         conn_drop(rc);
         return false;
     }
@@ -231,28 +282,27 @@ static bool conn_ensure(kvt_shared *sh, rconn *rc, uint64_t budget_ms) {
             argv[1] = sh->url.password;
             lens[1] = lens[2];
         }
-        redisReply *r = conn_cmd(rc, argc, argv, lens);
-        bool ok = r && r->type == REDIS_REPLY_STATUS;
-        if (r && !ok) KVT_WARN("shared tier: AUTH refused: %.*s", (int)KVT_MIN(r->len, (size_t)200), r->str ? r->str : "");
-        if (r) freeReplyObject(r);
-        if (!ok) {
-            conn_drop(rc);
-            return false;
-        }
+        if (!setup_cmd(sh, rc, "AUTH", argc, argv, lens)) return false;
     }
     if (sh->url.db) {
         char db[16];
         snprintf(db, sizeof db, "%u", sh->url.db);
         const char *argv[2] = {"SELECT", db};
         size_t lens[2] = {6, strlen(db)};
-        redisReply *r = conn_cmd(rc, 2, argv, lens);
-        bool ok = r && r->type == REDIS_REPLY_STATUS;
-        if (r) freeReplyObject(r);
-        if (!ok) {
-            conn_drop(rc);
-            return false;
-        }
+        if (!setup_cmd(sh, rc, "SELECT", 2, argv, lens)) return false;
     }
+    if (sh->tls && !sh->url.password[0] && !sh->url.db) {
+        /* TLS 1.3 reports a refused client certificate only after the handshake: one PING makes
+         * that a connect failure with its reason instead of a silent error on the first GET */
+        const char *argv[1] = {"PING"};
+        size_t lens[1] = {4};
+        if (!setup_cmd(sh, rc, "PING", 1, argv, lens)) return false;
+    }
+    if (rc->last_err[0]) KVT_INFO("shared tier: connected to %s:%u again", sh->url.host, sh->url.port);
+    rc->last_err[0] = 0;
+    pthread_mutex_lock(&sh->mu);
+    sh->st.last_error[0] = 0;
+    pthread_mutex_unlock(&sh->mu);
     return true;
 }
 
@@ -635,11 +685,10 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
     kvt_shared_url u;
     kvt_status st = kvt_shared_url_parse(o->url, &u, err, errlen);
     if (st != KVT_OK) return st;
-    if (u.tls)
-        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
-                        "rediss:// (TLS) needs hiredis built with SSL (libhiredis_ssl); this build's hiredis %d.%d has none: "
-                        "reach Redis through a local TLS tunnel (stunnel, spiped) with redis://127.0.0.1:PORT",
-                        HIREDIS_MAJOR, HIREDIS_MINOR);
+    const bool tls_flags = o->tls_ca_file || o->tls_cert_file || o->tls_key_file || o->tls_insecure;
+    if (tls_flags && !u.tls)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "--shared-cache-tls-* options need a rediss:// URL (redis:// is plain text)");
     const kvt_kv_layout *layout = kvt_ssd_layout(ssd);
     if (kvt_kv_layout_n_groups(layout) != 1 || kvt_kv_layout_group_kind(layout, 0) != KVT_KIND_FULL ||
         kvt_kv_layout_state_bytes(layout) != 0)
@@ -654,8 +703,21 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
     if (!sh->o.queue_max_blocks) sh->o.queue_max_blocks = 1024;
     if (!sh->o.pipeline) sh->o.pipeline = 4;
     if (sh->o.pipeline > SHARED_MAX_PIPELINE) sh->o.pipeline = SHARED_MAX_PIPELINE;
+    sh->o.tls_ca_file = sh->o.tls_cert_file = sh->o.tls_key_file = NULL; /* not kept: borrowed */
     sh->url = u;
     sh->ssd = ssd;
+    if (u.tls) {
+        kvt_tls_opts to = {.ca_file = o->tls_ca_file, .cert_file = o->tls_cert_file, .key_file = o->tls_key_file,
+                           .insecure = o->tls_insecure};
+        st = kvt_tls_ctx_create(&to, &sh->tls, err, errlen);
+        if (st != KVT_OK) {
+            free(sh);
+            return st;
+        }
+        if (o->tls_insecure)
+            KVT_WARN("shared tier: TLS certificate verification is OFF (--shared-cache-tls-insecure): "
+                     "anyone on the path can read and replace cached KV");
+    }
     sh->layout = layout;
     sh->bt = kvt_kv_layout_block_tokens(sh->layout);
     kvt_breaker_init(&sh->fetch.br, SHARED_BREAKER_THRESHOLD, SHARED_BREAKER_BASE_MS, SHARED_BREAKER_MAX_MS);
@@ -670,9 +732,10 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
     }
     sh->started = true;
     if (!conn_ensure(sh, &sh->fetch, sh->o.timeout_ms))
-        KVT_WARN("shared tier: %s:%u is not reachable now; serving from local tiers and retrying later", u.host, u.port);
+        KVT_WARN("shared tier: %s:%u is not reachable now (cause above); serving from local tiers and retrying later", u.host,
+                 u.port);
     else
-        KVT_INFO("shared tier: connected to %s:%u db %u", u.host, u.port, u.db);
+        KVT_INFO("shared tier: connected to %s:%u db %u%s", u.host, u.port, u.db, u.tls ? " over TLS (verified)" : "");
     *out = sh;
     return KVT_OK;
 }
@@ -697,6 +760,7 @@ void kvt_shared_free(kvt_shared *sh) {
     pthread_cond_destroy(&sh->cv_idle);
     pthread_mutex_destroy(&sh->mu);
     free(sh->seen);
+    kvt_tls_ctx_free(sh->tls);
     memset(&sh->url, 0, sizeof sh->url); /* the password */
     free(sh);
 }

@@ -53,12 +53,18 @@ typedef struct kvt_shared_opts {
     uint64_t queue_max_bytes;  /* publish queue bound in record bytes; default 256 MiB */
     uint32_t queue_max_blocks; /* publish queue bound in blocks; default 1024 */
     uint32_t pipeline;         /* commands per pipelined round trip; default 4 */
+    /* rediss:// only (tls_bridge.h); the strings are borrowed for the duration of create */
+    const char *tls_ca_file;   /* CA bundle for the server certificate; NULL = system store */
+    const char *tls_cert_file; /* client certificate (mutual TLS), or NULL */
+    const char *tls_key_file;  /* its key (NULL = inside tls_cert_file) */
+    bool tls_insecure;         /* no certificate / host name verification (explicit opt-in) */
 } kvt_shared_opts;
 void kvt_shared_opts_default(kvt_shared_opts *o);
 
-/* Validates the URL, tries one connection (a failure only warns: the tier retries later through
- * its breaker) and starts the publisher. Errors: INVALID_ARG (URL), UNSUPPORTED (rediss:// with a
- * hiredis built without TLS), NOMEM. */
+/* Validates the URL, loads the TLS settings (rediss://), tries one connection (a failure only
+ * warns: the tier retries later through its breaker) and starts the publisher. Errors: INVALID_ARG
+ * (URL, TLS options without rediss://), IO (a CA / client certificate / key that cannot be loaded),
+ * UNSUPPORTED (layout), NOMEM. */
 kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared **out, char *err, size_t errlen);
 /* Stops the publisher after its current batch; queued blocks are released (counted as dropped). */
 void kvt_shared_free(kvt_shared *sh);
@@ -99,6 +105,8 @@ typedef struct kvt_shared_stats {
     kvt_breaker_state fetch_breaker, publish_breaker;
     uint64_t breaker_opens;                 /* both breakers */
     double fetch_ms_last;
+    char last_error[200];                   /* the latest connect failure of either connection
+                                               ("" after a success): TLS verification, AUTH, … */
 } kvt_shared_stats;
 void kvt_shared_stats_get(kvt_shared *sh, kvt_shared_stats *out);
 

@@ -29,8 +29,12 @@ const char kvt_engine_flags_help[] =
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
     "      --ssd-cache-verify    re-verify every payload checksum at startup (restore always checks)\n"
-    "      --shared-cache URL    shared block tier across servers: redis://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
+    "      --shared-cache URL    shared block tier across servers: redis[s]://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
     "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
+    "      --shared-cache-tls-ca FILE    rediss://: CA bundle (PEM) the Redis certificate must chain to (default: system store)\n"
+    "      --shared-cache-tls-cert FILE  rediss://: client certificate (PEM) for mutual TLS\n"
+    "      --shared-cache-tls-key FILE   rediss://: its private key (default: inside the certificate file)\n"
+    "      --shared-cache-tls-insecure   rediss:// WITHOUT certificate or host name verification (testing only)\n"
     "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
 
 const char kvt_sampling_flags_help[] =
@@ -99,6 +103,10 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
         g_ssd_subflags |= 4;
     } else if (kvt_args_is(a, NULL, "--shared-cache")) o->shared_url = kvt_args_str(a);
     else if (kvt_args_is(a, NULL, "--shared-cache-timeout-ms")) o->shared_timeout_ms = kvt_args_u32(a, 1, 60000);
+    else if (kvt_args_is(a, NULL, "--shared-cache-tls-ca")) o->shared_tls_ca = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--shared-cache-tls-cert")) o->shared_tls_cert = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--shared-cache-tls-key")) o->shared_tls_key = kvt_args_str(a);
+    else if (kvt_args_flag(a, NULL, "--shared-cache-tls-insecure")) o->shared_tls_insecure = true;
     else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
     else return false;
     return true;

@@ -375,6 +375,10 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_shared_opts_default(&sho);
         sho.url = o->shared_url;
         if (o->shared_timeout_ms) sho.timeout_ms = o->shared_timeout_ms;
+        sho.tls_ca_file = o->shared_tls_ca;
+        sho.tls_cert_file = o->shared_tls_cert;
+        sho.tls_key_file = o->shared_tls_key;
+        sho.tls_insecure = o->shared_tls_insecure;
         st = kvt_shared_create(&sho, e->ssd, &e->shared, err, errlen);
         if (st) goto fail;
     }

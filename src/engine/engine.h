@@ -39,6 +39,8 @@ typedef struct kvt_engine_opts {
     bool ssd_verify;            /* --ssd-cache-verify: check every payload checksum at startup */
     const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
     uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
+    const char *shared_tls_ca, *shared_tls_cert, *shared_tls_key; /* rediss:// (docs/shared-tier.md) */
+    bool shared_tls_insecure;   /* rediss:// without certificate verification (explicit opt-in) */
     const char *chat_template;  /* override, NULL = detect */
 } kvt_engine_opts;
 
