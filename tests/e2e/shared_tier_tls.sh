@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# shared_tier_tls.sh — end-to-end test of the shared tier over TLS (rediss://, issue 17): one
+# redis-server with TLS only (--port 0), client certificates required, ACL users (default off;
+# kvtier's user limited to kvtier:* and the commands it sends), certificates made here with the
+# openssl CLI. Two kvtier servers A and B: B reuses A's prefix over verified TLS (output identical
+# to a cold run); a server given the wrong CA refuses the connection with a clear error and keeps
+# serving from its own tiers; the TLS redis killed mid-request, then restarted (breaker closes).
+# Every wait is bounded; the trap kills every process this script started.
+set -u
+BUILD=${BUILD:-build}
+KV=${KV:-$BUILD/kvtier}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-shtls-XXXXXX")
+PIDS=()
+REDIS_PID=""
+cleanup() {
+  for p in "${PIDS[@]}" $REDIS_PID; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f (tail)"; tail -15 "$f"; }; done
+  exit 1
+}
+ok() { echo "ok: $*"; }
+[ -x "$KV" ] || fail "$KV not built"
+for c in python3 curl openssl redis-server redis-cli; do
+  command -v $c >/dev/null || fail "$c missing (scripts/install-deps installs it)"
+done
+
+# ------------------------------------------------------------------ certificates (openssl CLI)
+C=$TMP/certs
+mkdir -p "$C"
+(
+  set -e
+  cd "$C"
+  k() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "$@" >/dev/null 2>&1; }
+  k -x509 -keyout ca.key -out ca.crt -days 2 -subj /CN=kvtier-test-ca
+  k -x509 -keyout wrongca.key -out wrongca.crt -days 2 -subj /CN=someone-else
+  k -keyout server.key -out server.csr -subj /CN=localhost
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >san.ext
+  openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile san.ext >/dev/null 2>&1
+  k -keyout client.key -out client.csr -subj /CN=kvtier
+  openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 >/dev/null 2>&1
+) || fail "openssl could not make certificates"
+
+rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
+RPORT=$(rport)
+RDIR=$TMP/redis
+mkdir -p "$RDIR"
+rc() { redis-cli --tls --cacert "$C/ca.crt" --cert "$C/client.crt" --key "$C/client.key" -p "$RPORT" --user admin --pass adminpw --no-auth-warning "$@"; }
+redis_start() {
+  redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
+    --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
+    --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
+    --user kvt on '>kvt-pw' '~kvtier:*' +get +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
+  REDIS_PID=$!
+  local i
+  for i in $(seq 1 100); do
+    rc ping 2>/dev/null | grep -q PONG && return 0
+    kill -0 "$REDIS_PID" 2>/dev/null || fail "redis-server exited at start (built without TLS?)"
+    sleep 0.1
+  done
+  fail "redis-server not ready in 10 s"
+}
+
+MODEL=$TMP/m.gguf
+"$KV" gen-model --arch llama --shape tiny --type f16 -o "$MODEL" >/dev/null 2>&1 || fail "gen-model failed"
+URL="rediss://kvt:kvt-pw@127.0.0.1:$RPORT"
+TLSARGS=(--shared-cache-tls-ca "$C/ca.crt" --shared-cache-tls-cert "$C/client.crt" --shared-cache-tls-key "$C/client.key")
+
+# srv NAME ARGS... -> sets PORT_<NAME>, PID_<NAME>
+srv() {
+  local name=$1 try port i pid
+  shift
+  for try in 1 2 3 4 5; do
+    port=$(rport)
+    "$KV" serve -m "$MODEL" --port "$port" --block-tokens 16 --ssd-cache "$TMP/ssd-$name" "$@" >"$TMP/$name.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 300); do
+      kill -0 "$pid" 2>/dev/null || break
+      grep -q "^listening on" "$TMP/$name.log" && { PIDS+=("$pid"); eval "PORT_$name=$port PID_$name=$pid"; return 0; }
+      sleep 0.2
+    done
+    kill -0 "$pid" 2>/dev/null && fail "server $name not ready in 60 s"
+    grep -q "cannot listen" "$TMP/$name.log" || fail "server $name exited at start"
+  done
+  fail "no free port for $name"
+}
+stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"; }
+
+PROMPT=$(python3 -c 'print(",".join(str(10 + (i * 37) % 240) for i in range(200)))')
+NP=200
+req() { # PORT OUTFILE [PROMPT_PREFIX]
+  curl -s --max-time 60 -o "$2" -X POST -H 'Content-Type: application/json' \
+    --data-binary "{\"prompt\":[${3:-}$PROMPT],\"max_tokens\":${MAXTOK:-8},\"temperature\":0}" "http://127.0.0.1:$1/v1/completions"
+}
+field() { python3 -c "import json,sys; j=json.load(open('$1')); print($2)"; }
+stats() { curl -s --max-time 10 "http://127.0.0.1:$1/stats" >"$TMP/stats.json"; field "$TMP/stats.json" "$2"; }
+
+redis_start
+# ------------------------------------------------------------------ cold reference (no shared tier)
+srv C
+req "$PORT_C" "$TMP/cold.json" || fail "cold request"
+COLD=$(field "$TMP/cold.json" "j['choices'][0]['text']")
+MAXTOK=64 req "$PORT_C" "$TMP/cold64.json" 1, || fail "cold 64-token request"
+COLD64=$(field "$TMP/cold64.json" "j['choices'][0]['text']")
+stop_srv C
+ok "cold reference"
+
+# ------------------------------------------------------------------ A computes, B reuses over verified TLS
+srv A --shared-cache "$URL" "${TLSARGS[@]}"
+grep -q "over TLS (verified)" "$TMP/A.log" || fail "A did not report a verified TLS connection"
+srv B --shared-cache "$URL" "${TLSARGS[@]}"
+req "$PORT_A" "$TMP/a.json" || fail "A request"
+[ "$(field "$TMP/a.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "A output differs from cold"
+for i in $(seq 1 100); do
+  [ "$(stats "$PORT_A" "j['shared_cache']['queue_blocks']")" = 0 ] && [ "$(stats "$PORT_A" "j['shared_cache']['published_blocks']")" -ge 12 ] && break
+  sleep 0.1
+done
+PUB=$(stats "$PORT_A" "j['shared_cache']['published_blocks']")
+[ "$PUB" -ge 12 ] || fail "A published only $PUB blocks over TLS"
+KEYS=$(rc --scan --pattern 'kvtier:v1:*' | wc -l)
+[ "$KEYS" -ge 12 ] || fail "only $KEYS keys in redis"
+req "$PORT_B" "$TMP/b.json" || fail "B request"
+[ "$(field "$TMP/b.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "B output differs from cold"
+CT=$(field "$TMP/b.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
+[ "$CT" -ge $((NP - 1)) ] || fail "B reused $CT tokens over TLS, want >= $((NP - 1))"
+[ "$(stats "$PORT_B" "j['shared_cache']['errors']")" = 0 ] || fail "B counted errors"
+ok "B reused $CT/$NP tokens from A over rediss:// (ACL user, client cert, verified CA); output identical to cold"
+stop_srv B
+
+# ------------------------------------------------------------------ wrong CA: refused, clear error, serving continues
+srv W --shared-cache "$URL" --shared-cache-tls-ca "$C/wrongca.crt" --shared-cache-tls-cert "$C/client.crt" --shared-cache-tls-key "$C/client.key" \
+  --shared-cache-timeout-ms 300
+grep -q "certificate verify failed" "$TMP/W.log" || fail "wrong CA: no clear 'certificate verify failed' error in the log"
+req "$PORT_W" "$TMP/w.json" || fail "W request"
+[ "$(field "$TMP/w.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "W output differs from cold"
+[ "$(field "$TMP/w.json" "j['usage']['prompt_tokens_details']['cached_tokens']")" = 0 ] || fail "W reused blocks through an unverified server"
+[ "$(stats "$PORT_W" "j['shared_cache']['fetched_blocks']")" = 0 ] || fail "W fetched blocks"
+req "$PORT_W" "$TMP/w2.json" || fail "W second request"
+[ "$(field "$TMP/w2.json" "j['usage']['prompt_tokens_details']['cached_tokens']")" -ge $((NP - 1)) ] || fail "W's own RAM tier not used"
+ok "wrong CA: connection refused ($(grep -m1 -o 'certificate verify failed[^;)]*' "$TMP/W.log")), served from own tiers"
+stop_srv W
+# no CA option: the system store does not know the test CA either -> refused, never unverified
+srv V --shared-cache "$URL" --shared-cache-tls-cert "$C/client.crt" --shared-cache-tls-key "$C/client.key" --shared-cache-timeout-ms 300
+grep -q "certificate verify failed" "$TMP/V.log" || fail "no CA given: the connection was not refused"
+stop_srv V
+# a CA file that does not exist: the server refuses to start
+if "$KV" serve -m "$MODEL" --port "$(rport)" --ssd-cache "$TMP/ssd-X" --shared-cache "$URL" --shared-cache-tls-ca "$TMP/nope.crt" >"$TMP/X.log" 2>&1; then
+  fail "started with a missing CA file"
+fi
+grep -q "nope.crt" "$TMP/X.log" || fail "missing CA file: no clear error"
+ok "missing CA file refuses to start; no CA = system store, still verified"
+
+# ------------------------------------------------------------------ TLS redis killed mid-request, then restarted
+srv E --shared-cache "$URL" "${TLSARGS[@]}" --shared-cache-timeout-ms 300
+( sleep 0.05; kill -KILL "$REDIS_PID" ) &
+KILLER=$!
+MAXTOK=64 req "$PORT_E" "$TMP/e.json" 1, || fail "E request while redis dies"
+wait "$KILLER"
+wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""
+[ "$(field "$TMP/e.json" "j['choices'][0]['text']")" = "$COLD64" ] || fail "E output differs from cold when redis died"
+for i in 2 3 4 5; do
+  T0=$(date +%s%N)
+  req "$PORT_E" "$TMP/e2.json" "$i," || fail "E request with redis down"
+  T1=$(date +%s%N)
+  field "$TMP/e2.json" "j['choices'][0]['text']" >/dev/null || fail "E bad response with redis down"
+done
+[ "$(stats "$PORT_E" "j['shared_cache']['errors'] >= 1")" = True ] || fail "errors not counted with TLS redis down"
+[ "$(stats "$PORT_E" "j['shared_cache']['breaker_opens'] >= 1")" = True ] || fail "breaker did not open"
+ok "TLS redis killed mid-request: served correctly, breaker opened"
+redis_start
+sleep 2.2 # > breaker base back-off: the next request is the half-open probe
+req "$PORT_E" "$TMP/e3.json" 9, || fail "E after restart"
+for i in $(seq 1 50); do
+  [ "$(stats "$PORT_E" "j['shared_cache']['fetch_breaker']")" = closed ] && break
+  sleep 0.1
+done
+[ "$(stats "$PORT_E" "j['shared_cache']['fetch_breaker']")" = closed ] || fail "breaker did not close after the TLS redis restarted"
+ok "TLS redis restarted: reconnected, breaker closed"
+stop_srv E
+stop_srv A
+echo "shared_tier_tls: all ok"
