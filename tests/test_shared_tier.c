@@ -428,7 +428,7 @@ static void test_live_round_trip(void **state) {
     /* B: prompt = the 40 tokens -> 39 reused (cap n-1): 2 full blocks + 7 of the tail */
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 39);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 39);
     assert_int_equal(kvt_seq_len(dst), 39);
     for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
     kvt_seq_free(dst);
@@ -437,11 +437,11 @@ static void test_live_round_trip(void **state) {
     memcpy(tok2, tok, sizeof tok2);
     tok2[32 + 5] ^= 1;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok2, 72), 37);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok2, 72), 37);
     kvt_seq_free(dst);
     /* another namespace (other root) finds nothing */
     assert_int_equal(kvt_seq_create(b.pool, kvt_root_hash(COMPAT_A, "tenant-2"), &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 0);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.hits, 2);
@@ -466,7 +466,7 @@ static void test_live_round_trip(void **state) {
     assert_non_null(rep);
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     rep = redisCommand(rc, "EXISTS %s", k0);
     assert_int_equal(rep->integer, 0); /* deleted */
@@ -474,7 +474,7 @@ static void test_live_round_trip(void **state) {
     rep = redisCommand(rc, "SET %s %s", k0, "not a record");
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.corrupt, 2);
@@ -484,7 +484,7 @@ static void test_live_round_trip(void **state) {
     rep = redisCommand(rc, "HSET %s f v", k0); /* wrong type under our key: an error reply, a miss */
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok3, 40), 0);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.errors, 1);
@@ -519,7 +519,7 @@ static void test_unreachable_is_bounded(void **state) {
         kvt_seq *dst = NULL;
         assert_int_equal(kvt_seq_create(a.pool, root, &dst), KVT_OK);
         double t0 = kvt_now_ms();
-        assert_int_equal(kvt_shared_extend(sh, dst, tok, 40), 0);
+        assert_int_equal(kvt_shared_extend(sh, &dst, tok, 40), 0);
         assert_true(kvt_now_ms() - t0 < 1000.0);
         assert_int_equal(kvt_seq_len(dst), 0);
         kvt_seq_free(dst);
@@ -619,7 +619,7 @@ static uint32_t lookup(fx *f, kvt_shared *sh, uint64_t root, const int32_t *tok,
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(f->pool, root, &dst), KVT_OK);
     double t0 = kvt_now_ms();
-    uint32_t got = kvt_shared_extend(sh, dst, tok, n);
+    uint32_t got = kvt_shared_extend(sh, &dst, tok, n);
     if (ms) *ms = kvt_now_ms() - t0;
     assert_int_equal(kvt_seq_len(dst), got);
     kvt_seq_free(dst);
@@ -649,7 +649,7 @@ static void test_tls_live(void **state) {
     assert_int_equal(st.errors, 0);
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, dst, tok, 40), 39);
+    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 39);
     for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);

@@ -40,6 +40,7 @@
 #define SHARED_BREAKER_BASE_MS 1000u
 #define SHARED_BREAKER_MAX_MS 30000u
 #define SHARED_MAX_PIPELINE 64u
+#define SHARED_SNAP_GROUP 0xFFFFFFFFu /* the seen set's "group" of snapshots */
 
 /* ------------------------------------------------------------------ URL */
 static int hexval(int c) {
@@ -153,6 +154,12 @@ kvt_status kvt_shared_url_parse(const char *url, kvt_shared_url *u, char *err, s
     return KVT_OK;
 }
 
+void kvt_shared_snapshot_key(const char *compat_key, uint64_t chain, char out[KVT_SHARED_KEY_MAX]) {
+    char cdir[33];
+    kvt_ssd_compat_dir(compat_key, cdir);
+    snprintf(out, KVT_SHARED_KEY_MAX, "kvtier:v1:%s:s:%016llx", cdir, (unsigned long long)chain);
+}
+
 void kvt_shared_key(const char *compat_key, bool tail, uint32_t group, uint64_t hash, char out[KVT_SHARED_KEY_MAX]) {
     char cdir[33];
     kvt_ssd_compat_dir(compat_key, cdir);
@@ -170,7 +177,8 @@ typedef struct rconn {
 
 typedef struct pub_item {
     struct pub_item *next;
-    kvt_block *b;
+    kvt_block *b;      /* a block or frozen tail, or NULL for ... */
+    kvt_snapshot *snap; /* ... a recurrent-state snapshot */
     uint64_t bytes;
     uint64_t t_enq_ms;
 } pub_item;
@@ -182,6 +190,7 @@ struct kvt_shared {
     kvt_tls_ctx *tls; /* rediss:// only: verified TLS settings shared by both connections */
     const kvt_kv_layout *layout;
     uint32_t bt;
+    bool recurrent; /* the layout has RECURRENT layers: snapshots travel too */
 
     rconn fetch, pub; /* invariant (1) */
 
@@ -331,31 +340,48 @@ static bool drop_bad_key(kvt_shared *sh, const char *key) {
     return r != NULL; /* false: the connection was dropped */
 }
 
+/* Counts one error reply (e.g. a wrong type under our key): a miss. */
+static void count_error_reply(kvt_shared *sh) {
+    pthread_mutex_lock(&sh->mu);
+    sh->st.errors++;
+    pthread_mutex_unlock(&sh->mu);
+}
+static void count_corrupt(kvt_shared *sh, const char *key, const char *why) {
+    KVT_WARN("shared tier: value %s failed verification (%s); deleting it", key, why);
+    pthread_mutex_lock(&sh->mu);
+    sh->st.corrupt++;
+    pthread_mutex_unlock(&sh->mu);
+}
+
+/* Verifies one reply for (kind, expect, index): the decoded sealed block (caller owns it) or NULL
+ * (miss, error reply, no pool memory, or a bad value: then *bad = delete it). */
+static kvt_block *decode_reply(kvt_shared *sh, redisReply *r, const char *key, uint32_t kind, uint64_t expect, uint32_t index,
+                               bool *bad) {
+    *bad = false;
+    if (!r || r->type == REDIS_REPLY_NIL) return NULL;
+    if (r->type != REDIS_REPLY_STRING) {
+        count_error_reply(sh);
+        return NULL;
+    }
+    char why[160] = {0};
+    kvt_block *b = NULL;
+    kvt_status st = kvt_ssd_record_decode(sh->ssd, (uint8_t *)r->str, r->len, kind, expect, 0, index, &b, why, sizeof why);
+    if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) return NULL;
+    if (st != KVT_OK) {
+        count_corrupt(sh, key, why);
+        *bad = true;
+        return NULL;
+    }
+    return b;
+}
+
 /* Verifies one reply for (kind, expect, index) and appends its block to seq when its tokens match
  * prompt[index*bt ..] (capped at n-1). Returns the tokens appended (0 = miss or bad value; *bad =
  * the value failed verification and should be deleted). */
 static uint32_t take_reply(kvt_shared *sh, kvt_seq *seq, redisReply *r, const char *key, uint32_t kind, uint64_t expect,
                            uint32_t index, const int32_t *prompt, uint32_t n, bool *bad) {
-    *bad = false;
-    if (!r || r->type == REDIS_REPLY_NIL) return 0;
-    if (r->type != REDIS_REPLY_STRING) { /* an error reply: e.g. wrong type under our key */
-        pthread_mutex_lock(&sh->mu);
-        sh->st.errors++;
-        pthread_mutex_unlock(&sh->mu);
-        return 0;
-    }
-    char why[160] = {0};
-    kvt_block *b = NULL;
-    kvt_status st = kvt_ssd_record_decode(sh->ssd, (uint8_t *)r->str, r->len, kind, expect, 0, index, &b, why, sizeof why);
-    if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) return 0;
-    if (st != KVT_OK) {
-        KVT_WARN("shared tier: value %s failed verification (%s); deleting it", key, why);
-        pthread_mutex_lock(&sh->mu);
-        sh->st.corrupt++;
-        pthread_mutex_unlock(&sh->mu);
-        *bad = true;
-        return 0;
-    }
+    kvt_block *b = decode_reply(sh, r, key, kind, expect, index, bad);
+    if (!b) return 0;
     const uint32_t pos = index * sh->bt, m = kvt_block_n_tokens(b);
     const uint32_t avail = n - 1 - pos; /* > 0: callers only ask for positions below n-1 */
     const int32_t *t = kvt_block_tokens(b);
@@ -380,18 +406,9 @@ static uint32_t take_reply(kvt_shared *sh, kvt_seq *seq, redisReply *r, const ch
     return use;
 }
 
-uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n) {
-    if (!sh || !seq) return 0;
+/* FULL-attention layouts: extends seq in place (FULL groups trim at any position). Returns io_ok. */
+static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n, uint64_t deadline, bool io_ok) {
     const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
-    if (L0 % bt || L0 + 1 >= n) return 0;
-    const uint64_t t0 = now_ms(), deadline = t0 + sh->o.timeout_ms;
-    pthread_mutex_lock(&sh->mu);
-    bool allowed = kvt_breaker_allow(&sh->fetch.br, t0);
-    if (allowed) sh->st.lookups++;
-    else sh->st.skipped++;
-    pthread_mutex_unlock(&sh->mu);
-    if (!allowed) return 0;
-    bool io_ok = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
     const char *compat = kvt_ssd_compat(sh->ssd);
     const uint32_t P = sh->o.pipeline;
     char keys[SHARED_MAX_PIPELINE][KVT_SHARED_KEY_MAX];
@@ -454,6 +471,200 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, 
             }
         }
     }
+    return io_ok;
+}
+
+/* Recurrent layouts: the state has no trim, so a prefix is usable only where a snapshot of it
+ * exists. Fetches the prompt's next full blocks and the tail after them (all verified, their tokens
+ * equal to the prompt's, ending at or before n-1), then the snapshot at the longest of those ends
+ * that has one (the tail's end, then block ends, longest first). Only when one verified, a new
+ * sequence is built from seq's blocks, the fetched ones up to that end and the state, and replaces
+ * *seqp; otherwise *seqp is untouched. Returns io_ok. */
+static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt, uint32_t n, uint64_t deadline) {
+    kvt_seq *seq = *seqp;
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq), i0 = L0 / bt, lim = n - 1;
+    const char *compat = kvt_ssd_compat(sh->ssd);
+    const uint32_t P = sh->o.pipeline, cap = lim / bt - i0 + 1;
+    const size_t sbytes = kvt_kv_layout_state_bytes(sh->layout);
+    kvt_block **got = calloc(cap, sizeof *got);
+    size_t *glen = calloc(cap, sizeof *glen);
+    uint8_t *state = malloc(sbytes);
+    bool io_ok = got && glen && state;
+    if (!io_ok) {
+        free(got);
+        free(glen);
+        free(state);
+        return true; /* no memory is not Redis's fault */
+    }
+    char keys[SHARED_MAX_PIPELINE][KVT_SHARED_KEY_MAX];
+    uint64_t chains[SHARED_MAX_PIPELINE];
+    bool bad[SHARED_MAX_PIPELINE];
+    uint32_t k = 0;
+    bool stop = false;
+    uint64_t parent = i0 == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, i0 - 1);
+    /* full blocks ending at or before n-1 */
+    while (io_ok && !stop && (i0 + k + 1) * bt <= lim) {
+        uint64_t now = now_ms();
+        if (now >= deadline) break;
+        redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
+        uint32_t w = 0;
+        uint64_t pp = parent;
+        for (; w < P && (i0 + k + w + 1) * bt <= lim; w++) {
+            chains[w] = kvt_chain_hash(pp, prompt + (size_t)(i0 + k + w) * bt, bt);
+            pp = chains[w];
+            bad[w] = false;
+            kvt_shared_key(compat, false, 0, chains[w], keys[w]);
+            const char *argv[2] = {"GET", keys[w]};
+            size_t lens[2] = {3, strlen(keys[w])};
+            if (redisAppendCommandArgv(sh->fetch.c, 2, argv, lens) != REDIS_OK) {
+                io_ok = false;
+                break;
+            }
+        }
+        for (uint32_t j = 0; j < w && io_ok; j++) {
+            void *rv = NULL;
+            if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
+                io_ok = false;
+                break;
+            }
+            redisReply *r = rv;
+            if (!stop) { /* replies in key order; after the first miss the rest are drained */
+                kvt_block *b = decode_reply(sh, r, keys[j], KVT_SSD_KIND_BLOCK, chains[j], i0 + k, &bad[j]);
+                if (b && !memcmp(kvt_block_tokens(b), prompt + (size_t)(i0 + k) * bt, (size_t)bt * 4)) {
+                    got[k] = b;
+                    glen[k] = r->len;
+                    k++;
+                    parent = chains[j];
+                } else {
+                    if (b) kvt_block_release(b);
+                    stop = true;
+                }
+            }
+            freeReplyObject(r);
+        }
+        for (uint32_t j = 0; j < w && io_ok; j++)
+            if (bad[j] && !drop_bad_key(sh, keys[j])) io_ok = false;
+    }
+    /* the frozen tail after them, used whole only (no trim) */
+    kvt_block *tail = NULL;
+    size_t tlen = 0;
+    if (io_ok && (i0 + k) * bt + 1 <= lim && now_ms() < deadline) {
+        redisSetTimeout(sh->fetch.c, tv_ms(deadline - now_ms()));
+        kvt_shared_key(compat, true, 0, parent, keys[0]);
+        const char *argv[2] = {"GET", keys[0]};
+        size_t lens[2] = {3, strlen(keys[0])};
+        redisReply *r = conn_cmd(&sh->fetch, 2, argv, lens);
+        if (!r) io_ok = false;
+        else {
+            kvt_block *b = decode_reply(sh, r, keys[0], KVT_SSD_KIND_TAIL, parent, i0 + k, &bad[0]);
+            uint32_t m = b ? kvt_block_n_tokens(b) : 0;
+            if (b && (i0 + k) * bt + m <= lim && !memcmp(kvt_block_tokens(b), prompt + (size_t)(i0 + k) * bt, (size_t)m * 4)) {
+                tail = b;
+                tlen = r->len;
+            } else if (b) {
+                kvt_block_release(b);
+            }
+            freeReplyObject(r);
+            if (bad[0] && !drop_bad_key(sh, keys[0])) io_ok = false;
+        }
+    }
+    /* the snapshot at the longest end that has one: c = -1 the tail's end, c >= 0 block end k-c */
+    bool found = false, use_tail = false;
+    uint32_t use_blocks = 0;
+    size_t slen = 0;
+    for (int c = tail ? -1 : 0; io_ok && !found; c++) {
+        const uint32_t nblk = c < 0 ? k : k - (uint32_t)c;
+        if (c >= 0 && nblk == 0) break;
+        const uint64_t chain = c < 0 ? kvt_block_hash(tail) : kvt_block_hash(got[nblk - 1]);
+        const uint32_t pos = c < 0 ? (i0 + k) * bt + kvt_block_n_tokens(tail) : (i0 + nblk) * bt;
+        uint64_t now = now_ms();
+        if (now >= deadline) break;
+        redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
+        kvt_shared_snapshot_key(compat, chain, keys[0]);
+        const char *argv[2] = {"GET", keys[0]};
+        size_t lens[2] = {3, strlen(keys[0])};
+        redisReply *r = conn_cmd(&sh->fetch, 2, argv, lens);
+        if (!r) {
+            io_ok = false;
+            break;
+        }
+        bool drop = false;
+        if (r->type == REDIS_REPLY_STRING) {
+            char why[160] = {0};
+            kvt_status st = kvt_ssd_snapshot_record_decode(sh->ssd, (uint8_t *)r->str, r->len, chain, pos, state, why, sizeof why);
+            if (st == KVT_OK) {
+                found = true;
+                use_blocks = nblk;
+                use_tail = c < 0;
+                slen = r->len;
+            } else if (st != KVT_ERR_NOMEM) {
+                count_corrupt(sh, keys[0], why);
+                drop = true;
+            }
+        } else if (r->type != REDIS_REPLY_NIL) {
+            count_error_reply(sh);
+        }
+        freeReplyObject(r);
+        if (drop && !drop_bad_key(sh, keys[0])) io_ok = false;
+    }
+    if (found) { /* a new sequence: seq's blocks, the fetched ones, then the state */
+        kvt_seq *ns = NULL;
+        bool ok = kvt_seq_create(kvt_seq_pool(seq), kvt_seq_root(seq), &ns) == KVT_OK;
+        for (uint32_t i = 0; i < i0 && ok; i++) {
+            kvt_block *bl[1] = {kvt_seq_block(seq, 0, i)};
+            ok = bl[0] && kvt_seq_append_blocks(ns, bl) == KVT_OK;
+        }
+        for (uint32_t i = 0; i < use_blocks && ok; i++) ok = kvt_seq_append_blocks(ns, &got[i]) == KVT_OK;
+        if (use_tail && ok) ok = kvt_seq_append_blocks(ns, &tail) == KVT_OK;
+        if (ok) {
+            uint64_t off = 0;
+            for (uint32_t l = 0; l < kvt_kv_layout_n_layers(sh->layout); l++) {
+                uint8_t *dst = kvt_seq_state(ns, l);
+                if (!dst) continue; /* not a RECURRENT layer */
+                size_t lb = kvt_kv_layout_layer(sh->layout, l)->state_bytes;
+                memcpy(dst, state + off, lb);
+                off += lb;
+            }
+            uint64_t bytes = slen + (use_tail ? tlen : 0);
+            for (uint32_t i = 0; i < use_blocks; i++) bytes += glen[i];
+            pthread_mutex_lock(&sh->mu);
+            sh->st.fetched_blocks += use_blocks + (use_tail ? 1 : 0);
+            sh->st.fetched_snapshots++;
+            sh->st.fetched_bytes += bytes;
+            sh->st.fetched_tokens += kvt_seq_len(ns) - L0;
+            for (uint32_t i = 0; i < use_blocks; i++) seen_add(sh, 0, kvt_block_hash(got[i]));
+            if (use_tail) seen_add(sh, 0, kvt_block_hash(tail));
+            seen_add(sh, SHARED_SNAP_GROUP, use_tail ? kvt_block_hash(tail) : kvt_block_hash(got[use_blocks - 1]));
+            pthread_mutex_unlock(&sh->mu);
+            kvt_seq_free(seq);
+            *seqp = ns;
+        } else if (ns) {
+            kvt_seq_free(ns); /* seq stays as it was: nothing half-built reaches the caller */
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) kvt_block_release(got[i]);
+    if (tail) kvt_block_release(tail);
+    free(got);
+    free(glen);
+    free(state);
+    return io_ok;
+}
+
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt, uint32_t n) {
+    if (!sh || !seqp || !*seqp) return 0;
+    kvt_seq *seq = *seqp;
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
+    if (L0 % bt || L0 + 1 >= n) return 0;
+    const uint64_t t0 = now_ms(), deadline = t0 + sh->o.timeout_ms;
+    pthread_mutex_lock(&sh->mu);
+    bool allowed = kvt_breaker_allow(&sh->fetch.br, t0);
+    if (allowed) sh->st.lookups++;
+    else sh->st.skipped++;
+    pthread_mutex_unlock(&sh->mu);
+    if (!allowed) return 0;
+    bool io_ok = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
+    if (io_ok) io_ok = sh->recurrent ? extend_recurrent(sh, seqp, prompt, n, deadline) : extend_full(sh, seq, prompt, n, deadline, io_ok);
+    seq = *seqp;
     if (!io_ok) conn_drop(&sh->fetch);
     uint32_t got = kvt_seq_len(seq) - L0;
     pthread_mutex_lock(&sh->mu);
@@ -470,42 +681,70 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, 
 
 /* ------------------------------------------------------------------ publish */
 static void item_free(pub_item *it) {
-    kvt_block_release(it->b);
+    if (it->b) kvt_block_release(it->b);
+    if (it->snap) kvt_snapshot_release(it->snap);
     free(it);
 }
+/* The seen-set identity of a queued item. */
+static uint64_t item_tag(const pub_item *it) {
+    return it->b ? seen_tag(kvt_block_group(it->b), kvt_block_hash(it->b)) : seen_tag(SHARED_SNAP_GROUP, kvt_snapshot_chain(it->snap));
+}
+static void item_forget(kvt_shared *sh, const pub_item *it) { /* lock held */
+    uint64_t t = item_tag(it);
+    if (sh->seen[t % SHARED_SEEN_SLOTS] == t) sh->seen[t % SHARED_SEEN_SLOTS] = 0;
+}
 
-uint32_t kvt_shared_publish_seq(kvt_shared *sh, const kvt_seq *seq) {
+/* Queues one item (lock held); false = dropped (full queue or no memory), counted. */
+static bool enqueue_item(kvt_shared *sh, kvt_block *b, kvt_snapshot *snap, uint64_t bytes) {
+    if (sh->q_blocks + 1 > sh->o.queue_max_blocks || sh->q_bytes + bytes > sh->o.queue_max_bytes) {
+        sh->st.dropped++;
+        return false;
+    }
+    pub_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        sh->st.dropped++;
+        return false;
+    }
+    if (b) kvt_block_retain(b);
+    if (snap) kvt_snapshot_retain(snap);
+    it->b = b;
+    it->snap = snap;
+    it->bytes = bytes;
+    it->t_enq_ms = now_ms();
+    if (sh->q_tail) sh->q_tail->next = it;
+    else sh->q_head = it;
+    sh->q_tail = it;
+    sh->q_blocks++;
+    sh->q_bytes += bytes;
+    uint64_t t = item_tag(it); /* queued once; a failed send forgets it again */
+    sh->seen[t % SHARED_SEEN_SLOTS] = t;
+    return true;
+}
+
+uint32_t kvt_shared_publish_seq(kvt_shared *sh, kvt_seq *seq) {
     if (!sh || !seq) return 0;
     const kvt_kv_layout *l = sh->layout;
     uint32_t nb = kvt_seq_n_blocks(seq), queued = 0;
+    /* recurrent layouts: the state at this length too (a copy, taken before the lock) */
+    kvt_snapshot *snap = NULL;
+    if (sh->recurrent && nb > 0 && kvt_seq_block(seq, 0, nb - 1) && kvt_block_sealed(kvt_seq_block(seq, 0, nb - 1))) {
+        pthread_mutex_lock(&sh->mu);
+        bool have = seen_has(sh, SHARED_SNAP_GROUP, kvt_seq_block_chain(seq, nb - 1));
+        pthread_mutex_unlock(&sh->mu);
+        if (!have && kvt_seq_snapshot(seq, &snap) != KVT_OK) snap = NULL;
+    }
     pthread_mutex_lock(&sh->mu);
     for (uint32_t i = 0; i < nb && !sh->stop; i++) {
         kvt_block *b = kvt_seq_block(seq, 0, i);
         if (!b || !kvt_block_sealed(b) || seen_has(sh, 0, kvt_block_hash(b))) continue;
-        uint64_t bytes = kvt_kv_layout_block_bytes(l, 0, i);
-        if (sh->q_blocks + 1 > sh->o.queue_max_blocks || sh->q_bytes + bytes > sh->o.queue_max_bytes) {
-            sh->st.dropped++;
-            continue;
-        }
-        pub_item *it = calloc(1, sizeof *it);
-        if (!it) {
-            sh->st.dropped++;
-            continue;
-        }
-        kvt_block_retain(b);
-        it->b = b;
-        it->bytes = bytes;
-        it->t_enq_ms = now_ms();
-        if (sh->q_tail) sh->q_tail->next = it;
-        else sh->q_head = it;
-        sh->q_tail = it;
-        sh->q_blocks++;
-        sh->q_bytes += bytes;
-        seen_add(sh, 0, kvt_block_hash(b)); /* queued once; a failed send forgets it again */
-        queued++;
+        if (enqueue_item(sh, b, NULL, kvt_kv_layout_block_bytes(l, 0, i))) queued++;
     }
+    /* after the blocks: a snapshot is only usable once the blocks it covers are there */
+    if (snap && !sh->stop && enqueue_item(sh, NULL, snap, kvt_kv_layout_state_bytes(l)))
+        queued++;
     if (queued) pthread_cond_signal(&sh->cv_work);
     pthread_mutex_unlock(&sh->mu);
+    if (snap) kvt_snapshot_release(snap);
     return queued;
 }
 
@@ -521,6 +760,11 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
     uint32_t sent = 0;
     for (uint32_t j = 0; j < k; j++) {
         kvt_block *b = items[j]->b;
+        if (!b) {
+            kvt_shared_snapshot_key(compat, kvt_snapshot_chain(items[j]->snap), keys[j]);
+            if (kvt_ssd_snapshot_record_encode(sh->ssd, items[j]->snap, 0, &bufs[j], &blen[j]) != KVT_OK) bufs[j] = NULL;
+            continue;
+        }
         bool tail = kvt_block_n_tokens(b) < sh->bt;
         kvt_shared_key(compat, tail, kvt_block_group(b), tail ? kvt_block_parent(b) : kvt_block_hash(b), keys[j]);
         if (kvt_ssd_record_encode(sh->ssd, b, 0, &bufs[j], &blen[j]) != KVT_OK) bufs[j] = NULL;
@@ -532,7 +776,7 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
         if (redisAppendCommandArgv(sh->pub.c, 4, argv, lens) != REDIS_OK) io_ok = false;
         else sent++;
     }
-    uint64_t ok = 0, okb = 0, existing = 0, oom = 0, errs = 0, lost = 0;
+    uint64_t ok = 0, oks = 0, okb = 0, existing = 0, oom = 0, errs = 0, lost = 0;
     for (uint32_t j = 0, got = 0; j < k && io_ok && got < sent; j++) {
         if (!bufs[j]) continue;
         void *rv = NULL;
@@ -543,7 +787,8 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
         got++;
         redisReply *r = rv;
         if (r->type == REDIS_REPLY_STATUS) {
-            ok++;
+            if (items[j]->b) ok++;
+            else oks++;
             okb += blen[j];
             stored[j] = true;
         } else if (r->type == REDIS_REPLY_NIL) {
@@ -559,6 +804,7 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
     for (uint32_t j = 0; j < k; j++) free(bufs[j]);
     pthread_mutex_lock(&sh->mu);
     sh->st.published_blocks += ok;
+    sh->st.published_snapshots += oks;
     sh->st.published_bytes += okb;
     sh->st.publish_existing += existing;
     sh->st.oom_errors += oom;
@@ -566,8 +812,7 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
     for (uint32_t j = 0; j < k; j++) { /* not stored: forget it so a later request may retry */
         if (stored[j]) continue;
         lost++;
-        uint64_t t = seen_tag(kvt_block_group(items[j]->b), kvt_block_hash(items[j]->b));
-        if (sh->seen[t % SHARED_SEEN_SLOTS] == t) sh->seen[t % SHARED_SEEN_SLOTS] = 0;
+        item_forget(sh, items[j]);
     }
     sh->st.dropped += lost - oom - errs; /* refused ones are counted as errors already */
     pthread_mutex_unlock(&sh->mu);
@@ -618,10 +863,7 @@ static void *publisher_main(void *arg) {
         pthread_mutex_lock(&sh->mu);
         if (!allowed) {
             sh->st.dropped += k; /* breaker open: Redis is down or full; do not pin RAM for it */
-            for (uint32_t j = 0; j < k; j++) {
-                uint64_t t = seen_tag(kvt_block_group(items[j]->b), kvt_block_hash(items[j]->b));
-                if (sh->seen[t % SHARED_SEEN_SLOTS] == t) sh->seen[t % SHARED_SEEN_SLOTS] = 0;
-            }
+            for (uint32_t j = 0; j < k; j++) item_forget(sh, items[j]);
         } else if (ok && !refused) {
             kvt_breaker_success(&sh->pub.br);
         } else {
@@ -690,10 +932,9 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
                         "--shared-cache-tls-* options need a rediss:// URL (redis:// is plain text)");
     const kvt_kv_layout *layout = kvt_ssd_layout(ssd);
-    if (kvt_kv_layout_n_groups(layout) != 1 || kvt_kv_layout_group_kind(layout, 0) != KVT_KIND_FULL ||
-        kvt_kv_layout_state_bytes(layout) != 0)
+    if (kvt_kv_layout_n_groups(layout) != 1 || kvt_kv_layout_group_kind(layout, 0) != KVT_KIND_FULL)
         return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
-                        "--shared-cache supports models whose layers all use full attention (no sliding-window or recurrent layers) for now");
+                        "--shared-cache supports full-attention and hybrid recurrent (qwen35) models; not sliding-window layers yet");
     kvt_shared *sh = calloc(1, sizeof *sh);
     if (!sh) return KVT_ERR_NOMEM;
     sh->o = *o;
@@ -720,6 +961,7 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
     }
     sh->layout = layout;
     sh->bt = kvt_kv_layout_block_tokens(sh->layout);
+    sh->recurrent = kvt_kv_layout_state_bytes(layout) > 0;
     kvt_breaker_init(&sh->fetch.br, SHARED_BREAKER_THRESHOLD, SHARED_BREAKER_BASE_MS, SHARED_BREAKER_MAX_MS);
     kvt_breaker_init(&sh->pub.br, SHARED_BREAKER_THRESHOLD, SHARED_BREAKER_BASE_MS, SHARED_BREAKER_MAX_MS);
     sh->seen = calloc(SHARED_SEEN_SLOTS, sizeof *sh->seen);

@@ -77,13 +77,13 @@ void kvt_shared_free(kvt_shared *sh);
  * blocks are sealed and shared like restored ones. Stops at the first miss, error, corrupt value,
  * pool exhaustion or when the budget is spent; what was appended stays valid. Returns the tokens
  * appended (0 = nothing). Never fails the request. */
-uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n);
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seq, const int32_t *prompt, uint32_t n);
 
 /* ---- publish ---- */
 /* Queues every sealed block of seq (group 0..; frozen tails included, an unfrozen tail skipped)
  * that this server has not published or fetched already. Never blocks on the network. Returns the
  * number of blocks queued. */
-uint32_t kvt_shared_publish_seq(kvt_shared *sh, const kvt_seq *seq);
+uint32_t kvt_shared_publish_seq(kvt_shared *sh, kvt_seq *seq);
 /* The engine marks its decode loop busy: the publisher defers (bounded: 2 s per item, or a
  * waiting flush) so publishing does not compete with the token loop. */
 void kvt_shared_set_busy(kvt_shared *sh, bool busy);
@@ -94,7 +94,9 @@ bool kvt_shared_flush(kvt_shared *sh, uint32_t timeout_ms);
 typedef struct kvt_shared_stats {
     uint64_t lookups, hits;                 /* extend calls that asked Redis; those that appended */
     uint64_t fetched_blocks, fetched_bytes, fetched_tokens;
-    uint64_t published_blocks, published_bytes;
+    uint64_t fetched_snapshots;             /* recurrent layouts: snapshots fetched and used */
+    uint64_t published_blocks, published_bytes; /* bytes include snapshots */
+    uint64_t published_snapshots;
     uint64_t publish_existing;              /* SET NX found the key (another server was first) */
     uint64_t dropped;                       /* queue full, breaker open, or failed batch */
     uint64_t errors;                        /* connection / timeout / protocol errors */
@@ -114,5 +116,7 @@ void kvt_shared_stats_get(kvt_shared *sh, kvt_shared_stats *out);
  * hash = the parent chain) for the given compat key; out needs KVT_SHARED_KEY_MAX bytes. */
 #define KVT_SHARED_KEY_MAX 96
 void kvt_shared_key(const char *compat_key, bool tail, uint32_t group, uint64_t hash, char out[KVT_SHARED_KEY_MAX]);
+/* Key of the recurrent-state snapshot whose tokens have chain hash `chain` ("…:s:<chain>"). */
+void kvt_shared_snapshot_key(const char *compat_key, uint64_t chain, char out[KVT_SHARED_KEY_MAX]);
 
 #endif

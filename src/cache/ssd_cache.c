@@ -1318,6 +1318,66 @@ kvt_status kvt_ssd_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint32_t 
     return KVT_OK;
 }
 
+/* ---- shared tier (issue 17): recurrent-state snapshots as record buffers -------------------
+ * Same bytes as a snapshot file; the same header checks as load_snapshot, every section checksum
+ * verified before any byte reaches the sequence. Kept apart so the file split can move it whole. */
+kvt_status kvt_ssd_snapshot_record_encode(const kvt_ssd *s, kvt_snapshot *sn, uint64_t root, uint8_t **out, size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
+    if (!sn || kvt_snapshot_pos(sn) == 0 || kvt_kv_layout_state_bytes(s->layout) == 0) return KVT_ERR_INVALID_ARG;
+    ssd_record rec;
+    kvt_status st = record_prepare(s, NULL, sn, root, &rec);
+    if (st != KVT_OK) return st;
+    uint8_t *buf = calloc(1, rec.fsize);
+    if (!buf) {
+        free(rec.packed);
+        return KVT_ERR_NOMEM;
+    }
+    header_encode(&rec.h, buf, rec.hsize);
+    for (uint32_t i = 0; i < rec.h.n_sections; i++) memcpy(buf + rec.secs[i].offset, rec.payload[i], rec.secs[i].length);
+    free(rec.packed);
+    *out = buf;
+    *out_len = rec.fsize;
+    return KVT_OK;
+}
+
+kvt_status kvt_ssd_snapshot_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint64_t chain, uint32_t pos,
+                                          uint8_t *state, char *err, size_t errlen) {
+    if (kvt_kv_layout_state_bytes(s->layout) == 0) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "no recurrent layers");
+    if (len < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record shorter than a header");
+    uint32_t hsize = get_u32(buf + 12);
+    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > len)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record header length out of range");
+    hdr_out h;
+    kvt_status st = header_decode(buf, hsize, len, &h, err, errlen);
+    if (st != KVT_OK) return st;
+    st = header_matches(s, &h, chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT, err, errlen);
+    if (st != KVT_OK) return st;
+    if (h.info.n_tokens != pos) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot position mismatch");
+    const uint32_t ns = h.info.n_sections;
+    if (ns == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot without sections");
+    hdr_section last = hdr_section_at(&h, ns - 1);
+    if (align_up(last.offset + last.length, SSD_PAGE) != len) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record length mismatch");
+    for (uint32_t i = 0; i < ns; i++) {
+        hdr_section sc = hdr_section_at(&h, i);
+        if (XXH3_64bits(buf + sc.offset, sc.length) != sc.hash)
+            return kvt_errf(err, errlen, KVT_ERR_CORRUPT, "snapshot section %u checksum mismatch", i);
+    }
+    uint32_t sec = 0, nl = kvt_kv_layout_n_layers(s->layout);
+    uint64_t off = 0;
+    for (uint32_t l = 0; l < nl; l++) { /* sections in layer order, as load_snapshot reads them */
+        const kvt_layer_desc *d = kvt_kv_layout_layer(s->layout, l);
+        if (d->kind != KVT_KIND_RECURRENT) continue;
+        if (sec >= ns) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot section count");
+        hdr_section sc = hdr_section_at(&h, sec++);
+        if (sc.length != d->state_bytes || off + sc.length > kvt_kv_layout_state_bytes(s->layout))
+            return kvt_errf(err, errlen, KVT_ERR_FORMAT, "snapshot section size");
+        memcpy(state + off, buf + sc.offset, sc.length);
+        off += sc.length;
+    }
+    return KVT_OK;
+}
+
 /* Removes the file of e and its index entry. Lock held. */
 static void drop_entry(kvt_ssd *s, ssd_entry *e) {
     char name[64], path[PATH_MAX];

@@ -139,6 +139,15 @@ kvt_status kvt_ssd_record_encode(const kvt_ssd *ssd, kvt_block *b, uint64_t root
 kvt_status kvt_ssd_record_decode(kvt_ssd *ssd, uint8_t *buf, size_t len, uint32_t kind, uint64_t expect,
                                  uint32_t group, uint32_t block_index, kvt_block **out, char *err, size_t errlen);
 
+/* Snapshots likewise (shared tier): encode a snapshot exactly as its file; decode verifies a record
+ * for (chain, pos) — header checksum, compat key, layer geometry, position, every section checksum —
+ * and only then writes the recurrent state to `state` (kvt_kv_layout_state_bytes bytes: the
+ * RECURRENT layers' states in layer order, each at kvt_seq_state's layout). Errors as for
+ * kvt_ssd_record_decode. */
+kvt_status kvt_ssd_snapshot_record_encode(const kvt_ssd *ssd, kvt_snapshot *s, uint64_t root, uint8_t **out, size_t *out_len);
+kvt_status kvt_ssd_snapshot_record_decode(kvt_ssd *ssd, uint8_t *buf, size_t len, uint64_t chain, uint32_t pos,
+                                          uint8_t *state, char *err, size_t errlen);
+
 /* ---- durability ---- */
 typedef struct kvt_ssd_flush_result {
     bool durable;            /* no record created before the call is still owed (see below) */

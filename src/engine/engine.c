@@ -484,7 +484,7 @@ static void shared_lookup(kvt_engine *e, const int32_t *prompt, uint32_t n, uint
     if (*reused % e->o.block_tokens) return; /* a local partial block: the shared tier adds < 1 block */
     if (!*seq && kvt_seq_create(e->pool, root, seq) != KVT_OK) return;
     double r0 = kvt_now_ms();
-    uint32_t got = kvt_shared_extend(e->shared, *seq, prompt, n);
+    uint32_t got = kvt_shared_extend(e->shared, seq, prompt, n); /* recurrent: may replace *seq */
     res->restore_ms += kvt_now_ms() - r0;
     if (!got) {
         if (*reused == 0) { /* keep the miss path identical to a server without the tier */
@@ -496,10 +496,15 @@ static void shared_lookup(kvt_engine *e, const int32_t *prompt, uint32_t n, uint
     *reused = kvt_seq_len(*seq);
     res->reused_from = KVT_TIER_SHARED;
     kvt_prompt_cache_put_blocks(e->pc, *seq);
-    if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, *seq, NULL);
+    if (e->ssd && e->o.ssd_writeback) {
+        kvt_snapshot *snap = NULL; /* recurrent: the fetched state lands on SSD too */
+        if (e->recurrent && kvt_seq_snapshot(*seq, &snap) != KVT_OK) snap = NULL;
+        kvt_ssd_enqueue_seq(e->ssd, *seq, snap);
+        if (snap) kvt_snapshot_release(snap);
+    }
 }
 /* Write-behind: the sealed blocks of seq also go to the shared tier (background publisher). */
-static void shared_publish(kvt_engine *e, const kvt_seq *seq) {
+static void shared_publish(kvt_engine *e, kvt_seq *seq) {
     if (e->shared) kvt_shared_publish_seq(e->shared, seq);
 }
 static void shared_set_busy(kvt_engine *e, bool busy) {
