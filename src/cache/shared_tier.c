@@ -3,23 +3,31 @@
  * Structure
  * ---------
  * - A connection (rconn) is a blocking hiredis context plus its breaker. It is (re)opened lazily:
- *   connect with the remaining budget as timeout, AUTH (argv: user, password), SELECT db. Any I/O,
+ *   connect with the remaining budget as timeout (rediss://: a verified TLS bridge, whose
+ *   socketpair end hiredis adopts with redisConnectFd), AUTH (argv: user, password), SELECT db
+ *   (TLS without either: one PING, so a refused client certificate is a connect failure). Any I/O,
  *   timeout or protocol error frees the context (the next call reconnects) and counts a breaker
  *   failure; a success closes the breaker.
  * - Fetch (caller's thread): pipelined GETs of the prompt's next full blocks in windows of
  *   `pipeline` keys, each reply verified and appended before the next window is sent; then one GET
  *   of the tail key at the first position without a full block.
- * - Publisher (own thread): pops up to `pipeline` queued blocks, encodes each record, sends
- *   SET key value NX for all of them, then reads the replies.
+ * - Recurrent layouts (extend_recurrent): the same block fetch, but blocks are kept aside; the
+ *   snapshot at the longest fetched end that has one decides how much is used, and a new sequence
+ *   is built only after it verified (the state cannot be trimmed, so nothing is appended early).
+ * - Publisher (own thread): pops up to `pipeline` queued items (blocks, snapshots), encodes each
+ *   record, sends SET key value NX for all of them, then reads the replies.
  * - `seen`: a lossy direct-mapped set of (group, chain) this server published or fetched, so the
  *   same block is not sent again on every request (forgetting one only costs a rejected SET NX).
  *
  * Invariants
  *   (1) Only kvt_shared_extend's caller uses `fetch`; only the publisher thread uses `pub`.
- *   (2) A queued item holds one block reference, released exactly once (sent, dropped or freed).
+ *   (2) A queued item holds one block or snapshot reference, released exactly once (sent, dropped
+ *       or freed).
  *   (3) q_blocks <= queue_max_blocks and q_bytes <= queue_max_bytes (checked at enqueue).
  *   (4) Nothing fetched reaches a sequence before kvt_ssd_record_decode verified it and its tokens
  *       equal the prompt's at that position.
+ *   (5) Recurrent layouts: a fetched prefix reaches the caller only as a whole sequence whose
+ *       length is a verified snapshot's position and whose state is that snapshot's.
  */
 #include "shared_tier.h"
 #include "tls_bridge.h"

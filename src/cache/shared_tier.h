@@ -1,15 +1,20 @@
 /*
- * shared_tier.h — the shared block tier: sealed KV blocks (full blocks and frozen tails) in Redis
+ * shared_tier.h — the shared block tier: sealed KV blocks (full blocks and frozen tails) and, for
+ * hybrid recurrent layouts, recurrent-state snapshots in Redis
  * (or Valkey / Redis Cluster, same protocol), shared by every kvtier server of one model, so a
  * prefix computed on one replica is reused by all. Format, faults and scale-out: docs/shared-tier.md.
  *
  * Keys and values: key = "kvtier:v1:" + compat dir (32 hex of SHA-256(compat key)) + ":b:<group>:"
  * + chain hash (16 hex) for a full block, or ":t:<group>:" + parent chain hash for a frozen tail
- * (one tail per position, the first published wins). Keys are built only from hashes; the value is
+ * (one tail per position, the first published wins), or ":s:" + chain hash of the tokens a
+ * snapshot covers (kvt_shared_snapshot_key). Keys are built only from hashes; the value is
  * the block's SSD record (kvt_ssd_record_encode: header + payload checksums, compat key), verified
  * with kvt_ssd_record_decode and compared token by token with the prompt before use. Commands are
  * sent argv-style with binary-safe lengths; nothing of a request is ever a command argument except
  * the hashed key.
+ *
+ * TLS: rediss:// connections go through tls_bridge.h (verified OpenSSL session behind a socketpair
+ * that hiredis uses as its socket), so the timeouts, breaker and counters below are the same.
  *
  * Faults: every Redis call is bounded (connect and socket timeouts = the remaining per-request
  * budget `timeout_ms`); failures feed a circuit breaker with exponential back-off (one for the
@@ -70,19 +75,23 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
 void kvt_shared_free(kvt_shared *sh);
 
 /* ---- fetch ---- */
-/* Extends seq (root = kvt_seq_root(seq), length a multiple of block_tokens and < n; it must hold
+/* Extends *seq (root = kvt_seq_root, length a multiple of block_tokens and < n; it must hold
  * prompt[0..len)) with blocks fetched from Redis for prompt[len..n), capped at n-1 tokens: full
  * blocks by chain hash, then at most one tail (or partially matching block) at the first position
  * with no full block. Each block is verified and its tokens compared with the prompt; appended
  * blocks are sealed and shared like restored ones. Stops at the first miss, error, corrupt value,
- * pool exhaustion or when the budget is spent; what was appended stays valid. Returns the tokens
- * appended (0 = nothing). Never fails the request. */
+ * pool exhaustion or when the budget is spent; what was appended stays valid.
+ * Recurrent layouts: only up to the longest fetched end with a verified snapshot; then *seq is
+ * REPLACED by a new sequence (same pool and root: the old blocks, the fetched ones, the state)
+ * and the old one freed; otherwise *seq is untouched. Returns the tokens added (0 = nothing).
+ * Never fails the request. */
 uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seq, const int32_t *prompt, uint32_t n);
 
 /* ---- publish ---- */
 /* Queues every sealed block of seq (group 0..; frozen tails included, an unfrozen tail skipped)
- * that this server has not published or fetched already. Never blocks on the network. Returns the
- * number of blocks queued. */
+ * that this server has not published or fetched already and, for recurrent layouts whose last
+ * block is sealed, a snapshot of the state at seq's length. Never blocks on the network. Returns
+ * the number of items queued. */
 uint32_t kvt_shared_publish_seq(kvt_shared *sh, kvt_seq *seq);
 /* The engine marks its decode loop busy: the publisher defers (bounded: 2 s per item, or a
  * waiting flush) so publishing does not compete with the token loop. */
