@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,10 +671,13 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt
     else sh->st.skipped++;
     pthread_mutex_unlock(&sh->mu);
     if (!allowed) return 0;
+    kvt_sigpipe_guard spg; /* a server that closed the socket must not kill a CLI process */
+    kvt_sigpipe_block(&spg);
     bool io_ok = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
     if (io_ok) io_ok = sh->recurrent ? extend_recurrent(sh, seqp, prompt, n, deadline) : extend_full(sh, seq, prompt, n, deadline, io_ok);
     seq = *seqp;
     if (!io_ok) conn_drop(&sh->fetch);
+    kvt_sigpipe_restore(&spg);
     uint32_t got = kvt_seq_len(seq) - L0;
     pthread_mutex_lock(&sh->mu);
     if (io_ok) kvt_breaker_success(&sh->fetch.br);
@@ -830,6 +834,10 @@ static bool publish_batch(kvt_shared *sh, pub_item **items, uint32_t k, bool *re
 
 static void *publisher_main(void *arg) {
     kvt_shared *sh = arg;
+    sigset_t pipe_set; /* writes to a closed connection fail with EPIPE here instead of killing a CLI */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         while (!sh->stop && !sh->q_head) pthread_cond_wait(&sh->cv_work, &sh->mu);
@@ -981,7 +989,11 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
         return kvt_errf(err, errlen, KVT_ERR_NOMEM, "cannot start the shared-tier publisher");
     }
     sh->started = true;
-    if (!conn_ensure(sh, &sh->fetch, sh->o.timeout_ms))
+    kvt_sigpipe_guard spg;
+    kvt_sigpipe_block(&spg);
+    bool up = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
+    kvt_sigpipe_restore(&spg);
+    if (!up)
         KVT_WARN("shared tier: %s:%u is not reachable now (cause above); serving from local tiers and retrying later", u.host,
                  u.port);
     else

@@ -180,9 +180,7 @@ static int tcp_connect(const char *host, uint16_t port, uint64_t deadline, char 
     return fd;
 }
 
-/* SIGPIPE blocked around code that may write to a dying socket; a SIGPIPE it raised is consumed. */
-typedef struct { sigset_t old; bool was_pending; } sigpipe_guard;
-static void sigpipe_block(sigpipe_guard *g) {
+void kvt_sigpipe_block(kvt_sigpipe_guard *g) {
     sigset_t s, pend;
     sigemptyset(&s);
     sigaddset(&s, SIGPIPE);
@@ -190,7 +188,7 @@ static void sigpipe_block(sigpipe_guard *g) {
     g->was_pending = sigismember(&pend, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &s, &g->old);
 }
-static void sigpipe_restore(sigpipe_guard *g) {
+void kvt_sigpipe_restore(kvt_sigpipe_guard *g) {
     sigset_t s, pend;
     sigemptyset(&s);
     sigaddset(&s, SIGPIPE);
@@ -237,8 +235,8 @@ kvt_status kvt_tls_bridge_open(kvt_tls_ctx *c, const char *host, uint16_t port, 
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "TLS: cannot verify against host name '%s'", host);
         }
     }
-    sigpipe_guard g;
-    sigpipe_block(&g);
+    kvt_sigpipe_guard g;
+    kvt_sigpipe_block(&g);
     kvt_status st = KVT_OK;
     for (;;) {
         ERR_clear_error();
@@ -262,7 +260,7 @@ kvt_status kvt_tls_bridge_open(kvt_tls_ctx *c, const char *host, uint16_t port, 
                           e == SSL_ERROR_SYSCALL ? "connection closed or reset; " : "", why);
         break;
     }
-    sigpipe_restore(&g);
+    kvt_sigpipe_restore(&g);
     int sp[2] = {-1, -1};
     if (st == KVT_OK && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
         st = kvt_errf(err, errlen, KVT_ERR_IO, "TLS bridge: socketpair: %s", strerror(errno));

@@ -25,6 +25,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "../util/common.h"
@@ -49,5 +50,16 @@ typedef struct kvt_tls_bridge kvt_tls_bridge;
 kvt_status kvt_tls_bridge_open(kvt_tls_ctx *c, const char *host, uint16_t port, uint32_t timeout_ms,
                                kvt_tls_bridge **out, int *app_fd, char *err, size_t errlen);
 void kvt_tls_bridge_close(kvt_tls_bridge *b); /* NULL is a no-op */
+
+/* SIGPIPE guard for code that writes to sockets a peer may have closed (hiredis uses write(), the
+ * bridge shuts its end down when the server dies): block blocks SIGPIPE in the calling thread;
+ * restore consumes a SIGPIPE raised meanwhile (not one that was pending before) and restores the
+ * mask. So a CLI process that does not ignore SIGPIPE (kvtier run/bench) is not killed by it. */
+typedef struct kvt_sigpipe_guard {
+    sigset_t old;
+    bool was_pending;
+} kvt_sigpipe_guard;
+void kvt_sigpipe_block(kvt_sigpipe_guard *g);
+void kvt_sigpipe_restore(kvt_sigpipe_guard *g);
 
 #endif

@@ -88,7 +88,8 @@ srv() {
   done
   fail "no free port for $name"
 }
-stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"; }
+stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"
+  ! grep -q "Sanitizer" "$TMP/$1.log" || fail "$1: sanitizer report"; }
 
 PROMPT=$(python3 -c 'print(",".join(str(10 + (i * 37) % 240) for i in range(200)))')
 NP=200
