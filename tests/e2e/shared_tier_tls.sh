@@ -4,7 +4,8 @@
 # kvtier's user limited to kvtier:* and the commands it sends), certificates made here with the
 # openssl CLI. Two kvtier servers A and B: B reuses A's prefix over verified TLS (output identical
 # to a cold run); a server given the wrong CA refuses the connection with a clear error and keeps
-# serving from its own tiers; the TLS redis killed mid-request, then restarted (breaker closes).
+# serving from its own tiers; a hung TLS redis (SIGSTOP) costs a request at most its budget; the
+# TLS redis killed mid-request, then restarted (breaker closes).
 # Every wait is bounded; the trap kills every process this script started.
 set -u
 BUILD=${BUILD:-build}
@@ -154,6 +155,20 @@ if "$KV" serve -m "$MODEL" --port "$(rport)" --ssd-cache "$TMP/ssd-X" --shared-c
 fi
 grep -q "nope.crt" "$TMP/X.log" || fail "missing CA file: no clear error"
 ok "missing CA file refuses to start; no CA = system store, still verified"
+
+# ------------------------------------------------------------------ hung TLS redis (SIGSTOP): bounded by the budget
+srv S --shared-cache "$URL" "${TLSARGS[@]}" --shared-cache-timeout-ms 300
+req "$PORT_S" "$TMP/s0.json" 7, || fail "S first request" # connected; its own prompt is not in redis
+kill -STOP "$REDIS_PID"
+T0=$(date +%s%N)
+req "$PORT_S" "$TMP/s.json" || fail "S request with hung TLS redis"
+T1=$(date +%s%N)
+kill -CONT "$REDIS_PID"
+[ "$(field "$TMP/s.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "S output differs with hung TLS redis"
+[ $(( (T1 - T0) / 1000000 )) -lt 3000 ] || fail "request blocked $(( (T1 - T0) / 1000000 )) ms on a hung TLS redis (budget 300 ms)"
+[ "$(stats "$PORT_S" "j['shared_cache']['errors'] >= 1")" = True ] || fail "TLS timeout not counted"
+ok "hung TLS redis: request took $(( (T1 - T0) / 1000000 )) ms with a 300 ms budget, output correct"
+stop_srv S
 
 # ------------------------------------------------------------------ TLS redis killed mid-request, then restarted
 srv E --shared-cache "$URL" "${TLSARGS[@]}" --shared-cache-timeout-ms 300
