@@ -806,6 +806,9 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->shared_breaker_opens = s.breaker_opens;
         out->shared_fetch_breaker = (int)s.fetch_breaker;
         out->shared_publish_breaker = (int)s.publish_breaker;
+        out->shared_fetched_snapshots = s.fetched_snapshots;
+        out->shared_published_snapshots = s.published_snapshots;
+        snprintf(out->shared_last_error, sizeof out->shared_last_error, "%s", s.last_error);
     }
     out->pool_used_bytes = kvt_block_pool_used_bytes(e->pool);
     out->pool_peak_bytes = kvt_block_pool_peak_bytes(e->pool);

@@ -153,6 +153,8 @@ typedef struct kvt_engine_stats {
         shared_published_blocks, shared_published_bytes, shared_publish_existing, shared_dropped, shared_errors,
         shared_oom_errors, shared_corrupt, shared_skipped, shared_queue_blocks, shared_breaker_opens;
     int shared_fetch_breaker, shared_publish_breaker; /* kvt_breaker_state: 0 closed, 1 open, 2 half-open */
+    uint64_t shared_fetched_snapshots, shared_published_snapshots; /* recurrent layouts */
+    char shared_last_error[200];  /* latest shared-tier connect failure ("" after a success) */
     /* pool */
     uint64_t pool_used_bytes, pool_peak_bytes, pool_budget_bytes;
     char scheme[128];

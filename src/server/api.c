@@ -584,6 +584,9 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
         cJSON_AddNumberToObject(s, "breaker_opens", (double)st->shared_breaker_opens);
         cJSON_AddStringToObject(s, "fetch_breaker", br[st->shared_fetch_breaker % 3]);
         cJSON_AddStringToObject(s, "publish_breaker", br[st->shared_publish_breaker % 3]);
+        cJSON_AddNumberToObject(s, "fetched_snapshots", (double)st->shared_fetched_snapshots);
+        cJSON_AddNumberToObject(s, "published_snapshots", (double)st->shared_published_snapshots);
+        cJSON_AddStringToObject(s, "last_error", st->shared_last_error);
     } else {
         cJSON_AddNullToObject(root, "shared_cache");
     }
@@ -663,6 +666,10 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "shared_cache_errors_total", "counter", "Shared tier connection, timeout and protocol errors", (double)st->shared_errors);
     metric(&b, "shared_cache_oom_errors_total", "counter", "Shared tier writes refused for maxmemory (OOM)", (double)st->shared_oom_errors);
     metric(&b, "shared_cache_corrupt_total", "counter", "Shared tier values that failed verification", (double)st->shared_corrupt);
+    metric(&b, "shared_cache_fetched_snapshots_total", "counter", "Recurrent-state snapshots fetched from the shared tier",
+           (double)st->shared_fetched_snapshots);
+    metric(&b, "shared_cache_published_snapshots_total", "counter", "Recurrent-state snapshots published to the shared tier",
+           (double)st->shared_published_snapshots);
     metric(&b, "shared_cache_dropped_total", "counter", "Blocks not published (queue bound, breaker open, failure)", (double)st->shared_dropped);
     metric(&b, "shared_cache_breaker_open", "gauge", "1 when a shared tier circuit breaker is not closed",
            (st->shared_fetch_breaker || st->shared_publish_breaker) ? 1.0 : 0.0);

@@ -98,6 +98,8 @@ CT=$(cached "$TMP/b.json")
 [ "$(text "$TMP/b.json")" = "$COLD1" ] || fail "B output differs from cold (reused $CT)"
 [ "$CT" = 192 ] || fail "B reused $CT tokens, want 192 (A's snapshot at 192 <= n-1 = 199)"
 [ "$(stats "$PORT_B" "j['shared_cache']['hits']")" -ge 1 ] || fail "B shared hits"
+[ "$(stats "$PORT_B" "j['shared_cache']['fetched_snapshots']")" = 1 ] || fail "B fetched_snapshots"
+[ "$(stats "$PORT_A" "j['shared_cache']['published_snapshots']")" -ge 4 ] || fail "A published_snapshots"
 ok "B reused $CT/200 tokens (blocks + A's state snapshot at 192); output identical to cold"
 stop_srv B
 

@@ -130,6 +130,7 @@ req "$PORT_B" "$TMP/b.json" || fail "B request"
 CT=$(field "$TMP/b.json" "j['usage']['prompt_tokens_details']['cached_tokens']")
 [ "$CT" -ge $((NP - 1)) ] || fail "B reused $CT tokens over TLS, want >= $((NP - 1))"
 [ "$(stats "$PORT_B" "j['shared_cache']['errors']")" = 0 ] || fail "B counted errors"
+[ "$(stats "$PORT_B" "j['shared_cache']['last_error']")" = "" ] || fail "B reports a connect error"
 ok "B reused $CT/$NP tokens from A over rediss:// (ACL user, client cert, verified CA); output identical to cold"
 stop_srv B
 
@@ -141,6 +142,7 @@ req "$PORT_W" "$TMP/w.json" || fail "W request"
 [ "$(field "$TMP/w.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "W output differs from cold"
 [ "$(field "$TMP/w.json" "j['usage']['prompt_tokens_details']['cached_tokens']")" = 0 ] || fail "W reused blocks through an unverified server"
 [ "$(stats "$PORT_W" "j['shared_cache']['fetched_blocks']")" = 0 ] || fail "W fetched blocks"
+[ "$(stats "$PORT_W" "'certificate verify failed' in j['shared_cache']['last_error']")" = True ] || fail "W: /stats last_error does not say why"
 req "$PORT_W" "$TMP/w2.json" || fail "W second request"
 [ "$(field "$TMP/w2.json" "j['usage']['prompt_tokens_details']['cached_tokens']")" -ge $((NP - 1)) ] || fail "W's own RAM tier not used"
 ok "wrong CA: connection refused ($(grep -m1 -o 'certificate verify failed[^;)]*' "$TMP/W.log")), served from own tiers"
