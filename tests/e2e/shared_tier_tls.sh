@@ -172,7 +172,30 @@ kill -CONT "$REDIS_PID"
 ok "hung TLS redis: request took $(( (T1 - T0) / 1000000 )) ms with a 300 ms budget, output correct"
 stop_srv S
 
-# ------------------------------------------------------------------ TLS redis killed mid-request, then restarted
+# ------------------------------------------------------------------ TLS redis killed while a fetch waits on it
+# Deterministic "mid-request": the redis is stopped, so E's lookup is waiting inside the fetch (its
+# budget is 3 s) when the redis is killed; the dead connection must end that wait at once (EOF
+# through the bridge), not at the budget.
+srv K --shared-cache "$URL" "${TLSARGS[@]}" --shared-cache-timeout-ms 3000
+req "$PORT_K" "$TMP/k0.json" 8, || fail "K first request" # connected
+kill -STOP "$REDIS_PID"
+T0=$(date +%s%N)
+req "$PORT_K" "$TMP/k.json" &
+KREQ=$!
+sleep 0.5
+kill -KILL "$REDIS_PID"
+wait "$KREQ" || fail "K request while redis was killed"
+T1=$(date +%s%N)
+wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""
+[ "$(field "$TMP/k.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "K output differs when redis was killed mid-fetch"
+MS=$(( (T1 - T0) / 1000000 ))
+[ "$MS" -lt 2500 ] || fail "K waited $MS ms: the killed connection was not noticed before the 3 s budget"
+[ "$(stats "$PORT_K" "j['shared_cache']['errors'] >= 1")" = True ] || fail "K: error not counted"
+ok "TLS redis killed mid-fetch: request done $MS ms after it started (killed at 500 ms, budget 3000 ms), output correct"
+stop_srv K
+redis_start
+
+# ------------------------------------------------------------------ TLS redis killed during a request, then restarted
 srv E --shared-cache "$URL" "${TLSARGS[@]}" --shared-cache-timeout-ms 300
 ( sleep 0.05; kill -KILL "$REDIS_PID" ) &
 KILLER=$!
