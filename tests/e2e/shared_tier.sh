@@ -2,7 +2,8 @@
 # shared_tier.sh — end-to-end test of the shared block tier (issue 17): one redis-server (started
 # here on a random loopback port, own temp dir) and two kvtier servers A and B (own ports, own SSD
 # dirs). B reuses a prefix A computed (cached_tokens >= prompt-1, greedy output identical to a cold
-# run); Redis killed mid-request and restarted; a value corrupted in Redis (SETRANGE); maxmemory
+# run); Redis killed mid-request (also deterministically: stopped, then killed while a fetch waits
+# on it) and restarted; a value corrupted in Redis (SETRANGE); maxmemory
 # reached (noeviction -> OOM on SET); a different model on the same Redis never reuses A's blocks.
 # Every wait is bounded; the trap kills every process this script started.
 set -u
@@ -161,6 +162,25 @@ kill -CONT "$REDIS_PID"
 [ "$(stats "$PORT_S" "j['shared_cache']['errors'] >= 1")" = True ] || fail "timeout not counted"
 ok "hung redis: request took $(( (T1 - T0) / 1000000 )) ms with a 300 ms shared-tier budget, output correct"
 stop_srv S
+# killed while a fetch waits on it (stopped first, so the lookup is inside the fetch, budget 3 s):
+# the closed connection ends the wait at once, not at the budget
+srv K "$MODEL" --shared-cache-timeout-ms 3000
+curl -s --max-time 20 -o "$TMP/k0.json" -X POST -H 'Content-Type: application/json' \
+  --data-binary "{\"prompt\":[8,$PROMPT],\"max_tokens\":2,\"temperature\":0}" "http://127.0.0.1:$PORT_K/v1/completions" || fail "K first request"
+kill -STOP "$REDIS_PID"
+T0=$(date +%s%N)
+req "$PORT_K" "$TMP/k.json" &
+KREQ=$!
+sleep 0.5
+kill -KILL "$REDIS_PID"
+wait "$KREQ" || fail "K request while redis was killed"
+T1=$(date +%s%N)
+wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""
+[ "$(field "$TMP/k.json" "j['choices'][0]['text']")" = "$COLD" ] || fail "K output differs when redis was killed mid-fetch"
+[ $(( (T1 - T0) / 1000000 )) -lt 2500 ] || fail "K waited $(( (T1 - T0) / 1000000 )) ms: the killed connection was not noticed before the 3 s budget"
+ok "redis killed mid-fetch: request done $(( (T1 - T0) / 1000000 )) ms after it started (killed at 500 ms, budget 3000 ms)"
+stop_srv K
+redis_start
 ( sleep 0.05; kill -KILL "$REDIS_PID" ) &
 T0=$(date +%s%N)
 MAXTOK=64 req "$PORT_E" "$TMP/e.json" || fail "E request while redis dies"
