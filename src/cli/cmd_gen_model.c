@@ -26,8 +26,8 @@ static void usage(void) {
            "           executable's location; an error if it is missing)\n"
            "  --byte-vocab  a 256-token byte vocabulary instead (BOS = EOS = token 0; for tests)\n"
            "  --seed   PRNG seed (default 0)\n"
-           "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2,\n"
-           "           MoE routers x8): makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
+           "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2; MLA q, k_pe,\n"
+           "           k_nope/v x2): makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
            "  -o, --output  output path (written atomically)\n");
 }
 

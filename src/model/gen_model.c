@@ -171,8 +171,8 @@ static float peak_factor(const char *name) {
     if (ends_with(name, "attn_q_b.weight") || ends_with(name, "attn_kv_a_mqa.weight") ||
         ends_with(name, "attn_kv_b.weight"))
         return 2.0f;
-    /* routers: trained routers pick experts with clear margins; std 0.02 logits would be near ties */
-    if (ends_with(name, "ffn_gate_inp.weight")) return 8.0f;
+    /* routers stay as drawn: std 0.02 weights over a normed input already give router logits of std
+     * ≈ 0.02·√n_embd (0.9 at 2048); x8 made routing so sharp that any KV error flipped experts */
     return 1.0f;
 }
 
