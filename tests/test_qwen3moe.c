@@ -3,7 +3,7 @@
  *     defaults (softmax gating, renormalized top-k, n_rot = key_length);
  *   - kvtier's forward against an independent naive forward written here from docs/models.md in
  *     double precision (expanded per-head GQA attention, every expert computed and masked), for
- *     every weight type gen-model writes on the tiny shape: logits of every prompt position and of
+ *     every weight type gen-model writes, on the tiny shape (3 layers, n_embd 256, 8 experts of 256): logits of every prompt position and of
  *     a greedy continuation, and the greedy tokens themselves;
  *   - grouped-by-expert prefill == per-token decode, bit for bit;
  *   - engine: cache hit / extension / edit == cold, and an SSD restart restores the blocks and
@@ -67,7 +67,7 @@ static void test_hparams_real_keys(void **st) {
     assert_int_equal(hp->arch, KVT_ARCH_QWEN3MOE);
     assert_int_equal(hp->moe.n_expert, 8);
     assert_int_equal(hp->moe.n_expert_used, 2);
-    assert_int_equal(hp->moe.n_ff_exp, 32);
+    assert_int_equal(hp->moe.n_ff_exp, 256);
     assert_int_equal(hp->moe.n_expert_shared, 0);
     assert_int_equal(hp->moe.n_dense_lead, 0);
     assert_int_equal(hp->moe.gating, 1); /* softmax */
@@ -82,7 +82,7 @@ static void test_hparams_real_keys(void **st) {
 }
 
 /* ---- independent naive forward (double) ---- */
-typedef struct nw { double *d; int64_t n; } nw;
+typedef struct nw { double *d; int64_t n; uint32_t type; } nw;
 static nw nget(const kvt_gguf *g, const char *fmt, uint32_t il) {
     char nm[96];
     snprintf(nm, sizeof nm, fmt, il);
@@ -90,6 +90,7 @@ static nw nget(const kvt_gguf *g, const char *fmt, uint32_t il) {
     if (!t) fail_msg("naive: no tensor %s", nm);
     nw r = {0};
     r.n = t->ne[0] * t->ne[1] * t->ne[2];
+    r.type = t->type;
     float *f = malloc((size_t)r.n * sizeof(float));
     kvt_dequant_ref(t->type, t->data, f, r.n);
     r.d = malloc((size_t)r.n * sizeof(double));
@@ -97,12 +98,29 @@ static nw nget(const kvt_gguf *g, const char *fmt, uint32_t il) {
     free(f);
     return r;
 }
-static void mv(const double *w, int64_t n_in, int64_t n_out, const double *x, double *y) {
+/* y = W x for a weight of GGUF type wtype. The documented matmul contract (kernels/quant.h):
+ * quantized weights multiply the input converted to their activation type (Q8_0 / Q8_1 / Q8_K,
+ * one row of n_in), float weights the f32 input; so the naive forward rounds x the same way and
+ * then accumulates exactly in double. */
+static void mv(const double *w, uint32_t wtype, int64_t n_in, int64_t n_out, const double *x, double *y) {
+    const uint32_t vt = kvt_vec_dot_type(wtype);
+    double *xr = malloc((size_t)n_in * sizeof(double));
+    float *xf = malloc((size_t)n_in * sizeof(float));
+    for (int64_t i = 0; i < n_in; i++) xf[i] = (float)x[i];
+    if (vt != KVT_TYPE_F32) {
+        void *q = malloc(kvt_type_row_bytes(vt, (uint64_t)n_in));
+        kvt_quantize_ref(vt, xf, q, n_in);
+        kvt_dequant_ref(vt, q, xf, n_in);
+        free(q);
+    }
+    for (int64_t i = 0; i < n_in; i++) xr[i] = xf[i];
     for (int64_t o = 0; o < n_out; o++) {
         double a = 0;
-        for (int64_t i = 0; i < n_in; i++) a += w[o * n_in + i] * x[i];
+        for (int64_t i = 0; i < n_in; i++) a += w[o * n_in + i] * xr[i];
         y[o] = a;
     }
+    free(xr);
+    free(xf);
 }
 static void nnorm(double *y, const double *x, const double *w, int64_t n, double eps) {
     double ss = 0;
@@ -111,6 +129,10 @@ static void nnorm(double *y, const double *x, const double *w, int64_t n, double
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
 }
 static double f16r(double v) { return kvt_f16_to_f32(kvt_f32_to_f16((float)v)); }
+
+/* Smallest routing margin at each position over the layers (set by naive_forward): the gap between
+ * the k-th chosen expert's probability and the best unchosen one. */
+static double g_gap[64];
 
 /* Logits [n][V] of every position of tok[0..n). K and V are rounded to f16 like kvtier's cache. */
 static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int32_t *tok, uint32_t n) {
@@ -134,13 +156,15 @@ static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int
     double *q = malloc(H * HD * 8), *k = malloc(KV * HD * 8), *v = malloc(KV * HD * 8), *o = malloc(H * HD * 8);
     double *hg = malloc(F * 8), *hu = malloc(F * 8), *sc = malloc((size_t)n * 8), *lg = malloc(NE * 8), *pi = malloc(NE * 8);
     double *mask = malloc(NE * 8), *logits = malloc((size_t)n * V * 8);
+    assert_true(n <= 64);
     for (uint32_t p = 0; p < n; p++) {
+        g_gap[p] = 1e300;
         for (int64_t i = 0; i < E; i++) x[i] = emb.d[(int64_t)tok[p] * E + i];
         for (uint32_t l = 0; l < L; l++) {
             nnorm(xn, x, an[l].d, E, eps);
-            mv(qw[l].d, E, H * HD, xn, q);
-            mv(kw[l].d, E, KV * HD, xn, k);
-            mv(vw[l].d, E, KV * HD, xn, v);
+            mv(qw[l].d, qw[l].type, E, H * HD, xn, q);
+            mv(kw[l].d, kw[l].type, E, KV * HD, xn, k);
+            mv(vw[l].d, vw[l].type, E, KV * HD, xn, v);
             for (int64_t h = 0; h < H; h++) nnorm(q + h * HD, q + h * HD, qn[l].d, HD, eps);
             for (int64_t h = 0; h < KV; h++) nnorm(k + h * HD, k + h * HD, kn[l].d, HD, eps);
             for (int64_t i = 0; i < HD / 2; i++) { /* NEOX: pairs (i, i + HD/2) over the whole head */
@@ -162,22 +186,23 @@ static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int
                 for (uint32_t j = 0; j <= p; j++) {
                     const double *kr = Kc + ((size_t)l * n + j) * KV * HD + kh * HD;
                     double d = 0;
-                    for (int64_t i = 0; i < HD; i++) d += q[h * HD + i] * kr[i];
+                    for (int64_t i = 0; i < HD; i++) d += f16r(q[h * HD + i]) * kr[i]; /* K·Q takes Q in f16 */
                     sc[j] = d / sqrt((double)HD);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
                 for (uint32_t j = 0; j <= p; j++) z += sc[j] = exp(sc[j] - mx);
+                for (uint32_t j = 0; j <= p; j++) sc[j] = f16r(sc[j] / z) * z; /* the V product takes f16 weights */
                 for (int64_t i = 0; i < HD; i++) {
                     double a = 0;
                     for (uint32_t j = 0; j <= p; j++) a += sc[j] / z * Vc[((size_t)l * n + j) * KV * HD + kh * HD + i];
                     o[h * HD + i] = a;
                 }
             }
-            mv(ow[l].d, H * HD, E, o, t);
+            mv(ow[l].d, ow[l].type, H * HD, E, o, t);
             for (int64_t i = 0; i < E; i++) x[i] += t[i];
             nnorm(xn, x, fn[l].d, E, eps);
             /* router: softmax over all experts, top-k mask, renormalized weights */
-            mv(gi[l].d, E, NE, xn, lg);
+            mv(gi[l].d, gi[l].type, E, NE, xn, lg);
             double mx = lg[0], z = 0, ws = 0;
             for (int64_t e = 1; e < NE; e++) mx = lg[e] > mx ? lg[e] : mx;
             for (int64_t e = 0; e < NE; e++) z += pi[e] = exp(lg[e] - mx);
@@ -188,19 +213,25 @@ static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int
                     if (!mask[e] && (best < 0 || pi[e] > pi[best])) best = e;
                 mask[best] = 1, ws += pi[best];
             }
+            double kth = 1e300, next = -1e300;
+            for (int64_t e = 0; e < NE; e++) {
+                if (mask[e]) kth = fmin(kth, pi[e]);
+                else next = fmax(next, pi[e]);
+            }
+            g_gap[p] = fmin(g_gap[p], kth - next);
             for (int64_t i = 0; i < E; i++) y[i] = 0;
             for (int64_t e = 0; e < NE; e++) { /* every expert computed, then masked */
-                mv(ge[l].d + e * E * F, E, F, xn, hg);
-                mv(ue[l].d + e * E * F, E, F, xn, hu);
+                mv(ge[l].d + e * E * F, ge[l].type, E, F, xn, hg);
+                mv(ue[l].d + e * E * F, ue[l].type, E, F, xn, hu);
                 for (int64_t i = 0; i < F; i++) hg[i] = hg[i] / (1.0 + exp(-hg[i])) * hu[i];
-                mv(de[l].d + e * F * E, F, E, hg, ye);
+                mv(de[l].d + e * F * E, de[l].type, F, E, hg, ye);
                 const double w = mask[e] * pi[e] / ws;
                 for (int64_t i = 0; i < E; i++) y[i] += w * ye[i];
             }
             for (int64_t i = 0; i < E; i++) x[i] += y[i];
         }
         nnorm(xn, x, on.d, E, eps);
-        mv(out.d, E, V, xn, logits + (size_t)p * V);
+        mv(out.d, out.type, E, V, xn, logits + (size_t)p * V);
     }
     for (uint32_t l = 0; l < L; l++) {
         nw *all[12] = {&an[l], &qw[l], &kw[l], &vw[l], &qn[l], &kn[l], &ow[l], &fn[l], &gi[l], &ge[l], &ue[l], &de[l]};
@@ -213,8 +244,14 @@ static double *naive_forward(const kvt_gguf *g, const kvt_hparams *hp, const int
 }
 
 /* kvtier (prefill in chunks with every row's logits, then greedy decode) against the naive forward
- * over prompt + kvtier's greedy tokens. tol: max |dlogit|; returns the measured maximum. */
-static double check_vs_naive(const char *type, double tol) {
+ * over prompt + kvtier's greedy tokens.
+ * Routing is discontinuous: where the k-th chosen expert's probability is within tie_eps of the
+ * best unchosen one, the arithmetic of a weight type (bf16 rounding, quantized activations) may
+ * pick the other expert, and that row (and, through attention, every later one) legitimately moves
+ * by ~0.1. So rows before the first such near-tie must match within tol (argmax included where
+ * the naive top-2 margin exceeds 2 tol); later rows within 0.25 (argmax where the margin exceeds
+ * 0.5). The test requires min_tight tight rows and 10 argmax checks. Returns the measured tight-row maximum. */
+static double check_vs_naive(const char *type, double tol, double tie_eps, uint32_t min_tight) {
     char *path = make_model(type, 3);
     tu_fx f;
     tu_fx_open(&f, path, 16);
@@ -240,29 +277,39 @@ static double check_vs_naive(const char *type, double tol) {
         memcpy(kl + (size_t)(N + i) * V, lg, (size_t)V * sizeof(float));
     }
     double *ref = naive_forward(f.g, hp, tok, N + G);
-    double md = 0, range = 0;
+    uint32_t first_tie = N + G;
+    for (uint32_t r = 0; r < N + G && first_tie == N + G; r++)
+        if (g_gap[r] < tie_eps) first_tie = r;
+    double md = 0, md_late = 0, range = 0;
     uint32_t checked = 0;
     for (uint32_t r = 0; r < N + G; r++) {
         const double *rr = ref + (size_t)r * V;
+        const bool tight = r < first_tie;
         uint32_t a = 0, b = 1;
+        double rmd = 0;
         for (uint32_t v = 0; v < V; v++) {
-            md = fmax(md, fabs(rr[v] - kl[(size_t)r * V + v]));
+            rmd = fmax(rmd, fabs(rr[v] - kl[(size_t)r * V + v]));
             range = fmax(range, fabs(rr[v]));
         }
+        if (tight) md = fmax(md, rmd);
+        else md_late = fmax(md_late, rmd);
         for (uint32_t v = 1; v < V; v++) {
             if (rr[v] > rr[a]) b = a, a = v;
             else if (v != a && (b == a || rr[v] > rr[b])) b = v;
         }
-        /* greedy agreement wherever the naive top-2 margin exceeds the logit tolerance */
-        if (rr[a] - rr[b] > 2 * tol) {
+        if (rr[a] - rr[b] > (tight ? 2 * tol : 0.5)) {
             checked++;
             if (argmax_f(kl + (size_t)r * V, V) != a) fail_msg("%s: row %u argmax differs from the naive forward", type, r);
         }
     }
-    fprintf(stderr, "qwen3moe %s vs naive: max |dlogit| %.2e (|logit| up to %.2f), argmax checked on %u/%u rows\n",
-            type, md, range, checked, N + G);
+    fprintf(stderr,
+            "qwen3moe %s vs naive: max |dlogit| %.2e on %u rows before the first routing near-tie (|logit| up to "
+            "%.2f), %.2e after; argmax checked on %u/%u rows\n",
+            type, md, first_tie, range, md_late, checked, N + G);
     if (md > tol) fail_msg("%s: max |dlogit| %.3e > %.1e", type, md, tol);
-    assert_true(checked >= (N + G) / 2); /* the margin filter must not hollow the greedy check */
+    if (md_late > 0.25) fail_msg("%s: after a near-tie max |dlogit| %.3e > 0.25", type, md_late);
+    assert_true(first_tie >= min_tight); /* enough rows under the tight bound */
+    assert_true(checked >= 10);          /* the margin filters must not hollow the greedy check */
     assert_true(range > 0.1);            /* the logits are not degenerate */
     free(ref);
     free(kl);
@@ -273,20 +320,27 @@ static double check_vs_naive(const char *type, double tol) {
     return md;
 }
 
-/* f32/f16/bf16 weights: f32 math vs double (both round K/V to f16). Quantized weights: kvtier
- * multiplies them with quantized activations (Q8_0/Q8_1/Q8_K), the naive forward with exact
- * ones, so the tolerance is wider. The tiny shape's rows (64, 32) are not multiples of 256: q4_k /
- * q5_k / q6_k files fall back to q5_0 / q5_1 / q8_0 as llama-quantize does. */
+/* The naive forward models kvtier's documented arithmetic (activation conversion per weight type,
+ * the two f16 roundings of attention, f16 K/V) and accumulates in double. What remains is f32
+ * accumulation and the rare value that lands on the other side of an f16 rounding boundary. With
+ * float weights that stays below 5e-4: all 50 rows must match within 2e-2, and routing margins
+ * below 1e-6 count as ties. With quantized weights such an event moves later rows by ~1e-2. That
+ * can flip an expert whose routing margin is below ~1e-3 (q6_k: row 18 moves by 1.3e-2, then row
+ * 23 flips at a margin of 3.7e-4). Q8_1 activations (q4_1, q5_1) also keep their block sum in f16,
+ * which a dequantized activation cannot reproduce. So for those types margins below 1e-3 are ties:
+ * the rows before the first tie must match within 2e-2, and later rows within 0.25 with argmax
+ * where the margin exceeds 0.5. Gross errors (a wrong kernel, dequantization or formula) exceed
+ * both bounds. The tiny shape's rows are 256 wide, so the k-quant files hold k-quant experts
+ * (3-D tensors) and attention. */
 static void test_vs_naive_float(void **st) {
     (void)st;
-    check_vs_naive("f32", 2e-3);
-    check_vs_naive("f16", 2e-3);
-    check_vs_naive("bf16", 2e-3);
+    const char *types[] = {"f32", "f16", "bf16"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_vs_naive(types[i], 2e-2, 1e-6, 50);
 }
 static void test_vs_naive_quant(void **st) {
     (void)st;
-    const char *types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"};
-    for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_vs_naive(types[i], 5e-2);
+    const char *types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_vs_naive(types[i], 2e-2, 1e-3, 0);
 }
 
 /* Grouped-by-expert prefill == per-token decode, bit for bit (1 and 2 threads, odd ubatch). */

@@ -53,7 +53,7 @@ typedef struct moe_shape {
 static moe_shape moe_extras(int arch, const char *shape_name) {
     const bool tiny = !strcmp(shape_name, "tiny");
     if (arch == A_QWEN3MOE) {
-        if (tiny) return (moe_shape){8, 2, 32, 0, 0, 1, true, false, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0};
+        if (tiny) return (moe_shape){8, 2, 256, 0, 0, 1, true, false, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0};
         return (moe_shape){128, 8, 768, 0, 0, 1, true, false, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0}; /* Qwen3-30B-A3B */
     }
     if (arch == A_DEEPSEEK2) {
@@ -81,7 +81,9 @@ static shape tiny_shape(int arch) {
     case A_QWEN3: s.head_dim = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_GEMMA3: s.n_layer = 6; s.head_dim = 32; s.n_swa = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_QWEN35: s.n_layer = 4; s.head_dim = 32; s.rope_base = 1e7f; s.eps = 1e-6f; break; /* DeltaNet 0-2, attn 3 */
-    case A_QWEN3MOE: s.n_layer = 3; s.head_dim = 32; s.rope_base = 1e6f; s.eps = 1e-6f; s.n_ctx = 40960; break;
+    case A_QWEN3MOE: /* rows of 256 (embedding, experts, attention output) so the k-quants apply as such */
+        s.n_embd = 256; s.n_layer = 3; s.head_dim = 64; s.n_ff = 512; s.rope_base = 1e6f; s.eps = 1e-6f; s.n_ctx = 40960;
+        break;
     case A_DEEPSEEK2: /* key_length = d_nope + d_rope = 48 (moe_extras); 1 dense + 2 MoE layers */
         s.n_layer = 3; s.n_kv = 4; s.head_dim = 48; s.rope_base = 10000.0f; s.eps = 1e-6f; s.n_ctx = 163840;
         s.tied = false;
