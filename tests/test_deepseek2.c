@@ -3,7 +3,8 @@
  * three cases (8, 300 and 700-token prompts) with the chosen tokens' log-softmax within
  * LOGPROB_TOL of the reference; the latent cache's size; chunked prefill and thread count give the
  * same bits; routing against a naive reference; absorbed attention + grouped experts against a
- * naive double-precision forward with expanded per-head K/V and every expert computed, masked. */
+ * naive double-precision forward with expanded per-head K/V and every expert computed, masked;
+ * gen-model's deepseek2 files: the key set of real DeepSeek-V2 GGUFs, and the same naive forward. */
 #include "testutil.h"
 #include "fixture_model.h"
 
@@ -13,6 +14,7 @@
 #include "gguf/gguf.h"
 #include "kernels/quant.h"
 #include "kv/kv.h"
+#include "model/gen_model.h"
 #include "model/model.h"
 
 #define FIXTURE "tests/fixtures/deepseek2-tiny.gguf"
@@ -396,6 +398,110 @@ static void test_absorbed_vs_expanded_naive(void **st) {
     tu_fx_close(&f);
 }
 
+/* ---- gen-model deepseek2: real files' keys, and the naive forward on a second model ---- */
+/* The deepseek2.* keys llama.cpp's converter writes for DeepSeek-V2 / V2-Lite (attn_kv_b layout);
+ * q_lora_rank is absent from V2-Lite's files (plain attn_q), vocab_size is informational. */
+static const char *const k_ds2_keys[] = {
+    "deepseek2.context_length", "deepseek2.embedding_length", "deepseek2.block_count",
+    "deepseek2.feed_forward_length", "deepseek2.attention.head_count", "deepseek2.attention.head_count_kv",
+    "deepseek2.rope.freq_base", "deepseek2.attention.layer_norm_rms_epsilon", "deepseek2.expert_used_count",
+    "deepseek2.leading_dense_block_count", "deepseek2.vocab_size", "deepseek2.attention.q_lora_rank",
+    "deepseek2.attention.kv_lora_rank", "deepseek2.attention.key_length", "deepseek2.attention.value_length",
+    "deepseek2.expert_feed_forward_length", "deepseek2.expert_count", "deepseek2.expert_shared_count",
+    "deepseek2.expert_weights_scale", "deepseek2.expert_weights_norm", "deepseek2.expert_gating_func",
+    "deepseek2.rope.dimension_count", "deepseek2.rope.scaling.type", "deepseek2.rope.scaling.factor",
+    "deepseek2.rope.scaling.original_context_length", "deepseek2.rope.scaling.yarn_log_multiplier", NULL};
+
+static char *gen_ds2(const char *type) {
+    char *dir = tu_tmpdir("ds2gen");
+    assert_non_null(dir);
+    char *path = malloc(strlen(dir) + 32);
+    sprintf(path, "%s/m.gguf", dir);
+    free(dir);
+    kvt_gen_model_opts o = {.arch = "deepseek2", .shape = "tiny", .type = type, .seed = 2, .byte_vocab = true};
+    char err[256] = "";
+    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen_model: %s", err);
+    return path;
+}
+static void rm_gen(char *path) {
+    unlink(path);
+    *strrchr(path, '/') = 0;
+    rmdir(path);
+    free(path);
+}
+
+static void test_gen_model_keys(void **st) {
+    (void)st;
+    char *path = gen_ds2("f16");
+    tu_fx f;
+    tu_fx_open(&f, path, 16);
+    int n = 0;
+    for (int64_t i = 0; i < kvt_gguf_n_kv(f.g); i++) {
+        const char *k = kvt_gguf_key_name(f.g, i);
+        if (strncmp(k, "deepseek2.", 10)) continue;
+        bool known = false;
+        for (int j = 0; k_ds2_keys[j]; j++) known |= !strcmp(k, k_ds2_keys[j]);
+        if (!known) fail_msg("gen-model wrote %s, which real deepseek2 files do not carry", k);
+        n++;
+    }
+    assert_int_equal(n, 25); /* all but vocab_size */
+    const kvt_hparams *hp = kvt_model_hparams(f.m);
+    assert_int_equal(hp->mla.q_lora_rank, 48);
+    assert_int_equal(hp->mla.kv_lora_rank, 32);
+    assert_int_equal(hp->mla.d_nope, 32);
+    assert_int_equal(hp->mla.d_rope, 16);
+    assert_int_equal(hp->mla.d_v, 32);
+    assert_true(hp->mla.yarn);
+    assert_int_equal(hp->moe.n_expert, 8);
+    assert_int_equal(hp->moe.n_expert_used, 2);
+    assert_int_equal(hp->moe.n_expert_shared, 1);
+    assert_int_equal(hp->moe.n_dense_lead, 1);
+    assert_int_equal(hp->moe.gating, 2);
+    assert_true(hp->moe.norm_topk);
+    assert_true(fabs(hp->moe.weights_scale - 2.5) < 1e-6);
+    assert_true(kvt_kv_layout_bytes_per_token(f.layout) == 3 * 48 * 2);
+    tu_fx_close(&f);
+    rm_gen(path);
+}
+
+/* The naive expanded forward (written for the fixture's math: low-rank q, sigmoid + bias routing)
+ * on a gen-model file with other weights and depth: argmax equal and logits within 5e-3 for f32
+ * weights (the same bound as the fixture). */
+static void test_gen_model_vs_naive(void **st) {
+    (void)st;
+    char *path = gen_ds2("f32");
+    tu_fx f;
+    tu_fx_open(&f, path, 16);
+    const kvt_hparams *hp = kvt_model_hparams(f.m);
+    const uint32_t V = hp->n_vocab, N = 40;
+    int32_t tok[40];
+    uint64_t seed = 31;
+    for (uint32_t i = 0; i < N; i++) tok[i] = (int32_t)(tu_rand(&seed) % V);
+    double *ref = naive_forward(f.g, hp, tok, N);
+    kvt_ctx *c = NULL;
+    kvt_seq *s = NULL;
+    assert_int_equal(kvt_ctx_create(f.m, 2, 16, &c), KVT_OK); /* three chunks of 16, 16, 8 */
+    assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
+    float *lg;
+    assert_int_equal(kvt_model_forward(c, s, tok, N, false, NULL, &lg), KVT_OK);
+    double md = 0, lo = 1e300, hi = -1e300;
+    uint32_t am = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        md = fmax(md, fabs(ref[v] - lg[v]));
+        lo = fmin(lo, ref[v]), hi = fmax(hi, ref[v]);
+        if (ref[v] > ref[am]) am = v;
+    }
+    fprintf(stderr, "gen-model deepseek2 vs naive: max |dlogit| %.2e (logit range %.2f)\n", md, hi - lo);
+    assert_int_equal(argmax(lg, V), am);
+    assert_true(md < 5e-3);
+    assert_true(hi - lo > 0.1);
+    kvt_seq_free(s);
+    kvt_ctx_free(c);
+    free(ref);
+    tu_fx_close(&f);
+    rm_gen(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hparams),
@@ -403,6 +509,8 @@ int main(void) {
         cmocka_unit_test(test_grouped_eq_per_token),
         cmocka_unit_test(test_routing_vs_naive),
         cmocka_unit_test(test_absorbed_vs_expanded_naive),
+        cmocka_unit_test(test_gen_model_keys),
+        cmocka_unit_test(test_gen_model_vs_naive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,21 +7,27 @@
 #include "cmds.h"
 
 static void usage(void) {
-    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] -o OUT.gguf\n"
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--layers N] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
-           "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35   (default: the shape's own arch; llama for tiny)\n"
-           "  --shape  tiny | smol-135m | qwen3-0.6b | llama-1b | gemma3-1b | qwen35-0.8b | qwen35-2b\n"
-           "           (default tiny; the qwen35 shapes are Qwen3.5-like hybrid layer shapes)\n"
-           "  --type   f16 | q8_0 | q4_0 | q4_k | f32 | bf16   (default f16; 1-D tensors stay f32;\n"
-           "           q4_k rows not a multiple of 256 fall back to q5_0, like llama-quantize)\n"
+           "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35 | qwen3moe | deepseek2\n"
+           "           (default: the shape's own arch; llama for tiny)\n"
+           "  --shape  tiny | smol-135m | qwen3-0.6b | llama-1b | gemma3-1b | qwen35-0.8b | qwen35-2b |\n"
+           "           qwen3moe-30b-a3b | deepseek2-lite   (default tiny; the qwen35 shapes are Qwen3.5-like\n"
+           "           hybrid layer shapes; qwen3moe-30b-a3b has Qwen3-30B-A3B's layer shapes (128 experts,\n"
+           "           8 used) and deepseek2-lite DeepSeek-V2-Lite's (MLA 512+64, 64 experts, 6 used, 2 shared,\n"
+           "           1 leading dense layer), each with 4 layers unless --layers says otherwise)\n"
+           "  --type   f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q5_k | q6_k | f32 | bf16   (default f16;\n"
+           "           1-D tensors and MoE routers stay f32; k-quant rows not a multiple of 256 fall back\n"
+           "           to q5_0/q5_1/q8_0, like llama-quantize)\n"
+           "  --layers N  this many layers instead of the shape's own count (1..512)\n"
            "  --vocab  vocabulary GGUF whose tokenizer.* keys are copied (default: ggml-vocab-gpt-2.gguf\n"
            "           in $KVT_VOCAB_DIR if set, else in the repository's data/vocab/ found from the\n"
            "           executable's location; an error if it is missing)\n"
            "  --byte-vocab  a 256-token byte vocabulary instead (BOS = EOS = token 0; for tests)\n"
            "  --seed   PRNG seed (default 0)\n"
-           "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2):\n"
-           "           makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
+           "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2; MLA q, k_pe,\n"
+           "           k_nope/v x2): makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
            "  -o, --output  output path (written atomically)\n");
 }
 
@@ -42,6 +48,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--type")) o.type = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--vocab")) o.vocab_path = kvt_args_str(&a);
         else if (kvt_args_flag(&a, NULL, "--byte-vocab")) o.byte_vocab = true;
+        else if (kvt_args_is(&a, NULL, "--layers")) o.n_layers = (uint32_t)kvt_args_i64(&a, 1, 512);
         else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
         else if (kvt_args_flag(&a, NULL, "--peaked")) o.peaked = true;
         else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
@@ -49,9 +56,8 @@ int cmd_gen_model(int argc, char **argv) {
     }
     if (a.failed) return 2;
     if (a.help) return 0;
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35", NULL};
     const char *bad = NULL, *what = NULL;
-    if (o.arch && !in_list(archs, o.arch)) bad = o.arch, what = "arch";
+    if (o.arch && !in_list(kvt_gen_model_archs, o.arch)) bad = o.arch, what = "arch";
     else if (o.shape && !in_list(kvt_gen_model_shapes, o.shape)) bad = o.shape, what = "shape";
     else if (o.type && !in_list(kvt_gen_model_types, o.type)) bad = o.type, what = "type";
     if (bad) {

@@ -14,11 +14,13 @@
 #include "../kernels/quant.h"
 
 const char *const kvt_gen_model_shapes[] = {"tiny", "smol-135m", "qwen3-0.6b", "llama-1b", "gemma3-1b",
-                                            "qwen35-0.8b", "qwen35-2b", NULL};
-const char *const kvt_gen_model_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", NULL};
+                                            "qwen35-0.8b", "qwen35-2b", "qwen3moe-30b-a3b", "deepseek2-lite", NULL};
+const char *const kvt_gen_model_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
+                                           "q5_1", "q4_k", "q5_k", "q6_k", NULL};
+const char *const kvt_gen_model_archs[] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35", "qwen3moe", "deepseek2", NULL};
 
-enum { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_QWEN35, A_COUNT };
-static const char *const k_arch_names[A_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35"};
+enum { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_QWEN35, A_QWEN3MOE, A_DEEPSEEK2, A_COUNT };
+static const char *const k_arch_names[A_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "qwen35", "qwen3moe", "deepseek2"};
 
 typedef struct shape {
     uint32_t n_embd, n_layer, n_head, n_kv, head_dim, n_ff, n_ctx, n_swa;
@@ -32,6 +34,36 @@ typedef struct shape {
 typedef struct ssm_shape {
     uint32_t hk, hv, d, conv, interval, n_rot;
 } ssm_shape;
+
+/* Mixture-of-experts (qwen3moe, deepseek2) and latent attention (deepseek2) extras. Metadata keys
+ * are written the way llama.cpp's converter writes them for real checkpoints (docs/models.md lists
+ * each family's key set): qwen3moe writes no gating/normalization keys (the loader's defaults,
+ * softmax + renormalized top-k, are the family's); deepseek2 writes the gating function, the
+ * normalization flag and the scale. */
+typedef struct moe_shape {
+    uint32_t n_expert, n_used, n_ff_exp, n_shared, n_dense_lead, gating; /* gating: 1 softmax, 2 sigmoid */
+    bool norm, bias;    /* expert_weights_norm; an exp_probs_b selection bias (DeepSeek-V3 style) */
+    float scale;        /* expert_weights_scale */
+    /* deepseek2 MLA: q_lora 0 = plain attn_q (V2-Lite) */
+    uint32_t q_lora, kv_lora, d_nope, d_rope, d_v;
+    float yarn_factor, yarn_log_mul;
+    uint32_t yarn_orig;
+} moe_shape;
+
+static moe_shape moe_extras(int arch, const char *shape_name) {
+    const bool tiny = !strcmp(shape_name, "tiny");
+    if (arch == A_QWEN3MOE) {
+        if (tiny) return (moe_shape){8, 2, 256, 0, 0, 1, true, false, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0};
+        return (moe_shape){128, 8, 768, 0, 0, 1, true, false, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0}; /* Qwen3-30B-A3B */
+    }
+    if (arch == A_DEEPSEEK2) {
+        /* tiny: V3-style routing (sigmoid, selection bias, normalized, scaled) and a low-rank q */
+        if (tiny) return (moe_shape){8, 2, 32, 1, 1, 2, true, true, 2.5f, 48, 32, 32, 16, 32, 40.0f, 0.1f, 4096};
+        /* DeepSeek-V2-Lite: softmax, no normalization, scale 1, plain q, latent 512 + rope 64 */
+        return (moe_shape){64, 6, 1408, 2, 1, 1, false, false, 1.0f, 0, 512, 128, 64, 128, 40.0f, 0.0707f, 4096};
+    }
+    return (moe_shape){0};
+}
 
 static ssm_shape qwen35_extras(const char *shape_name, const shape *s) {
     if (!strcmp(shape_name, "tiny")) return (ssm_shape){2, 4, 16, 4, 4, 8};
@@ -49,6 +81,13 @@ static shape tiny_shape(int arch) {
     case A_QWEN3: s.head_dim = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_GEMMA3: s.n_layer = 6; s.head_dim = 32; s.n_swa = 32; s.rope_base = 1e6f; s.eps = 1e-6f; break;
     case A_QWEN35: s.n_layer = 4; s.head_dim = 32; s.rope_base = 1e7f; s.eps = 1e-6f; break; /* DeltaNet 0-2, attn 3 */
+    case A_QWEN3MOE: /* rows of 256 (embedding, experts, attention output) so the k-quants apply as such */
+        s.n_embd = 256; s.n_layer = 3; s.head_dim = 64; s.n_ff = 512; s.rope_base = 1e6f; s.eps = 1e-6f; s.n_ctx = 40960;
+        break;
+    case A_DEEPSEEK2: /* key_length = d_nope + d_rope = 48 (moe_extras); 1 dense + 2 MoE layers */
+        s.n_layer = 3; s.n_kv = 4; s.head_dim = 48; s.rope_base = 10000.0f; s.eps = 1e-6f; s.n_ctx = 163840;
+        s.tied = false;
+        break;
     }
     return s;
 }
@@ -69,6 +108,12 @@ static bool named_shape(const char *name, int *arch, shape *s) {
     } else if (!strcmp(name, "qwen35-2b")) { /* Qwen3.5-2B-like layer shapes */
         *arch = A_QWEN35;
         *s = (shape){2048, 24, 8, 2, 256, 6144, 262144, 0, 1e7f, 1e-6f, true, false};
+    } else if (!strcmp(name, "qwen3moe-30b-a3b")) { /* Qwen3-30B-A3B's layer shapes; 4 of its 48 layers */
+        *arch = A_QWEN3MOE;
+        *s = (shape){2048, 4, 32, 4, 128, 6144, 40960, 0, 1e6f, 1e-6f, false, false};
+    } else if (!strcmp(name, "deepseek2-lite")) { /* DeepSeek-V2-Lite's layer shapes; 4 of its 27 layers */
+        *arch = A_DEEPSEEK2;
+        *s = (shape){2048, 4, 16, 16, 192, 10944, 163840, 0, 10000.0f, 1e-6f, false, false};
     } else if (!strcmp(name, "gemma3-1b")) {
         *arch = A_GEMMA3;
         *s = (shape){1152, 26, 4, 1, 256, 6912, 32768, 512, 1e6f, 1e-6f, true, false};
@@ -123,6 +168,13 @@ static float peak_factor(const char *name) {
     if (!strcmp(name, "output_norm.weight")) return 8.0f;
     if (ends_with(name, "attn_q.weight") || ends_with(name, "attn_k.weight")) return 2.0f;
     if (ends_with(name, "attn_q_norm.weight") || ends_with(name, "attn_k_norm.weight")) return 2.0f;
+    /* MLA: q (plain or up-projected) x2, and the keys' two parts x2: the shared k_pe (kv_a_mqa; its
+     * latent part is RMS-normed afterwards, so unaffected) and k_nope (kv_b, which scales v too) */
+    if (ends_with(name, "attn_q_b.weight") || ends_with(name, "attn_kv_a_mqa.weight") ||
+        ends_with(name, "attn_kv_b.weight"))
+        return 2.0f;
+    /* routers stay as drawn: std 0.02 weights over a normed input already give router logits of std
+     * ≈ 0.02·√n_embd (0.9 at 2048); x8 made routing so sharp that any KV error flipped experts */
     return 1.0f;
 }
 
@@ -304,7 +356,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         for (int i = 0; i < A_COUNT; i++)
             if (!strcmp(o->arch, k_arch_names[i])) arch = i;
         if (arch < 0)
-            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown arch '%s' (llama, qwen2, qwen3, gemma3, qwen35)", o->arch);
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                            "unknown arch '%s' (llama, qwen2, qwen3, gemma3, qwen35, qwen3moe, deepseek2)", o->arch);
     }
     if (!strcmp(shape_name, "tiny")) {
         if (arch < 0) arch = A_LLAMA;
@@ -313,23 +366,41 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         int native;
         if (!named_shape(shape_name, &native, &s))
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                            "unknown shape '%s' (tiny, smol-135m, qwen3-0.6b, llama-1b, gemma3-1b, qwen35-0.8b, qwen35-2b)",
+                            "unknown shape '%s' (tiny, smol-135m, qwen3-0.6b, llama-1b, gemma3-1b, qwen35-0.8b, qwen35-2b, "
+                            "qwen3moe-30b-a3b, deepseek2-lite)",
                             shape_name);
         if (arch < 0) arch = native;
+        /* the MoE/MLA shapes carry their architecture's own tensors: no cross-arch mixing */
+        const bool moe_shape_ = native == A_QWEN3MOE || native == A_DEEPSEEK2;
+        if (moe_shape_ != (arch == A_QWEN3MOE || arch == A_DEEPSEEK2) || (moe_shape_ && arch != native))
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "shape '%s' is not available for arch '%s'", shape_name,
+                            k_arch_names[arch]);
         /* another arch on a real shape: keep the dims, take the arch's own features */
         if (arch == A_GEMMA3 && !s.n_swa) s.n_swa = 512;
         if (arch != A_LLAMA) s.llama3_rope = false;
     }
-    const ssm_shape q35 = arch == A_QWEN35 ? qwen35_extras(shape_name, &s) : (ssm_shape){0, 0, 0, 0, 0, s.head_dim};
+    if (o->n_layers) {
+        if (o->n_layers > 512) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--layers %u out of range (1..512)", o->n_layers);
+        s.n_layer = o->n_layers;
+    }
+    const moe_shape mo = moe_extras(arch, shape_name);
+    if (mo.n_dense_lead >= s.n_layer && mo.n_expert)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "%s needs more than %u layers (its leading dense layers)",
+                        k_arch_names[arch], mo.n_dense_lead);
+    ssm_shape q35 = arch == A_QWEN35 ? qwen35_extras(shape_name, &s) : (ssm_shape){0, 0, 0, 0, 0, s.head_dim};
+    if (arch == A_DEEPSEEK2) q35.n_rot = mo.d_rope;
     uint32_t wtype, ftype;
-    static const struct { const char *name; uint32_t type, ftype; } types[] = {
-        {"f32", KVT_TYPE_F32, 0}, {"f16", KVT_TYPE_F16, 1},   {"bf16", KVT_TYPE_BF16, 32},
-        {"q8_0", KVT_TYPE_Q8_0, 7}, {"q4_0", KVT_TYPE_Q4_0, 2}, {"q4_k", KVT_TYPE_Q4_K, 14},
+    /* same order as kvt_gen_model_types; ftype = llama.cpp's general.file_type (the _S/_M variant
+     * mostly of that type: Q4_K_S, Q5_K_S) */
+    static const struct { uint32_t type, ftype; } types[] = {
+        {KVT_TYPE_F32, 0},  {KVT_TYPE_F16, 1},  {KVT_TYPE_BF16, 32}, {KVT_TYPE_Q8_0, 7},
+        {KVT_TYPE_Q4_0, 2}, {KVT_TYPE_Q4_1, 3}, {KVT_TYPE_Q5_0, 8},  {KVT_TYPE_Q5_1, 9},
+        {KVT_TYPE_Q4_K, 14}, {KVT_TYPE_Q5_K, 16}, {KVT_TYPE_Q6_K, 18},
     };
     int ti = find_name(kvt_gen_model_types, type_name);
     if (ti < 0)
-        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k)",
-                        type_name);
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)", type_name);
     wtype = types[ti].type;
     ftype = types[ti].ftype;
     const char *an = k_arch_names[arch];
@@ -382,10 +453,29 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     kvt_gguf_w_u32(w, K("attention.head_count"), s.n_head);
     kvt_gguf_w_u32(w, K("attention.head_count_kv"), s.n_kv);
     kvt_gguf_w_u32(w, K("attention.key_length"), s.head_dim);
-    kvt_gguf_w_u32(w, K("attention.value_length"), s.head_dim);
-    kvt_gguf_w_u32(w, K("rope.dimension_count"), q35.n_rot);
+    kvt_gguf_w_u32(w, K("attention.value_length"), arch == A_DEEPSEEK2 ? mo.d_v : s.head_dim);
+    if (arch != A_QWEN3MOE) /* real qwen3moe files have none: n_rot = key_length */
+        kvt_gguf_w_u32(w, K("rope.dimension_count"), q35.n_rot);
     kvt_gguf_w_f32(w, K("rope.freq_base"), s.rope_base);
     kvt_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), s.eps);
+    if (mo.n_expert) { /* the key set of llama.cpp's converter (docs/models.md) */
+        kvt_gguf_w_u32(w, K("expert_count"), mo.n_expert);
+        kvt_gguf_w_u32(w, K("expert_used_count"), mo.n_used);
+        kvt_gguf_w_u32(w, K("expert_feed_forward_length"), mo.n_ff_exp);
+    }
+    if (arch == A_DEEPSEEK2) {
+        kvt_gguf_w_u32(w, K("leading_dense_block_count"), mo.n_dense_lead);
+        kvt_gguf_w_u32(w, K("expert_shared_count"), mo.n_shared);
+        kvt_gguf_w_f32(w, K("expert_weights_scale"), mo.scale);
+        kvt_gguf_w_bool(w, K("expert_weights_norm"), mo.norm);
+        kvt_gguf_w_u32(w, K("expert_gating_func"), mo.gating);
+        if (mo.q_lora) kvt_gguf_w_u32(w, K("attention.q_lora_rank"), mo.q_lora);
+        kvt_gguf_w_u32(w, K("attention.kv_lora_rank"), mo.kv_lora);
+        kvt_gguf_w_str(w, K("rope.scaling.type"), "yarn", 4);
+        kvt_gguf_w_f32(w, K("rope.scaling.factor"), mo.yarn_factor);
+        kvt_gguf_w_u32(w, K("rope.scaling.original_context_length"), mo.yarn_orig);
+        kvt_gguf_w_f32(w, K("rope.scaling.yarn_log_multiplier"), mo.yarn_log_mul);
+    }
     if (arch == A_GEMMA3) kvt_gguf_w_u32(w, K("attention.sliding_window"), s.n_swa);
     if (arch == A_QWEN35) {
         const int32_t sect[4] = {11, 11, 10, 0};
@@ -415,7 +505,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     }
     const char *tmpl = arch == A_GEMMA3 ? k_tmpl_gemma
                      : arch == A_QWEN35 ? k_tmpl_qwen35
-                     : arch == A_QWEN2 || arch == A_QWEN3 ? k_tmpl_chatml
+                     : arch == A_QWEN2 || arch == A_QWEN3 || arch == A_QWEN3MOE || arch == A_DEEPSEEK2 ? k_tmpl_chatml
                      : s.llama3_rope ? k_tmpl_llama3 : k_tmpl_smol;
     kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
 
@@ -426,6 +516,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, nm, KVT_TYPE_F32, 1, ne_, fill_tensor, &gc); } while (0)
 #define T2(nm, n0, n1) do { int64_t ne_[2] = {(n0), (n1)}; \
         if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, nm, kvt_gen_model_pick_type(wtype, ne_[0]), 2, ne_, fill_tensor, &gc); } while (0)
+#define T3(nm, n0, n1, n2) do { int64_t ne_[3] = {(n0), (n1), (n2)}; \
+        if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, nm, kvt_gen_model_pick_type(wtype, ne_[0]), 3, ne_, fill_tensor, &gc); } while (0)
     T2("token_embd.weight", s.n_embd, n_vocab);
     if (s.llama3_rope) T1("rope_freqs.weight", s.head_dim / 2);
     for (uint32_t il = 0; il < s.n_layer; il++) {
@@ -459,6 +551,50 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
             T2(BLK("ffn_down.weight"), s.n_ff, s.n_embd);
             continue;
         }
+        if (mo.n_expert) { /* qwen3moe / deepseek2 (docs/models.md lists the tensors) */
+            T1(BLK("attn_norm.weight"), s.n_embd);
+            if (arch == A_DEEPSEEK2) {
+                const uint32_t dq = mo.d_nope + mo.d_rope;
+                if (mo.q_lora) {
+                    T2(BLK("attn_q_a.weight"), s.n_embd, mo.q_lora);
+                    T1(BLK("attn_q_a_norm.weight"), mo.q_lora);
+                    T2(BLK("attn_q_b.weight"), mo.q_lora, s.n_head * dq);
+                } else {
+                    T2(BLK("attn_q.weight"), s.n_embd, s.n_head * dq);
+                }
+                T2(BLK("attn_kv_a_mqa.weight"), s.n_embd, mo.kv_lora + mo.d_rope);
+                T1(BLK("attn_kv_a_norm.weight"), mo.kv_lora);
+                T2(BLK("attn_kv_b.weight"), mo.kv_lora, s.n_head * (mo.d_nope + mo.d_v));
+                T2(BLK("attn_output.weight"), s.n_head * mo.d_v, s.n_embd);
+            } else {
+                T2(BLK("attn_q.weight"), s.n_embd, qd);
+                T2(BLK("attn_k.weight"), s.n_embd, kvd);
+                T2(BLK("attn_v.weight"), s.n_embd, kvd);
+                T1(BLK("attn_q_norm.weight"), s.head_dim);
+                T1(BLK("attn_k_norm.weight"), s.head_dim);
+                T2(BLK("attn_output.weight"), qd, s.n_embd);
+            }
+            T1(BLK("ffn_norm.weight"), s.n_embd);
+            if (il < mo.n_dense_lead) {
+                T2(BLK("ffn_gate.weight"), s.n_embd, s.n_ff);
+                T2(BLK("ffn_up.weight"), s.n_embd, s.n_ff);
+                T2(BLK("ffn_down.weight"), s.n_ff, s.n_embd);
+                continue;
+            }
+            /* the router stays f32 (llama-quantize never quantizes ffn_gate_inp) */
+            int64_t ne_r[2] = {s.n_embd, mo.n_expert};
+            if (st == KVT_OK) st = kvt_gguf_w_tensor_fill(w, BLK("ffn_gate_inp.weight"), KVT_TYPE_F32, 2, ne_r, fill_tensor, &gc);
+            if (mo.bias) T1(BLK("exp_probs_b.bias"), mo.n_expert);
+            T3(BLK("ffn_gate_exps.weight"), s.n_embd, mo.n_ff_exp, mo.n_expert);
+            T3(BLK("ffn_up_exps.weight"), s.n_embd, mo.n_ff_exp, mo.n_expert);
+            T3(BLK("ffn_down_exps.weight"), mo.n_ff_exp, s.n_embd, mo.n_expert);
+            if (mo.n_shared) {
+                T2(BLK("ffn_gate_shexp.weight"), s.n_embd, mo.n_ff_exp * mo.n_shared);
+                T2(BLK("ffn_up_shexp.weight"), s.n_embd, mo.n_ff_exp * mo.n_shared);
+                T2(BLK("ffn_down_shexp.weight"), mo.n_ff_exp * mo.n_shared, s.n_embd);
+            }
+            continue;
+        }
         T1(BLK("attn_norm.weight"), s.n_embd);
         T2(BLK("attn_q.weight"), s.n_embd, qd);
         T2(BLK("attn_k.weight"), s.n_embd, kvd);
@@ -485,6 +621,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     if (!s.tied) T2("output.weight", s.n_embd, n_vocab);
 #undef T1
 #undef T2
+#undef T3
 #undef K
     if (st != KVT_OK) {
         kvt_errf(err, errlen, st, "gen-model: cannot add tensors (%s)", kvt_status_str(st));

@@ -1,7 +1,8 @@
 /*
  * gen_model.h — deterministic random-weight GGUF model generator (`kvtier gen-model`).
  *
- * Writes a complete, loadable GGUF v3 model for llama / qwen2 / qwen3 / gemma3 with a real shape
+ * Writes a complete, loadable GGUF v3 model for llama / qwen2 / qwen3 / gemma3 / qwen35 / qwen3moe /
+ * deepseek2 (mixture of experts, latent attention) with a real shape
  * (or a tiny test shape), random weights from a seeded splitmix64 stream (same options → same
  * bytes), and a real vocabulary copied from a vocab GGUF (tokenizer.* keys verbatim): the one given,
  * else the repository's data/vocab/ggml-vocab-gpt-2.gguf (an error when none is found), or a
@@ -17,9 +18,10 @@
 #include "../util/common.h"
 
 typedef struct kvt_gen_model_opts {
-    const char *arch;       /* "llama" | "qwen2" | "qwen3" | "gemma3"; NULL = the shape's own arch */
-    const char *shape;      /* "tiny" | "smol-135m" | "qwen3-0.6b" | "llama-1b" | "gemma3-1b" */
-    const char *type;       /* "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" (NULL = f16) */
+    const char *arch;       /* kvt_gen_model_archs; NULL = the shape's own arch */
+    const char *shape;      /* kvt_gen_model_shapes ("tiny", "qwen3moe-30b-a3b", ...) */
+    const char *type;       /* kvt_gen_model_types ("f16", "q8_0", "q4_k", ...; NULL = f16) */
+    uint32_t n_layers;      /* 0 = the shape's own layer count; else this many (1..512) */
     const char *vocab_path; /* vocab GGUF; NULL = default search (kvt_gen_model_default_vocab) */
     uint64_t seed;
     bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
@@ -49,5 +51,6 @@ float kvt_gen_model_llama3_factor(float base, uint32_t n_rot, uint32_t i);
 /* Names accepted by the options (for --help and validation). */
 extern const char *const kvt_gen_model_shapes[];  /* NULL-terminated */
 extern const char *const kvt_gen_model_types[];   /* NULL-terminated */
+extern const char *const kvt_gen_model_archs[];   /* NULL-terminated */
 
 #endif

@@ -53,7 +53,7 @@ assert kv[arch + '.embedding_length'] > 0
 PY
 }
 
-for arch in llama qwen2 qwen3 gemma3; do
+for arch in llama qwen2 qwen3 gemma3 qwen3moe deepseek2; do
   f=$T/$arch.gguf
   check "gen-model $arch tiny" "$KV" gen-model --arch $arch --shape tiny --type q8_0 --seed 3 -o "$f"
   out=$("$KV" inspect "$f"); rc=$?
@@ -96,6 +96,11 @@ check "missing file" one_line_err "cannot open" "$T/does-not-exist.gguf"
 # usage errors exit 2
 "$KV" gen-model --arch gpt9 -o "$T/x.gguf" 2>/dev/null; check "unknown arch exit 2" test $? -eq 2
 "$KV" gen-model --shape tiny 2>/dev/null; check "missing -o exit 2" test $? -eq 2
+"$KV" gen-model --layers 0 -o "$T/x.gguf" 2>/dev/null; check "--layers 0 exit 2" test $? -eq 2
+"$KV" gen-model --arch deepseek2 --layers 1 -o "$T/x.gguf" 2>/dev/null; check "deepseek2 with only its dense layer refused" test $? -eq 1
+"$KV" gen-model --arch llama --shape deepseek2-lite -o "$T/x.gguf" 2>/dev/null; check "MoE shape on a dense arch refused" test $? -eq 1
+check "qwen3moe --layers 2" "$KV" gen-model --arch qwen3moe --layers 2 -o "$T/l2.gguf"
+check "qwen3moe --layers 2 has 2 blocks" grep -q "n_layer 2 " <<<"$("$KV" inspect "$T/l2.gguf")"
 "$KV" inspect --bogus "$T/llama.gguf" 2>/dev/null; check "inspect unknown flag exit 2" test $? -eq 2
 "$KV" gen-model --help >/dev/null; check "gen-model --help exit 0" test $? -eq 0
 
