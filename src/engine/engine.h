@@ -4,9 +4,13 @@
  * lookup (RAM, then SSD if strictly longer) -> prefill the rest in ubatch chunks (with a
  * prompt-boundary snapshot for long cold prompts) -> decode with sampling -> put back into the cache.
  *
- * Ownership / threading: kvt_engine owns everything it creates. kvt_engine_generate runs one request
- * at a time (an internal mutex serialises callers); callbacks run on the calling thread. The
- * stats/flush functions may be called from any thread concurrently with a generation.
+ * Ownership / threading: kvt_engine owns everything it creates. With parallel == 1,
+ * kvt_engine_generate runs one request at a time (an internal mutex serialises callers) and its
+ * callbacks run on the calling thread. With parallel > 1 (continuous batching, sched.h,
+ * docs/batching.md) many threads may call it at once: each request becomes a row of the batching
+ * scheduler, the call blocks until its row ended, and its callbacks (on_token, progress) run on
+ * the scheduler thread: they must return quickly and never block (a slow callback stalls every
+ * row). The stats/flush functions may be called from any thread concurrently with a generation.
  */
 #ifndef KVT_ENGINE_H
 #define KVT_ENGINE_H
@@ -40,6 +44,10 @@ typedef struct kvt_engine_opts {
     const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
     uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
     const char *chat_template;  /* override, NULL = detect */
+    uint32_t parallel;          /* rows batched per forward step (docs/batching.md); default 4;
+                                 * 1 (or 0) = one generation at a time on the calling thread */
+    uint32_t queue_max;         /* requests waiting for a row or KV memory before the
+                                 * "out of KV memory" error; default 64 */
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);
@@ -58,6 +66,7 @@ uint32_t kvt_engine_n_vocab(const kvt_engine *e);
 const char *kvt_engine_model_name(const kvt_engine *e); /* general.name or file basename */
 const char *kvt_engine_scheme_key(const kvt_engine *e); /* KV scheme cache key */
 const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e);
+uint32_t kvt_engine_parallel(const kvt_engine *e); /* rows per step (1 = no scheduler) */
 
 typedef struct kvt_sampling {
     float temperature;       /* 0 = greedy; default 0.8 for servers, CLI decides */
