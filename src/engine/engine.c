@@ -59,6 +59,7 @@ struct kvt_engine {
     pthread_mutex_t gen_mu;   /* the compute context: one generation (--parallel 1) or one step at a time */
     kvt_sched *sched;         /* --parallel > 1: the batching scheduler (sched.h); NULL = inline rows */
     uint32_t parallel;
+    int inline_active;        /* --parallel 1: a generation runs (atomic; /stats rows_active) */
     bool decoding;            /* some row decodes: the SSD/shared writers defer (kvt_engine_set_decoding) */
     pthread_mutex_t stats_mu; /* request counters */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
@@ -842,6 +843,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
 
     /* --parallel 1: this thread drives its one row, one generation at a time */
     pthread_mutex_lock(&e->gen_mu);
+    __atomic_store_n(&e->inline_active, 1, __ATOMIC_RELAXED);
     kvt_row_begin(&r);
     while (r.state != KVT_ROW_DONE) {
         const int32_t *tok = NULL;
@@ -852,6 +854,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         kvt_row_advance(&r, m, st, logits);
     }
     kvt_row_end(&r);
+    __atomic_store_n(&e->inline_active, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&e->gen_mu);
     return r.st;
 }
@@ -931,6 +934,28 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
     out->generated_tokens = e->generated_tokens;
     out->cached_tokens = e->cached_tokens;
     pthread_mutex_unlock(&e->stats_mu);
+    out->parallel = e->parallel;
+    if (e->sched) {
+        kvt_sched_stats b;
+        kvt_sched_stats_get(e->sched, &b);
+        out->rows_active = b.rows_active;
+        out->rows_queued = b.queued;
+        out->batch_queue_max = b.queue_max;
+        out->batch_steps = b.steps;
+        out->batch_memory_waits = b.memory_waits;
+        out->batch_queue_full = b.queue_full;
+        out->batch_tokens_per_step_last = b.tokens_per_step_last;
+        out->batch_tokens_per_step_avg = b.tokens_per_step_avg;
+        out->batch_prefill_tps_1m = b.prefill_tps_1m;
+        out->batch_decode_tps_1m = b.decode_tps_1m;
+        out->queue_wait_ms_last = b.queue_wait_ms_last;
+        out->queue_wait_ms_avg = b.queue_wait_ms_avg;
+        out->queue_wait_ms_max = b.queue_wait_ms_max;
+        out->max_decode_stall_ms = b.max_decode_stall_ms;
+        out->max_decode_step_ms = b.max_decode_step_ms;
+    } else {
+        out->rows_active = (uint64_t)__atomic_load_n(&e->inline_active, __ATOMIC_RELAXED);
+    }
 }
 
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {

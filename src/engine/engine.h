@@ -165,6 +165,13 @@ typedef struct kvt_engine_stats {
     char scheme[128];
     /* requests */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
+    /* continuous batching (docs/batching.md); with parallel 1 only rows_active is kept */
+    uint64_t parallel, rows_active, rows_queued, batch_queue_max, batch_steps, batch_memory_waits, batch_queue_full;
+    double batch_tokens_per_step_last, batch_tokens_per_step_avg;
+    double batch_prefill_tps_1m, batch_decode_tps_1m;   /* tokens forwarded per second, last minute */
+    double queue_wait_ms_last, queue_wait_ms_avg, queue_wait_ms_max;
+    double max_decode_stall_ms; /* longest step that carried prefill tokens while rows decoded */
+    double max_decode_step_ms;  /* longest step of decode rows only (the stall's baseline) */
 } kvt_engine_stats;
 void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out);
 

@@ -39,6 +39,7 @@ struct kvt_sched {
     bool stop;
     kvt_row *q_head, *q_tail;
     uint32_t n_queued;
+    uint32_t n_inside;      /* submitters inside kvt_sched_run (free waits for them to leave) */
     kvt_row **active;       /* [parallel] */
     uint32_t n_active;
     uint64_t reserved;
@@ -240,6 +241,9 @@ void kvt_sched_free(kvt_sched *s) {
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->th, NULL);
+        pthread_mutex_lock(&s->mu); /* every row is done: wait until their submitters returned */
+        while (s->n_inside) pthread_cond_wait(&s->done_cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -269,8 +273,11 @@ kvt_status kvt_sched_run(kvt_sched *s, kvt_row *r) {
     else s->q_head = r;
     s->q_tail = r;
     s->n_queued++;
+    s->n_inside++;
     pthread_cond_signal(&s->cv);
     while (!r->done) pthread_cond_wait(&s->done_cv, &s->mu);
+    s->n_inside--;
+    pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
     return r->st;
 }
