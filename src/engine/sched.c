@@ -124,10 +124,11 @@ static void reap(kvt_sched *s) {
 static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
     uint32_t budget = s->o.ubatch, ni = 0, n_dec = 0, n_pre_tok = 0;
     bool any_decoding = false;
+    if (stopping) /* shutdown: every row's next plan ends it cancelled */
+        for (uint32_t i = 0; i < n_rows; i++) __atomic_store_n(&rows[i]->abort, 1, __ATOMIC_RELAXED);
     for (int pass = 0; pass < 2; pass++) /* pass 0: decode rows, pass 1: prefill rows */
         for (uint32_t i = 0; i < n_rows && budget; i++) {
             kvt_row *r = rows[i];
-            if (stopping) __atomic_store_n(&r->abort, 1, __ATOMIC_RELAXED);
             if (r->state != (pass == 0 ? KVT_ROW_DECODE : KVT_ROW_PREFILL)) continue;
             const int32_t *tok = NULL;
             uint32_t m = kvt_row_plan(r, budget, &tok);
