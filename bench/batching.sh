@@ -7,7 +7,8 @@
 # /stats batching figures (tokens per step, max decode stall). With BATCH_LONG=1 also: TTFT of a
 # 100-token request sent while a BATCH_LONG_P-token (7000) prefill runs, vs the same request alone.
 # Writes $OUT_DIR/batching.json and prints a table.
-# Env: KVTIER, MODEL, THREADS, BATCH_PAR, BATCH_CLIENTS, BATCH_P, BATCH_N, BATCH_LONG, BATCH_LONG_P, OUT_DIR.
+# Also: aggregate tok/s of BATCH_STREAMS ("1 4 8") concurrent streams on one --parallel 8 server.
+# Env: KVTIER, MODEL, THREADS, BATCH_PAR, BATCH_STREAMS, BATCH_CLIENTS, BATCH_P, BATCH_N, BATCH_LONG, BATCH_LONG_P, OUT_DIR.
 set -euo pipefail
 KVTIER=${KVTIER:-build/kvtier}
 MODEL=${MODEL:-models/smol-q8_0.gguf}
@@ -109,6 +110,14 @@ for par in $BATCH_PAR; do
   printf '"parallel_%s": %s\n' "$par" "$res" >>"$OUT_DIR/batching.json"
   echo "parallel $par: $res" >&2
 done
+# aggregate tok/s of 1, 4 and 8 concurrent streams on one --parallel 8 server (BATCH_STREAMS)
+start 8 2048
+for nc in ${BATCH_STREAMS:-1 4 8}; do
+  res=$(python3 "$WORK/client.py" "$PORT" clients "$nc" "$BATCH_P" "$BATCH_N")
+  printf ',\n"streams_%s": %s\n' "$nc" "$res" >>"$OUT_DIR/batching.json"
+  echo "streams $nc: $res" >&2
+done
+stop
 if [ "$BATCH_LONG" = 1 ]; then
   start 4 8192
   res=$(python3 "$WORK/client.py" "$PORT" long "$BATCH_LONG_P")
@@ -124,6 +133,9 @@ print(f"{'parallel':>8} {'agg tok/s':>10} {'TTFT med s':>11} {'TTFT max s':>11} 
 for k, v in d.items():
     if not k.startswith("parallel_"): continue
     print(f"{k[9:]:>8} {v['agg_tps']:10.1f} {v['ttft_median_s']:11.2f} {v['ttft_max_s']:11.2f} {v['tokens_per_step_avg']:9.1f} {v['max_decode_stall_ms']:13.1f}")
+for k, v in d.items():
+    if k.startswith("streams_"):
+        print(f"{k[8:]:>2} concurrent stream(s) on --parallel 8: {v['agg_tps']:.1f} tok/s aggregate, TTFT median {v['ttft_median_s']:.2f} s")
 if "long_prefill_parallel_4" in d:
     v = d["long_prefill_parallel_4"]
     print(f"100-token request: TTFT alone {v['short_alone_ttft_s']:.2f} s, beside a {v['long_prompt_tokens']}-token prefill {v['short_beside_long_ttft_s']:.2f} s")

@@ -14,6 +14,12 @@
  *
  * Nothing in steps 3–4 waits for disk: SSD writes happen on the SSD tier's writer thread, which only
  * reads sealed (immutable) blocks.
+ *
+ * The steps are the phases of a row (engine_int.h): kvt_row_begin (1-2 and the prefill setup),
+ * kvt_row_plan + kvt_row_advance per forward (one prefill chunk or one decode token; sampling and
+ * streaming in advance), kvt_row_end (5). With --parallel 1 kvt_engine_generate drives its row
+ * inline under gen_mu; otherwise the batching scheduler (sched.c) drives all rows, one
+ * kvt_model_forward_batch per step (docs/batching.md).
  */
 #include "engine.h"
 

@@ -121,7 +121,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                                char *err, size_t errlen);
 
 /* Progress of long work inside kvt_engine_generate, for terminal indicators (src/cli/progress.h).
- * Called on the generating thread: once with done = 0 when a phase starts, after each prefill
+ * Called on the generating thread (the scheduler thread with parallel > 1, where the rows' reports
+ * interleave): once with done = 0 when a phase starts, after each prefill
  * chunk / restored block, and once with done == total when the phase ends (also when it stops
  * early). Prefill counts the tokens being computed (the prompt less what was reused). NULL cb =
  * none (the default). Set it while no generation runs. */
