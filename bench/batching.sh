@@ -68,9 +68,10 @@ def stats():
     return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats"))["batching"]
 if mode == "clients":
     nc, p, n = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    base = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # distinct prompts per run on one server
     outs = [dict() for _ in range(nc)]
     t0 = time.time()
-    ts = [threading.Thread(target=stream, args=(words(i + 1, p), n, outs[i], t0)) for i in range(nc)]
+    ts = [threading.Thread(target=stream, args=(words(base + i + 1, p), n, outs[i], t0)) for i in range(nc)]
     for t in ts: t.start()
     for t in ts: t.join()
     wall = max(o["end"] for o in outs)
@@ -113,7 +114,7 @@ done
 # aggregate tok/s of 1, 4 and 8 concurrent streams on one --parallel 8 server (BATCH_STREAMS)
 start 8 2048
 for nc in ${BATCH_STREAMS:-1 4 8}; do
-  res=$(python3 "$WORK/client.py" "$PORT" clients "$nc" "$BATCH_P" "$BATCH_N")
+  res=$(python3 "$WORK/client.py" "$PORT" clients "$nc" "$BATCH_P" "$BATCH_N" $((nc * 1000)))
   printf ',\n"streams_%s": %s\n' "$nc" "$res" >>"$OUT_DIR/batching.json"
   echo "streams $nc: $res" >&2
 done

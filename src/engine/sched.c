@@ -13,8 +13,8 @@
  *      the budget (so a pool too small for all rows serves them in order, never OOM).
  *   2. The queue never holds more than queue_max rows; a submit beyond that fails at once.
  *   3. Every step forwards at most ubatch tokens: first one token of every DECODE row, then
- *      prefill chunks in admission order with what is left, so no decode waits more than one
- *      step for a prefill.
+ *      prefill chunks, fewest prompt tokens left first, with what is left, so no decode waits more
+ *      than one step for a prefill and a short prompt never waits behind a long one.
  *   4. Every row phase and every forward pass run on the scheduler thread, the forward under the
  *      engine's context mutex; s->mu is never held across a phase or a forward.
  *   5. A row is ended (kvt_row_end) exactly once, after it reached DONE, and only then marked done;
@@ -126,6 +126,15 @@ static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
     bool any_decoding = false;
     if (stopping) /* shutdown: every row's next plan ends it cancelled */
         for (uint32_t i = 0; i < n_rows; i++) __atomic_store_n(&rows[i]->abort, 1, __ATOMIC_RELAXED);
+    /* prefill rows by fewest prompt tokens left (ties: admission order), so a short request that
+     * arrives during a long prefill gets its chunk in the next step (TTFT <= its own prefill + one
+     * step) while the long one takes what is left of the budget */
+    for (uint32_t i = 1; i < n_rows; i++) {
+        kvt_row *r = rows[i];
+        uint32_t j = i;
+        for (; j > 0 && rows[j - 1]->n - rows[j - 1]->done_tok > r->n - r->done_tok; j--) rows[j] = rows[j - 1];
+        rows[j] = r;
+    }
     for (int pass = 0; pass < 2; pass++) /* pass 0: decode rows, pass 1: prefill rows */
         for (uint32_t i = 0; i < n_rows && budget; i++) {
             kvt_row *r = rows[i];
