@@ -118,9 +118,9 @@ typedef struct kvt_batch_item {
     kvt_status st;
 } kvt_batch_item;
 
-/* True when kvt_model_forward_batch runs its items in one pass (dense attention: llama, qwen2,
- * qwen3, gemma3, qwen3moe); false for qwen35 (recurrent state) and deepseek2 (MLA), whose items
- * are forwarded one after another inside the same call. */
+/* True when kvt_model_forward_batch runs its items in one pass (dense models: llama, qwen2, qwen3,
+ * gemma3); false for qwen35 (recurrent state), deepseek2 (MLA) and qwen3moe (no test model yet),
+ * whose items are forwarded one after another inside the same call. */
 bool kvt_model_batches(const kvt_model *m);
 
 /* Several sequences (distinct, same layout) in one forward pass: every matmul runs once over the
