@@ -68,6 +68,7 @@ struct kvt_engine {
     int inline_active;        /* --parallel 1: a generation runs (atomic; /stats rows_active) */
     bool decoding;            /* some row decodes: the SSD/shared writers defer (kvt_engine_set_decoding) */
     pthread_mutex_t stats_mu; /* request counters */
+    pthread_mutex_t lookup_mu; /* one tier lookup at a time (rows begin on their own threads) */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
     double last_tick_ms;
     kvt_progress_cb progress; /* kvt_engine_set_progress */
@@ -306,6 +307,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (!e) return KVT_ERR_NOMEM;
     e->o = *o;
     pthread_mutex_init(&e->gen_mu, NULL);
+    pthread_mutex_init(&e->lookup_mu, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
     e->model_path = strdup(o->model_path);
     e->o.model_path = e->model_path;
@@ -444,6 +446,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_model_free(e->model);
     kvt_gguf_free(e->gguf);
     pthread_mutex_destroy(&e->gen_mu);
+    pthread_mutex_destroy(&e->lookup_mu);
     pthread_mutex_destroy(&e->stats_mu);
     free(e->model_path);
     free(e);
@@ -570,9 +573,13 @@ void kvt_row_begin(kvt_row *r) {
     r->use_cache = e->pc && !req->no_cache;
     kvt_status st;
     if (r->use_cache) {
+        /* lookups run on the submitting threads (sched.h): one at a time (the shared tier's fetch
+         * connection is single-user), concurrently with the scheduler's steps */
+        pthread_mutex_lock(&e->lookup_mu);
         kvt_tiers_hit hit;
         st = kvt_tiers_lookup(e->tier, req->prompt, n, r->root, &hit);
         if (st) {
+            pthread_mutex_unlock(&e->lookup_mu);
             r->st = st;
             return;
         }
@@ -581,6 +588,7 @@ void kvt_row_begin(kvt_row *r) {
         res->restore_ms = hit.restore_ms;
         res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
         shared_lookup(e, req->prompt, n, r->root, &r->seq, &r->reused, res);
+        pthread_mutex_unlock(&e->lookup_mu);
     }
     if (!r->seq) {
         if ((st = kvt_seq_create(e->pool, r->root, &r->seq))) {

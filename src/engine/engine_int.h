@@ -5,8 +5,10 @@
  *
  * Ownership: a kvt_row lives on the stack of the kvt_engine_generate call that submitted it and
  * outlives its time in the scheduler (kvt_sched_run returns only after the row was ended). Every
- * phase runs on one thread at a time (the driver); the request, result and error buffer are the
- * caller's and are written only by the phases.
+ * phase runs on one thread at a time: kvt_row_begin on the submitting thread (so a slow SSD
+ * restore or shared-tier fetch never pauses the other rows; lookups are serialised among
+ * themselves by the engine), the others on the driver; the request, result and error buffer are
+ * the caller's and are written only by the phases.
  */
 #ifndef KVT_ENGINE_INT_H
 #define KVT_ENGINE_INT_H
@@ -56,7 +58,9 @@ typedef struct kvt_row {
     uint64_t reserve; /* KV bytes this row may need (admission) */
     double t_enq;
     bool mem_waited;
-    bool done; /* ended: the submitting thread may return */
+    bool admitted; /* given a slot: the submitter runs kvt_row_begin on its own thread */
+    bool ready;    /* kvt_row_begin returned: the scheduler may step (or end) the row */
+    bool done;     /* ended: the submitting thread may return */
     struct kvt_row *qnext;
 } kvt_row;
 

@@ -3,9 +3,9 @@
  *
  * A row's life (engine_int.h states), all transitions on the scheduler thread except the first:
  *
- *   QUEUED --admit--> (kvt_row_begin) --> PREFILL --chunks--> DECODE --tokens--> DONE --end--> done
- *            \                       \--> DONE (lookup/admission error)          ^
- *             \--> DONE (shutdown)         PREFILL/DECODE --cancel/error/stop----/
+ *   QUEUED --admit--> admitted --(kvt_row_begin, submitter)--> ready: PREFILL --chunks--> DECODE
+ *      \                                                   \--> ready: DONE (lookup/admission error)
+ *       \--> DONE (shutdown)      PREFILL/DECODE --tokens/cancel/error/stop--> DONE --end--> done
  *
  * Invariants:
  *   1. Rows leave the queue in FIFO order; a row is admitted only when fewer than `parallel` rows
@@ -15,8 +15,10 @@
  *   3. Every step forwards at most ubatch tokens: first one token of every DECODE row, then
  *      prefill chunks, fewest prompt tokens left first, with what is left, so no decode waits more
  *      than one step for a prefill and a short prompt never waits behind a long one.
- *   4. Every row phase and every forward pass run on the scheduler thread, the forward under the
- *      engine's context mutex; s->mu is never held across a phase or a forward.
+ *   4. kvt_row_begin runs on the submitting thread after admission (a slow restore pauses no other
+ *      row); every other phase and every forward pass run on the scheduler thread, the forward
+ *      under the engine's context mutex; only ready rows are planned, stepped or ended; s->mu is
+ *      never held across a phase or a forward.
  *   5. A row is ended (kvt_row_end) exactly once, after it reached DONE, and only then marked done;
  *      its submitter returns only after that, so the row (on its stack) outlives the scheduler's use.
  *   6. rows_active + queued counts every submitted row not yet done; reserved is the sum of the
@@ -44,6 +46,7 @@ struct kvt_sched {
     uint32_t n_active;
     uint64_t reserved;
     kvt_batch_item *items;  /* [parallel] */
+    kvt_row **rows;         /* [parallel] the ready rows of one step (scheduler thread) */
     kvt_row **item_row;     /* [parallel] */
     /* stats (mu) */
     uint64_t steps, step_tokens, admitted, memory_waits, queue_full;
@@ -74,8 +77,7 @@ static void finish_row(kvt_sched *s, kvt_row *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Invariant 1: admit from the queue head while a slot and the memory allow. Called with mu held;
- * returns with mu held (released around kvt_row_begin). */
+/* Invariant 1: admit from the queue head while a slot and the memory allow. Called with mu held. */
 static void admit(kvt_sched *s) {
     while (s->q_head && s->n_active < s->o.parallel) {
         kvt_row *r = s->q_head;
@@ -97,9 +99,8 @@ static void admit(kvt_sched *s) {
         s->admitted++;
         s->active[s->n_active++] = r; /* counted active while it begins (invariant 6) */
         s->reserved += r->reserve;
-        pthread_mutex_unlock(&s->mu);
-        kvt_row_begin(r);
-        pthread_mutex_lock(&s->mu);
+        r->admitted = true; /* its submitter runs kvt_row_begin, then marks it ready */
+        pthread_cond_broadcast(&s->done_cv);
     }
 }
 
@@ -107,7 +108,7 @@ static void admit(kvt_sched *s) {
 static void reap(kvt_sched *s) {
     for (uint32_t i = 0; i < s->n_active;) {
         kvt_row *r = s->active[i];
-        if (r->state != KVT_ROW_DONE) {
+        if (!r->ready || r->state != KVT_ROW_DONE) {
             i++;
             continue;
         }
@@ -174,7 +175,7 @@ static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
 
 static void *sched_main(void *arg) {
     kvt_sched *s = arg;
-    kvt_row **rows = calloc(s->o.parallel, sizeof *rows);
+    kvt_row **rows = s->rows;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         if (s->stop) { /* shutdown: queued rows end cancelled, active rows are aborted below */
@@ -195,27 +196,22 @@ static void *sched_main(void *arg) {
             admit(s);
         }
         reap(s);
-        if (!s->n_active) {
-            if (s->stop) continue;
-            if (!s->q_head) pthread_cond_wait(&s->cv, &s->mu);
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < s->n_active; i++)
+            if (s->active[i]->ready) rows[n++] = s->active[i];
+        if (!n) { /* nothing to step: wait for a new row, a begun row or stop */
+            if (s->stop && !s->n_active) continue;
+            pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
-        uint32_t n = s->n_active;
-        for (uint32_t i = 0; i < n; i++) rows[i] = s->active[i];
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
-        if (rows) step(s, rows, n, stopping);
+        step(s, rows, n, stopping);
         pthread_mutex_lock(&s->mu);
-        if (!rows) /* no memory for the step list: fail the active rows rather than spin */
-            for (uint32_t i = 0; i < s->n_active; i++) {
-                s->active[i]->st = KVT_ERR_NOMEM;
-                s->active[i]->state = KVT_ROW_DONE;
-            }
         reap(s);
     }
     pthread_mutex_unlock(&s->mu);
     kvt_engine_set_decoding(s->e, false);
-    free(rows);
     return NULL;
 }
 
@@ -230,11 +226,12 @@ kvt_status kvt_sched_create(kvt_engine *e, const kvt_sched_opts *o, kvt_sched **
     s->active = calloc(s->o.parallel, sizeof *s->active);
     s->items = calloc(s->o.parallel, sizeof *s->items);
     s->item_row = calloc(s->o.parallel, sizeof *s->item_row);
+    s->rows = calloc(s->o.parallel, sizeof *s->rows);
     s->t_start = kvt_now_ms();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    if (!s->active || !s->items || !s->item_row || pthread_create(&s->th, NULL, sched_main, s) != 0) {
+    if (!s->active || !s->items || !s->item_row || !s->rows || pthread_create(&s->th, NULL, sched_main, s) != 0) {
         kvt_sched_free(s);
         return KVT_ERR_NOMEM;
     }
@@ -261,6 +258,7 @@ void kvt_sched_free(kvt_sched *s) {
     free(s->active);
     free(s->items);
     free(s->item_row);
+    free(s->rows);
     free(s);
 }
 
@@ -285,6 +283,14 @@ kvt_status kvt_sched_run(kvt_sched *s, kvt_row *r) {
     s->n_queued++;
     s->n_inside++;
     pthread_cond_signal(&s->cv);
+    while (!r->done && !r->admitted) pthread_cond_wait(&s->done_cv, &s->mu);
+    if (r->admitted) { /* invariant 4: begin here, off the scheduler thread */
+        pthread_mutex_unlock(&s->mu);
+        kvt_row_begin(r);
+        pthread_mutex_lock(&s->mu);
+        r->ready = true;
+        pthread_cond_signal(&s->cv);
+    }
     while (!r->done) pthread_cond_wait(&s->done_cv, &s->mu);
     s->n_inside--;
     pthread_cond_broadcast(&s->done_cv);
