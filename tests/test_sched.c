@@ -16,6 +16,7 @@ static char *g_dir;
 static char g_model[512];
 static const char *g_cur = g_model; /* the model open_engine loads */
 static uint32_t g_ubatch = 32;
+static const char *g_ssd; /* --ssd-cache dir for open_engine, NULL = none */
 
 #define MAXT 400
 #define NP 12
@@ -79,6 +80,7 @@ static kvt_engine *open_engine(uint32_t parallel, double pool_gb, double pc_gb, 
     o.prompt_cache_gb = pc_gb;
     o.kv_pool_gb = pool_gb;
     o.parallel = parallel;
+    o.ssd_dir = g_ssd;
     if (queue_max) o.queue_max = queue_max;
     kvt_engine *e = NULL;
     char err[512] = "";
@@ -333,6 +335,53 @@ static void test_short_beside_long_prefill(void **st) {
     g_ubatch = 32;
 }
 
+/* Rows restored from the SSD tier (a restarted engine) run beside each other like lone requests. */
+static void test_ssd_restore_rows(void **st) {
+    (void)st;
+    char *dir = tu_tmpdir("sched-ssd");
+    assert_non_null(dir);
+    g_ssd = dir;
+    kvt_engine *e = open_engine(4, 0, 0.5, 0);
+    const uint32_t nv = kvt_engine_n_vocab(e);
+    enum { N = 4 };
+    static job jobs[N], ref[N];
+    for (uint32_t i = 0; i < N; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].n_prompt = 70 + 9 * i;
+        fill(jobs[i].prompt, jobs[i].n_prompt, nv, 4000 + i);
+        jobs[i].max_tokens = 10;
+    }
+    for (int round = 0; round < 2; round++) { /* 0: cold, written behind; 1: a new engine restores */
+        pthread_t th[N];
+        for (uint32_t i = 0; i < N; i++) {
+            jobs[i].e = e;
+            jobs[i].seen = 0;
+            assert_int_equal(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
+        }
+        for (uint32_t i = 0; i < N; i++) pthread_join(th[i], NULL);
+        for (uint32_t i = 0; i < N; i++) {
+            if (jobs[i].st) fail_msg("round %d job %u: %s", round, i, jobs[i].err);
+            if (round == 0) ref[i] = jobs[i];
+            else {
+                assert_int_equal(jobs[i].from, KVT_TIER_SSD);
+                assert_true(jobs[i].n_reused >= 64);
+                assert_int_equal(jobs[i].n_gen, ref[i].n_gen);
+                assert_int_equal(memcmp(jobs[i].tok, ref[i].tok, sizeof(int32_t) * ref[i].n_gen), 0);
+            }
+        }
+        kvt_flush_result fr;
+        kvt_engine_flush(e, 20000, &fr);
+        assert_true(fr.durable);
+        kvt_engine_free(e);
+        if (round == 0) e = open_engine(4, 0, 0.5, 0);
+    }
+    g_ssd = NULL;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 /* Freeing the engine while rows run ends them cancelled (no hang, no leak). */
 static void test_shutdown_cancels(void **st) {
     (void)st;
@@ -430,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_admission_small_pool),
         cmocka_unit_test(test_shutdown_cancels),
         cmocka_unit_test(test_short_beside_long_prefill),
+        cmocka_unit_test(test_ssd_restore_rows),
         cmocka_unit_test(test_fallback_archs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
