@@ -75,7 +75,7 @@ sanitize:
 
 # halt_on_error: the first data race ends the server, so the e2e test fails
 tsan:
-	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 E2E_ONLY="server_api" \
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 E2E_ONLY="server_api server_batching" \
 	  $(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" e2e-test
 
 # libFuzzer: the library built by clang with coverage + ASan/UBSan in build-fuzz/, one binary per

@@ -39,6 +39,7 @@ static void usage(void) {
 int cmd_serve(int argc, char **argv) {
     kvt_engine_opts eo;
     kvt_engine_opts_default(&eo);
+    eo.parallel = 4; /* serve batches concurrent requests (docs/batching.md) */
     kvt_server_opts so;
     kvt_server_opts_default(&so);
     const char *key = getenv("KVTIER_API_KEY");

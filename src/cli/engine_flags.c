@@ -13,7 +13,10 @@ const char kvt_engine_flags_help[] =
     "  -m, --model FILE          GGUF model (required)\n"
     "  -t, --threads N           compute threads (default: number of cores)\n"
     "  -c, --ctx N               context length in tokens (default: min(model, 8192))\n"
-    "      --ubatch N            prefill chunk size (default 512)\n"
+    "      --ubatch N            prefill chunk size (default 512); also the tokens of one batched step\n"
+    "      --parallel N          rows batched into one forward pass per step (continuous batching;\n"
+    "                            default 4 for serve, 1 otherwise; 1 = one request at a time)\n"
+    "      --batch-queue N       requests waiting for a row or KV memory before a 503 (default 64)\n"
     "      --block-tokens N      KV block size in tokens (default 256)\n"
     "      --kv-quant MODE       off | 8 | 4 | turbo[:k<b>v<b>] | config (config reads kv_config.json\n"
     "                            beside the model); turbo = TurboQuant k8v3, keys 2,4,5,8 / values 2,3,4,5,8 bits\n"
@@ -54,6 +57,8 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_is(a, "-t", "--threads")) o->n_threads = (int)kvt_args_u32(a, 1, 512);
     else if (kvt_args_is(a, "-c", "--ctx")) o->n_ctx = kvt_args_u32(a, 8, 1u << 20);
     else if (kvt_args_is(a, NULL, "--ubatch")) o->ubatch = kvt_args_u32(a, 1, 8192);
+    else if (kvt_args_is(a, NULL, "--parallel")) o->parallel = kvt_args_u32(a, 1, 256);
+    else if (kvt_args_is(a, NULL, "--batch-queue")) o->queue_max = kvt_args_u32(a, 1, 1u << 20);
     else if (kvt_args_is(a, NULL, "--block-tokens")) o->block_tokens = kvt_args_u32(a, 16, 4096);
     else if (kvt_args_is(a, NULL, "--kv-quant")) {
         const char *v = kvt_args_str(a);

@@ -14,6 +14,12 @@
  *
  * Nothing in steps 3–4 waits for disk: SSD writes happen on the SSD tier's writer thread, which only
  * reads sealed (immutable) blocks.
+ *
+ * The steps are the phases of a row (engine_int.h): kvt_row_begin (1-2 and the prefill setup),
+ * kvt_row_plan + kvt_row_advance per forward (one prefill chunk or one decode token; sampling and
+ * streaming in advance), kvt_row_end (5). With --parallel 1 kvt_engine_generate drives its row
+ * inline under gen_mu; otherwise the batching scheduler (sched.c) drives all rows, one
+ * kvt_model_forward_batch per step (docs/batching.md).
  */
 #include "engine.h"
 
@@ -32,6 +38,7 @@
 #include "../model/model.h"
 #include "../util/strbuf.h"
 #include "sampler.h"
+#include "sched.h"
 
 #define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
 
@@ -49,15 +56,19 @@ struct kvt_engine {
     kvt_shared *shared; /* optional shared block tier (issue 17) */
     kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
     kvt_ctx *ctx;
-    kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
     bool recurrent;      /* the layout has RECURRENT layers (state snapshots instead of trimming) */
     char compat[1024];
     char scheme[128];
     char name[160];
-    pthread_mutex_t gen_mu;   /* one generation at a time */
+    pthread_mutex_t gen_mu;   /* the compute context: one generation (--parallel 1) or one step at a time */
+    kvt_sched *sched;         /* --parallel > 1: the batching scheduler (sched.h); NULL = inline rows */
+    uint32_t parallel;
+    int inline_active;        /* --parallel 1: a generation runs (atomic; /stats rows_active) */
+    bool decoding;            /* some row decodes: the SSD/shared writers defer (kvt_engine_set_decoding) */
     pthread_mutex_t stats_mu; /* request counters */
+    pthread_mutex_t lookup_mu; /* one tier lookup at a time (rows begin on their own threads) */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
     double last_tick_ms;
     kvt_progress_cb progress; /* kvt_engine_set_progress */
@@ -79,6 +90,8 @@ void kvt_engine_set_progress(kvt_engine *e, kvt_progress_cb cb, void *ctx) {
 void kvt_engine_opts_default(kvt_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->ubatch = 512;
+    o->parallel = 1; /* the library default; the CLI flag defaults to 4 (engine_flags.c) */
+    o->queue_max = 64;
     o->block_tokens = KVT_DEFAULT_BLOCK_TOKENS;
     o->kv_quant = "off";
     o->kv_quant_group = 0; /* auto: largest supported group dividing head_dim */
@@ -105,6 +118,7 @@ uint32_t kvt_engine_n_vocab(const kvt_engine *e) { return e->n_vocab; }
 const char *kvt_engine_model_name(const kvt_engine *e) { return e->name; }
 const char *kvt_engine_scheme_key(const kvt_engine *e) { return e->scheme; }
 const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e) { return e->layout; }
+uint32_t kvt_engine_parallel(const kvt_engine *e) { return e->parallel; }
 
 /* One log line per distinct layer declaration, e.g. "kv: layers 0-4,6-10 window(512)/f16". */
 static void log_layout(const kvt_kv_layout *l) {
@@ -301,6 +315,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (!e) return KVT_ERR_NOMEM;
     e->o = *o;
     pthread_mutex_init(&e->gen_mu, NULL);
+    pthread_mutex_init(&e->lookup_mu, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
     e->model_path = strdup(o->model_path);
     e->o.model_path = e->model_path;
@@ -342,9 +357,10 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
                  KVT_ENGINE_NUMERICS_TAG);
     }
 
-    /* pool budget: one full context for the live sequence + the prompt cache cap */
+    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap */
     double bpt = kvt_kv_layout_bytes_per_token(e->layout);
     uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
+    live *= o->parallel ? o->parallel : 1;
     uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9);
     uint64_t budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
     e->pool = kvt_block_pool_create(e->layout, budget);
@@ -400,10 +416,15 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
         goto fail;
     }
-    e->sampler = kvt_sampler_create(e->n_vocab);
-    if (!e->sampler) {
-        st = KVT_ERR_NOMEM;
-        goto fail;
+    e->parallel = o->parallel ? o->parallel : 1;
+    if (e->parallel > 1) {
+        kvt_sched_opts so = {.parallel = e->parallel, .queue_max = o->queue_max ? o->queue_max : 64, .ubatch = e->o.ubatch,
+                             .budget = kvt_block_pool_budget(e->pool)};
+        st = kvt_sched_create(e, &so, &e->sched);
+        if (st) {
+            kvt_errf(err, errlen, st, "cannot start the batching scheduler (--parallel %u)", e->parallel);
+            goto fail;
+        }
     }
     e->last_tick_ms = kvt_now_ms();
     *out = e;
@@ -416,13 +437,14 @@ fail:
 
 void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
+    kvt_sched_free(e->sched); /* cancels what still runs; no row touches the tiers after this */
+    e->sched = NULL;
     if (e->ssd) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
     }
     if (e->shared) kvt_shared_flush(e->shared, 10000); /* bounded: publish what is queued */
     kvt_shared_free(e->shared); /* releases its queued block references before the pool goes */
-    kvt_sampler_free(e->sampler);
     kvt_ctx_free(e->ctx);
     /* the prompt cache spills into the SSD tier on free? no: clear() never spills; what must
      * survive was already queued by write-behind and flushed above. */
@@ -436,6 +458,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_model_free(e->model);
     kvt_gguf_free(e->gguf);
     pthread_mutex_destroy(&e->gen_mu);
+    pthread_mutex_destroy(&e->lookup_mu);
     pthread_mutex_destroy(&e->stats_mu);
     free(e->model_path);
     free(e);
@@ -530,6 +553,299 @@ static void cache_put(kvt_engine *e, kvt_seq *seq) {
     shared_publish(e, seq);
 }
 
+/* ---- one generation as a row: begin / plan / advance / end (engine_int.h) -------------------- */
+
+uint64_t kvt_engine_row_reserve(const kvt_engine *e, uint32_t n, uint32_t max_new) {
+    return (uint64_t)((double)(n + max_new) * kvt_kv_layout_bytes_per_token(e->layout));
+}
+pthread_mutex_t *kvt_engine_ctx_mu(kvt_engine *e) { return &e->gen_mu; }
+kvt_ctx *kvt_engine_ctx(kvt_engine *e) { return e->ctx; }
+void kvt_engine_set_decoding(kvt_engine *e, bool any) {
+    if (any == e->decoding) return;
+    e->decoding = any;
+    if (e->ssd) kvt_ssd_set_busy(e->ssd, any);
+    shared_set_busy(e, any);
+}
+
+static bool row_cancelled(const kvt_row *r) {
+    return (r->req->cancel && __atomic_load_n(r->req->cancel, __ATOMIC_RELAXED)) || /* set by another thread */
+           __atomic_load_n(&r->abort, __ATOMIC_RELAXED);
+}
+
+/* 2. lookup and admission, then the prefill setup. */
+void kvt_row_begin(kvt_row *r) {
+    kvt_engine *e = r->e;
+    const kvt_gen_request *req = r->req;
+    kvt_gen_result *res = r->res;
+    const uint32_t n = r->n;
+    r->state = KVT_ROW_DONE;
+    r->gen = malloc(sizeof(int32_t) * (r->max_new + 1));
+    r->sampler = kvt_sampler_create(e->n_vocab);
+    if (!r->gen || !r->sampler) {
+        r->st = kvt_errf(r->err, r->errlen, KVT_ERR_NOMEM, "out of memory");
+        return;
+    }
+    r->t0 = kvt_now_ms();
+    r->root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
+    r->use_cache = e->pc && !req->no_cache;
+    kvt_status st;
+    if (r->use_cache) {
+        /* lookups run on the submitting threads (sched.h): one at a time (the shared tier's fetch
+         * connection is single-user), concurrently with the scheduler's steps */
+        pthread_mutex_lock(&e->lookup_mu);
+        kvt_tiers_hit hit;
+        st = kvt_tiers_lookup(e->tier, req->prompt, n, r->root, &hit);
+        if (st) {
+            pthread_mutex_unlock(&e->lookup_mu);
+            r->st = st;
+            return;
+        }
+        r->seq = hit.seq;
+        r->reused = hit.n_reused;
+        res->restore_ms = hit.restore_ms;
+        res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
+        shared_lookup(e, req->prompt, n, r->root, &r->seq, &r->reused, res);
+        pthread_mutex_unlock(&e->lookup_mu);
+    }
+    if (!r->seq) {
+        if ((st = kvt_seq_create(e->pool, r->root, &r->seq))) {
+            r->st = st;
+            return;
+        }
+        r->reused = 0;
+        res->reused_from = KVT_TIER_NONE;
+    }
+    res->n_prompt = n;
+    res->n_reused = r->reused;
+
+    /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
+    {
+        double need = (double)(n + r->max_new - r->reused) * kvt_kv_layout_bytes_per_token(e->layout);
+        uint64_t budget = kvt_block_pool_budget(e->pool);
+        if (budget && need > (double)budget) {
+            r->st = kvt_errf(r->err, r->errlen, KVT_ERR_POOL_EXHAUSTED,
+                             "out of KV memory: the request needs %.0f MB of KV but the pool holds %.0f MB", need / 1e6,
+                             (double)budget / 1e6);
+            return;
+        }
+    }
+    r->begun = true;
+
+    /* 3. prefill setup */
+    kvt_sampler_reset(r->sampler, &req->sampling);
+    for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(r->sampler, req->prompt[i]);
+    r->tp0 = kvt_now_ms();
+    /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
+     * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
+     * window so no block can be sealed and dropped within one chunk. */
+    r->keep_window = r->use_cache && e->min_window > 0;
+    /* Rows beside other rows: the sealed prompt blocks enter the RAM tier after every chunk, so a
+     * request arriving meanwhile with the same prefix reuses them (docs/batching.md). Recurrent
+     * layouts need a state snapshot to reuse anything, which only whole-prompt puts make. */
+    r->share_prefix = r->use_cache && e->sched && !e->recurrent;
+    r->chunk = n - r->reused;
+    if (r->keep_window) r->chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), r->chunk);
+    if (e->progress) r->chunk = KVT_MIN(e->o.ubatch, r->chunk); /* same chunks the model makes, reported one by one */
+    report(e, KVT_PROGRESS_PREFILL, 0, n - r->reused);
+    /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
+     * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
+    const uint32_t bt = e->o.block_tokens;
+    r->every = r->use_cache && e->recurrent && e->o.recurrent_snapshot_every ? (e->o.recurrent_snapshot_every + bt - 1) / bt * bt : 0;
+    r->done_tok = r->reused;
+    r->state = KVT_ROW_PREFILL;
+}
+
+uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
+    if (r->state != KVT_ROW_PREFILL && r->state != KVT_ROW_DECODE) return 0;
+    if (row_cancelled(r)) {
+        r->res->finish = KVT_FINISH_CANCELLED;
+        if (r->state == KVT_ROW_PREFILL) report(r->e, KVT_PROGRESS_PREFILL, r->n - r->reused, r->n - r->reused);
+        r->state = KVT_ROW_DONE;
+        return 0;
+    }
+    if (r->state == KVT_ROW_DECODE) {
+        *tokens = &r->next;
+        return budget ? 1 : 0;
+    }
+    uint32_t m = KVT_MIN(KVT_MIN(r->chunk, r->n - r->done_tok), budget);
+    if (r->every) m = KVT_MIN(m, (r->done_tok / r->every + 1) * r->every - r->done_tok);
+    *tokens = r->req->prompt + r->done_tok;
+    return m;
+}
+
+/* 4. one sampled token: stream its text (stop strings held back until they can no longer match);
+ * the row either ends (DONE) or forwards it next (DECODE). */
+static void row_sample(kvt_row *r, float *logits) {
+    kvt_engine *e = r->e;
+    const kvt_gen_request *req = r->req;
+    kvt_gen_result *res = r->res;
+    r->state = KVT_ROW_DONE;
+    int32_t id = kvt_sampler_sample(r->sampler, logits);
+    if (r->n_gen == 0) res->ttft_ms = kvt_now_ms() - r->t0;
+    if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
+        res->finish = KVT_FINISH_STOP;
+        return;
+    }
+    r->gen[r->n_gen++] = id;
+    kvt_sampler_accept(r->sampler, id);
+    size_t dl = 0;
+    const char *d = kvt_detok_push(r->dt, id, &dl);
+    bool stop_hit = false;
+    if (req->n_stop) {
+        kvt_strbuf *tb = &r->tb;
+        size_t before = tb->n;
+        kvt_strbuf_add(tb, d, dl);
+        if (tb->oom) {
+            r->st = KVT_ERR_NOMEM;
+            return;
+        }
+        size_t ml = 0;
+        int64_t at = find_stop(tb, req->stop, req->n_stop, before, &ml);
+        size_t upto;
+        if (at >= 0) {
+            upto = (size_t)at;
+            stop_hit = true;
+        } else {
+            upto = tb->n - stop_holdback(tb, req->stop, req->n_stop);
+        }
+        bool keep = true;
+        if (upto > r->emitted) {
+            if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb->p + r->emitted, upto - r->emitted);
+            r->emitted = upto;
+        } else if (req->on_token) {
+            keep = req->on_token(req->cb_ctx, id, "", 0);
+        }
+        if (!keep) {
+            res->finish = KVT_FINISH_CANCELLED;
+            return;
+        }
+    } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
+        res->finish = KVT_FINISH_CANCELLED;
+        return;
+    }
+    if (stop_hit) {
+        res->finish = KVT_FINISH_STOP;
+        return;
+    }
+    if (row_cancelled(r)) {
+        res->finish = KVT_FINISH_CANCELLED;
+        return;
+    }
+    if (r->n_gen >= r->max_new) return;
+    r->next = id;
+    r->state = KVT_ROW_DECODE;
+}
+
+void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
+    kvt_engine *e = r->e;
+    kvt_gen_result *res = r->res;
+    const uint32_t n = r->n, reused = r->reused;
+    if (r->state == KVT_ROW_PREFILL) {
+        if (st == KVT_OK) {
+            const uint32_t before = r->done_tok;
+            r->done_tok += m;
+            if (r->done_tok < n) {
+                if (r->keep_window) kvt_tiers_put_blocks(e->tier, r->seq);
+                else if (r->share_prefix && r->done_tok / e->o.block_tokens > before / e->o.block_tokens)
+                    kvt_tiers_put_blocks(e->tier, r->seq); /* a block sealed: visible to new rows */
+                report(e, KVT_PROGRESS_PREFILL, r->done_tok - reused, n - reused);
+                if (r->every && r->done_tok % r->every == 0) cache_put(e, r->seq);
+                return;
+            }
+        }
+        report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
+        if (st) {
+            r->state = KVT_ROW_DONE;
+            if (st == KVT_ERR_POOL_EXHAUSTED)
+                r->st = kvt_errf(r->err, r->errlen, st, "out of KV memory during prefill (pool %.0f MB in use)",
+                                 (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
+            else if (st == KVT_ERR_CANCELLED)
+                res->finish = KVT_FINISH_CANCELLED;
+            else
+                r->st = kvt_errf(r->err, r->errlen, st, "prefill failed: %s", kvt_status_str(st));
+            return;
+        }
+        res->prefill_ms = kvt_now_ms() - r->tp0;
+        if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
+        /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically
+         * (always for recurrent layouts: their state cannot be cut back to the prompt later; with
+         * prefix sharing too, so the whole prompt is visible to new rows while this one decodes) */
+        if (r->use_cache && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent || r->share_prefix))
+            cache_put(e, r->seq);
+        /* 4. decode (the SSD writer defers while rows decode; see kvt_engine_set_decoding) */
+        if (!e->sched) kvt_engine_set_decoding(e, true);
+        r->dt = kvt_detok_create(e->tok, false);
+        if (!r->dt) {
+            r->state = KVT_ROW_DONE;
+            r->st = KVT_ERR_NOMEM;
+            return;
+        }
+        r->decoding = true;
+        r->td0 = kvt_now_ms();
+        res->finish = KVT_FINISH_LENGTH;
+        row_sample(r, logits);
+        return;
+    }
+    if (r->state != KVT_ROW_DECODE) return;
+    if (st == KVT_OK && r->keep_window && kvt_seq_len(r->seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, r->seq);
+    if (st) {
+        r->state = KVT_ROW_DONE;
+        if (st == KVT_ERR_CANCELLED)
+            res->finish = KVT_FINISH_CANCELLED;
+        else
+            r->st = kvt_errf(r->err, r->errlen, st, "decode failed: %s", kvt_status_str(st));
+        return;
+    }
+    row_sample(r, logits);
+}
+
+void kvt_row_end(kvt_row *r) {
+    kvt_engine *e = r->e;
+    const kvt_gen_request *req = r->req;
+    kvt_gen_result *res = r->res;
+    if (r->decoding) {
+        /* flush held-back text when finishing for a reason other than a stop string */
+        if (r->st == KVT_OK && res->finish != KVT_FINISH_CANCELLED && req->on_token) {
+            size_t fl = 0;
+            const char *f = kvt_detok_flush(r->dt, &fl);
+            if (req->n_stop) {
+                if (res->finish != KVT_FINISH_STOP) {
+                    kvt_strbuf_add(&r->tb, f, fl);
+                    if (r->tb.n > r->emitted) req->on_token(req->cb_ctx, -1, r->tb.p + r->emitted, r->tb.n - r->emitted);
+                }
+            } else if (fl) {
+                req->on_token(req->cb_ctx, -1, f, fl);
+            }
+        }
+        res->decode_ms = kvt_now_ms() - r->td0;
+        res->n_gen = r->n_gen;
+        if (r->n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(r->n_gen - 1) / (res->decode_ms / 1000.0);
+        res->tokens = r->gen;
+        r->gen = NULL;
+    }
+    if (r->begun) {
+        if (!e->sched) kvt_engine_set_decoding(e, false);
+        /* 5. what was computed stays cached, also for cancelled requests */
+        if (r->seq && r->use_cache && kvt_seq_len(r->seq) > 0) cache_put(e, r->seq);
+        res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
+        pthread_mutex_lock(&e->stats_mu);
+        e->requests++;
+        e->prompt_tokens += r->n;
+        e->generated_tokens += res->n_gen;
+        e->cached_tokens += res->n_reused;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
+    if (r->seq) kvt_seq_free(r->seq);
+    r->seq = NULL;
+    kvt_detok_free(r->dt);
+    r->dt = NULL;
+    kvt_sampler_free(r->sampler);
+    r->sampler = NULL;
+    kvt_strbuf_free(&r->tb);
+    free(r->gen);
+    r->gen = NULL;
+}
+
 kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
     memset(res, 0, sizeof *res);
     res->finish = KVT_FINISH_ERROR;
@@ -544,210 +860,34 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     uint32_t max_new = e->n_ctx - n;
     if (req->max_tokens && req->max_tokens < max_new) max_new = req->max_tokens;
 
+    kvt_row r;
+    memset(&r, 0, sizeof r);
+    r.e = e;
+    r.req = req;
+    r.res = res;
+    r.err = err;
+    r.errlen = errlen;
+    r.n = n;
+    r.max_new = max_new;
+    r.reserve = kvt_engine_row_reserve(e, n, max_new);
+    if (e->sched) return kvt_sched_run(e->sched, &r); /* --parallel > 1: the scheduler thread drives it */
+
+    /* --parallel 1: this thread drives its one row, one generation at a time */
     pthread_mutex_lock(&e->gen_mu);
-    kvt_status st = KVT_OK;
-    kvt_seq *seq = NULL;
-    kvt_detok *dt = NULL;
-    kvt_strbuf tb = {0};
-    size_t emitted = 0; /* bytes of tb already passed to on_token */
-    int32_t *gen = malloc(sizeof(int32_t) * (max_new + 1));
-    if (!gen) {
-        st = KVT_ERR_NOMEM;
-        goto done;
+    __atomic_store_n(&e->inline_active, 1, __ATOMIC_RELAXED);
+    kvt_row_begin(&r);
+    while (r.state != KVT_ROW_DONE) {
+        const int32_t *tok = NULL;
+        uint32_t m = kvt_row_plan(&r, UINT32_MAX, &tok);
+        if (!m) break;
+        float *logits = NULL;
+        kvt_status st = kvt_model_forward(e->ctx, r.seq, tok, m, false, req->cancel, &logits);
+        kvt_row_advance(&r, m, st, logits);
     }
-    const double t0 = kvt_now_ms();
-    const uint64_t root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
-    const bool use_cache = e->pc && !req->no_cache;
-
-    /* 2. lookup */
-    uint32_t reused = 0;
-    if (use_cache) {
-        kvt_tiers_hit hit;
-        st = kvt_tiers_lookup(e->tier, req->prompt, n, root, &hit);
-        if (st) goto done;
-        seq = hit.seq;
-        reused = hit.n_reused;
-        res->restore_ms = hit.restore_ms;
-        res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
-        shared_lookup(e, req->prompt, n, root, &seq, &reused, res);
-    }
-    if (!seq) {
-        st = kvt_seq_create(e->pool, root, &seq);
-        if (st) goto done;
-        reused = 0;
-        res->reused_from = KVT_TIER_NONE;
-    }
-    res->n_prompt = n;
-    res->n_reused = reused;
-
-    /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
-    {
-        double need = (double)(n + max_new - reused) * kvt_kv_layout_bytes_per_token(e->layout);
-        uint64_t budget = kvt_block_pool_budget(e->pool);
-        if (budget && need > (double)budget) {
-            st = kvt_errf(err, errlen, KVT_ERR_POOL_EXHAUSTED,
-                          "out of KV memory: the request needs %.0f MB of KV but the pool holds %.0f MB", need / 1e6, (double)budget / 1e6);
-            goto done;
-        }
-    }
-
-    /* 3. prefill */
-    kvt_sampler_reset(e->sampler, &req->sampling);
-    for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(e->sampler, req->prompt[i]);
-    float *logits = NULL;
-    const double tp0 = kvt_now_ms();
-    /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
-     * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
-     * window so no block can be sealed and dropped within one chunk. */
-    const bool keep_window = use_cache && e->min_window > 0;
-    uint32_t chunk = n - reused;
-    if (keep_window) chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), chunk);
-    if (e->progress) chunk = KVT_MIN(e->o.ubatch, chunk); /* same chunks the model makes, reported one by one */
-    report(e, KVT_PROGRESS_PREFILL, 0, n - reused);
-    /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
-     * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
-    const uint32_t bt = e->o.block_tokens;
-    const uint32_t every = use_cache && e->recurrent && e->o.recurrent_snapshot_every
-                               ? (e->o.recurrent_snapshot_every + bt - 1) / bt * bt
-                               : 0;
-    for (uint32_t done_tok = reused; done_tok < n && st == KVT_OK;) {
-        uint32_t m = KVT_MIN(chunk, n - done_tok);
-        if (every) m = KVT_MIN(m, (done_tok / every + 1) * every - done_tok);
-        st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
-        done_tok += m;
-        if (st == KVT_OK && keep_window && done_tok < n) kvt_tiers_put_blocks(e->tier, seq);
-        if (done_tok < n) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, n - reused);
-        if (st == KVT_OK && every && done_tok < n && done_tok % every == 0) cache_put(e, seq);
-    }
-    report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
-    if (st) {
-        if (st == KVT_ERR_POOL_EXHAUSTED)
-            kvt_errf(err, errlen, st, "out of KV memory during prefill (pool %.0f MB in use)", (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
-        else if (st == KVT_ERR_CANCELLED)
-            res->finish = KVT_FINISH_CANCELLED;
-        else
-            kvt_errf(err, errlen, st, "prefill failed: %s", kvt_status_str(st));
-        goto put_back;
-    }
-    res->prefill_ms = kvt_now_ms() - tp0;
-    if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
-    /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
-    /* (always for recurrent layouts: their state cannot be cut back to the prompt later) */
-    if (use_cache && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent)) cache_put(e, seq);
-
-    /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
-    if (e->ssd) kvt_ssd_set_busy(e->ssd, true);
-    shared_set_busy(e, true);
-    dt = kvt_detok_create(e->tok, false);
-    if (!dt) {
-        st = KVT_ERR_NOMEM;
-        goto put_back;
-    }
-    const double td0 = kvt_now_ms();
-    res->finish = KVT_FINISH_LENGTH;
-    uint32_t n_gen = 0;
-    for (;;) {
-        int32_t id = kvt_sampler_sample(e->sampler, logits);
-        if (n_gen == 0) res->ttft_ms = kvt_now_ms() - t0;
-        if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
-            res->finish = KVT_FINISH_STOP;
-            break;
-        }
-        gen[n_gen++] = id;
-        kvt_sampler_accept(e->sampler, id);
-        size_t dl = 0;
-        const char *d = kvt_detok_push(dt, id, &dl);
-        bool stop_hit = false;
-        if (req->n_stop) {
-            size_t before = tb.n;
-            kvt_strbuf_add(&tb, d, dl);
-            if (tb.oom) {
-                st = KVT_ERR_NOMEM;
-                break;
-            }
-            size_t ml = 0;
-            int64_t at = find_stop(&tb, req->stop, req->n_stop, before, &ml);
-            size_t upto;
-            if (at >= 0) {
-                upto = (size_t)at;
-                stop_hit = true;
-            } else {
-                upto = tb.n - stop_holdback(&tb, req->stop, req->n_stop);
-            }
-            bool keep = true;
-            if (upto > emitted) {
-                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb.p + emitted, upto - emitted);
-                emitted = upto;
-            } else if (req->on_token) {
-                keep = req->on_token(req->cb_ctx, id, "", 0);
-            }
-            if (!keep) {
-                res->finish = KVT_FINISH_CANCELLED;
-                break;
-            }
-        } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
-            res->finish = KVT_FINISH_CANCELLED;
-            break;
-        }
-        if (stop_hit) {
-            res->finish = KVT_FINISH_STOP;
-            break;
-        }
-        if (req->cancel && __atomic_load_n(req->cancel, __ATOMIC_RELAXED)) { /* set by another thread */
-            res->finish = KVT_FINISH_CANCELLED;
-            break;
-        }
-        if (n_gen >= max_new) break;
-        st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
-        if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, seq);
-        if (st) {
-            if (st == KVT_ERR_CANCELLED) {
-                res->finish = KVT_FINISH_CANCELLED;
-                st = KVT_OK;
-            } else {
-                kvt_errf(err, errlen, st, "decode failed: %s", kvt_status_str(st));
-            }
-            break;
-        }
-    }
-    /* flush held-back text when finishing for a reason other than a stop string */
-    if (st == KVT_OK && res->finish != KVT_FINISH_CANCELLED && req->on_token) {
-        size_t fl = 0;
-        const char *f = kvt_detok_flush(dt, &fl);
-        if (req->n_stop) {
-            if (res->finish != KVT_FINISH_STOP) {
-                kvt_strbuf_add(&tb, f, fl);
-                if (tb.n > emitted) req->on_token(req->cb_ctx, -1, tb.p + emitted, tb.n - emitted);
-            }
-        } else if (fl) {
-            req->on_token(req->cb_ctx, -1, f, fl);
-        }
-    }
-    res->decode_ms = kvt_now_ms() - td0;
-    res->n_gen = n_gen;
-    if (n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(n_gen - 1) / (res->decode_ms / 1000.0);
-    res->tokens = gen;
-    gen = NULL;
-
-put_back:
-    if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
-    shared_set_busy(e, false);
-    /* 5. what was computed stays cached, also for cancelled requests */
-    if (seq && use_cache && kvt_seq_len(seq) > 0) cache_put(e, seq);
-    res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
-    pthread_mutex_lock(&e->stats_mu);
-    e->requests++;
-    e->prompt_tokens += n;
-    e->generated_tokens += res->n_gen;
-    e->cached_tokens += res->n_reused;
-    pthread_mutex_unlock(&e->stats_mu);
-done:
-    if (seq) kvt_seq_free(seq);
-    kvt_detok_free(dt);
-    kvt_strbuf_free(&tb);
-    free(gen);
+    kvt_row_end(&r);
+    __atomic_store_n(&e->inline_active, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&e->gen_mu);
-    return st;
+    return r.st;
 }
 
 /* ---- stats, flush, maintenance ---------------------------------------------------------------- */
@@ -828,6 +968,28 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
     out->generated_tokens = e->generated_tokens;
     out->cached_tokens = e->cached_tokens;
     pthread_mutex_unlock(&e->stats_mu);
+    out->parallel = e->parallel;
+    if (e->sched) {
+        kvt_sched_stats b;
+        kvt_sched_stats_get(e->sched, &b);
+        out->rows_active = b.rows_active;
+        out->rows_queued = b.queued;
+        out->batch_queue_max = b.queue_max;
+        out->batch_steps = b.steps;
+        out->batch_memory_waits = b.memory_waits;
+        out->batch_queue_full = b.queue_full;
+        out->batch_tokens_per_step_last = b.tokens_per_step_last;
+        out->batch_tokens_per_step_avg = b.tokens_per_step_avg;
+        out->batch_prefill_tps_1m = b.prefill_tps_1m;
+        out->batch_decode_tps_1m = b.decode_tps_1m;
+        out->queue_wait_ms_last = b.queue_wait_ms_last;
+        out->queue_wait_ms_avg = b.queue_wait_ms_avg;
+        out->queue_wait_ms_max = b.queue_wait_ms_max;
+        out->max_decode_stall_ms = b.max_decode_stall_ms;
+        out->max_decode_step_ms = b.max_decode_step_ms;
+    } else {
+        out->rows_active = (uint64_t)__atomic_load_n(&e->inline_active, __ATOMIC_RELAXED);
+    }
 }
 
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {
@@ -851,11 +1013,15 @@ void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out)
 
 void kvt_engine_tick(kvt_engine *e) {
     if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s <= 0) return; /* 0 or negative: demotion off */
+    /* between steps only (the scheduler holds gen_mu while it forwards); a busy engine skips */
+    if (pthread_mutex_trylock(&e->gen_mu) != 0) return;
     double now = kvt_now_ms();
-    if (now - e->last_tick_ms < 1000.0) return;
-    e->last_tick_ms = now;
-    uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
-    if (n) kvt_ssd_note_demotions(e->ssd, n);
+    if (now - e->last_tick_ms >= 1000.0) {
+        e->last_tick_ms = now;
+        uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
+        if (n) kvt_ssd_note_demotions(e->ssd, n);
+    }
+    pthread_mutex_unlock(&e->gen_mu);
 }
 
 /* ---- scoring (quality harness) ---------------------------------------------------------------- */

@@ -4,9 +4,13 @@
  * lookup (RAM, then SSD if strictly longer) -> prefill the rest in ubatch chunks (with a
  * prompt-boundary snapshot for long cold prompts) -> decode with sampling -> put back into the cache.
  *
- * Ownership / threading: kvt_engine owns everything it creates. kvt_engine_generate runs one request
- * at a time (an internal mutex serialises callers); callbacks run on the calling thread. The
- * stats/flush functions may be called from any thread concurrently with a generation.
+ * Ownership / threading: kvt_engine owns everything it creates. With parallel == 1,
+ * kvt_engine_generate runs one request at a time (an internal mutex serialises callers) and its
+ * callbacks run on the calling thread. With parallel > 1 (continuous batching, sched.h,
+ * docs/batching.md) many threads may call it at once: each request becomes a row of the batching
+ * scheduler, the call blocks until its row ended, and its callbacks (on_token, progress) run on
+ * the scheduler thread: they must return quickly and never block (a slow callback stalls every
+ * row). The stats/flush functions may be called from any thread concurrently with a generation.
  */
 #ifndef KVT_ENGINE_H
 #define KVT_ENGINE_H
@@ -42,6 +46,10 @@ typedef struct kvt_engine_opts {
     const char *shared_tls_ca, *shared_tls_cert, *shared_tls_key; /* rediss:// (docs/shared-tier.md) */
     bool shared_tls_insecure;   /* rediss:// without certificate verification (explicit opt-in) */
     const char *chat_template;  /* override, NULL = detect */
+    uint32_t parallel;          /* rows batched per forward step (docs/batching.md); default 4;
+                                 * 1 (or 0) = one generation at a time on the calling thread */
+    uint32_t queue_max;         /* requests waiting for a row or KV memory before the
+                                 * "out of KV memory" error; default 64 */
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);
@@ -60,6 +68,7 @@ uint32_t kvt_engine_n_vocab(const kvt_engine *e);
 const char *kvt_engine_model_name(const kvt_engine *e); /* general.name or file basename */
 const char *kvt_engine_scheme_key(const kvt_engine *e); /* KV scheme cache key */
 const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e);
+uint32_t kvt_engine_parallel(const kvt_engine *e); /* rows per step (1 = no scheduler) */
 
 typedef struct kvt_sampling {
     float temperature;       /* 0 = greedy; default 0.8 for servers, CLI decides */
@@ -114,7 +123,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
                                char *err, size_t errlen);
 
 /* Progress of long work inside kvt_engine_generate, for terminal indicators (src/cli/progress.h).
- * Called on the generating thread: once with done = 0 when a phase starts, after each prefill
+ * Called on the generating thread (the scheduler thread with parallel > 1, where the rows' reports
+ * interleave): once with done = 0 when a phase starts, after each prefill
  * chunk / restored block, and once with done == total when the phase ends (also when it stops
  * early). Prefill counts the tokens being computed (the prompt less what was reused). NULL cb =
  * none (the default). Set it while no generation runs. */
@@ -160,6 +170,13 @@ typedef struct kvt_engine_stats {
     char scheme[128];
     /* requests */
     uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
+    /* continuous batching (docs/batching.md); with parallel 1 only rows_active is kept */
+    uint64_t parallel, rows_active, rows_queued, batch_queue_max, batch_steps, batch_memory_waits, batch_queue_full;
+    double batch_tokens_per_step_last, batch_tokens_per_step_avg;
+    double batch_prefill_tps_1m, batch_decode_tps_1m;   /* tokens forwarded per second, last minute */
+    double queue_wait_ms_last, queue_wait_ms_avg, queue_wait_ms_max;
+    double max_decode_stall_ms; /* longest step that carried prefill tokens while rows decoded */
+    double max_decode_step_ms;  /* longest step of decode rows only (the stall's baseline) */
 } kvt_engine_stats;
 void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out);
 

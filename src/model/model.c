@@ -491,6 +491,12 @@ typedef struct kvt_thread_buf {
     void *act[KVT_N_ACT];
 } kvt_thread_buf;
 
+/* One sequence's rows inside a forward chunk. */
+typedef struct kvt_seg {
+    kvt_seq *seq;
+    uint32_t off, n, pos0;
+} kvt_seg;
+
 struct kvt_ctx {
     const kvt_model *m;
     kvt_threadpool *tp;
@@ -507,11 +513,22 @@ struct kvt_ctx {
     kvt_ext_scratch *ext;    /* MLA / MoE scratch (model_int.h), NULL for dense models */
     kvt_q35_ctx *q35;        /* qwen35 only: its scratch (arch_qwen35.c) */
 
-    /* per-chunk state read by the workers */
-    kvt_seq *seq;
+    /* batched forward (kvt_model_forward_batch): its logits rows and staging */
+    float *blogits;          /* [blogits_rows][n_vocab] */
+    uint32_t blogits_rows;
+    int32_t *btokens;        /* [ubatch] the items' tokens, concatenated */
+
+    /* per-chunk state read by the workers: n rows in n_segs segments, segment s = rows
+     * [segs[s].off, +segs[s].n) of sequence segs[s].seq at positions segs[s].pos0.. (one segment
+     * for kvt_model_forward; one per item for kvt_model_forward_batch); row r at row_pos[r] */
+    kvt_seq *seq;            /* segs[0].seq (the MLA hook's sequence: MLA models never batch) */
     const int32_t *tokens;
-    uint32_t n, pos0;
-    bool all_logits;
+    uint32_t n, pos0;        /* pos0 = segs[0].pos0 */
+    bool all_logits;         /* one segment only: logits of every row, else of each segment's last */
+    kvt_seg *segs;           /* [ubatch] */
+    uint32_t n_segs;
+    uint32_t *row_pos;       /* [ubatch] */
+    float *out_logits;       /* logits or blogits */
 };
 
 static size_t max_act(size_t cur, const kvt_wmat *w, uint32_t rows) {
@@ -568,9 +585,13 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
     c->logits = falloc(hp->n_vocab); /* one row; all_logits calls grow it (see forward) */
     c->logits_rows = 1;
     c->rope_cs = falloc(U * 2 * hp->n_rot);
+    c->segs = calloc(U, sizeof *c->segs);
+    c->row_pos = calloc(U, sizeof *c->row_pos);
+    c->btokens = calloc(U, sizeof *c->btokens);
     size_t ab = model_act_bytes(m, ubatch);
     c->act_bytes = ab;
-    bool ok = c->x && c->xn && c->q && c->k && c->v && c->att && c->tmp && c->gate && c->up && c->logits && c->rope_cs;
+    bool ok = c->x && c->xn && c->q && c->k && c->v && c->att && c->tmp && c->gate && c->up && c->logits && c->rope_cs && c->segs &&
+              c->row_pos && c->btokens;
     for (int i = 0; i < KVT_N_ACT; i++) {
         c->act[i] = falloc(ab / sizeof(float) + 16);
         ok = ok && c->act[i];
@@ -609,6 +630,10 @@ void kvt_ctx_free(kvt_ctx *c) {
     kvt_q35_ctx_free(c->q35);
     float **bufs[] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->logits, &c->rope_cs};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(*bufs[i]);
+    free(c->blogits);
+    free(c->segs);
+    free(c->row_pos);
+    free(c->btokens);
     for (int i = 0; i < KVT_N_ACT; i++) free(c->act[i]);
     if (c->att_scratch)
         for (int i = 0; i < c->nth; i++) free(c->att_scratch[i]);
@@ -813,7 +838,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
             for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
         }
         if (repl && ith != 0) continue;
-        double pos = (double)(c->pos0 + r);
+        double pos = (double)c->row_pos[r];
         for (int cfg = 0; cfg < (gem ? 2 : 1); cfg++) { /* cfg 1: gemma3 local layers */
             float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
             for (uint32_t i = 0; i < half; i++) {
@@ -875,32 +900,40 @@ static void forward_chunk(void *arg, int ith, int nth) {
             }
             if (!solo) kvt_threadpool_barrier(tp);
             if (ith == 0)
-                for (uint32_t r = 0; r < n; r++)
-                    kvt_seq_write_kv(c->seq, il, c->pos0 + r, c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+                for (uint32_t s = 0; s < c->n_segs; s++) {
+                    const kvt_seg *sg = &c->segs[s];
+                    for (uint32_t r = sg->off; r < sg->off + sg->n; r++)
+                        kvt_seq_write_kv(sg->seq, il, sg->pos0 + (r - sg->off), c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+                }
             kvt_threadpool_barrier(tp);
         }
-        /* 5. attention. Threads split on KV-head boundaries so no KV row is read by two threads;
-         *    when the KV heads do not divide evenly, a prefill chunk is split by query rows instead
-         *    (each thread all heads), and a single-row decode falls back to a query-head split.
-         *    Every (row, head) output is computed the same way under any split. */
+        /* 5. attention, per segment over its own sequence. Threads split on KV-head boundaries so
+         *    no KV row is read by two threads; when the KV heads do not divide evenly, a prefill
+         *    segment is split by query rows instead (each thread all heads), and a single-row
+         *    segment (decode) falls back to a query-head split. Every (row, head) output is computed
+         *    the same way under any split. */
         {
             const float sc = gem ? 1.0f : hp->attn_scale;
-            if (NKV % nth == 0 || n == 1) {
-                uint32_t h0, h1;
-                if (NKV % nth == 0) {
-                    split_range(NKV, ith, nth, &h0, &h1);
-                    h0 *= NH / NKV, h1 *= NH / NKV;
+            for (uint32_t s = 0; s < c->n_segs; s++) {
+                const kvt_seg *sg = &c->segs[s];
+                const float *q = c->q + (size_t)sg->off * QD;
+                float *att = c->att + (size_t)sg->off * QD;
+                if (NKV % nth == 0 || sg->n == 1) {
+                    uint32_t h0, h1;
+                    if (NKV % nth == 0) {
+                        split_range(NKV, ith, nth, &h0, &h1);
+                        h0 *= NH / NKV, h1 *= NH / NKV;
+                    } else {
+                        split_range(NH, ith, nth, &h0, &h1);
+                    }
+                    if (h0 < h1) kvt_attention(sg->seq, il, q, sg->n, QD, sg->pos0, NH, sc, h0, h1, att, QD, c->att_scratch[ith]);
                 } else {
-                    split_range(NH, ith, nth, &h0, &h1);
+                    /* rows balanced by visible keys: row r sees about pos0 + r + 1 of them */
+                    const uint32_t q0 = att_row_split(sg->n, sg->pos0, ith, nth), q1 = att_row_split(sg->n, sg->pos0, ith + 1, nth);
+                    if (q0 < q1)
+                        kvt_attention(sg->seq, il, q + (size_t)q0 * QD, q1 - q0, QD, sg->pos0 + q0, NH, sc, 0, NH,
+                                      att + (size_t)q0 * QD, QD, c->att_scratch[ith]);
                 }
-                if (h0 < h1)
-                    kvt_attention(c->seq, il, c->q, n, QD, c->pos0, NH, sc, h0, h1, c->att, QD, c->att_scratch[ith]);
-            } else {
-                /* rows balanced by visible keys: row r sees about pos0 + r + 1 of them */
-                const uint32_t q0 = att_row_split(n, c->pos0, ith, nth), q1 = att_row_split(n, c->pos0, ith + 1, nth);
-                if (q0 < q1)
-                    kvt_attention(c->seq, il, c->q + (size_t)q0 * QD, q1 - q0, QD, c->pos0 + q0, NH, sc, 0, NH,
-                                  c->att + (size_t)q0 * QD, QD, c->att_scratch[ith]);
             }
         }
         kvt_threadpool_barrier(tp);
@@ -959,16 +992,21 @@ static void forward_chunk(void *arg, int ith, int nth) {
         }
     }
 
-    /* final norm + logits: all rows, or only the last row (normed into XN row 0) */
+    /* final norm + logits: all rows, or only each segment's last row (normed into XN row s) */
     const kvt_wmat *ow[1] = {&m->output};
-    float *lo[1] = {c->logits};
-    uint32_t n_out_rows = c->all_logits ? n : 1;
+    float *lo[1] = {c->out_logits};
+    uint32_t n_out_rows = c->all_logits ? n : c->n_segs;
     if (c->all_logits) {
         for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, m->output_norm, E, eps);
         quantize_rows(ACT, ow, 1, XN, r0, r1);
-    } else if (n - 1 >= r0 && n - 1 < r1) { /* the thread(s) holding the last row */
-        rmsnorm(XN, X + (size_t)(n - 1) * E, m->output_norm, E, eps);
-        quantize_rows(ACT, ow, 1, XN, 0, 1);
+    } else {
+        for (uint32_t s = 0; s < c->n_segs; s++) {
+            const uint32_t last = c->segs[s].off + c->segs[s].n - 1;
+            if (last >= r0 && last < r1) { /* the thread(s) holding the segment's last row */
+                rmsnorm(XN + (size_t)s * E, X + (size_t)last * E, m->output_norm, E, eps);
+                quantize_rows(ACT, ow, 1, XN, s, s + 1);
+            }
+        }
     }
     if (!repl) kvt_threadpool_barrier(tp);
     matmul_group(ACT, ow, lo, 1, n_out_rows, ith, nth);
@@ -1033,10 +1071,113 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         c->n = nc;
         c->pos0 = kvt_seq_len(seq);
         c->all_logits = all_logits;
+        c->segs[0] = (kvt_seg){seq, 0, nc, c->pos0};
+        c->n_segs = 1;
+        for (uint32_t r = 0; r < nc; r++) c->row_pos[r] = c->pos0 + r;
+        c->out_logits = c->logits;
         kvt_threadpool_run(c->tp, forward_chunk, c);
         c->seq = NULL;
         if ((st = kvt_seq_commit(seq, tokens + off, nc)) != KVT_OK) return st;
     }
     if (logits) *logits = c->logits;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ forward: batch of sequences */
+
+bool kvt_model_batches(const kvt_model *m) {
+    /* recurrent state / latent attention: per item (model.h). MoE (qwen3moe) is row-wise too but has
+     * no test model to check batch invariance against, so it stays per item until it has one. */
+    if (m->q35 || m->mla || m->moe) return false;
+    return true;
+}
+
+kvt_status kvt_model_forward_batch(kvt_ctx *c, kvt_batch_item *items, uint32_t n_items, float **logits) {
+    if (logits) *logits = NULL;
+    if (!c || !items || n_items == 0 || n_items > c->ubatch) return KVT_ERR_INVALID_ARG;
+    const kvt_model *m = c->m;
+    const uint32_t V = m->hp.n_vocab;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        if (!items[i].seq || !items[i].tokens || items[i].n == 0) return KVT_ERR_INVALID_ARG;
+        for (uint32_t j = 0; j < i; j++)
+            if (items[j].seq == items[i].seq) return KVT_ERR_INVALID_ARG; /* one segment per sequence */
+        total += items[i].n;
+    }
+    if (total > c->ubatch) return KVT_ERR_INVALID_ARG;
+    if (n_items > c->blogits_rows) { /* grown here, never inside a pass */
+        float *nl = falloc((size_t)n_items * V);
+        if (!nl) return KVT_ERR_NOMEM;
+        free(c->blogits);
+        c->blogits = nl;
+        c->blogits_rows = n_items;
+    }
+    if (n_items == 1 || !kvt_model_batches(m)) { /* per item, same step (documented in model.h) */
+        for (uint32_t i = 0; i < n_items; i++) {
+            float *lg = NULL;
+            items[i].st = kvt_model_forward(c, items[i].seq, items[i].tokens, items[i].n, false, NULL, &lg);
+            if (items[i].st == KVT_OK) memcpy(c->blogits + (size_t)i * V, lg, sizeof(float) * V);
+        }
+        if (logits) *logits = c->blogits;
+        return KVT_OK;
+    }
+    /* validate every item before anything is prepared */
+    for (uint32_t i = 0; i < n_items; i++) {
+        kvt_batch_item *it = &items[i];
+        it->st = KVT_OK;
+        for (uint32_t k = 0; k < it->n && it->st == KVT_OK; k++)
+            if (it->tokens[k] < 0 || (uint32_t)it->tokens[k] >= V) it->st = KVT_ERR_INVALID_ARG;
+        const kvt_kv_layout *l = kvt_block_pool_layout(kvt_seq_pool(it->seq));
+        if (it->st == KVT_OK) it->st = check_layout(m, l);
+        uint64_t end = (uint64_t)kvt_seq_len(it->seq) + it->n;
+        if (it->st == KVT_OK && end > UINT32_MAX / 2) it->st = KVT_ERR_RANGE;
+        if (it->st == KVT_OK) {
+            size_t need = kvt_attention_scratch_floats(l, (uint32_t)end);
+            if (need > c->att_scratch_floats) {
+                uint64_t target = end * 2 > 1024 ? end * 2 : 1024;
+                size_t want = kvt_attention_scratch_floats(l, (uint32_t)(target < UINT32_MAX / 2 ? target : end));
+                kvt_status st = ensure_scratch(c, want > need ? want : need);
+                if (st != KVT_OK) return st;
+            }
+        }
+    }
+    /* prepare (blocks from the pool); an item the pool cannot hold fails alone */
+    uint32_t n_segs = 0, n = 0;
+    uint32_t item_of_seg[KVT_MAX_BATCH_ITEMS];
+    for (uint32_t i = 0; i < n_items; i++) {
+        kvt_batch_item *it = &items[i];
+        if (it->st == KVT_OK) it->st = kvt_seq_prepare(it->seq, it->n);
+        if (it->st != KVT_OK) continue;
+        if (n_segs >= KVT_MAX_BATCH_ITEMS) {
+            it->st = KVT_ERR_INVALID_ARG;
+            continue;
+        }
+        c->segs[n_segs] = (kvt_seg){it->seq, n, it->n, kvt_seq_len(it->seq)};
+        memcpy(c->btokens + n, it->tokens, sizeof(int32_t) * it->n);
+        item_of_seg[n_segs++] = i;
+        n += it->n;
+    }
+    if (n_segs) {
+        for (uint32_t s = 0; s < n_segs; s++)
+            for (uint32_t r = 0; r < c->segs[s].n; r++) c->row_pos[c->segs[s].off + r] = c->segs[s].pos0 + r;
+        c->seq = c->segs[0].seq;
+        c->tokens = c->btokens;
+        c->n = n;
+        c->pos0 = c->segs[0].pos0;
+        c->all_logits = false;
+        c->n_segs = n_segs;
+        c->out_logits = c->blogits;
+        kvt_threadpool_run(c->tp, forward_chunk, c);
+        c->seq = NULL;
+        /* logits row s belongs to item item_of_seg[s] >= s: move from the back */
+        for (uint32_t s = n_segs; s-- > 0;)
+            if (item_of_seg[s] != s)
+                memmove(c->blogits + (size_t)item_of_seg[s] * V, c->blogits + (size_t)s * V, sizeof(float) * V);
+        for (uint32_t s = 0; s < n_segs; s++) {
+            kvt_batch_item *it = &items[item_of_seg[s]];
+            it->st = kvt_seq_commit(it->seq, it->tokens, it->n);
+        }
+    }
+    if (logits) *logits = c->blogits;
     return KVT_OK;
 }

@@ -104,4 +104,32 @@ kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx);
 kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, uint32_t n,
                              bool all_logits, const volatile int *cancel, float **logits);
 
+/* ---- batched forward (continuous batching, docs/batching.md) ---- */
+
+#define KVT_MAX_BATCH_ITEMS 256 /* sequences in one kvt_model_forward_batch call */
+
+/* One sequence's share of a batched step: tokens[0..n) at positions kvt_seq_len(seq).. . st is
+ * set by the call: that item's outcome (KVT_ERR_POOL_EXHAUSTED: its sequence could not grow and is
+ * unchanged; the other items still ran). */
+typedef struct kvt_batch_item {
+    kvt_seq *seq;
+    const int32_t *tokens;
+    uint32_t n;
+    kvt_status st;
+} kvt_batch_item;
+
+/* True when kvt_model_forward_batch runs its items in one pass (dense models: llama, qwen2, qwen3,
+ * gemma3); false for qwen35 (recurrent state), deepseek2 (MLA) and qwen3moe (no test model yet),
+ * whose items are forwarded one after another inside the same call. */
+bool kvt_model_batches(const kvt_model *m);
+
+/* Several sequences (distinct, same layout) in one forward pass: every matmul runs once over the
+ * concatenated rows of all items (the weights are read once), attention runs per item over its
+ * own sequence. Needs 1 <= n_items <= min(ubatch, KVT_MAX_BATCH_ITEMS) and sum of n <= ubatch.
+ * Returns n_items rows of logits (row i = item i's last token; owned by ctx, valid until the
+ * next call; rows of failed items are undefined). Per-row numerics are those of
+ * kvt_model_forward, so each item's logits are bit-identical to running it alone (batch
+ * invariance, tested by test_batch). KVT_ERR_INVALID_ARG for a malformed call (nothing run). */
+kvt_status kvt_model_forward_batch(kvt_ctx *c, kvt_batch_item *items, uint32_t n_items, float **logits);
+
 #endif

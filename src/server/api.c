@@ -609,6 +609,23 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     cJSON_AddNumberToObject(rq, "prompt_tokens", (double)st->prompt_tokens);
     cJSON_AddNumberToObject(rq, "generated_tokens", (double)st->generated_tokens);
     cJSON_AddNumberToObject(rq, "cached_tokens", (double)st->cached_tokens);
+    cJSON *ba = cJSON_AddObjectToObject(root, "batching"); /* docs/batching.md */
+    cJSON_AddNumberToObject(ba, "parallel", (double)st->parallel);
+    cJSON_AddNumberToObject(ba, "rows_active", (double)st->rows_active);
+    cJSON_AddNumberToObject(ba, "rows_queued", (double)st->rows_queued);
+    cJSON_AddNumberToObject(ba, "queue_max", (double)st->batch_queue_max);
+    cJSON_AddNumberToObject(ba, "steps", (double)st->batch_steps);
+    cJSON_AddNumberToObject(ba, "tokens_per_step_last", st->batch_tokens_per_step_last);
+    cJSON_AddNumberToObject(ba, "tokens_per_step_avg", st->batch_tokens_per_step_avg);
+    cJSON_AddNumberToObject(ba, "prefill_tokens_per_s_1m", st->batch_prefill_tps_1m);
+    cJSON_AddNumberToObject(ba, "decode_tokens_per_s_1m", st->batch_decode_tps_1m);
+    cJSON_AddNumberToObject(ba, "queue_wait_ms_last", st->queue_wait_ms_last);
+    cJSON_AddNumberToObject(ba, "queue_wait_ms_avg", st->queue_wait_ms_avg);
+    cJSON_AddNumberToObject(ba, "queue_wait_ms_max", st->queue_wait_ms_max);
+    cJSON_AddNumberToObject(ba, "max_decode_stall_ms", st->max_decode_stall_ms);
+    cJSON_AddNumberToObject(ba, "max_decode_step_ms", st->max_decode_step_ms);
+    cJSON_AddNumberToObject(ba, "memory_waits", (double)st->batch_memory_waits);
+    cJSON_AddNumberToObject(ba, "queue_full", (double)st->batch_queue_full);
     cJSON *cn = cJSON_AddObjectToObject(root, "connections");
     cJSON_AddNumberToObject(cn, "open", (double)c->conn_open);
     cJSON_AddNumberToObject(cn, "refused", (double)c->conn_refused);
@@ -717,5 +734,23 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "prompt_tokens_total", "counter", "Prompt tokens processed", (double)st->prompt_tokens);
     metric(&b, "generated_tokens_total", "counter", "Tokens generated", (double)st->generated_tokens);
     metric(&b, "cached_tokens_total", "counter", "Prompt tokens served from a cache tier", (double)st->cached_tokens);
+    metric(&b, "batch_parallel", "gauge", "Rows batched per forward step (--parallel)", (double)st->parallel);
+    metric(&b, "batch_rows_active", "gauge", "Generations holding a row", (double)st->rows_active);
+    metric(&b, "batch_rows_queued", "gauge", "Generations waiting for a row or KV memory", (double)st->rows_queued);
+    metric(&b, "batch_steps_total", "counter", "Batched forward steps", (double)st->batch_steps);
+    metric(&b, "batch_tokens_per_step", "gauge", "Tokens forwarded in the last step", st->batch_tokens_per_step_last);
+    metric(&b, "batch_tokens_per_step_avg", "gauge", "Tokens forwarded per step since start", st->batch_tokens_per_step_avg);
+    metric(&b, "batch_prefill_tokens_per_second", "gauge", "Prompt tokens forwarded per second over the last minute",
+           st->batch_prefill_tps_1m);
+    metric(&b, "batch_decode_tokens_per_second", "gauge", "Generated tokens forwarded per second over the last minute",
+           st->batch_decode_tps_1m);
+    metric(&b, "batch_queue_wait_ms_last", "gauge", "Queue wait of the last admitted generation (ms)", st->queue_wait_ms_last);
+    metric(&b, "batch_queue_wait_ms_avg", "gauge", "Mean queue wait of admitted generations (ms)", st->queue_wait_ms_avg);
+    metric(&b, "batch_queue_wait_ms_max", "gauge", "Longest queue wait (ms)", st->queue_wait_ms_max);
+    metric(&b, "batch_max_decode_stall_ms", "gauge", "Longest step carrying prefill tokens while rows decoded (ms)",
+           st->max_decode_stall_ms);
+    metric(&b, "batch_memory_waits_total", "counter", "Generations that waited for KV memory", (double)st->batch_memory_waits);
+    metric(&b, "batch_queue_full_total", "counter", "Generations refused because the wait queue was full",
+           (double)st->batch_queue_full);
     return kvt_strbuf_take(&b, NULL);
 }

@@ -42,6 +42,8 @@ typedef enum MHD_Result MHD_Result_t;
 /* ---------------------------------------------------------------------------------------------
  * Types
  * ------------------------------------------------------------------------------------------- */
+#define KVT_SRV_MAX_WORKERS 256
+
 typedef enum job_state { JOB_QUEUED = 0, JOB_RUNNING = 1, JOB_DONE = 2 } job_state;
 
 typedef struct job {
@@ -90,10 +92,12 @@ struct kvt_server {
     pthread_cond_t qcv;       /* new job / stop */
     pthread_cond_t idle_cv;   /* queue empty and worker idle */
     job *q_head, *q_tail;
-    job *running;
+    job *running[KVT_SRV_MAX_WORKERS]; /* jobs the workers run now (NULL = free slot) */
+    uint32_t n_running;
     uint32_t n_queued;
     bool stop_worker;
-    pthread_t worker;
+    pthread_t workers[KVT_SRV_MAX_WORKERS]; /* one per engine row (kvt_engine_parallel) */
+    uint32_t n_workers;
     bool worker_started;
     /* lifecycle */
     volatile int shutting_down;
@@ -310,7 +314,7 @@ static void *worker_main(void *arg) {
             timed_wait(&s->qcv, &s->qmu, 1000);
             if (!s->q_head && kvt_now_ms() - last_tick >= 1000.0) {
                 pthread_mutex_unlock(&s->qmu);
-                kvt_engine_tick(s->e); /* idle demotion; only ever from this thread */
+                kvt_engine_tick(s->e); /* idle demotion (the engine runs it between steps) */
                 last_tick = kvt_now_ms();
                 pthread_mutex_lock(&s->qmu);
             }
@@ -321,22 +325,26 @@ static void *worker_main(void *arg) {
         if (!s->q_head) s->q_tail = NULL;
         j->next = NULL;
         s->n_queued--; /* n_queued is qmu's; /stats reads it under qmu (counters_snapshot) */
-        s->running = j;
+        uint32_t slot = 0;
+        while (s->running[slot]) slot++; /* n_running < n_workers <= KVT_SRV_MAX_WORKERS */
+        s->running[slot] = j;
+        s->n_running++;
         pthread_mutex_unlock(&s->qmu);
 
         pthread_mutex_lock(&s->cmu);
-        s->c.in_flight = 1;
+        s->c.in_flight++;
         pthread_mutex_unlock(&s->cmu);
 
         run_job(s, j);
 
         pthread_mutex_lock(&s->cmu);
-        s->c.in_flight = 0;
+        s->c.in_flight--;
         if (j->st == KVT_ERR_CANCELLED) s->c.cancelled++;
         pthread_mutex_unlock(&s->cmu);
 
         pthread_mutex_lock(&s->qmu);
-        s->running = NULL;
+        s->running[slot] = NULL;
+        s->n_running--;
         /* only after s->running no longer points at it (the shutdown path cancels s->running under
          * qmu): qmu then j->mu is the order enqueue() uses too */
         job_unref(j);
@@ -358,7 +366,7 @@ static bool enqueue(kvt_server *s, job *j, bool *full) {
     uint32_t cap = s->o.max_queue;
     uint32_t by_conns = s->o.max_connections > s->o.conn_reserve ? s->o.max_connections - s->o.conn_reserve : 1;
     if (cap > by_conns) cap = by_conns;
-    if (s->n_queued + (s->running ? 1u : 0u) >= cap) {
+    if (s->n_queued + s->n_running >= cap) {
         pthread_mutex_unlock(&s->qmu);
         *full = true;
         return false;
@@ -1091,10 +1099,18 @@ kvt_status kvt_server_create(const kvt_server_opts *o, kvt_engine *e, kvt_server
         kvt_server_free(s);
         return KVT_ERR_NOMEM;
     }
-    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
-        freeaddrinfo(ai);
-        kvt_server_free(s);
-        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "cannot start the worker thread");
+    /* one worker per engine row: each blocks in kvt_engine_generate while its row runs */
+    uint32_t nw = kvt_engine_parallel(e);
+    if (nw < 1) nw = 1;
+    if (nw > KVT_SRV_MAX_WORKERS) nw = KVT_SRV_MAX_WORKERS;
+    for (uint32_t i = 0; i < nw; i++) {
+        if (pthread_create(&s->workers[i], NULL, worker_main, s) != 0) {
+            freeaddrinfo(ai);
+            s->worker_started = s->n_workers > 0;
+            kvt_server_free(s);
+            return kvt_errf(err, errlen, KVT_ERR_NOMEM, "cannot start the worker threads");
+        }
+        s->n_workers++;
     }
     s->worker_started = true;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
@@ -1138,19 +1154,20 @@ bool kvt_server_shutdown(kvt_server *s) {
 
     pthread_mutex_lock(&s->qmu);
     __atomic_store_n(&s->shutting_down, 1, __ATOMIC_RELAXED); /* read by connection threads */
-    uint32_t waiting = s->n_queued + (s->running ? 1u : 0u);
+    uint32_t waiting = s->n_queued + s->n_running;
     if (waiting) KVT_INFO("shutdown: draining %u request(s)", waiting);
-    while ((s->q_head || s->running) && kvt_now_ms() < drain_until) timed_wait(&s->idle_cv, &s->qmu, 100);
-    if (s->q_head || s->running) {
+    while ((s->q_head || s->n_running) && kvt_now_ms() < drain_until) timed_wait(&s->idle_cv, &s->qmu, 100);
+    if (s->q_head || s->n_running) {
         KVT_WARN("shutdown: timeout reached, cancelling in-flight requests");
         for (job *j = s->q_head; j; j = j->next) job_cancel(j);
-        if (s->running) job_cancel(s->running);
+        for (uint32_t i = 0; i < KVT_SRV_MAX_WORKERS; i++)
+            if (s->running[i]) job_cancel(s->running[i]);
     }
     s->stop_worker = true;
     pthread_cond_broadcast(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     if (s->worker_started) {
-        pthread_join(s->worker, NULL);
+        for (uint32_t i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
         s->worker_started = false;
     }
     /* Let the connection threads deliver the last responses (drained or cancelled) before the
@@ -1191,7 +1208,7 @@ void kvt_server_free(kvt_server *s) {
             s->stop_worker = true;
             pthread_cond_broadcast(&s->qcv);
             pthread_mutex_unlock(&s->qmu);
-            pthread_join(s->worker, NULL);
+            for (uint32_t i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
             s->worker_started = false;
         }
     }

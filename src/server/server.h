@@ -4,9 +4,11 @@
  *
  * Threading: HTTP connection threads (thread-per-connection) parse and validate requests, tokenize
  * (bounded: see do_generate), and put a job on a FIFO queue; a small sweeper thread enforces the
- * connection deadlines of conn_guard.h; exactly one worker thread runs kvt_engine_generate, one job at a
- * time. Streaming responses are fed from the worker through a per-job buffer guarded by a mutex and
- * condvar. A client that disconnects sets its job's cancel flag; the engine stops and keeps what it
+ * connection deadlines of conn_guard.h; kvt_engine_parallel(e) worker threads (one per engine row,
+ * docs/batching.md) each take a job from the queue and run kvt_engine_generate for it. Streaming
+ * responses are fed from the token callback (on the engine's scheduler thread when parallel > 1)
+ * through a per-job buffer guarded by a mutex and condvar: the callback only appends and signals,
+ * never waits for the client, so a slow client never stalls the other rows. A client that disconnects sets its job's cancel flag; the engine stops and keeps what it
  * computed in the cache.
  *
  * Ownership: kvt_server borrows the engine (the caller creates it before and frees it after
