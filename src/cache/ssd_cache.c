@@ -38,11 +38,19 @@ kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_
         return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
     }
     snprintf(s->cdir, cl, "%s/%s", o->dir, cd);
-    atomic_store(&s->fault, (int)fault_from_env());
+    s->io = o->io;
+    if (!s->io) {
+        s->io = kvt_ssd_io_create(NULL);
+        s->own_io = true;
+        if (!s->io) {
+            kvt_ssd_free(s);
+            return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+        }
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
-    if (mkdir_p(s->cdir) != 0) {
+    if (mkdir_p(s->io, s->cdir) != 0) {
         int e = errno;
         kvt_ssd_free(s);
         return kvt_errf(err, errlen, KVT_ERR_IO, "ssd cache: cannot create %s/%s: %s", o->dir, cd, strerror(e));
@@ -54,7 +62,7 @@ kvt_status kvt_ssd_open(const kvt_ssd_opts *o, const kvt_kv_layout *layout, kvt_
         return KVT_ERR_IO;
     }
     /* Human-readable key next to the files (best effort; informational only). */
-    write_key_file(s->cdir, s->compat);
+    write_key_file(s->io, s->cdir, s->compat);
     DIR *d = opendir(s->cdir);
     if (!d) {
         int e = errno;
@@ -110,6 +118,7 @@ void kvt_ssd_free(kvt_ssd *s) {
         pthread_cond_destroy(&s->cv_work);
         pthread_cond_destroy(&s->cv_done);
     }
+    if (s->own_io) kvt_ssd_io_free(s->io);
     free(s->root_dir);
     free(s->compat);
     free(s->cdir);
@@ -127,5 +136,5 @@ void kvt_ssd_pause_writer(kvt_ssd *s, bool paused) {
     pthread_mutex_unlock(&s->mu);
 }
 void kvt_ssd_set_fault(kvt_ssd *s, kvt_ssd_fault f) {
-    if (s) atomic_store(&s->fault, (int)f);
+    if (s) kvt_ssd_io_set_fault(s->io, f);
 }

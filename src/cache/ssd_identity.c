@@ -135,21 +135,21 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
     }
     if (s == KVT_OK && cache_dir) {
         /* Best effort memo update: tmp + rename so a crash never leaves a half line. */
-        mkdir_p(cache_dir);
+        kvt_ssd_io *io = kvt_ssd_io_plain();
+        mkdir_p(io, cache_dir);
         char tmp[PATH_MAX + 48];
         tmp_name(tmp, sizeof(tmp), memo);
-        int wfd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        FILE *w = wfd >= 0 ? fdopen(wfd, "w") : NULL;
-        if (wfd >= 0 && !w) {
-            close(wfd);
-            unlink(tmp);
-        }
-        if (w) {
-            if (old_len) fwrite(old, 1, old_len, w);
-            fprintf(w, "%s %s\n", out_hex, key);
-            bool ok = fflush(w) == 0 && fsync(fileno(w)) == 0;
-            ok = (fclose(w) == 0) && ok;
-            if (!ok || rename(tmp, memo) != 0) unlink(tmp);
+        int wfd = kvt_ssd_io_create_excl(io, tmp);
+        if (wfd >= 0) {
+            size_t ll = strlen(out_hex) + 1 + strlen(key) + 1;
+            char *nl = malloc(ll + 1);
+            bool ok = nl != NULL;
+            if (ok) snprintf(nl, ll + 1, "%s %s\n", out_hex, key);
+            ok = ok && (!old_len || kvt_ssd_io_pwrite(io, wfd, old, old_len, 0, false));
+            ok = ok && kvt_ssd_io_pwrite(io, wfd, nl, ll, old_len, false) && kvt_ssd_io_fsync(io, wfd);
+            free(nl);
+            ok = kvt_ssd_io_close(io, wfd) && ok;
+            if (!ok || !kvt_ssd_io_rename(io, tmp, memo)) kvt_ssd_io_unlink(io, tmp);
         }
     }
     free(old);

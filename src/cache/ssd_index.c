@@ -134,7 +134,7 @@ void drop_entry(kvt_ssd *s, ssd_entry *e) {
     char name[64], path[PATH_MAX];
     entry_name(name, sizeof(name), e->chain, e->group, e->kind);
     snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-    unlink(path);
+    kvt_ssd_io_unlink(s->io, path);
     idx_remove(s, e);
 }
 
@@ -278,7 +278,7 @@ void scan_dir(kvt_ssd *s) {
             struct stat ts;
             if (fstatat(dirfd(d), nm, &ts, AT_SYMLINK_NOFOLLOW) == 0 && tmp_is_stale(nm, &ts)) {
                 KVT_DEBUG("ssd cache: reaping orphan %s", path);
-                unlinkat(dirfd(d), nm, 0); /* removes a symlink itself, never its target */
+                kvt_ssd_io_unlink(s->io, path); /* removes a symlink itself, never its target */
             }
             continue;
         }
@@ -340,7 +340,7 @@ void scan_dir(kvt_ssd *s) {
             }
         } else if (st != KVT_OK) {
             KVT_WARN("ssd cache: removing %s: %s", path, err);
-            unlink(path);
+            kvt_ssd_io_unlink(s->io, path);
             s->corrupt_removed++;
         }
         free(buf);

@@ -22,13 +22,14 @@
  * - Restore: plan under the lock (index only), then read files without the lock; any bad file is
  *   removed from disk and index and the plan is recomputed (shorter prefix or miss).
  *
- * Locking: one mutex (kvt_ssd.mu) guards every mutable field of kvt_ssd (fault is atomic); "Lock
+ * Locking: one mutex (kvt_ssd.mu) guards every mutable field of kvt_ssd; "Lock
  * held" on a function means the caller holds it. File I/O of the writer and of restore runs
  * without it. */
 #ifndef KVT_SSD_INT_H
 #define KVT_SSD_INT_H
 
 #include "ssd_cache.h"
+#include "ssd_io.h"
 
 #include <assert.h>
 #include <dirent.h>
@@ -166,9 +167,8 @@ struct kvt_ssd {
     double restore_ms_last;
     bool warned_write;
 
-    _Atomic int fault;
-    uint32_t fault_rate;          /* scheduled faults: per-mille of write attempts that fail */
-    uint64_t fault_rng;
+    kvt_ssd_io *io;               /* every file mutation and the injected faults (ssd_io.h) */
+    bool own_io;                  /* io was created by kvt_ssd_open (else the caller's, opts.io) */
     uint32_t flush_waiters;       /* flush calls currently waiting (lock held) */
     uint64_t flush_target;        /* newest record number a waiting flush covers */
     uint64_t flush_start_ns;      /* when the newest waiting flush started (retry window) */
@@ -254,13 +254,12 @@ void enforce_cap(kvt_ssd *s);
 void supersede(kvt_ssd *s, const ssd_entry *e);
 void scan_dir(kvt_ssd *s);
 /* ssd_writer.c */
-kvt_ssd_fault fault_from_env(void);
 void tmp_name(char *buf, size_t n, const char *path);
 bool tmp_is_stale(const char *name, const struct stat *sb);
 void item_release(ssd_item *it);
 void *writer_main(void *arg);
-void write_key_file(const char *cdir, const char *compat);
-int mkdir_p(const char *path);
+void write_key_file(kvt_ssd_io *io, const char *cdir, const char *compat);
+int mkdir_p(kvt_ssd_io *io, const char *path);
 bool ssd_records_check(kvt_ssd *s); /* invariant (8) of ssd_writer.c; lock held (tests call it too) */
 
 #endif

@@ -204,10 +204,7 @@ static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_o
                                uint8_t *dst, uint64_t len) {
     hdr_section sc = hdr_section_at(h, sec);
     if (sc.length != len) return KVT_ERR_FORMAT;
-    if (atomic_load(&s->fault) == KVT_SSD_FAULT_EIO_READ) {
-        errno = EIO;
-        return KVT_ERR_IO;
-    }
+    if (kvt_ssd_io_read_fault(s->io)) return KVT_ERR_IO;
     bool done = false;
 #ifdef O_DIRECT
     if (((uintptr_t)dst % SSD_PAGE) == 0 && len % SSD_PAGE == 0 && len > 0) {
@@ -299,10 +296,7 @@ typedef struct rpipe {
  * and off is a page multiple (the format guarantees it); the file is padded to a page multiple. */
 static kvt_status read_payload(kvt_ssd *s, int fd, bool direct, uint8_t *dst, uint64_t len, uint64_t off,
                                uint8_t *bounce) {
-    if (atomic_load(&s->fault) == KVT_SSD_FAULT_EIO_READ) {
-        errno = EIO;
-        return KVT_ERR_IO;
-    }
+    if (kvt_ssd_io_read_fault(s->io)) return KVT_ERR_IO;
     if (!direct) return read_full(fd, dst, len, off);
     uint64_t whole = len / SSD_PAGE * SSD_PAGE;
     if (whole && read_upto(fd, dst, whole, off) != (int64_t)whole) return KVT_ERR_IO;

@@ -62,37 +62,7 @@
  */
 #include "ssd_int.h"
 
-/* ------------------------------------------------------------------ fault injection */
-static uint64_t fault_next(uint64_t *st) { /* splitmix64, for scheduled faults */
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-kvt_ssd_fault fault_from_env(void) {
-    const char *e = getenv("KVT_SSD_FAULT");
-    if (!e) return KVT_SSD_FAULT_NONE;
-    if (!strcmp(e, "enospc")) return KVT_SSD_FAULT_ENOSPC;
-    if (!strcmp(e, "short-write")) return KVT_SSD_FAULT_SHORT_WRITE;
-    if (!strcmp(e, "eio-read")) return KVT_SSD_FAULT_EIO_READ;
-    if (!strcmp(e, "eio-write")) return KVT_SSD_FAULT_EIO_WRITE;
-    if (!strcmp(e, "fsync-dir")) return KVT_SSD_FAULT_FSYNC_DIR;
-    return KVT_SSD_FAULT_NONE;
-}
-
 /* ------------------------------------------------------------------ writing */
-/* fsync of a directory (publishes the entries renamed/created in it). A failure is a failed write:
- * the entry may not survive a power loss, so the record stays dirty. */
-static bool fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    int e = errno;
-    close(fd);
-    errno = e;
-    return ok;
-}
-
 /* Temporary names are unique per process: "<name>.<pid>-<nonce>.tmp". The nonce is drawn once per
  * process, so a restarted server that got the same pid (containers) still has a different name, and
  * the startup scan can tell its own predecessor's orphans (reap) from a live neighbour's (keep). */
@@ -131,36 +101,6 @@ bool tmp_is_stale(const char *name, const struct stat *sb) {
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-/* pwrite of the whole buffer; honours the injected write faults. */
-static bool write_all(kvt_ssd *s, int fd, const void *p, uint64_t len, uint64_t off, bool payload) {
-    int f = atomic_load(&s->fault);
-    if (s->fault_rate && (fault_next(&s->fault_rng) % 1000) < s->fault_rate) { /* scheduled fault */
-        errno = EIO;
-        return false;
-    }
-    if (f == KVT_SSD_FAULT_ENOSPC) {
-        errno = ENOSPC;
-        return false;
-    }
-    if (f == KVT_SSD_FAULT_EIO_WRITE) {
-        errno = EIO;
-        return false;
-    }
-    if (f == KVT_SSD_FAULT_SHORT_WRITE && payload) len /= 2; /* torn write, reported as success */
-    const uint8_t *b = p;
-    uint64_t done = 0;
-    while (done < len) {
-        ssize_t w = pwrite(fd, b + done, len - done, (off_t)(off + done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return false;
-        }
-        done += (uint64_t)w;
-    }
-    return true;
-}
-
 /* Publishes one item as a file. Returns KVT_OK and fills *e (index entry) on success. */
 static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     *eout = NULL;
@@ -191,30 +131,29 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
     kvt_status st = KVT_ERR_IO;
     /* O_EXCL|O_NOFOLLOW: never opens a planted file or follows a planted symlink. A leftover of our
      * own (a failed earlier attempt of this process) is removed first; unlink never follows. */
-    unlink(tmp);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    kvt_ssd_io *io = s->io;
+    kvt_ssd_io_unlink(io, tmp);
+    int fd = kvt_ssd_io_create_excl(io, tmp); /* O_EXCL|O_NOFOLLOW, 0600 regardless of umask */
     if (fd >= 0) {
-        bool ok = fchmod(fd, 0600) == 0; /* regardless of umask */
-        ok = ok && write_all(s, fd, hbuf, hsize, 0, false);
+        bool ok = kvt_ssd_io_pwrite(io, fd, hbuf, hsize, 0, false);
         for (uint32_t i = 0; ok && i < h.n_sections; i++)
-            ok = write_all(s, fd, payload[i], secs[i].length, secs[i].offset, true);
+            ok = kvt_ssd_io_pwrite(io, fd, payload[i], secs[i].length, secs[i].offset, true);
         /* Pad to the page-aligned end so O_DIRECT reads of the last section stay inside the file. */
-        if (ok && ftruncate(fd, (off_t)fsize) != 0) ok = false;
-        if (ok && fsync(fd) != 0) ok = false;
+        if (ok && !kvt_ssd_io_truncate(io, fd, fsize)) ok = false;
+        if (ok && !kvt_ssd_io_fsync(io, fd)) ok = false;
         int saved = errno;
-        if (close(fd) != 0 && ok) {
+        if (!kvt_ssd_io_close(io, fd) && ok) {
             ok = false;
             saved = errno;
         }
-        if (ok && rename(tmp, path) == 0) {
-            bool synced = atomic_load(&s->fault) != KVT_SSD_FAULT_FSYNC_DIR && fsync_dir(s->cdir);
-            if (!synced && atomic_load(&s->fault) == KVT_SSD_FAULT_FSYNC_DIR) errno = EIO;
+        if (ok && kvt_ssd_io_rename(io, tmp, path)) {
+            bool synced = kvt_ssd_io_fsync_dir(io, s->cdir);
             /* published under its name but maybe not durable: a failure (the record stays dirty and
              * is rewritten; the next scan indexes the file if it survived) */
             st = synced ? KVT_OK : KVT_ERR_IO;
         } else {
             if (ok) saved = errno;
-            unlink(tmp);
+            kvt_ssd_io_unlink(io, tmp);
             errno = saved;
         }
     }
@@ -439,8 +378,8 @@ static bool dir_vanished(kvt_ssd *s) {
         idx_remove(s, s->ents[s->n_ents - 1]);
         s->lost_entries++;
     }
-    if (mkdir_p(s->cdir) != 0) return false; /* the record fails and is retried with back-off */
-    write_key_file(s->cdir, s->compat);
+    if (mkdir_p(s->io, s->cdir) != 0) return false; /* the record fails and is retried with back-off */
+    write_key_file(s->io, s->cdir, s->compat);
     s->dir_recreated++;
     return true;
 }
@@ -804,49 +743,44 @@ uint64_t kvt_ssd_shed(kvt_ssd *s, uint64_t bytes) {
 
 void kvt_ssd_set_fault_rate(kvt_ssd *s, uint64_t seed, uint32_t permille) {
     if (!s) return;
-    pthread_mutex_lock(&s->mu);
-    s->fault_rng = seed;
-    s->fault_rate = permille > 1000 ? 1000 : permille;
-    pthread_mutex_unlock(&s->mu);
+    kvt_ssd_io_set_fault_rate(s->io, seed, permille);
 }
+
 /* mkdir 0700 (then chmod, regardless of umask) and fsync of the parent so the new entry survives
  * a power loss. Returns 0 if it exists or was created. */
-static int mkdir_durable(const char *path) {
-    if (mkdir(path, 0700) != 0) return errno == EEXIST ? 0 : -1;
-    if (chmod(path, 0700) != 0) return -1;
+static int mkdir_durable(kvt_ssd_io *io, const char *path) {
+    int r = kvt_ssd_io_mkdir(io, path);
+    if (r != 0) return r == 1 ? 0 : -1;
     char parent[PATH_MAX];
     snprintf(parent, sizeof(parent), "%s", path);
     char *sl = strrchr(parent, '/');
     if (sl == parent) sl[1] = 0;
     else if (sl) *sl = 0;
     else snprintf(parent, sizeof(parent), ".");
-    return fsync_dir(parent) ? 0 : -1;
+    return kvt_ssd_io_fsync_dir(io, parent) ? 0 : -1;
 }
 
 /* The informational KEY file: created exclusively, never through a planted (even dangling)
  * symlink, mode 0600. An existing KEY is left alone (it is never trusted anyway). */
-void write_key_file(const char *cdir, const char *compat) {
+void write_key_file(kvt_ssd_io *io, const char *cdir, const char *compat) {
     char kp[PATH_MAX];
     snprintf(kp, sizeof(kp), "%s/KEY", cdir);
-    int fd = open(kp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = kvt_ssd_io_create_excl(io, kp);
     if (fd < 0) return;
-    if (fchmod(fd, 0600) == 0) {
-        size_t n = strlen(compat);
-        if (write(fd, compat, n) != (ssize_t)n || write(fd, "\n", 1) != 1) { /* best effort */
-        }
-    }
-    close(fd);
+    size_t n = strlen(compat);
+    if (kvt_ssd_io_pwrite(io, fd, compat, n, 0, false)) kvt_ssd_io_pwrite(io, fd, "\n", 1, n, false); /* best effort */
+    kvt_ssd_io_close(io, fd);
 }
 
-int mkdir_p(const char *path) {
+int mkdir_p(kvt_ssd_io *io, const char *path) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof(tmp), "%s", path);
     for (char *p = tmp + 1; *p; p++) {
         if (*p == '/') {
             *p = 0;
-            if (mkdir_durable(tmp) != 0) return -1;
+            if (mkdir_durable(io, tmp) != 0) return -1;
             *p = '/';
         }
     }
-    return mkdir_durable(tmp);
+    return mkdir_durable(io, tmp);
 }
