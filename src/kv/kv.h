@@ -174,6 +174,9 @@ double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l);
 double kvt_kv_layout_layer_bytes_per_token(const kvt_kv_layout *l, uint32_t layer);
 /* Total bytes of recurrent state per sequence. */
 size_t kvt_kv_layout_state_bytes(const kvt_kv_layout *l);
+/* RECURRENT layer `layer`: offset of its state in the sequence state buffer and in a snapshot's
+ * data (each layer's state starts 64-byte aligned, so states are not packed). 0 for other kinds. */
+size_t kvt_kv_layout_state_offset(const kvt_kv_layout *l, uint32_t layer);
 /* "full/f16" / "window(512)/q8g64" / "recurrent(4096B)" */
 void kvt_kv_layout_describe_layer(const kvt_kv_layout *l, uint32_t layer, char *buf, size_t n);
 /* Stable key for the scheme part of compatibility: e.g. "bt256-f16" or "bt256-kv8g64-s0" or

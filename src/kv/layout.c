@@ -311,6 +311,9 @@ double kvt_kv_layout_bytes_per_token(const kvt_kv_layout *l) {
 }
 
 size_t kvt_kv_layout_state_bytes(const kvt_kv_layout *l) { return l->state_bytes; }
+size_t kvt_kv_layout_state_offset(const kvt_kv_layout *l, uint32_t layer) {
+    return layer < l->n_layers && l->layers[layer].kind == KVT_KIND_RECURRENT ? l->info[layer].state_offset : 0;
+}
 
 void kvt_kv_layout_describe_layer(const kvt_kv_layout *l, uint32_t layer, char *buf, size_t n) {
     if (!buf || n == 0) return;
