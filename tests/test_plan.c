@@ -206,6 +206,9 @@ static void test_supersedes(void **st) {
     assert_false(kvt_plan_supersedes(&t, &x));
     t.groups = 1;
     assert_true(kvt_plan_supersedes(&t, &x));
+    t.pinned = true; /* the tier finds something through it (an SSD mid-block snapshot) */
+    assert_false(kvt_plan_supersedes(&t, &x));
+    t.pinned = false;
     t.groups = 0;
     assert_false(kvt_plan_supersedes(&t, &x));
 }

@@ -100,7 +100,7 @@ void kvt_plan_usable_prefix(const kvt_plan_geom *g, const kvt_plan_index *ix, ui
 }
 
 bool kvt_plan_supersedes(const kvt_plan_unit *older, const kvt_plan_unit *newer) {
-    if (!older->tail || older == newer) return false;
+    if (!older->tail || older->pinned || older == newer) return false;
     if (older->parent != newer->parent || older->index != newer->index) return false;
     if (newer->n_tokens <= older->n_tokens) return false;
     if (older->n_tokens && memcmp(older->tokens, newer->tokens, (size_t)older->n_tokens * sizeof(int32_t)) != 0)

@@ -17,7 +17,8 @@
  *   supersession   a frozen tail T is redundant once a longer unit C at the same position (same
  *                  parent chain, same block index) whose tokens start with T's and that holds every
  *                  group T holds is present: every usable prefix that T could end is then served by
- *                  cutting C (the planner's last unit may be longer than the cut).
+ *                  cutting C (the planner's last unit may be longer than the cut). A pinned T (the
+ *                  tier's index reaches something else through it) is kept.
  *
  * No state, no allocation, no locking: thread-safe as long as the callbacks are.
  */
@@ -87,6 +88,9 @@ typedef struct kvt_plan_unit {
     const int32_t *tokens;  /* [n_tokens] */
     uint32_t groups;        /* bitmask of the groups the tier holds the unit in */
     bool tail;              /* a frozen partial tail (only tails are ever superseded) */
+    bool pinned;            /* the tier finds something else through this unit: the SSD tier finds
+                               a snapshot inside a block through the tail that ends at it (the RAM
+                               tier hangs its snapshots off the parent, so it never pins) */
 } kvt_plan_unit;
 /* True when `older` is redundant because `newer` is held (see the top of this file). */
 bool kvt_plan_supersedes(const kvt_plan_unit *older, const kvt_plan_unit *newer);

@@ -744,20 +744,30 @@ void kvt_prompt_cache_peek_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_p
     take_plan pl;
     if (plan_take(pc, root_find(pc, kvt_chain_root(c)), c, P, &pl)) {
         out->usable = pl.L;
-        /* leading full blocks held in every group, below the n-1 cap (a mixed plan's RAM part) */
+        /* leading full blocks held in every FULL group, below the n-1 cap (a mixed plan's RAM
+         * part; take_blocks checks the WINDOW groups once the final length is known) */
+        uint32_t full_mask = 0;
+        for (uint32_t g = 0; g < pc->n_groups; g++)
+            if (!pc->geom.window[g]) full_mask |= 1u << g;
         uint32_t lim = n ? KVT_MIN(pl.k, (n - 1) / pc->bt) : 0, kb = 0;
-        while (kb < lim && unit_has_all_groups(pc, P[kb])) kb++;
+        while (kb < lim) {
+            uint32_t h = unit_groups(pc, P[kb]);
+            if (!h || (h & full_mask) != full_mask) break;
+            kb++;
+        }
         out->full_blocks = kb;
     }
     pthread_mutex_unlock(&pc->mu);
     free(P);
 }
 
-kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c, uint32_t k, kvt_seq **out) {
+kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c, uint32_t k, uint32_t final_len,
+                                        kvt_seq **out) {
     if (!pc || !c || !out || kvt_chain_block_tokens(c) != pc->bt || k > kvt_chain_n_full(c)) return KVT_ERR_INVALID_ARG;
     *out = NULL;
     const uint32_t G = pc->n_groups;
     if (G == 0) return KVT_ERR_INVALID_ARG; /* a recurrent-only layout has no blocks to take */
+    if (final_len < k * pc->bt) k = final_len / pc->bt;
     pc_unit **P = malloc(((size_t)k + 1) * sizeof(*P));
     kvt_block **blocks = calloc((size_t)k * G + 1, sizeof(*blocks));
     if (!P || !blocks) {
@@ -771,33 +781,34 @@ kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c
     if (R) {
         const int32_t *prompt = kvt_chain_tokens(c);
         pc_unit *cur = R;
+        uint64_t now = pc_now(pc);
         while (got < k) {
             pc_unit *node = map_find(pc, kvt_chain_at(c, got + 1), cur, prompt + (size_t)got * pc->bt);
-            if (!node || !unit_has_all_groups(pc, node)) break;
+            if (!node) break;
+            /* every group the final length needs here (FULL always, WINDOW inside its window) */
+            uint32_t held = unit_groups(pc, node);
+            uint32_t need = kvt_plan_need_mask(&pc->geom, final_len, got, held);
+            uint32_t want = 0; /* the groups needed here, held or not */
+            for (uint32_t g = 0; g < G; g++)
+                if (!pc->geom.window[g] || got >= kvt_plan_window_lo(final_len, pc->geom.window[g], pc->bt))
+                    want |= 1u << g;
+            if (!need || (want & ~held)) break;
+            for (uint32_t g = 0; g < G; g++)
+                if ((need >> g) & 1u) {
+                    blocks[(size_t)got * G + g] = node->blocks[g];
+                    kvt_block_retain(node->blocks[g]);
+                }
+            touch(pc, node, now);
             P[got++] = node;
             cur = node;
         }
     }
-    if (got == k) {
-        uint64_t now = pc_now(pc);
-        for (uint32_t i = 0; i < k; i++) {
-            for (uint32_t g = 0; g < G; g++) {
-                blocks[(size_t)i * G + g] = P[i]->blocks[g];
-                kvt_block_retain(P[i]->blocks[g]);
-            }
-            touch(pc, P[i], now);
-        }
-    }
     pthread_mutex_unlock(&pc->mu);
     free(P);
-    if (got != k) { /* evicted since the peek: the caller plans again */
-        free(blocks);
-        return KVT_OK;
-    }
     kvt_seq *s = NULL;
     kvt_status st = kvt_seq_create(pc->pool, kvt_chain_root(c), &s);
-    for (uint32_t i = 0; i < k && st == KVT_OK; i++) st = kvt_seq_append_blocks(s, blocks + (size_t)i * G);
-    for (size_t i = 0; i < (size_t)k * G; i++)
+    for (uint32_t i = 0; i < got && st == KVT_OK; i++) st = kvt_seq_append_blocks(s, blocks + (size_t)i * G);
+    for (size_t i = 0; i < (size_t)got * G; i++)
         if (blocks[i]) kvt_block_release(blocks[i]);
     free(blocks);
     if (st != KVT_OK) {
@@ -1020,11 +1031,11 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
             pc_unit *parent = j ? P[j - 1] : R;
             pc_unit *nu = j < k ? P[j] : tail;
             if (!nu) continue;
-            kvt_plan_unit nw = {parent->key, j, nu->n_tok, nu->tokens, unit_groups(pc, nu), nu->kind == U_TAIL};
+            kvt_plan_unit nw = {parent->key, j, nu->n_tok, nu->tokens, unit_groups(pc, nu), nu->kind == U_TAIL, false};
             pc_unit *c = parent->first_child;
             while (c) {
                 pc_unit *nx = c->sib_next;
-                kvt_plan_unit od = {parent->key, j, c->n_tok, c->tokens, unit_groups(pc, c), c->kind == U_TAIL};
+                kvt_plan_unit od = {parent->key, j, c->n_tok, c->tokens, unit_groups(pc, c), c->kind == U_TAIL, false};
                 if (c != nu && c->put_gen != gen && !c->n_children && kvt_plan_supersedes(&od, &nw)) {
                     unit_detach(pc, c);
                     if (!uv_push(&dropped, c)) {

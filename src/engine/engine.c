@@ -2,9 +2,9 @@
  * engine.c — see engine.h. The generate loop:
  *
  *   1. validate the request (non-empty, ids in range, fits the context);
- *   2. lookup (kvt_tiers_lookup): peek both tiers, take from the one with the longer usable prefix
- *      (RAM take shares blocks and copies at most one partial block; SSD restore streams into the
- *      pool);
+ *   2. lookup (kvt_tiers_lookup over the request's chain, hashed once): peek both tiers, execute one
+ *      plan (RAM shares its leading blocks and copies at most one partial block; the SSD restore
+ *      streams into the pool only the blocks RAM lacks);
  *   3. prefill the remaining prompt tokens in ubatch chunks; a long cold prefill registers the
  *      prompt-only prefix (prompt-boundary snapshot) before decoding;
  *   4. decode: sample, stream text (stop strings held back until they can no longer match),
@@ -530,6 +530,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     pthread_mutex_lock(&e->gen_mu);
     kvt_status st = KVT_OK;
     kvt_seq *seq = NULL;
+    kvt_chain *chain = NULL; /* the request's chain hashes (computed once) */
     kvt_detok *dt = NULL;
     kvt_strbuf tb = {0};
     size_t emitted = 0; /* bytes of tb already passed to on_token */
@@ -542,11 +543,13 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     const uint64_t root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
     const bool use_cache = e->pc && !req->no_cache;
 
-    /* 2. lookup */
+    /* 2. lookup: the prompt's chain hashes once, shared by both tiers' lookups and block sealing */
     uint32_t reused = 0;
     if (use_cache) {
+        st = kvt_chain_create(root, req->prompt, n, e->o.block_tokens, &chain);
+        if (st) goto done;
         kvt_tiers_hit hit;
-        st = kvt_tiers_lookup(e->tier, req->prompt, n, root, &hit);
+        st = kvt_tiers_lookup(e->tier, chain, &hit);
         if (st) goto done;
         seq = hit.seq;
         reused = hit.n_reused;
@@ -560,6 +563,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         reused = 0;
         res->reused_from = KVT_TIER_NONE;
     }
+    if (chain) kvt_seq_set_chain(seq, chain);
     res->n_prompt = n;
     res->n_reused = reused;
 
@@ -726,6 +730,7 @@ put_back:
     pthread_mutex_unlock(&e->stats_mu);
 done:
     if (seq) kvt_seq_free(seq);
+    kvt_chain_release(chain);
     kvt_detok_free(dt);
     kvt_strbuf_free(&tb);
     free(gen);
