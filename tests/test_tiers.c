@@ -10,6 +10,8 @@
 #include "cache/prompt_cache.h"
 #include "cache/ssd_cache.h"
 #include "cache/tier.h"
+#include "engine/engine.h"
+#include "model/gen_model.h"
 
 enum { LAY_FULL, LAY_WINDOW, LAY_RECURRENT };
 #define BT 4
@@ -531,12 +533,66 @@ static void test_pressure_8_blocks(void **st) {
     }
 }
 
+/* The engine computes a request's chain once: a cold 100-token prompt (6 full blocks of 16) with
+ * the RAM and SSD tiers attached hashes each prompt block once (chain), plus one hash per frozen
+ * tail put (the prompt-boundary put and the final put); the lookups of both tiers and the sealing
+ * of the prompt's blocks hash nothing. (Without the shared chain the RAM walk, the SSD walk,
+ * sealing and each put's walk hashed the blocks again: >= 4x.) */
+static void test_engine_hashes_prompt_once(void **st) {
+    (void)st;
+    char *dir = tu_tmpdir("tiers-eng");
+    assert_non_null(dir);
+    char model[600], ssd[600];
+    snprintf(model, sizeof model, "%s/llama.gguf", dir);
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    kvt_gen_model_opts mo = {.arch = "llama", .shape = "tiny", .type = "f16", .seed = 7};
+    char err[512] = "";
+    assert_int_equal(kvt_gen_model(&mo, model, err, sizeof err), KVT_OK);
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = model;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.ubatch = 32;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 1.0;
+    o.snapshot_min_tokens = 64;
+    o.ssd_dir = ssd;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    int32_t ids[100];
+    uint64_t seed = 3;
+    for (int i = 0; i < 100; i++) ids[i] = (int32_t)(300 + tu_rand(&seed) % 2000);
+    kvt_gen_request r = {.prompt = ids, .n_prompt = 100, .max_tokens = 4, .ignore_eog = true};
+    kvt_sampling_default(&r.sampling);
+    kvt_gen_result res;
+    uint64_t h0 = kvt_chain_hash_calls();
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    uint64_t used = kvt_chain_hash_calls() - h0;
+    free(res.tokens);
+    assert_int_equal(res.n_reused, 0);
+    assert_int_equal(used, 6 + 2);
+    /* a warm repeat: the chain again (6), RAM serves 99 tokens, nothing else is hashed but the tail put */
+    h0 = kvt_chain_hash_calls();
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    used = kvt_chain_hash_calls() - h0;
+    free(res.tokens);
+    assert_int_equal(res.n_reused, 99);
+    assert_true(used <= 6 + 2);
+    kvt_engine_free(e);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixed_full),        cmocka_unit_test(test_mixed_window),
         cmocka_unit_test(test_mixed_recurrent),   cmocka_unit_test(test_ram_wins_ties),
         cmocka_unit_test(test_honest_counters),   cmocka_unit_test(test_chain_hashed_once),
         cmocka_unit_test(test_window_and_snapshot_write_behind), cmocka_unit_test(test_pressure_8_blocks),
+        cmocka_unit_test(test_engine_hashes_prompt_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
