@@ -3,6 +3,9 @@
  * (ssd_cache) together as one system, so the engine does not wire them by hand.
  *
  * What it owns today:
+ *   - lookup: one plan per request over both tiers, along the request's chain (computed once by
+ *     the caller): RAM's leading blocks shared, only the blocks RAM lacks restored from SSD, each
+ *     block's source named in the hit, counters counted once per executed plan;
  *   - memory pressure: the pool's pressure callback evicts from RAM (spilling into the SSD tier)
  *     and then sheds SSD records that only the SSD tier still holds. The pressure path never waits
  *     for the disk ("free at once", docs/tiers.md): an allocation fails with the typed error only

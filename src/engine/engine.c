@@ -491,8 +491,7 @@ static void shared_lookup(kvt_engine *e, const int32_t *prompt, uint32_t n, uint
     }
     *reused = kvt_seq_len(*seq);
     res->reused_from = KVT_TIER_SHARED;
-    kvt_prompt_cache_put_blocks(e->pc, *seq);
-    if (e->ssd && e->o.ssd_writeback) kvt_ssd_enqueue_seq(e->ssd, *seq, NULL);
+    kvt_tiers_put_blocks(e->tier, *seq); /* RAM + write-behind, like any sealed blocks */
 }
 /* Write-behind: the sealed blocks of seq also go to the shared tier (background publisher). */
 static void shared_publish(kvt_engine *e, const kvt_seq *seq) {
