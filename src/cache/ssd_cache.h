@@ -46,6 +46,8 @@ typedef struct kvt_ssd_opts {
                                    later (counted as dropped); enqueue never waits. */
     bool verify;                /* startup scan also checks every payload checksum (reads every
                                    file in full); bad files are removed. Restore always checks. */
+    struct kvt_ssd_io *io;      /* file-mutation layer (cache/ssd_io.h), borrowed; NULL = real
+                                   syscalls (tests pass a recording one for crash-state replay) */
 } kvt_ssd_opts;
 void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB */
 
