@@ -533,6 +533,47 @@ static void test_pressure_8_blocks(void **st) {
     }
 }
 
+/* kvt_ssd_restore_from refuses a base that is not the chain's first blocks (other tokens, another
+ * root, a partial block) instead of building on it; a base the plan cannot extend is a miss. */
+static void test_restore_from_base_checked(void **st) {
+    (void)st;
+    fx f;
+    fx_init(&f, LAY_FULL, 0, true);
+    int32_t toks[33], other[33];
+    toks_range(toks, 33, 31);
+    toks_range(other, 33, 77);
+    put_flush(&f, toks, 32);
+    kvt_chain *c = chain_of(&f, toks, 33);
+    kvt_seq *out = NULL;
+    uint32_t got = 7;
+    kvt_ssd_restore_info info;
+    kvt_seq *bad = mk_seq(&f, other, 8, 8); /* other tokens */
+    assert_int_equal(kvt_ssd_restore_from(f.ssd, c, bad, &out, &got, &info), KVT_ERR_INVALID_ARG);
+    assert_null(out);
+    assert_int_equal(got, 0);
+    kvt_seq_free(bad);
+    bad = mk_seq(&f, toks, 6, 6); /* not whole blocks */
+    assert_int_equal(kvt_ssd_restore_from(f.ssd, c, bad, &out, &got, &info), KVT_ERR_INVALID_ARG);
+    kvt_seq_free(bad);
+    kvt_seq *good = mk_seq(&f, toks, 8, 8);
+    assert_int_equal(kvt_ssd_restore_from(f.ssd, c, good, &out, &got, &info), KVT_OK);
+    assert_int_equal(got, 32);
+    assert_int_equal(info.files_read, 6); /* blocks 2..7 only */
+    assert_ptr_equal(kvt_seq_block(out, 0, 0), kvt_seq_block(good, 0, 0));
+    check_seq(&f, out, toks, 32);
+    kvt_seq_free(out);
+    kvt_seq_free(good);
+    /* a base covering everything the index could add: nothing to restore, a miss */
+    good = mk_seq(&f, toks, 32, 32);
+    assert_int_equal(kvt_ssd_find_from(f.ssd, c, 8), 0);
+    assert_int_equal(kvt_ssd_restore_from(f.ssd, c, good, &out, &got, &info), KVT_OK);
+    assert_null(out);
+    assert_int_equal(info.files_read, 0);
+    kvt_seq_free(good);
+    kvt_chain_release(c);
+    fx_free(&f);
+}
+
 /* The engine computes a request's chain once: a cold 100-token prompt (6 full blocks of 16) with
  * the RAM and SSD tiers attached hashes each prompt block once (chain), plus one hash per frozen
  * tail put (the prompt-boundary put and the final put); the lookups of both tiers and the sealing
@@ -592,7 +633,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_recurrent),   cmocka_unit_test(test_ram_wins_ties),
         cmocka_unit_test(test_honest_counters),   cmocka_unit_test(test_chain_hashed_once),
         cmocka_unit_test(test_window_and_snapshot_write_behind), cmocka_unit_test(test_pressure_8_blocks),
-        cmocka_unit_test(test_engine_hashes_prompt_once),
+        cmocka_unit_test(test_restore_from_base_checked), cmocka_unit_test(test_engine_hashes_prompt_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
