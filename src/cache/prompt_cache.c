@@ -24,6 +24,8 @@
  */
 #include "prompt_cache.h"
 
+#include "plan.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,7 @@ struct kvt_prompt_cache {
     uint32_t window[KVT_MAX_GROUPS]; /* 0 = FULL group */
     bool recurrent;
     bool has_window;
+    kvt_plan_geom geom; /* what the shared planner and supersession rule need (plan.h) */
     size_t state_bytes;
     uint64_t max_bytes;
 
@@ -341,16 +344,23 @@ static bool unit_has_all_groups(const kvt_prompt_cache *pc, const pc_unit *u) {
     return true;
 }
 
+static uint32_t unit_groups(const kvt_prompt_cache *pc, const pc_unit *u) {
+    uint32_t m = 0;
+    for (uint32_t g = 0; g < pc->n_groups; g++)
+        if (u->blocks[g]) m |= 1u << g;
+    return m;
+}
+
 /* A NODE/TAIL child of `parent` whose first m tokens equal toks[0..m) and that holds a block for
  * every group (it supplies the last, possibly partial, block). `prefer` is tried first. */
 static pc_unit *rows_unit(const kvt_prompt_cache *pc, pc_unit *parent, const int32_t *toks, uint32_t m,
-                          pc_unit *prefer, const pc_unit *exclude) {
-    if (prefer && prefer != exclude && prefer->n_tok >= m && unit_has_all_groups(pc, prefer) &&
+                          pc_unit *prefer) {
+    if (prefer && prefer->n_tok >= m && unit_has_all_groups(pc, prefer) &&
         memcmp(prefer->tokens, toks, (size_t)m * sizeof(int32_t)) == 0)
         return prefer;
     pc_unit *best = NULL;
     for (pc_unit *c = parent->first_child; c; c = c->sib_next) {
-        if (c == exclude || (c->kind != U_NODE && c->kind != U_TAIL) || c->n_tok < m) continue;
+        if ((c->kind != U_NODE && c->kind != U_TAIL) || c->n_tok < m) continue;
         if (!unit_has_all_groups(pc, c) || memcmp(c->tokens, toks, (size_t)m * sizeof(int32_t)) != 0) continue;
         /* prefer an exact-length tail (no copy, no trim), else the shortest covering unit */
         if (!best || (c->n_tok == m && best->n_tok != m) || (best->n_tok != m && c->n_tok < best->n_tok)) best = c;
@@ -358,31 +368,25 @@ static pc_unit *rows_unit(const kvt_prompt_cache *pc, pc_unit *parent, const int
     return best;
 }
 
-/* Can a sequence of length L (1 <= L) be built from the cache along the matched path P[0..k) under
- * R? Checks the block availability of every group (FULL: all blocks; WINDOW(W): the blocks covering
- * [L-W, L)) and finds the unit that supplies the last block. Recurrent state is checked by the
- * caller. */
-static bool blocks_usable(const kvt_prompt_cache *pc, pc_unit *R, pc_unit *const *P, uint32_t k, const int32_t *toks,
-                          uint32_t L, const pc_unit *exclude, pc_unit **last_u) {
-    uint32_t bt = pc->bt;
-    uint32_t last = (L + bt - 1) / bt - 1;
-    uint32_t m = L - last * bt;
-    if (last > k) return false;
-    for (uint32_t g = 0; g < pc->n_groups; g++) {
-        uint32_t w = pc->window[g];
-        uint32_t first = (w && L > w) ? (L - w) / bt : 0;
-        for (uint32_t i = first; i < last; i++)
-            if (!P[i]->blocks[g]) return false;
+/* Walks the prompt's full blocks from R along the request chain (no hashing: the chain holds the
+ * hashes); fills P (capacity n/bt) and returns k = matched nodes. */
+static uint32_t walk_path(const kvt_prompt_cache *pc, pc_unit *R, const kvt_chain *c, pc_unit **P) {
+    const uint32_t bt = pc->bt, nf = kvt_chain_n_full(c);
+    const int32_t *prompt = kvt_chain_tokens(c);
+    uint32_t k = 0;
+    pc_unit *cur = R;
+    while (k < nf) {
+        const int32_t *t = prompt + (size_t)k * bt;
+        pc_unit *node = map_find(pc, kvt_chain_at(c, k + 1), cur, t);
+        if (!node) break;
+        P[k++] = node;
+        cur = node;
     }
-    pc_unit *parent = last ? P[last - 1] : R;
-    pc_unit *u = rows_unit(pc, parent, toks + (size_t)last * bt, m, last < k ? P[last] : NULL, exclude);
-    if (!u) return false;
-    *last_u = u;
-    return true;
+    return k;
 }
 
-/* Walks prompt's full blocks from R; fills P (capacity n/bt) and returns k = matched nodes. */
-static uint32_t walk_path(const kvt_prompt_cache *pc, pc_unit *R, const int32_t *prompt, uint32_t n, pc_unit **P) {
+/* The same under another root (namespace diagnostics only: those hashes are not the request's). */
+static uint32_t walk_path_hashing(const kvt_prompt_cache *pc, pc_unit *R, const int32_t *prompt, uint32_t n, pc_unit **P) {
     uint32_t bt = pc->bt, k = 0;
     pc_unit *cur = R;
     while ((uint64_t)(k + 1) * bt <= n) {
@@ -413,56 +417,87 @@ typedef struct take_plan {
     uint32_t L;           /* usable length (0 = miss) */
     uint32_t n_full;      /* full path blocks appended before the last unit */
     uint32_t match;       /* token match (for UNTRIMMABLE) */
+    uint32_t k;           /* matched full-block path length */
     pc_unit *last_u;      /* unit supplying the block that ends at L */
     pc_unit *snap_u;      /* SNAP unit at L (recurrent layouts) */
 } take_plan;
 
-/* Under the lock: computes the longest usable prefix. P must hold n/bt entries. */
-static void plan_take(const kvt_prompt_cache *pc, pc_unit *R, const int32_t *prompt, uint32_t n, pc_unit **P,
-                      uint32_t *k_out, take_plan *pl) {
+/* The RAM tier's index as the shared planner (plan.h) sees it. */
+typedef struct ram_ix {
+    const kvt_prompt_cache *pc;
+    pc_unit *R;
+    pc_unit **P;
+    uint32_t k;
+    const int32_t *prompt;
+} ram_ix;
+
+static uint32_t ram_held(void *ctx, uint32_t i) {
+    const ram_ix *x = ctx;
+    return unit_groups(x->pc, x->P[i]);
+}
+
+static const void *ram_rows(void *ctx, uint32_t j, uint32_t m) {
+    const ram_ix *x = ctx;
+    pc_unit *parent = j ? x->P[j - 1] : x->R;
+    return rows_unit(x->pc, parent, x->prompt + (size_t)j * x->pc->bt, m, j < x->k ? x->P[j] : NULL);
+}
+
+/* Under the lock: the longest usable prefix of the chain's prompt (kvt_plan_usable_prefix over this
+ * tier's index). P must hold n/bt entries. False only when out of memory. */
+static bool plan_take(const kvt_prompt_cache *pc, pc_unit *R, const kvt_chain *c, pc_unit **P, take_plan *pl) {
     memset(pl, 0, sizeof(*pl));
-    *k_out = 0;
-    if (!R || n < 2) return;
-    uint32_t bt = pc->bt, cap = n - 1;
-    uint32_t k = walk_path(pc, R, prompt, n, P);
-    *k_out = k;
-    uint32_t match = token_match(pc, R, P, k, prompt, n);
-    pl->match = KVT_MIN(match, cap);
-    uint32_t lmax = pl->match;
-    if (lmax == 0) return;
-    pc_unit *last_u = NULL;
+    const uint32_t n = kvt_chain_len(c), bt = pc->bt;
+    const int32_t *prompt = kvt_chain_tokens(c);
+    if (!R || n < 2) return true;
+    uint32_t k = walk_path(pc, R, c, P);
+    pl->k = k;
+    ram_ix x = {pc, R, P, k, prompt};
+    kvt_plan_index ix = {.ctx = &x, .k = k, .match = token_match(pc, R, P, k, prompt, n), .held = ram_held, .rows = ram_rows};
+    uint32_t *pos = NULL;
+    const void **snaps = NULL;
     if (pc->recurrent) {
-        /* usable only at an exact snapshot position */
-        for (uint32_t j = 0; j <= k; j++) {
-            pc_unit *parent = j ? P[j - 1] : R;
-            for (pc_unit *c = parent->first_child; c; c = c->sib_next) {
-                if (c->kind != U_SNAP) continue;
-                uint32_t pos = j * bt + c->n_tok;
-                if (pos == 0 || pos > lmax || pos <= pl->L) continue;
-                if (c->n_tok && memcmp(c->tokens, prompt + (size_t)j * bt, (size_t)c->n_tok * sizeof(int32_t)) != 0)
-                    continue;
-                if (!blocks_usable(pc, R, P, k, prompt, pos, NULL, &last_u)) continue;
-                pl->L = pos;
-                pl->last_u = last_u;
-                pl->snap_u = c;
+        /* snapshot units along the path whose tokens equal the prompt's */
+        uint32_t cap = 0, ns = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (uint32_t j = 0; j <= k; j++) {
+                pc_unit *parent = j ? P[j - 1] : R;
+                for (pc_unit *u = parent->first_child; u; u = u->sib_next) {
+                    if (u->kind != U_SNAP || (uint64_t)j * bt + u->n_tok > n) continue;
+                    if (u->n_tok && memcmp(u->tokens, prompt + (size_t)j * bt, (size_t)u->n_tok * sizeof(int32_t)) != 0)
+                        continue;
+                    if (pass == 0) {
+                        cap++;
+                    } else {
+                        pos[ns] = j * bt + u->n_tok;
+                        snaps[ns++] = u;
+                    }
+                }
             }
-        }
-    } else {
-        if (blocks_usable(pc, R, P, k, prompt, lmax, NULL, &last_u)) {
-            pl->L = lmax;
-            pl->last_u = last_u;
-        } else {
-            /* a shorter cut can only help at a block boundary (needs fewer old window blocks) */
-            for (uint32_t j = (lmax - 1) / bt; j >= 1; j--) {
-                if (blocks_usable(pc, R, P, k, prompt, j * bt, NULL, &last_u)) {
-                    pl->L = j * bt;
-                    pl->last_u = last_u;
-                    break;
+            if (pass == 0) {
+                if (!cap) break;
+                pos = malloc(cap * sizeof(*pos));
+                snaps = malloc(cap * sizeof(*snaps));
+                if (!pos || !snaps) {
+                    free(pos);
+                    free(snaps);
+                    return false;
                 }
             }
         }
+        ix.snap_pos = pos;
+        ix.snap = (const void *const *)snaps;
+        ix.n_snaps = ns;
     }
-    if (pl->L) pl->n_full = (pl->L + bt - 1) / bt - 1;
+    kvt_plan_prefix pp;
+    kvt_plan_usable_prefix(&pc->geom, &ix, n, &pp);
+    free(pos);
+    free(snaps);
+    pl->match = pp.match;
+    pl->L = pp.len;
+    pl->n_full = pp.n_full;
+    pl->last_u = (pc_unit *)pp.last;
+    pl->snap_u = (pc_unit *)pp.snap;
+    return true;
 }
 
 /* ------------------------------------------------------------------ public API */
@@ -482,6 +517,7 @@ kvt_prompt_cache *kvt_prompt_cache_create(kvt_block_pool *pool, uint64_t max_byt
     for (uint32_t l = 0; l < kvt_kv_layout_n_layers(pc->layout); l++)
         if (kvt_kv_layout_layer(pc->layout, l)->kind == KVT_KIND_RECURRENT) pc->recurrent = true;
     pc->state_bytes = kvt_kv_layout_state_bytes(pc->layout);
+    kvt_plan_geom_init(&pc->geom, pc->layout);
     pc->max_bytes = max_bytes;
     pc->n_buckets = 64;
     pc->buckets = calloc(pc->n_buckets, sizeof(*pc->buckets));
@@ -609,26 +645,30 @@ static bool other_namespace_match(const kvt_prompt_cache *pc, uint64_t root, con
     uint32_t cap = n - 1, need = KVT_MIN(pc->bt, cap);
     for (pc_unit *r = pc->roots; r; r = r->sib_next) {
         if (r->key == root) continue;
-        uint32_t k = walk_path(pc, r, prompt, n, P);
+        uint32_t k = walk_path_hashing(pc, r, prompt, n, P);
         if (KVT_MIN(token_match(pc, r, P, k, prompt, n), cap) >= need) return true;
     }
     return false;
 }
 
-kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root,
-                                 kvt_seq **out, uint32_t *n_reused) {
-    if (!pc || !out || !n_reused || (!prompt && n)) return KVT_ERR_INVALID_ARG;
+kvt_status kvt_prompt_cache_take_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_seq **out, uint32_t *n_reused) {
+    if (!pc || !c || !out || !n_reused || kvt_chain_block_tokens(c) != pc->bt) return KVT_ERR_INVALID_ARG;
     *out = NULL;
     *n_reused = 0;
-    uint32_t G = pc->n_groups, bt = pc->bt;
+    const uint32_t G = pc->n_groups, bt = pc->bt, n = kvt_chain_len(c);
+    const uint64_t root = kvt_chain_root(c);
+    const int32_t *prompt = kvt_chain_tokens(c);
     pc_unit **P = malloc(((size_t)n / bt + 1) * sizeof(*P));
     if (!P) return KVT_ERR_NOMEM;
 
     pthread_mutex_lock(&pc->mu);
     pc_unit *R = root_find(pc, root);
     take_plan pl;
-    uint32_t k = 0;
-    plan_take(pc, R, prompt, n, P, &k, &pl);
+    if (!plan_take(pc, R, c, P, &pl)) {
+        pthread_mutex_unlock(&pc->mu);
+        free(P);
+        return KVT_ERR_NOMEM;
+    }
     if (pl.L < pl.match) pc->st.reuse_impossible[KVT_REUSE_IMPOSSIBLE_UNTRIMMABLE]++;
     if (pl.L == 0) {
         if (n >= 2 && other_namespace_match(pc, root, prompt, n, P))
@@ -648,11 +688,10 @@ kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, ui
     }
     uint64_t now = pc_now(pc);
     for (uint32_t i = 0; i < pl.n_full; i++) {
+        /* a WINDOW block outside the window of L is not needed: leave it out (plan.h) */
+        uint32_t need = kvt_plan_need_mask(&pc->geom, pl.L, i, unit_groups(pc, P[i]));
         for (uint32_t g = 0; g < G; g++) {
-            kvt_block *b = P[i]->blocks[g];
-            uint32_t w = pc->window[g];
-            /* a WINDOW block outside the window of L is not needed: leave it out */
-            if (b && w && pl.L > w && i < (pl.L - w) / bt) b = NULL;
+            kvt_block *b = (need >> g) & 1u ? P[i]->blocks[g] : NULL;
             if (b) kvt_block_retain(b);
             blocks[(size_t)i * G + g] = b;
         }
@@ -695,17 +734,124 @@ kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, ui
     return KVT_OK;
 }
 
-uint32_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root) {
-    if (!pc || (!prompt && n)) return 0;
+void kvt_prompt_cache_peek_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_prompt_cache_peek_info *out) {
+    memset(out, 0, sizeof(*out));
+    if (!pc || !c || kvt_chain_block_tokens(c) != pc->bt) return;
+    const uint32_t n = kvt_chain_len(c);
     pc_unit **P = malloc(((size_t)n / pc->bt + 1) * sizeof(*P));
-    if (!P) return 0;
+    if (!P) return;
     pthread_mutex_lock(&pc->mu);
     take_plan pl;
-    uint32_t k = 0;
-    plan_take(pc, root_find(pc, root), prompt, n, P, &k, &pl);
+    if (plan_take(pc, root_find(pc, kvt_chain_root(c)), c, P, &pl)) {
+        out->usable = pl.L;
+        /* leading full blocks held in every FULL group, below the n-1 cap (a mixed plan's RAM
+         * part; take_blocks checks the WINDOW groups once the final length is known) */
+        uint32_t full_mask = 0;
+        for (uint32_t g = 0; g < pc->n_groups; g++)
+            if (!pc->geom.window[g]) full_mask |= 1u << g;
+        uint32_t lim = n ? KVT_MIN(pl.k, (n - 1) / pc->bt) : 0, kb = 0;
+        while (kb < lim) {
+            uint32_t h = unit_groups(pc, P[kb]);
+            if (!h || (h & full_mask) != full_mask) break;
+            kb++;
+        }
+        out->full_blocks = kb;
+    }
     pthread_mutex_unlock(&pc->mu);
     free(P);
-    return pl.L;
+}
+
+kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c, uint32_t k, uint32_t final_len,
+                                        kvt_seq **out) {
+    if (!pc || !c || !out || kvt_chain_block_tokens(c) != pc->bt || k > kvt_chain_n_full(c)) return KVT_ERR_INVALID_ARG;
+    *out = NULL;
+    const uint32_t G = pc->n_groups;
+    if (G == 0) return KVT_ERR_INVALID_ARG; /* a recurrent-only layout has no blocks to take */
+    if (final_len < k * pc->bt) k = final_len / pc->bt;
+    pc_unit **P = malloc(((size_t)k + 1) * sizeof(*P));
+    kvt_block **blocks = calloc((size_t)k * G + 1, sizeof(*blocks));
+    if (!P || !blocks) {
+        free(P);
+        free(blocks);
+        return KVT_ERR_NOMEM;
+    }
+    pthread_mutex_lock(&pc->mu);
+    pc_unit *R = root_find(pc, kvt_chain_root(c));
+    uint32_t got = 0;
+    if (R) {
+        const int32_t *prompt = kvt_chain_tokens(c);
+        pc_unit *cur = R;
+        uint64_t now = pc_now(pc);
+        while (got < k) {
+            pc_unit *node = map_find(pc, kvt_chain_at(c, got + 1), cur, prompt + (size_t)got * pc->bt);
+            if (!node) break;
+            /* every group the final length needs here (FULL always, WINDOW inside its window) */
+            uint32_t held = unit_groups(pc, node);
+            uint32_t need = kvt_plan_need_mask(&pc->geom, final_len, got, held);
+            uint32_t want = 0; /* the groups needed here, held or not */
+            for (uint32_t g = 0; g < G; g++)
+                if (!pc->geom.window[g] || got >= kvt_plan_window_lo(final_len, pc->geom.window[g], pc->bt))
+                    want |= 1u << g;
+            if (!need || (want & ~held)) break;
+            for (uint32_t g = 0; g < G; g++)
+                if ((need >> g) & 1u) {
+                    blocks[(size_t)got * G + g] = node->blocks[g];
+                    kvt_block_retain(node->blocks[g]);
+                }
+            touch(pc, node, now);
+            P[got++] = node;
+            cur = node;
+        }
+    }
+    pthread_mutex_unlock(&pc->mu);
+    free(P);
+    kvt_seq *s = NULL;
+    kvt_status st = kvt_seq_create(pc->pool, kvt_chain_root(c), &s);
+    for (uint32_t i = 0; i < got && st == KVT_OK; i++) st = kvt_seq_append_blocks(s, blocks + (size_t)i * G);
+    for (size_t i = 0; i < (size_t)got * G; i++)
+        if (blocks[i]) kvt_block_release(blocks[i]);
+    free(blocks);
+    if (st != KVT_OK) {
+        kvt_seq_free(s);
+        return st;
+    }
+    *out = s;
+    return KVT_OK;
+}
+
+void kvt_prompt_cache_count_take(kvt_prompt_cache *pc, uint32_t tokens) {
+    if (!pc) return;
+    pthread_mutex_lock(&pc->mu);
+    if (tokens) {
+        pc->st.hits++;
+        pc->st.reused_tokens += tokens;
+    } else {
+        pc->st.misses++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+}
+
+kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root,
+                                 kvt_seq **out, uint32_t *n_reused) {
+    if (!pc || !out || !n_reused || (!prompt && n)) return KVT_ERR_INVALID_ARG;
+    *out = NULL;
+    *n_reused = 0;
+    kvt_chain *c = NULL;
+    kvt_status st = kvt_chain_create(root, prompt, n, pc->bt, &c);
+    if (st != KVT_OK) return st;
+    st = kvt_prompt_cache_take_chain(pc, c, out, n_reused);
+    kvt_chain_release(c);
+    return st;
+}
+
+uint32_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root) {
+    if (!pc || (!prompt && n)) return 0;
+    kvt_chain *c = NULL;
+    if (kvt_chain_create(root, prompt, n, pc->bt, &c) != KVT_OK) return 0;
+    kvt_prompt_cache_peek_info pi;
+    kvt_prompt_cache_peek_chain(pc, c, &pi);
+    kvt_chain_release(c);
+    return pi.usable;
 }
 
 /* Evicts down to the cap, skipping units touched by put `gen`. Under the lock. */
@@ -809,7 +955,7 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
     /* full blocks: find or create the node, fill in group blocks it lacks (dedup by identity) */
     for (uint32_t i = 0; i < n_full && st == KVT_OK; i++) {
         const int32_t *t = toks + (size_t)i * bt;
-        uint64_t h = kvt_chain_hash(cur->key, t, bt);
+        uint64_t h = kvt_seq_block_chain(seq, i); /* computed when the block was sealed */
         pc_unit *node = map_find(pc, h, cur, t);
         if (!node) node = unit_new(pc, U_NODE, cur, i, t, bt, h);
         if (!node) {
@@ -826,15 +972,20 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
         cur = node;
     }
     /* frozen tail */
+    pc_unit *tail = NULL;
     if (st == KVT_OK && m) {
         const int32_t *t = toks + (size_t)n_full * bt;
-        pc_unit *tail = NULL;
         for (pc_unit *c = cur->first_child; c; c = c->sib_next)
             if (c->kind == U_TAIL && c->n_tok == m && memcmp(c->tokens, t, (size_t)m * sizeof(int32_t)) == 0) {
                 tail = c;
                 break;
             }
-        if (!tail) tail = unit_new(pc, U_TAIL, cur, n_full, t, m, kvt_chain_hash(cur->key, t, m));
+        if (!tail) {
+            /* the frozen tail's blocks carry its chain hash (sealed by freeze_tail) */
+            kvt_block *tb = G ? kvt_seq_block(seq, 0, n_full) : NULL;
+            uint64_t th = tb && kvt_block_sealed(tb) ? kvt_block_hash(tb) : kvt_chain_hash(cur->key, t, m);
+            tail = unit_new(pc, U_TAIL, cur, n_full, t, m, th);
+        }
         if (!tail) {
             st = KVT_ERR_NOMEM;
         } else {
@@ -871,26 +1022,26 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
             su->put_gen = gen;
         }
     }
-    /* supersession: older tails that are strict prefixes of this sequence and that the cache can
-     * now serve through this sequence's blocks (trimmable to their end) are dropped without spill.
-     * Snapshots are never superseded (a longer recurrent state cannot be cut back). */
+    /* supersession (plan.h, the rule the SSD tier uses too): older tails at a position of this
+     * sequence that this sequence's unit there (its full block or its new tail) supersedes are
+     * dropped without spill. Snapshots are never superseded (a longer recurrent state cannot be cut
+     * back); a snapshot's own unit is separate from any tail, so dropping a tail never loses one. */
     if (st == KVT_OK) {
         for (uint32_t j = 0; j <= k; j++) {
             pc_unit *parent = j ? P[j - 1] : R;
+            pc_unit *nu = j < k ? P[j] : tail;
+            if (!nu) continue;
+            kvt_plan_unit nw = {parent->key, j, nu->n_tok, nu->tokens, unit_groups(pc, nu), nu->kind == U_TAIL, false};
             pc_unit *c = parent->first_child;
             while (c) {
                 pc_unit *nx = c->sib_next;
-                uint32_t pos = j * bt + c->n_tok;
-                if (c->kind == U_TAIL && c->put_gen != gen && !c->n_children && pos < len &&
-                    memcmp(c->tokens, toks + (size_t)j * bt, (size_t)c->n_tok * sizeof(int32_t)) == 0) {
-                    pc_unit *lu = NULL;
-                    if (blocks_usable(pc, R, P, k, toks, pos, c, &lu)) {
-                        unit_detach(pc, c);
-                        if (!uv_push(&dropped, c)) {
-                            unit_vec one = {&c, 1, 1};
-                            dispose_result r = {0};
-                            dispose_units(&one, G, NULL, NULL, NULL, false, &r);
-                        }
+                kvt_plan_unit od = {parent->key, j, c->n_tok, c->tokens, unit_groups(pc, c), c->kind == U_TAIL, false};
+                if (c != nu && c->put_gen != gen && !c->n_children && kvt_plan_supersedes(&od, &nw)) {
+                    unit_detach(pc, c);
+                    if (!uv_push(&dropped, c)) {
+                        unit_vec one = {&c, 1, 1};
+                        dispose_result r = {0};
+                        dispose_units(&one, G, NULL, NULL, NULL, false, &r);
                     }
                 }
                 c = nx;

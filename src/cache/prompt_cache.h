@@ -82,6 +82,30 @@ bool kvt_prompt_cache_pressure_cb(void *ctx, uint64_t bytes_needed);
  * number of objects visited, or -1 when out of memory (nothing visited). Used by a flush with
  * write-behind off to write what the RAM tier holds. */
 int64_t kvt_prompt_cache_visit(kvt_prompt_cache *pc, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx);
+/* ---- chain-based lookups (the tier manager's; the request's chain hashes are computed once) ---- */
+/* The chain's root and tokens are the prompt; its block size must be the cache's. */
+typedef struct kvt_prompt_cache_peek_info {
+    uint32_t usable;      /* the length take_chain would return (0 = miss) */
+    uint32_t full_blocks; /* leading full blocks of the prompt held in every FULL group, at most
+                             (n-1)/block_tokens: what a mixed RAM+SSD plan may take from RAM */
+} kvt_prompt_cache_peek_info;
+/* No side effects (no counters, no recency). */
+void kvt_prompt_cache_peek_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_prompt_cache_peek_info *out);
+/* kvt_prompt_cache_take over the request's chain (counts a hit or a miss). */
+kvt_status kvt_prompt_cache_take_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_seq **out, uint32_t *n_reused);
+/* A new sequence of the chain's first k' <= k full blocks (k'*block_tokens tokens, shared by
+ * reference; no snapshot), for a plan of final length final_len whose later blocks come from
+ * another tier: each block carries the groups final_len needs (FULL groups; WINDOW groups inside
+ * their window, kvt_plan_need_mask), and k' stops before the first block the cache cannot supply
+ * that way (evicted since the peek, or a needed WINDOW block dropped); k' = 0 gives an empty
+ * sequence. Bumps recency but counts nothing: the caller counts the take with
+ * kvt_prompt_cache_count_take once the whole plan succeeded, so a take that is thrown away is
+ * never a hit. */
+kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c, uint32_t k, uint32_t final_len,
+                                        kvt_seq **out);
+/* Counts one take of `tokens` tokens served by this tier (0: a miss). */
+void kvt_prompt_cache_count_take(kvt_prompt_cache *pc, uint32_t tokens);
+
 /* Replace the monotonic clock used for idle stamps (demote_idle); NULL restores kvt_now_ns. Tests. */
 void kvt_prompt_cache_set_clock(kvt_prompt_cache *pc, uint64_t (*now_ns)(void *ctx), void *ctx);
 

@@ -88,9 +88,9 @@ const kvt_kv_layout *kvt_ssd_layout(const kvt_ssd *ssd); /* the borrowed layout 
 
 /* ---- lookup / restore ---- */
 /* Longest usable prefix (tokens) of prompt[0..n) under root that the on-disk index can serve, capped
- * at n-1 (index only, no I/O, no side effects). Usability mirrors the RAM tier: FULL groups need
- * every block; WINDOW groups need the blocks the final window sees; RECURRENT layers need a snapshot
- * exactly at the returned length. 0 = miss. */
+ * at n-1 (index only, no I/O, no side effects). Usability is the shared planner's (plan.h, the RAM
+ * tier's too): FULL groups need every block; WINDOW groups need the blocks the final window sees;
+ * RECURRENT layers need a snapshot exactly at the returned length. 0 = miss. */
 uint32_t kvt_ssd_find(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint64_t root);
 /* Restores what kvt_ssd_find reports: streams one block at a time from disk into the pool (alloc,
  * read, verify checksums, seal with the expected chain hash), appends to a new sequence, trims to
@@ -100,6 +100,23 @@ uint32_t kvt_ssd_find(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint64_t 
  * restores and restore_ms_last. */
 kvt_status kvt_ssd_restore(kvt_ssd *ssd, const int32_t *prompt, uint32_t n, uint64_t root,
                            kvt_seq **out, uint32_t *n_restored);
+/* Over the request's chain (its hashes computed once, shared with the RAM tier and sealing), on top
+ * of the caller's first base_blocks full blocks (a mixed plan: the RAM tier supplies them, in every
+ * group the final length needs). find_from: the usable length the index can serve with those blocks
+ * supplied (no I/O, no side effects; 0 = miss, and also when the index adds nothing beyond them).
+ * restore_from: base is a sequence of the chain's first k full blocks (k*block_tokens tokens, its
+ * tokens the chain's; NULL = none); *out = a new sequence that shares base's blocks and appends the
+ * blocks k.. (and the snapshot) read from disk — only those are read. base is not modified (the
+ * caller still frees it). A plan that cannot build on base (files removed since find_from) is a
+ * miss. info (may be NULL) gets the files and payload bytes read from disk, also on a miss. */
+typedef struct kvt_ssd_restore_info {
+    uint64_t files_read;   /* block/tail files and snapshot files read */
+    uint64_t bytes_read;   /* their payload bytes (headers not counted) */
+    bool snapshot;         /* the recurrent state came from a snapshot file */
+} kvt_ssd_restore_info;
+uint32_t kvt_ssd_find_from(kvt_ssd *ssd, const kvt_chain *c, uint32_t base_blocks);
+kvt_status kvt_ssd_restore_from(kvt_ssd *ssd, const kvt_chain *c, kvt_seq *base, kvt_seq **out, uint32_t *n_restored,
+                                kvt_ssd_restore_info *info);
 
 /* ---- writes ---- */
 /* Write-behind of one sealed block (full or frozen tail) / one snapshot. root may be 0 (unknown).
@@ -189,6 +206,7 @@ typedef struct kvt_ssd_stats {
     uint64_t lost_entries, dir_recreated; /* the directory was deleted while open: entries
                                              forgotten, directory recreated */
     uint64_t verified;                    /* payloads checked by the startup scan (opts.verify) */
+    uint64_t read_bytes;                  /* payload bytes read from disk by restores (cumulative) */
 } kvt_ssd_stats;
 void kvt_ssd_stats_get(kvt_ssd *ssd, kvt_ssd_stats *out);
 

@@ -2,6 +2,8 @@
  * stats and the startup scan. See ssd_int.h for the file map and ssd_cache.h for the API. */
 #include "ssd_int.h"
 
+#include "plan.h"
+
 static uint64_t key_hash(uint64_t chain, uint32_t group, uint32_t kind) {
     uint64_t h = chain ^ ((uint64_t)group * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)kind << 56);
     h ^= h >> 33;
@@ -153,32 +155,36 @@ void enforce_cap(kvt_ssd *s) {
     }
 }
 
-/* Supersession (docs/cache-format.md): a frozen tail T is redundant once a longer file C (full
- * block or longer tail) at the same position, with the same parent, whose tokens start with T's
- * tokens, is published — FULL and WINDOW groups can be cut anywhere, so C serves every prefix of
- * itself. Called after e was published (rename + dir fsync) and indexed; removes every such T
- * (file, index entry, bytes). T is removed from all groups at once and only when C is present in
- * every group that holds T, so a lookup never loses a prefix that the index could serve before.
- * A tail with a snapshot at its chain is kept: the recurrent planner needs exact file boundaries.
- * Snapshots themselves are never removed here. Lock held. */
+/* Groups holding a file of (chain, kind) with this parent. Lock held. */
+uint32_t entry_groups(kvt_ssd *s, uint64_t chain, uint32_t kind, uint64_t parent) {
+    uint32_t m = 0;
+    for (uint32_t g = 0; g < s->n_groups; g++) {
+        ssd_entry *e = idx_find(s, chain, g, kind);
+        if (e && e->link == parent) m |= 1u << g;
+    }
+    return m;
+}
+
+/* Supersession: the shared rule (kvt_plan_supersedes, plan.h): a frozen tail T is redundant once a
+ * longer file C at the same position (same parent, same block index) whose tokens start with T's,
+ * held in every group that holds T, is published — C serves every prefix T could end. Called after
+ * e was published (rename + dir fsync) and indexed; removes every such T (all groups at once: file,
+ * index entry, bytes), so a lookup never loses a prefix that the index could serve before. A tail
+ * with a snapshot at its chain is pinned: the planner finds a snapshot inside a block through the
+ * tail that ends at it. Snapshots themselves are never removed here. Lock held. */
 void supersede(kvt_ssd *s, const ssd_entry *e) {
     if (e->kind == KVT_SSD_KIND_SNAPSHOT || !s->n_buckets) return;
+    const kvt_plan_unit nw = {e->link, e->index, e->n_tokens, e->tokens, entry_groups(s, e->chain, e->kind, e->link),
+                              e->kind == KVT_SSD_KIND_TAIL, false};
     bool again = true;
     while (again) {
         again = false;
         for (ssd_entry *f = s->tab_link[link_hash(e->link) % s->n_buckets]; f; f = f->next_link) {
-            if (f == e || f->link != e->link || f->kind != KVT_SSD_KIND_TAIL || f->index != e->index ||
-                f->n_tokens >= e->n_tokens || f->chain == e->chain ||
-                memcmp(f->tokens, e->tokens, (size_t)f->n_tokens * 4) != 0)
-                continue;
-            if (idx_find(s, f->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT)) continue;
-            bool covered = true;
-            for (uint32_t g = 0; g < s->n_groups && covered; g++) {
-                if (!idx_find(s, f->chain, g, KVT_SSD_KIND_TAIL)) continue;
-                ssd_entry *c = idx_find(s, e->chain, g, e->kind);
-                covered = c && c->link == e->link;
-            }
-            if (!covered) continue;
+            if (f == e || f->link != e->link || f->kind != KVT_SSD_KIND_TAIL || f->chain == e->chain) continue;
+            const kvt_plan_unit od = {f->link, f->index, f->n_tokens, f->tokens,
+                                      entry_groups(s, f->chain, KVT_SSD_KIND_TAIL, f->link), true,
+                                      idx_find(s, f->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL};
+            if (!kvt_plan_supersedes(&od, &nw)) continue;
             uint64_t tchain = f->chain;
             for (uint32_t g = 0; g < s->n_groups; g++) {
                 ssd_entry *t = idx_find(s, tchain, g, KVT_SSD_KIND_TAIL);
@@ -247,6 +253,7 @@ void kvt_ssd_stats_get(kvt_ssd *s, kvt_ssd_stats *out) {
     out->evictions = s->evictions;
     out->corrupt_removed = s->corrupt_removed;
     out->superseded = s->superseded;
+    out->read_bytes = s->read_bytes;
     out->restore_ms_last = s->restore_ms_last;
     if (s->longest_gen != s->gen || s->gen == 0) {
         uint64_t best = 0;

@@ -159,6 +159,7 @@ struct kvt_ssd {
 
     /* stats */
     uint64_t restores, spills, demotions, dropped, failed, evictions, corrupt_removed, superseded;
+    uint64_t read_bytes;          /* payload bytes restores read from disk (cumulative) */
     uint64_t shed;                /* records released under memory pressure (not written) */
     uint64_t skipped_nonregular;  /* scan: names of ours that are not regular files */
     uint64_t lost_entries, dir_recreated; /* the directory was deleted under us */
@@ -218,14 +219,16 @@ typedef struct plan_idx {
     uint32_t kind, n_tokens;
 } plan_idx;
 
+/* A restore plan (ssd_restore.c: build_plan, over the shared planner of plan.h). */
 typedef struct plan {
     uint32_t p;          /* usable length (0 = miss) */
-    uint32_t n_idx;      /* block indices to restore */
-    plan_idx *idx;       /* n_idx */
-    bool *need;          /* n_idx * n_groups */
+    uint32_t base;       /* block indices [0, base) come from the caller (a mixed RAM+SSD plan) */
+    uint32_t n_idx;      /* block indices of the restored sequence: ceil(p / bt) */
+    plan_idx *idx;       /* n_idx (entries below base unused) */
+    bool *need;          /* n_idx * n_groups: files to read */
     bool snap;           /* restore a snapshot at p */
     uint64_t snap_chain;
-    int32_t *child_tokens; /* tokens of the file at index K when it is the last index (copy) */
+    int32_t *child_tokens; /* tokens of the file that supplies the last index (copy) */
 } plan;
 
 /* ---- shared functions (defined in the file named above each group) ---- */
@@ -252,6 +255,8 @@ bool dir_trusted(const char *path, bool follow, char *err, size_t errlen);
 void drop_entry(kvt_ssd *s, ssd_entry *e);
 void enforce_cap(kvt_ssd *s);
 void supersede(kvt_ssd *s, const ssd_entry *e);
+/* Groups holding a file of (chain, kind) with this parent. Lock held. */
+uint32_t entry_groups(kvt_ssd *s, uint64_t chain, uint32_t kind, uint64_t parent);
 void scan_dir(kvt_ssd *s);
 /* ssd_writer.c */
 void tmp_name(char *buf, size_t n, const char *path);

@@ -2,8 +2,13 @@
  * ssd_int.h for the file map and ssd_cache.h for the API. */
 #include "ssd_int.h"
 
-/* ------------------------------------------------------------------ lookup */
+#include "plan.h"
 
+/* ------------------------------------------------------------------ lookup */
+/* Planning uses the shared planner (plan.h) over this tier's index, along the request's chain
+ * (kvt_chain: no hashing here). Block indices [0, base) may be supplied by the caller (the RAM
+ * tier's leading blocks in a mixed plan): the planner treats them as held in every group and the
+ * restore reads nothing for them. */
 static void plan_free(plan *pl) {
     free(pl->idx);
     free(pl->need);
@@ -21,179 +26,189 @@ static ssd_entry *match_entry(kvt_ssd *s, uint64_t chain, uint32_t g, uint32_t k
     return e;
 }
 
-/* First block index a WINDOW group needs at final length p (conservative: covers key p-W). */
-static uint32_t window_lo(uint32_t p, uint32_t w, uint32_t bt) { return p > w ? (p - w) / bt : 0; }
+/* This tier's index as the shared planner sees it. */
+typedef struct ssd_ix {
+    kvt_ssd *s;
+    const kvt_chain *c;
+    const int32_t *prompt;
+    uint32_t n, base, k, all;
+    uint32_t *held;        /* [k] group masks of the path blocks (all groups below base) */
+    ssd_entry **path;      /* [k] the lowest-group entry of each path block (NULL below base) */
+    ssd_entry given;       /* handle for "supplied by the caller" */
+} ssd_ix;
 
-/* True if, for every WINDOW group, the blocks [window_lo(pos), upto) the window at pos needs are on
- * disk (present[] covers block indexes < K). */
-static bool windows_held(kvt_ssd *s, const bool *present, uint32_t K, uint32_t pos, uint32_t upto) {
-    uint32_t G = s->n_groups, bt = s->bt;
-    for (uint32_t g = 0; g < G; g++) {
-        if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
-        for (uint32_t j = window_lo(pos, kvt_kv_layout_group_window(s->layout, g), bt); j < upto && j < K; j++)
-            if (!present[(size_t)j * G + g]) return false;
-    }
-    return true;
-}
+static uint32_t ssd_held(void *ctx, uint32_t i) { return ((ssd_ix *)ctx)->held[i]; }
 
-/* Recurrent layouts: the longest block boundary i*bt (<= n-1, i <= K) with a snapshot file whose
- * window groups are held; 0 if none. */
-static uint32_t boundary_snapshot(kvt_ssd *s, const uint64_t *h, const bool *present, uint32_t K, uint32_t n,
-                                  uint64_t *snap_chain) {
-    for (uint32_t i = K; i >= 1; i--) {
-        uint32_t pos = i * s->bt;
-        if (pos > n - 1) continue;
-        ssd_entry *sn = idx_find(s, h[i], SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
-        if (!sn || sn->n_tokens != pos || !windows_held(s, present, K, pos, i)) continue;
-        *snap_chain = h[i];
-        return pos;
-    }
-    return 0;
-}
-
-/* Builds the restore plan (index only). Lock held. */
-static bool build_plan(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, plan *pl) {
-    memset(pl, 0, sizeof(*pl));
-    if (!prompt || n < 2) return true;
-    const uint32_t bt = s->bt, G = s->n_groups;
-    const bool recurrent = kvt_kv_layout_state_bytes(s->layout) > 0;
-    const uint32_t nfull = n / bt;
-    const uint32_t max_idx = nfull + 1;
-    pl->idx = calloc(max_idx, sizeof(*pl->idx));
-    pl->need = calloc((size_t)max_idx * (G ? G : 1), sizeof(bool));
-    uint64_t *h = malloc(((size_t)max_idx + 1) * sizeof(uint64_t));
-    bool *present = calloc((size_t)max_idx * (G ? G : 1), sizeof(bool));
-    if (!pl->idx || !pl->need || !h || !present) {
-        free(h);
-        free(present);
-        plan_free(pl);
-        return false;
-    }
-    /* Walk full blocks of the prompt: K = leading indices present for every FULL group. */
-    h[0] = root;
-    uint32_t K = 0;
-    bool full_ok = true;
-    for (uint32_t i = 0; i < nfull; i++) {
-        const int32_t *tk = prompt + (size_t)i * bt;
-        h[i + 1] = kvt_chain_hash(h[i], tk, bt);
-        bool any = false;
-        for (uint32_t g = 0; g < G; g++) {
-            present[(size_t)i * G + g] = match_entry(s, h[i + 1], g, KVT_SSD_KIND_BLOCK, h[i], tk, bt) != NULL;
-            any |= present[(size_t)i * G + g];
-            if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW && !present[(size_t)i * G + g]) full_ok = false;
-        }
-        if (!full_ok) break;
-        (void)any;
-        pl->idx[i] = (plan_idx){h[i + 1], h[i], KVT_SSD_KIND_BLOCK, bt};
-        K = i + 1;
-    }
-    /* Child at index K (block or tail) with the longest common prefix, present in every group. */
-    uint32_t best_lcp = 0;
+/* The unit supplying the last block at index j with m tokens: below base the caller's block; else
+ * the path block if it is held in every group, else the sibling file (block or tail) at index j whose
+ * first m tokens match and that every group holds (exact length preferred, then the shortest). */
+static const void *ssd_rows(void *ctx, uint32_t j, uint32_t m) {
+    ssd_ix *x = ctx;
+    kvt_ssd *s = x->s;
+    if (j < x->base) return &x->given;
+    if (j < x->k && x->held[j] == x->all) return x->path[j];
+    if (!s->n_buckets) return NULL;
+    const uint64_t parent = kvt_chain_at(x->c, j);
+    const int32_t *toks = x->prompt + (size_t)j * s->bt;
     ssd_entry *best = NULL;
-    const uint32_t rem = n - K * bt;
-    if (G > 0 && s->n_buckets > 0) {
-        for (ssd_entry *e = s->tab_link[link_hash(h[K]) % s->n_buckets]; e; e = e->next_link) {
-            if (e->link != h[K] || e->kind == KVT_SSD_KIND_SNAPSHOT || e->group != 0 || e->index != K) continue;
-            uint32_t m = KVT_MIN(e->n_tokens, rem), l = 0;
-            while (l < m && e->tokens[l] == prompt[(size_t)K * bt + l]) l++;
-            if (l == 0 || l <= best_lcp) continue;
-            if (recurrent && l != e->n_tokens) continue; /* recurrent: exact boundaries only */
-            bool all = true;
-            for (uint32_t g = 1; g < G && all; g++) all = idx_find(s, e->chain, g, e->kind) != NULL;
-            if (!all) continue;
+    for (ssd_entry *e = s->tab_link[link_hash(parent) % s->n_buckets]; e; e = e->next_link) {
+        if (e->link != parent || e->kind == KVT_SSD_KIND_SNAPSHOT || e->index != j || e->group != 0 || e->n_tokens < m)
+            continue;
+        if (!tokens_eq(e->tokens, toks, m) || entry_groups(s, e->chain, e->kind, parent) != x->all) continue;
+        if (!best || (e->n_tokens == m && best->n_tokens != m) || (best->n_tokens != m && e->n_tokens < best->n_tokens))
             best = e;
-            best_lcp = l;
-        }
     }
-    uint32_t p = 0;
-    if (!recurrent) {
-        uint32_t covered = K * bt + best_lcp;
-        p = KVT_MIN(covered, n - 1);
-        /* WINDOW groups: every block the final window sees must be on disk. */
-        bool changed = true;
-        while (p > 0 && changed) {
-            changed = false;
-            for (uint32_t g = 0; g < G && !changed; g++) {
-                if (kvt_kv_layout_group_kind(s->layout, g) != KVT_KIND_WINDOW) continue;
-                uint32_t lo = window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt);
-                uint32_t hi = (p + bt - 1) / bt; /* exclusive */
-                for (uint32_t j = lo; j < hi; j++) {
-                    bool ok = j < K ? present[(size_t)j * G + g] : true; /* j == K: best child */
-                    if (!ok) {
-                        p = j * bt;
-                        changed = true;
-                        break;
-                    }
-                }
-            }
-        }
-    } else {
-        /* Recurrent: exact snapshot positions only (no trim). Candidates, longest first: the best
-         * child's end, then block boundaries K*bt .. bt. */
-        uint32_t cand_child = best ? K * bt + best->n_tokens : 0;
-        if (cand_child && cand_child <= n - 1) {
-            ssd_entry *sn = idx_find(s, best->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
-            if (sn && sn->n_tokens == cand_child) {
-                p = cand_child;
-                pl->snap_chain = best->chain;
-            }
-        }
-        if (p == 0) p = boundary_snapshot(s, h, present, K, n, &pl->snap_chain);
-        if (p && p == cand_child && !windows_held(s, present, K, p, K)) {
-            /* the child's window is incomplete: fall back to a boundary snapshot */
-            p = boundary_snapshot(s, h, present, K, n, &pl->snap_chain);
-        }
-        pl->snap = p > 0;
-    }
-    if (p > 0) {
-        pl->p = p;
-        pl->n_idx = (p + bt - 1) / bt;
-        if (pl->n_idx > K) { /* the last index is the best child */
-            pl->idx[K] = (plan_idx){best->chain, best->link, best->kind, best->n_tokens};
-            pl->child_tokens = malloc((size_t)best->n_tokens * 4);
-            if (!pl->child_tokens) {
-                free(h);
-                free(present);
-                plan_free(pl);
-                return false;
-            }
-            memcpy(pl->child_tokens, best->tokens, (size_t)best->n_tokens * 4);
-        }
-        for (uint32_t j = 0; j < pl->n_idx && pl->p; j++) {
-            bool any = false;
-            for (uint32_t g = 0; g < G; g++) {
-                bool need = true;
-                if (kvt_kv_layout_group_kind(s->layout, g) == KVT_KIND_WINDOW)
-                    need = j >= window_lo(p, kvt_kv_layout_group_window(s->layout, g), bt);
-                if (need && j < K && !present[(size_t)j * G + g]) need = false; /* outside window */
-                pl->need[(size_t)j * G + g] = need;
-                any |= need;
-            }
-            /* A sequence learns its tokens from the blocks: an index outside every window still
-             * needs one block (released again right after appending). */
-            for (uint32_t g = 0; g < G && !any; g++)
-                if (j < K && present[(size_t)j * G + g]) pl->need[(size_t)j * G + g] = any = true;
-            if (!any) { /* tokens of this index are on disk in no group: give up (miss) */
-                free(h);
-                free(present);
-                plan_free(pl);
-                return true;
-            }
-        }
-    }
-    free(h);
-    free(present);
-    return true;
+    return best;
 }
 
-uint32_t kvt_ssd_find(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root) {
-    if (!s) return 0;
+/* Builds the restore plan for the chain's prompt (index only). Lock held. False: out of memory. */
+static bool build_plan(kvt_ssd *s, const kvt_chain *c, uint32_t base, plan *pl) {
+    memset(pl, 0, sizeof(*pl));
+    const uint32_t n = kvt_chain_len(c), bt = s->bt, G = s->n_groups;
+    if (n < 2 || kvt_chain_block_tokens(c) != bt || G == 0) return true;
+    const int32_t *prompt = kvt_chain_tokens(c);
+    const uint32_t nfull = kvt_chain_n_full(c);
+    if (base > nfull) base = nfull;
+    const uint32_t max_idx = nfull + 1;
+    kvt_plan_geom geom;
+    kvt_plan_geom_init(&geom, s->layout);
+    ssd_ix x = {.s = s, .c = c, .prompt = prompt, .n = n, .base = base, .all = (1u << G) - 1u};
+    x.held = calloc(max_idx, sizeof(*x.held));
+    x.path = calloc(max_idx, sizeof(*x.path));
+    uint32_t *spos = NULL;
+    const void **snaps = NULL;
+    if (!x.held || !x.path) goto oom;
+    /* the path: block indices whose tokens are on disk in some group (or supplied below base) */
+    uint32_t k = 0;
+    for (; k < nfull; k++) {
+        if (k < base) {
+            x.held[k] = x.all;
+            continue;
+        }
+        const int32_t *tk = prompt + (size_t)k * bt;
+        uint32_t m = 0;
+        for (uint32_t g = 0; g < G; g++) {
+            ssd_entry *e = match_entry(s, kvt_chain_at(c, k + 1), g, KVT_SSD_KIND_BLOCK, kvt_chain_at(c, k), tk, bt);
+            if (!e) continue;
+            m |= 1u << g;
+            if (!x.path[k]) x.path[k] = e;
+        }
+        if (!m) break;
+        x.held[k] = m;
+    }
+    x.k = k;
+    /* token match: the path plus the longest common prefix of a file at index k */
+    uint32_t best_lcp = 0;
+    const uint32_t rem = n - k * bt;
+    if (s->n_buckets) {
+        const uint64_t hk = kvt_chain_at(c, k);
+        for (ssd_entry *e = s->tab_link[link_hash(hk) % s->n_buckets]; e; e = e->next_link) {
+            if (e->link != hk || e->kind == KVT_SSD_KIND_SNAPSHOT || e->index != k) continue;
+            uint32_t mm = KVT_MIN(e->n_tokens, rem), l = 0;
+            while (l < mm && e->tokens[l] == prompt[(size_t)k * bt + l]) l++;
+            if (l > best_lcp) best_lcp = l;
+        }
+    }
+    kvt_plan_index ix = {.ctx = &x, .k = k, .match = k * bt + best_lcp, .held = ssd_held, .rows = ssd_rows};
+    if (geom.recurrent) {
+        /* snapshots: at block boundaries of the path (their chain is the chain's), and inside a
+         * block at the end of a tail whose tokens match (found through that tail: such tails are
+         * pinned against supersession) */
+        uint32_t cap = k + 1 + 16, ns = 0;
+        spos = malloc(cap * sizeof(*spos));
+        snaps = malloc(cap * sizeof(*snaps));
+        if (!spos || !snaps) goto oom;
+        for (uint32_t i = 1; i <= k; i++) {
+            ssd_entry *sn = idx_find(s, kvt_chain_at(c, i), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+            if (!sn || sn->n_tokens != i * bt) continue;
+            spos[ns] = i * bt;
+            snaps[ns++] = sn;
+        }
+        for (uint32_t j = 0; j <= k && s->n_buckets; j++) {
+            const uint64_t hj = kvt_chain_at(c, j);
+            for (ssd_entry *e = s->tab_link[link_hash(hj) % s->n_buckets]; e; e = e->next_link) {
+                if (e->link != hj || e->kind != KVT_SSD_KIND_TAIL || e->index != j || e->group != 0) continue;
+                if ((uint64_t)j * bt + e->n_tokens > n || !tokens_eq(e->tokens, prompt + (size_t)j * bt, e->n_tokens)) continue;
+                ssd_entry *sn = idx_find(s, e->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+                if (!sn || sn->n_tokens != j * bt + e->n_tokens) continue;
+                if (ns == cap) {
+                    uint32_t nc = cap * 2;
+                    uint32_t *np = realloc(spos, nc * sizeof(*np));
+                    if (!np) goto oom;
+                    spos = np;
+                    const void **nq = realloc(snaps, nc * sizeof(*nq));
+                    if (!nq) goto oom;
+                    snaps = nq;
+                    cap = nc;
+                }
+                spos[ns] = sn->n_tokens;
+                snaps[ns++] = sn;
+            }
+        }
+        ix.snap_pos = spos;
+        ix.snap = (const void *const *)snaps;
+        ix.n_snaps = ns;
+    }
+    kvt_plan_prefix pp;
+    kvt_plan_usable_prefix(&geom, &ix, n, &pp);
+    if (pp.len > 0 && pp.len >= base * bt) {
+        pl->p = pp.len;
+        pl->base = base;
+        pl->n_idx = pp.n_full + 1;
+        pl->idx = calloc(pl->n_idx, sizeof(*pl->idx));
+        pl->need = calloc((size_t)pl->n_idx * G, sizeof(bool));
+        if (!pl->idx || !pl->need) goto oom;
+        if (pp.snap) {
+            pl->snap = true;
+            pl->snap_chain = ((const ssd_entry *)pp.snap)->chain;
+        }
+        for (uint32_t j = base; j < pp.n_full; j++) { /* path blocks */
+            pl->idx[j] = (plan_idx){kvt_chain_at(c, j + 1), kvt_chain_at(c, j), KVT_SSD_KIND_BLOCK, bt};
+            uint32_t need = kvt_plan_need_mask(&geom, pl->p, j, x.held[j]);
+            for (uint32_t g = 0; g < G; g++) pl->need[(size_t)j * G + g] = (need >> g) & 1u;
+        }
+        if (pp.last != &x.given) { /* the last index: one file in every group */
+            const ssd_entry *e = pp.last;
+            pl->idx[pp.n_full] = (plan_idx){e->chain, e->link, e->kind, e->n_tokens};
+            pl->child_tokens = malloc((size_t)e->n_tokens * 4 + 4);
+            if (!pl->child_tokens) goto oom;
+            memcpy(pl->child_tokens, e->tokens, (size_t)e->n_tokens * 4);
+            for (uint32_t g = 0; g < G; g++) pl->need[(size_t)pp.n_full * G + g] = true;
+        } else if (!pl->snap) {
+            plan_free(pl); /* the caller's blocks alone: nothing to restore from here */
+        }
+    }
+    free(x.held);
+    free(x.path);
+    free(spos);
+    free(snaps);
+    return true;
+oom:
+    free(x.held);
+    free(x.path);
+    free(spos);
+    free(snaps);
+    plan_free(pl);
+    return false;
+}
+
+uint32_t kvt_ssd_find_from(kvt_ssd *s, const kvt_chain *c, uint32_t base_blocks) {
+    if (!s || !c) return 0;
     plan pl;
     pthread_mutex_lock(&s->mu);
-    bool ok = build_plan(s, prompt, n, root, &pl);
+    bool ok = build_plan(s, c, base_blocks, &pl);
     pthread_mutex_unlock(&s->mu);
     uint32_t p = ok ? pl.p : 0;
     plan_free(&pl);
+    return p;
+}
+
+uint32_t kvt_ssd_find(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root) {
+    if (!s || (!prompt && n)) return 0;
+    kvt_chain *c = NULL;
+    if (kvt_chain_create(root, prompt, n, s->bt, &c) != KVT_OK) return 0;
+    uint32_t p = kvt_ssd_find_from(s, c, 0);
+    kvt_chain_release(c);
     return p;
 }
 
@@ -532,39 +547,53 @@ static void bump_lru(kvt_ssd *s, const plan *pl) {
     pthread_mutex_unlock(&s->mu);
 }
 
-kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **out,
-                           uint32_t *n_restored) {
+kvt_status kvt_ssd_restore_from(kvt_ssd *s, const kvt_chain *c, kvt_seq *base, kvt_seq **out, uint32_t *n_restored,
+                                kvt_ssd_restore_info *info) {
     *out = NULL;
     *n_restored = 0;
-    if (!s) return KVT_OK;
+    kvt_ssd_restore_info inf = {0};
+    if (info) *info = inf;
+    if (!s || !c) return KVT_OK;
     double t0 = kvt_now_ms();
     const uint32_t G = s->n_groups, bt = s->bt;
+    const int32_t *prompt = kvt_chain_tokens(c);
+    const uint32_t base_len = base ? kvt_seq_len(base) : 0;
+    if (base && (base_len % bt || kvt_seq_root(base) != kvt_chain_root(c) || base_len > kvt_chain_len(c) ||
+                 memcmp(kvt_seq_tokens(base), prompt, (size_t)base_len * sizeof(int32_t)) != 0))
+        return KVT_ERR_INVALID_ARG;
+    kvt_status ret = KVT_OK;
     for (int attempt = 0; attempt < 64; attempt++) {
         plan pl;
         pthread_mutex_lock(&s->mu);
-        bool ok = build_plan(s, prompt, n, root, &pl);
+        bool ok = build_plan(s, c, base_len / bt, &pl);
         pthread_mutex_unlock(&s->mu);
-        if (!ok) return KVT_ERR_NOMEM;
-        if (pl.p == 0) {
+        if (!ok) {
+            ret = KVT_ERR_NOMEM;
+            break;
+        }
+        if (pl.p == 0 || pl.base != base_len / bt) { /* a miss, or the plan cannot use the caller's blocks */
             plan_free(&pl);
-            return KVT_OK;
+            break;
         }
         kvt_seq *seq = NULL;
-        kvt_status st = kvt_seq_create(s->pool, root, &seq);
+        kvt_status st = base_len ? kvt_seq_clone(base, &seq) : kvt_seq_create(s->pool, kvt_chain_root(c), &seq);
         if (st != KVT_OK) {
             plan_free(&pl);
-            return st;
+            ret = st;
+            break;
         }
         bool retry = false;
-        /* jobs: every needed (index, group) file, in index then group order */
+        /* jobs: every needed (index, group) file from the first index not supplied, in index then
+         * group order */
         uint32_t n_jobs = 0;
         rjob *jobs = malloc((size_t)pl.n_idx * G * sizeof(*jobs) + sizeof(*jobs));
         if (!jobs) {
             kvt_seq_free(seq);
             plan_free(&pl);
-            return KVT_ERR_NOMEM;
+            ret = KVT_ERR_NOMEM;
+            break;
         }
-        for (uint32_t j = 0; j < pl.n_idx; j++)
+        for (uint32_t j = pl.base; j < pl.n_idx; j++)
             for (uint32_t g = 0; g < G; g++) {
                 if (!pl.need[(size_t)j * G + g]) continue;
                 rjob *jb = &jobs[n_jobs++];
@@ -583,7 +612,8 @@ kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64
             free(jobs);
             kvt_seq_free(seq);
             plan_free(&pl);
-            return KVT_ERR_NOMEM;
+            ret = KVT_ERR_NOMEM;
+            break;
         }
         kvt_block *blocks[KVT_MAX_GROUPS];
         memset(blocks, 0, sizeof(blocks));
@@ -593,7 +623,11 @@ kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64
             rload L;
             pipe_take(&P, k, &L);
             kvt_status ls = L.st;
-            if (ls == KVT_OK) ls = finish_job(s, pi, jb, &L);
+            if (ls == KVT_OK) {
+                inf.files_read++;
+                inf.bytes_read += L.len;
+                ls = finish_job(s, pi, jb, &L);
+            }
             if (ls == KVT_ERR_POOL_EXHAUSTED || ls == KVT_ERR_NOMEM) {
                 st = ls;
             } else if (ls != KVT_OK) {
@@ -624,25 +658,51 @@ kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64
             if (ss != KVT_OK) {
                 drop_bad(s, pl.snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT, err[0] ? err : kvt_status_str(ss));
                 retry = true;
+            } else {
+                inf.files_read++;
+                for (uint32_t l = 0; l < kvt_kv_layout_n_layers(s->layout); l++) /* the sections read */
+                    if (kvt_kv_layout_layer(s->layout, l)->kind == KVT_KIND_RECURRENT)
+                        inf.bytes_read += kvt_kv_layout_layer(s->layout, l)->state_bytes;
+                inf.snapshot = true;
             }
         }
         if (st == KVT_OK && !retry && kvt_seq_len(seq) != pl.p) st = KVT_ERR_FORMAT;
         if (st != KVT_OK || retry) {
             kvt_seq_free(seq);
             plan_free(&pl);
+            inf.snapshot = false;
             if (retry) continue;
-            if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) return st;
-            return KVT_OK; /* unusable plan (should not happen): treat as a miss */
+            if (st == KVT_ERR_POOL_EXHAUSTED || st == KVT_ERR_NOMEM) ret = st;
+            break; /* unusable plan (should not happen): treat as a miss */
         }
         bump_lru(s, &pl);
         pthread_mutex_lock(&s->mu);
         s->restores++;
         s->restore_ms_last = kvt_now_ms() - t0;
+        s->read_bytes += inf.bytes_read;
         pthread_mutex_unlock(&s->mu);
+        if (info) *info = inf;
         *out = seq;
         *n_restored = pl.p;
         plan_free(&pl);
         return KVT_OK;
     }
-    return KVT_OK;
+    pthread_mutex_lock(&s->mu);
+    s->read_bytes += inf.bytes_read;
+    pthread_mutex_unlock(&s->mu);
+    if (info) *info = inf;
+    return ret;
+}
+
+kvt_status kvt_ssd_restore(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **out,
+                           uint32_t *n_restored) {
+    *out = NULL;
+    *n_restored = 0;
+    if (!s || (!prompt && n)) return KVT_OK;
+    kvt_chain *c = NULL;
+    kvt_status st = kvt_chain_create(root, prompt, n, s->bt, &c);
+    if (st != KVT_OK) return st;
+    st = kvt_ssd_restore_from(s, c, NULL, out, n_restored, NULL);
+    kvt_chain_release(c);
+    return st;
 }

@@ -37,28 +37,72 @@ bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed) {
     return freed > 0;
 }
 
-kvt_status kvt_tiers_lookup(kvt_tiers *t, const int32_t *prompt, uint32_t n, uint64_t root, kvt_tiers_hit *out) {
-    memset(out, 0, sizeof(*out));
-    uint32_t in_ram = kvt_prompt_cache_peek(t->o.ram, prompt, n, root);
-    uint32_t on_disk = t->o.ssd ? kvt_ssd_find(t->o.ssd, prompt, n, root) : 0;
-    if (on_disk > in_ram) {
-        double r0 = kvt_now_ms();
-        kvt_seq *rs = NULL;
-        uint32_t got = 0;
-        kvt_status st = kvt_ssd_restore(t->o.ssd, prompt, n, root, &rs, &got);
-        out->restore_ms = kvt_now_ms() - r0;
-        if (st == KVT_OK && rs && got > in_ram) {
-            out->seq = rs;
-            out->n_reused = got;
-            out->from = KVT_TIERS_SSD;
-            return KVT_OK;
-        }
-        if (rs) kvt_seq_free(rs); /* shorter than RAM after all (a file went bad): RAM serves */
-    }
-    kvt_status st = kvt_prompt_cache_take(t->o.ram, prompt, n, root, &out->seq, &out->n_reused);
-    if (st != KVT_OK) return st;
-    out->from = out->seq ? KVT_TIERS_RAM : KVT_TIERS_NONE;
+kvt_tiers_source kvt_tiers_block_source(const kvt_tiers_hit *h, uint32_t i) {
+    if (!h || i >= h->n_blocks) return KVT_TIERS_NONE;
+    return i < h->ram_blocks ? KVT_TIERS_RAM : KVT_TIERS_SSD;
+}
+
+/* The RAM tier serves alone (its own plan, counted by take). */
+static kvt_status ram_only(kvt_tiers *t, const kvt_chain *c, kvt_tiers_hit *out) {
+    kvt_status st = kvt_prompt_cache_take_chain(t->o.ram, c, &out->seq, &out->n_reused);
+    if (st != KVT_OK || !out->seq) return st;
+    const uint32_t bt = kvt_chain_block_tokens(c);
+    out->from = KVT_TIERS_RAM;
+    out->n_blocks = out->ram_blocks = (out->n_reused + bt - 1) / bt;
+    if (kvt_kv_layout_state_bytes(kvt_block_pool_layout(t->o.pool)) > 0) out->state_from = KVT_TIERS_RAM;
     return KVT_OK;
+}
+
+kvt_status kvt_tiers_lookup(kvt_tiers *t, const kvt_chain *c, kvt_tiers_hit *out) {
+    memset(out, 0, sizeof(*out));
+    if (!t || !c) return KVT_ERR_INVALID_ARG;
+    kvt_prompt_cache_peek_info ram;
+    kvt_prompt_cache_peek_chain(t->o.ram, c, &ram);
+    if (!t->o.ssd) return ram_only(t, c, out);
+    /* the SSD tier plans on top of RAM's leading full blocks (they need no disk read) */
+    uint32_t on_disk = kvt_ssd_find_from(t->o.ssd, c, ram.full_blocks);
+    if (on_disk <= ram.usable) return ram_only(t, c, out);
+
+    const uint32_t bt = kvt_chain_block_tokens(c);
+    uint32_t k = KVT_MIN(ram.full_blocks, on_disk / bt);
+    kvt_seq *base = NULL;
+    if (k) {
+        /* RAM's blocks [0, k') with what the final length needs; k' < k when some went away since
+         * the peek (the SSD tier then restores from block k') */
+        kvt_status st = kvt_prompt_cache_take_blocks(t->o.ram, c, k, on_disk, &base);
+        if (st != KVT_OK) return st;
+        k = kvt_seq_len(base) / bt;
+    }
+    double r0 = kvt_now_ms();
+    kvt_seq *rs = NULL;
+    uint32_t got = 0;
+    kvt_ssd_restore_info info;
+    kvt_status st = kvt_ssd_restore_from(t->o.ssd, c, base, &rs, &got, &info);
+    out->restore_ms = kvt_now_ms() - r0;
+    out->ssd_files_read = info.files_read;
+    out->ssd_bytes_read = info.bytes_read;
+    if (base) kvt_seq_free(base); /* rs shares its blocks */
+    if (st == KVT_OK && rs && got > ram.usable) {
+        if (k) kvt_prompt_cache_count_take(t->o.ram, k * bt); /* RAM served blocks [0, k) */
+        out->seq = rs;
+        out->n_reused = got;
+        out->from = KVT_TIERS_SSD;
+        out->n_blocks = (got + bt - 1) / bt;
+        out->ram_blocks = k;
+        out->ssd_blocks = out->n_blocks - k;
+        if (info.snapshot) out->state_from = KVT_TIERS_SSD;
+        return KVT_OK;
+    }
+    /* shorter than RAM after all (a file went bad), or no memory for the restore (RAM's own plan
+     * shares blocks instead of allocating them): RAM serves */
+    if (rs) kvt_seq_free(rs);
+    double ms = out->restore_ms;
+    uint64_t fr = out->ssd_files_read, br = out->ssd_bytes_read;
+    st = ram_only(t, c, out);
+    out->restore_ms = ms;
+    out->ssd_files_read = fr;
+    out->ssd_bytes_read = br;
+    return st;
 }
 
 kvt_status kvt_tiers_put(kvt_tiers *t, kvt_seq *seq) {

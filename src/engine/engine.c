@@ -2,9 +2,9 @@
  * engine.c — see engine.h. The generate loop:
  *
  *   1. validate the request (non-empty, ids in range, fits the context);
- *   2. lookup (kvt_tiers_lookup): peek both tiers, take from the one with the longer usable prefix
- *      (RAM take shares blocks and copies at most one partial block; SSD restore streams into the
- *      pool);
+ *   2. lookup (kvt_tiers_lookup over the request's chain, hashed once): peek both tiers, execute one
+ *      plan (RAM shares its leading blocks and copies at most one partial block; the SSD restore
+ *      streams into the pool only the blocks RAM lacks);
  *   3. prefill the remaining prompt tokens in ubatch chunks; a long cold prefill registers the
  *      prompt-only prefix (prompt-boundary snapshot) before decoding;
  *   4. decode: sample, stream text (stop strings held back until they can no longer match),
@@ -593,8 +593,10 @@ void kvt_row_begin(kvt_row *r) {
         /* lookups run on the submitting threads (sched.h): one at a time (the shared tier's fetch
          * connection is single-user), concurrently with the scheduler's steps */
         pthread_mutex_lock(&e->lookup_mu);
+        /* the prompt's chain hashes once, shared by both tiers' lookups and block sealing */
+        st = kvt_chain_create(r->root, req->prompt, n, e->o.block_tokens, &r->chain);
         kvt_tiers_hit hit;
-        st = kvt_tiers_lookup(e->tier, req->prompt, n, r->root, &hit);
+        if (st == KVT_OK) st = kvt_tiers_lookup(e->tier, r->chain, &hit);
         if (st) {
             pthread_mutex_unlock(&e->lookup_mu);
             r->st = st;
@@ -615,6 +617,7 @@ void kvt_row_begin(kvt_row *r) {
         r->reused = 0;
         res->reused_from = KVT_TIER_NONE;
     }
+    if (r->chain) kvt_seq_set_chain(r->seq, r->chain);
     res->n_prompt = n;
     res->n_reused = r->reused;
 
@@ -837,6 +840,8 @@ void kvt_row_end(kvt_row *r) {
     }
     if (r->seq) kvt_seq_free(r->seq);
     r->seq = NULL;
+    kvt_chain_release(r->chain);
+    r->chain = NULL;
     kvt_detok_free(r->dt);
     r->dt = NULL;
     kvt_sampler_free(r->sampler);

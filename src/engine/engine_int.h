@@ -48,6 +48,7 @@ typedef struct kvt_row {
     uint64_t root;
     double t0, tp0, td0;
     kvt_seq *seq;
+    kvt_chain *chain; /* the prompt's chain hashes (owned; released in kvt_row_end) */
     kvt_sampler *sampler;
     kvt_detok *dt;
     kvt_strbuf tb;

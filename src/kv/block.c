@@ -213,13 +213,17 @@ uint8_t *kvt_block_data_mut(kvt_block *b) {
 }
 
 /* Seal with the tokens already stored in b->tokens[0..n_tokens). */
-void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens) {
+void kvt_block_seal_hashed(kvt_block *b, uint64_t parent, uint32_t n_tokens, uint64_t hash) {
     assert(!kvt_block_sealed(b));                                            /* invariant (3) */
     assert(n_tokens > 0 && n_tokens <= b->pool->layout->block_tokens);       /* invariant (4) */
     b->n_tokens = n_tokens;
     b->parent = parent;
-    b->hash = kvt_chain_hash(parent, b->tokens, n_tokens);
+    b->hash = hash; /* invariant (4): the caller computed it from this parent and these tokens */
     atomic_store_explicit(&b->state, KVT_BLOCK_SEALED, memory_order_release);
+}
+
+void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens) {
+    kvt_block_seal_hashed(b, parent, n_tokens, kvt_chain_hash(parent, b->tokens, n_tokens));
 }
 
 kvt_status kvt_block_seal(kvt_block *b, uint64_t parent, const int32_t *tokens, uint32_t n_tokens,

@@ -186,6 +186,26 @@ void kvt_kv_layout_key(const kvt_kv_layout *l, char *buf, size_t n);
 /* ------------------------------------------------------------------ hashing */
 uint64_t kvt_chain_hash(uint64_t parent, const int32_t *tokens, uint32_t n_tokens);
 uint64_t kvt_root_hash(const char *compat_key, const char *ns);
+/* Process-wide number of kvt_chain_hash calls so far (relaxed atomic counter; tests check that a
+ * request hashes each prompt block once). */
+uint64_t kvt_chain_hash_calls(void);
+
+/* A request's chain: the chain hashes of a prompt's full blocks, computed once per request and
+ * shared by every tier's lookup and by block sealing (kvt_seq_set_chain), so nothing recomputes
+ * them. chain(0) = root, chain(i+1) = kvt_chain_hash(chain(i), tokens of block i).
+ * Refcounted and immutable after create (thread-safe to share); it copies the tokens. */
+typedef struct kvt_chain kvt_chain;
+/* n may be 0. KVT_ERR_NOMEM / KVT_ERR_INVALID_ARG (block_tokens 0, tokens NULL with n > 0). */
+kvt_status kvt_chain_create(uint64_t root, const int32_t *tokens, uint32_t n, uint32_t block_tokens, kvt_chain **out);
+void kvt_chain_retain(kvt_chain *c);
+void kvt_chain_release(kvt_chain *c); /* NULL is a no-op */
+uint64_t kvt_chain_root(const kvt_chain *c);
+uint32_t kvt_chain_len(const kvt_chain *c);          /* tokens */
+uint32_t kvt_chain_block_tokens(const kvt_chain *c);
+uint32_t kvt_chain_n_full(const kvt_chain *c);       /* len / block_tokens */
+const int32_t *kvt_chain_tokens(const kvt_chain *c);
+/* Chain hash after i full blocks (i <= n_full; root for i = 0). */
+uint64_t kvt_chain_at(const kvt_chain *c, uint32_t i);
 
 /* ------------------------------------------------------------------ block pool */
 typedef struct kvt_block_pool kvt_block_pool;
@@ -289,6 +309,10 @@ uint8_t *kvt_seq_state(kvt_seq *s, uint32_t layer);
 kvt_status kvt_seq_snapshot(kvt_seq *s, kvt_snapshot **out); /* at current len; caller owns ref */
 /* Set the recurrent state from a snapshot; only valid when snapshot pos == seq len and chains match. */
 kvt_status kvt_seq_restore_snapshot(kvt_seq *s, const kvt_snapshot *snap);
+/* Attach a request's chain (retained; NULL detaches): when a block at index i becomes full with the
+ * chain's tokens and parent, sealing takes its hash from the chain instead of hashing again. A
+ * block whose tokens or parent differ (generated tokens, another prompt) is hashed as usual. */
+void kvt_seq_set_chain(kvt_seq *s, kvt_chain *c);
 
 /* ------------------------------------------------------------------ attention */
 /* Attention for n_q queries at absolute positions pos0 .. pos0+n_q-1 over the sequence's KV for

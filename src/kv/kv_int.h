@@ -100,10 +100,13 @@ struct kvt_seq {
     uint32_t first_held[KVT_MAX_GROUPS]; /* WINDOW: slots below this are NULL */
     uint64_t *chain;    /* [cap_slots] chain hash of each full block below len */
     uint8_t *state;     /* kvt_kv_layout_state_bytes bytes */
+    kvt_chain *hint;    /* the request's chain (retained; kvt_seq_set_chain): sealing reuses its hashes */
 };
 
 /* Internal helpers (block.c). */
 void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens);
+/* The same with the chain hash already known (== kvt_chain_hash(parent, b->tokens, n_tokens)). */
+void kvt_block_seal_hashed(kvt_block *b, uint64_t parent, uint32_t n_tokens, uint64_t hash);
 bool kvt_kv_cpu_has_avx2(void);
 void kvt_kv_cpu_init(void);
 

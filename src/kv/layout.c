@@ -4,6 +4,7 @@
  * sizes, and produces the stable scheme key. Also the chain/root hashes.
  */
 #define XXH_STATIC_LINKING_ONLY
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <xxhash.h>
@@ -346,7 +347,11 @@ void kvt_kv_layout_key(const kvt_kv_layout *l, char *buf, size_t n) {
 }
 
 /* ------------------------------------------------------------------ hashing */
+static _Atomic uint64_t g_chain_hash_calls;
+uint64_t kvt_chain_hash_calls(void) { return atomic_load_explicit(&g_chain_hash_calls, memory_order_relaxed); }
+
 uint64_t kvt_chain_hash(uint64_t parent, const int32_t *tokens, uint32_t n_tokens) {
+    atomic_fetch_add_explicit(&g_chain_hash_calls, 1, memory_order_relaxed);
     /* XXH3-64 over the byte string: parent (8 bytes LE) || tokens (4 bytes LE each). */
     XXH3_state_t st;
     XXH3_64bits_reset(&st);

@@ -18,6 +18,25 @@ static uint64_t parent_of(const kvt_seq *s, uint32_t i) { return i == 0 ? s->roo
 
 static bool has_recurrent(const kvt_kv_layout *l) { return l->state_bytes > 0; }
 
+/* Chain hash of full block i (tokens already in s->tokens, parent = parent_of(s, i)): taken from
+ * the attached request chain when it covers block i with the same parent and tokens (computed once
+ * per request, shared with the tiers' lookups), else hashed here. */
+static uint64_t block_chain(const kvt_seq *s, uint32_t i, uint64_t parent) {
+    const uint32_t bt = s->layout->block_tokens;
+    const int32_t *t = s->tokens + (size_t)i * bt;
+    const kvt_chain *c = s->hint;
+    if (c && kvt_chain_block_tokens(c) == bt && i < kvt_chain_n_full(c) && kvt_chain_at(c, i) == parent &&
+        memcmp(kvt_chain_tokens(c) + (size_t)i * bt, t, (size_t)bt * sizeof(int32_t)) == 0)
+        return kvt_chain_at(c, i + 1);
+    return kvt_chain_hash(parent, t, bt);
+}
+
+void kvt_seq_set_chain(kvt_seq *s, kvt_chain *c) {
+    if (c) kvt_chain_retain(c);
+    kvt_chain_release(s->hint);
+    s->hint = c;
+}
+
 /* Invariant (7)/(8) checker: chain links, sealed full blocks, writable tail/prepared blocks. */
 static void seq_check(const kvt_seq *s) {
 #ifndef NDEBUG
@@ -106,6 +125,7 @@ void kvt_seq_free(kvt_seq *s) {
     free(s->chain);
     free(s->tokens);
     free(s->state);
+    kvt_chain_release(s->hint);
     free(s);
 }
 
@@ -250,13 +270,13 @@ kvt_status kvt_seq_commit(kvt_seq *s, const int32_t *tokens, uint32_t n) {
         }
         if (p1 == (i + 1) * bt) { /* became full: seal every group's block with the same chain hash */
             const uint64_t parent = parent_of(s, i);
-            for (uint32_t g = 0; g < ng; g++) kvt_block_seal_internal(s->slots[g][i], parent, bt);
-            s->chain[i] = s->slots[0][i]->hash;
+            const uint64_t h = block_chain(s, i, parent); /* once for all groups */
+            for (uint32_t g = 0; g < ng; g++) kvt_block_seal_hashed(s->slots[g][i], parent, bt, h);
+            s->chain[i] = h;
         }
     }
     if (ng == 0) {
-        for (uint32_t i = s->len / bt; i < end / bt; i++)
-            s->chain[i] = kvt_chain_hash(parent_of(s, i), s->tokens + (size_t)i * bt, bt);
+        for (uint32_t i = s->len / bt; i < end / bt; i++) s->chain[i] = block_chain(s, i, parent_of(s, i));
     }
     s->len = end;
     window_release(s);
@@ -292,6 +312,8 @@ kvt_status kvt_seq_freeze_tail(kvt_seq *s) {
         return st;
     }
     const uint64_t parent = parent_of(s, i);
+    uint64_t h = 0;
+    bool hashed = false;
     for (uint32_t g = 0; g < ng; g++) {
         if (fresh[g]) {
             kvt_block_release(s->slots[g][i]);
@@ -300,7 +322,11 @@ kvt_status kvt_seq_freeze_tail(kvt_seq *s) {
         kvt_block *b = s->slots[g][i];
         if (kvt_block_sealed(b)) continue;
         assert(memcmp(b->tokens, s->tokens + (size_t)i * bt, (size_t)r * sizeof(int32_t)) == 0);
-        kvt_block_seal_internal(b, parent, r);
+        if (!hashed) { /* once for all groups (same parent and tokens) */
+            h = kvt_chain_hash(parent, s->tokens + (size_t)i * bt, r);
+            hashed = true;
+        }
+        kvt_block_seal_hashed(b, parent, r, h);
     }
     seq_check(s);
     return KVT_OK;
