@@ -40,9 +40,9 @@ void kvt_tiers_free(kvt_tiers *t); /* NULL is a no-op */
 /* The pool pressure callback (kvt_pressure_fn, ctx = kvt_tiers*). True if any pool bytes were freed. */
 bool kvt_tiers_pressure_cb(void *ctx, uint64_t bytes_needed);
 
-/* Where a block of a lookup's plan comes from. (The engine runs one sequence per request, so no
- * live sequence other than the request's own is ever borrowed from: RAM-tier blocks are shared by
- * reference with whatever live sequence also holds them.) */
+/* Where a block of a lookup's plan comes from. Live rows (--parallel > 1, docs/batching.md)
+ * register each block in the RAM tier as it seals, so a block another live row holds is served as
+ * a RAM block: shared by reference with that row, never copied. */
 typedef enum kvt_tiers_source { KVT_TIERS_NONE = 0, KVT_TIERS_RAM = 1, KVT_TIERS_SSD = 2 } kvt_tiers_source;
 
 /* The plan a lookup executed: blocks [0, ram_blocks) are shared from the RAM tier, blocks
