@@ -44,6 +44,13 @@ static kvt_kv_layout *make_layout(uint32_t bt, int variant) {
         memset(&d[1], 0, sizeof(d[1]));
         d[1].kind = KVT_KIND_RECURRENT;
         d[1].state_bytes = 96;
+    } else if (variant == 3) { /* FULL + two RECURRENT layers whose states are not 64-byte multiples */
+        memset(&d[1], 0, sizeof(d[1]));
+        d[1].kind = KVT_KIND_RECURRENT;
+        d[1].state_bytes = 100;
+        d[2] = d[1];
+        d[2].state_bytes = 36;
+        n = 3;
     }
     kvt_codec base = {.kind = KVT_CODEC_F16};
     kvt_kv_layout *l = NULL;
@@ -1067,6 +1074,56 @@ static void test_startup_verify(void **state) {
     fx_done(&f);
 }
 
+/* Two recurrent layers with unaligned state sizes: each layer's state sits at its own 64-byte
+ * aligned offset in the sequence state and the snapshot. The snapshot file must carry each layer's
+ * own bytes (a writer that reads the states as one packed run would put layer 2's section at
+ * offset 100 instead of 128 and restore the padding). */
+static void test_recurrent_snapshot_unaligned(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 3, "ssd-rec-ua");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t tok[12];
+    gen_tokens(tok, 12, 31);
+    kvt_seq *seq = build_seq(&f, root, tok, 8);
+    uint8_t *s1 = kvt_seq_state(seq, 1), *s2 = kvt_seq_state(seq, 2);
+    assert_non_null(s1);
+    assert_non_null(s2);
+    assert_int_equal((size_t)(s2 - s1), 128); /* aligned, not packed */
+    for (int i = 0; i < 100; i++) s1[i] = (uint8_t)(i * 5 + 1);
+    for (int i = 0; i < 36; i++) s2[i] = (uint8_t)(200 - i);
+    kvt_snapshot *snap = NULL;
+    assert_int_equal(kvt_seq_snapshot(seq, &snap), KVT_OK);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    assert_true(kvt_ssd_enqueue_seq(s, seq, snap) > 0);
+    flush_ok(s);
+    kvt_ssd_free(s);
+    s = open_ssd(&f, COMPAT_A, 0);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, tok, 12, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 8);
+    assert_memory_equal(kvt_seq_state(r, 1), s1, 100);
+    assert_memory_equal(kvt_seq_state(r, 2), s2, 36);
+    /* the shared tier's record codec: same layout rule */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kvt_ssd_snapshot_record_encode(s, snap, root, &buf, &len), KVT_OK);
+    uint8_t *st = calloc(1, kvt_kv_layout_state_bytes(f.l));
+    assert_non_null(st);
+    char err[128];
+    assert_int_equal(kvt_ssd_snapshot_record_decode(s, buf, len, kvt_snapshot_chain(snap), 8, st, err, sizeof err), KVT_OK);
+    assert_memory_equal(st, s1, 100);
+    assert_memory_equal(st + 128, s2, 36);
+    free(st);
+    free(buf);
+    kvt_seq_free(r);
+    kvt_ssd_free(s);
+    kvt_snapshot_release(snap);
+    kvt_seq_free(seq);
+    fx_done(&f);
+}
+
 static void test_recurrent_snapshot(void **state) {
     (void)state;
     fx f;
@@ -1761,6 +1818,7 @@ int main(void) {
         cmocka_unit_test(test_model_id_rewrite),
         cmocka_unit_test(test_startup_verify),
         cmocka_unit_test(test_recurrent_snapshot),
+        cmocka_unit_test(test_recurrent_snapshot_unaligned),
         cmocka_unit_test(test_window_layout),
         cmocka_unit_test(test_compat_key),
         cmocka_unit_test(test_supersede),
