@@ -90,6 +90,8 @@ struct kvt_packed {
     uint8_t *data;         /* ngroups * nb * gbb bytes, 64-byte aligned, owned */
     const void *W;         /* original rows (borrowed; scalar ISA path) */
 };
+/* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
+uint8_t *kq_tls_scratch(size_t bytes);
 enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };
 
 /* ---- per-ISA kernel table; NULL entries fall back to the scalar reference ---- */

@@ -497,9 +497,31 @@ AI __m128i F(hsum4_i32)(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
-AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gbb, const uint8_t *A, size_t arb,
+/* Converted activation block for the small-type packed tiles (KQP_CA bytes): float dx, float sx (0
+ * for Q8_0 activations), 32 int8 x (on the 512-bit signed path stored as x^0x80, the u8 operand of
+ * the offset dot). Converting once per row block instead of once per weight group takes the f16
+ * conversion and the offset out of the inner loop; both conversions are exact. */
+#define KQP_CA 40
+AI void F(pconv_small)(const bool sgn, const uint8_t *A, size_t arb, int64_t r0, int64_t r1, int64_t nb, uint8_t *C) {
+    const size_t abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *pa = A + (size_t)r * arb + (size_t)b * abb;
+            uint8_t *c = C + ((size_t)(r - r0) * (size_t)nb + (size_t)b) * KQP_CA;
+            const float dx = F(h2f)(pa), sx = sgn ? 0.0f : F(h2f)(pa + 2);
+            memcpy(c, &dx, 4);
+            memcpy(c + 4, &sx, 4);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(pa + aqo));
+#if KVT_ZMM
+            if (sgn) x = _mm256_xor_si256(x, _mm256_set1_epi8((char)0x80));
+#endif
+            _mm256_storeu_si256((__m256i *)(c + 8), x);
+        }
+}
+
+AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gbb, const uint8_t *C, size_t crb,
                        int64_t nb, float out[KQP_ROWS][KVT_TR]) {
-    const size_t abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4, qo = sgn ? 16 : 32;
+    const size_t qo = sgn ? 16 : 32;
     KQP_VF acc[KQP_NV][KVT_TR];
     __m128 macc[KVT_TR];
     for (int j = 0; j < NR; j++) {
@@ -526,24 +548,26 @@ AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gb
         const __m128 m4 = sgn ? _mm_setzero_ps() : _mm_loadu_ps((const float *)(p + 16));
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
-            const uint8_t *pa = A + (size_t)j * arb + (size_t)b * abb;
-            const float dxs = F(h2f)(pa);
+            const uint8_t *c = C + (size_t)j * crb + (size_t)b * KQP_CA;
+            float dxs;
+            memcpy(&dxs, c, 4);
             const KQP_VF dx = F(pset1_ps)(dxs);
-            const KQP_VI x = F(pbcast)(pa + aqo);
-#if KVT_ZMM
-            const KQP_VI xu = sgn ? _mm512_xor_si512(x, F(pset1_8)((char)0x80)) : x;
-#endif
+            const KQP_VI x = F(pbcast)(c + 8);
 #pragma GCC unroll 4
             for (int v = 0; v < KQP_NV; v++) {
 #if KVT_ZMM
-                const __m512i d = sgn ? _mm512_dpbusd_epi32(wx[v], xu, w[v]) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[v], x);
+                const __m512i d = sgn ? _mm512_dpbusd_epi32(wx[v], x, w[v]) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[v], x);
                 acc[v][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw[v], dx), acc[v][j]);
 #else
                 const __m256i d = sgn ? F(dot_us)(wx[v], _mm256_sign_epi8(x, w[v])) : F(dot_us)(w[v], x);
                 acc[v][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw[v], dx), acc[v][j]);
 #endif
             }
-            if (!sgn) macc[j] = _mm_add_ps(macc[j], _mm_mul_ps(m4, _mm_set1_ps(F(h2f)(pa + 2))));
+            if (!sgn) {
+                float sxs;
+                memcpy(&sxs, c + 4, 4);
+                macc[j] = _mm_add_ps(macc[j], _mm_mul_ps(m4, _mm_set1_ps(sxs)));
+            }
         }
     }
     for (int j = 0; j < NR; j++) {
@@ -622,7 +646,7 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
 #define KQP_STORE(NR)                                                                                   \
     for (int j_ = 0; j_ < (NR); j_++)                                                                   \
         for (int64_t c_ = c0; c_ < c1; c_++) y[(r + j_) * ldy + c_] = out[c_ - g * KQP_ROWS][j_]
-#define KQ_DEFINE_PMM(NAME, TILE)                                                                       \
+#define KQ_DEFINE_PMM(NAME, TILE, CONV, ROWMAJOR)                                                        \
     static TGT void F(NAME)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, \
                             int64_t o0, int64_t o1) {                                                   \
         const size_t arb = (size_t)kvt_type_row_bytes(kvt_vec_dot_type(P->type), (uint64_t)P->n_in);   \
@@ -632,9 +656,16 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
         if (rb < KVT_TR) rb = KVT_TR;                                                                   \
         const uint8_t *A = act;                                                                         \
         float out[KQP_ROWS][KVT_TR];                                                                    \
+        const size_t crb = CONV ? (size_t)nb * KQP_CA : arb;                                            \
+        uint8_t *C = CONV ? kq_tls_scratch((size_t)rb * crb) : NULL;                                    \
+        if (CONV && !C) { /* no scratch memory: the row-major kernel, same results */                   \
+            ROWMAJOR(P, act, n_rows, y, ldy, o0, o1);                                                   \
+            return;                                                                                     \
+        }                                                                                               \
         (void)gbb;                                                                                      \
         for (int64_t r0 = 0; r0 < n_rows; r0 += rb) {                                                   \
             const int64_t r1 = r0 + rb < n_rows ? r0 + rb : n_rows;                                     \
+            if (CONV) F(pconv_small)(CONV == 1, A, arb, r0, r1, nb, C);                                  \
             for (int64_t g = o0 / KQP_ROWS; g * KQP_ROWS < o1; g++) {                                   \
                 const uint8_t *G = P->data + (size_t)g * gs;                                            \
                 const int64_t c0 = o0 > g * KQP_ROWS ? o0 : g * KQP_ROWS;                               \
@@ -653,14 +684,28 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
             }                                                                                           \
         }                                                                                               \
     }
-#define KQP_T_SS(NR) F(ptile_small)(true, NR, G, gbb, A + (size_t)r * arb, arb, nb, out)
-#define KQP_T_SU(NR) F(ptile_small)(false, NR, G, gbb, A + (size_t)r * arb, arb, nb, out)
+#define KQP_T_SS(NR) F(ptile_small)(true, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
+#define KQP_T_SU(NR) F(ptile_small)(false, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
 #define KQP_T_KM(NR) F(ptile_k)(false, NR, G, A + (size_t)r * arb, arb, nb, out)
 #define KQP_T_K6(NR) F(ptile_k)(true, NR, G, A + (size_t)r * arb, arb, nb, out)
-KQ_DEFINE_PMM(pmm_small_s, KQP_T_SS)
-KQ_DEFINE_PMM(pmm_small_u, KQP_T_SU)
-KQ_DEFINE_PMM(pmm_km, KQP_T_KM)
-KQ_DEFINE_PMM(pmm_k6, KQP_T_K6)
+/* the row-major kernel of the packed type (used only if the scratch cannot be allocated) */
+static TGT void F(pmm_rowmajor)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                                int64_t o0, int64_t o1) {
+    switch (P->type) {
+    case KVT_TYPE_Q8_0: F(mm_q8_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_0: F(mm_q4_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_0: F(mm_q5_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_1: F(mm_q4_1)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_1: F(mm_q5_1)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_K: F(mm_q4_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_K: F(mm_q5_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    default: F(mm_q6_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    }
+}
+KQ_DEFINE_PMM(pmm_small_s, KQP_T_SS, 1, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_small_u, KQP_T_SU, 2, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_km, KQP_T_KM, 0, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_k6, KQP_T_K6, 0, F(pmm_rowmajor))
 
 /* ---------------- dequantization (bit-identical to the reference) ---------------- */
 

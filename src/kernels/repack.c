@@ -17,6 +17,7 @@
 #include "kernels_internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #ifdef __clang__
@@ -175,6 +176,39 @@ void kvt_packed_free(kvt_packed *p) {
 
 size_t kvt_packed_bytes(const kvt_packed *p) {
     return p ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
+}
+
+/* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
+ * at thread exit by the key's destructor). */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static bool g_scratch_ok;
+typedef struct { uint8_t *p; size_t cap; } kq_scratch;
+static void scratch_free(void *v) {
+    kq_scratch *s = v;
+    if (s) free(s->p);
+    free(s);
+}
+static void scratch_init(void) { g_scratch_ok = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
+uint8_t *kq_tls_scratch(size_t bytes) {
+    pthread_once(&g_scratch_once, scratch_init);
+    if (!g_scratch_ok) return NULL;
+    kq_scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        uint8_t *n = kvt_aligned_alloc(64, bytes);
+        if (!n) return NULL;
+        free(s->p);
+        s->p = n;
+        s->cap = bytes;
+    }
+    return s->p;
 }
 
 /* The SIMD horizontal sum of 8 lanes (hsum_ps in kernels_x86_tmpl.h), in scalar. */
