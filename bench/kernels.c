@@ -1,5 +1,6 @@
-/* bench/kernels.c — single-thread micro-benchmark of kvt_matmul_rows (GEMV n_rows=1, GEMM n_rows=64)
- * per weight type and ISA. Built by hand (not part of `make`):
+/* bench/kernels.c — single-thread micro-benchmark of kvt_matmul_rows (GEMV n_rows=1, GEMM n_rows=64
+ * and 512) and of kvt_matmul_packed on the repacked weights (GEMM columns "packed"; 0 = the type has
+ * no packed layout) per weight type and ISA. Built by hand (not part of `make`):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/[a-z]*.c -lm -o /tmp/bench_kernels
  *   /tmp/bench_kernels
  * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); Q4_K needs n_in % 256 == 0, so it runs the
@@ -10,7 +11,7 @@
 
 #include "kernels/quant.h"
 
-static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows, double *act_us) {
+static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows, double *act_us, double *packed) {
     float *w = malloc((size_t)(n_in * n_out) * 4), *x = malloc((size_t)(n_in * n_rows) * 4);
     float *y = malloc((size_t)(n_out * n_rows) * 4);
     uint64_t s = 1;
@@ -36,6 +37,21 @@ static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows,
         const double el = kvt_now_ms() - a0;
         if (el < ms) ms = el;
     }
+    *packed = 0;
+    kvt_packed *P = kvt_packed_create(t, wq, n_in, n_out);
+    if (P) {
+        double pms = 1e30;
+        kvt_matmul_packed(P, a, n_rows, y, n_out, 0, n_out);
+        const double pend = kvt_now_ms() + 300;
+        while (kvt_now_ms() < pend) {
+            const double a0 = kvt_now_ms();
+            kvt_matmul_packed(P, a, n_rows, y, n_out, 0, n_out);
+            const double el = kvt_now_ms() - a0;
+            if (el < pms) pms = el;
+        }
+        *packed = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (pms * 1e6);
+        kvt_packed_free(P);
+    }
     free(w), free(x), free(y), free(wq), free(a);
     return 2.0 * (double)n_in * (double)n_out * (double)n_rows / (ms * 1e6);
 }
@@ -43,18 +59,21 @@ static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows,
 int main(int argc, char **argv) {
     kvt_kernels_init();
     const int isa_from = argc > 1 ? atoi(argv[1]) : KVT_ISA_SCALAR;
-    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_F32};
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_Q4_1, KVT_TYPE_F32};
     for (int isa = isa_from; isa <= (int)kvt_kernels_best_isa(); isa++) {
         kvt_kernels_force_isa((kvt_isa)isa);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             const uint32_t t = types[i];
             const bool k = t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q6_K;
             const int64_t n_in = k ? 1536 : 576, n_out = k ? 576 : 1536;
-            double au1, au64;
-            const double g1 = bench_one(t, n_in, n_out, 1, &au1);
-            const double g64 = bench_one(t, n_in, n_out, 64, &au64);
-            printf("%-7s %-5s %4lldx%-4lld GEMV %7.2f GFLOP/s  GEMM(64) %7.2f GFLOP/s  act-quant(64 rows) %.1f us\n",
-                   kvt_isa_name((kvt_isa)isa), kvt_type_name(t), (long long)n_in, (long long)n_out, g1, g64, au64);
+            double au1, au64, p1, p64, p512, au512;
+            const double g1 = bench_one(t, n_in, n_out, 1, &au1, &p1);
+            const double g64 = bench_one(t, n_in, n_out, 64, &au64, &p64);
+            const double g512 = bench_one(t, n_in, n_out, 512, &au512, &p512);
+            printf("%-7s %-5s %4lldx%-4lld GEMV %6.1f  GEMM(64) %6.1f packed %6.1f  GEMM(512) %6.1f packed %6.1f "
+                   "GFLOP/s  act-quant(64 rows) %.1f us\n",
+                   kvt_isa_name((kvt_isa)isa), kvt_type_name(t), (long long)n_in, (long long)n_out, g1, g64, p64,
+                   g512, p512, au64);
         }
     }
     return 0;

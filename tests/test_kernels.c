@@ -556,6 +556,127 @@ static void test_numerics_id(void **st) {
     assert_true(kvt_kernels_force_isa(was));
 }
 
+/* ---------------- repacked prefill GEMM ---------------- */
+
+/* kvt_matmul_packed must equal kvt_matmul_rows bit for bit on every ISA (the numerics id and decode
+ * batch invariance rest on it), for any row count and column range; kvt_matmul_packed_ref (scalar,
+ * reading the packed layout) equals the SIMD paths, and for K-quants the scalar reference. */
+static void check_packed(const mm_case *c) {
+    const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
+    kvt_packed *P = kvt_packed_create(c->t, c->w, n, no);
+    assert_non_null(P);
+    assert_true(kvt_packed_bytes(P) >= (size_t)((no + 3) / 4) * 4 * (size_t)n);
+    const size_t bytes = (size_t)(no * nr) * 4;
+    float *yr = malloc(bytes), *yp = malloc(bytes), *yq = malloc(bytes);
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    const int64_t cuts[][2] = {{0, no}, {0, 1}, {1, no < 6 ? no : 6}, {no < 6 ? no : 6, no}, {no / 2, no}, {no - 1, no}};
+    for (int k = 0; k < ni; k++) {
+        assert_true(kvt_kernels_force_isa(isas[k]));
+        kvt_matmul_rows(c->t, c->w, n, c->a, nr, yr, no, 0, no);
+        memset(yp, 0xff, bytes);
+        for (size_t ci = 1; ci < 4; ci++) kvt_matmul_packed(P, c->a, nr, yp, no, cuts[ci][0], cuts[ci][1]);
+        if (memcmp(yr, yp, bytes)) {
+            for (int64_t i = 0; i < no * nr; i++)
+                if (memcmp(&yr[i], &yp[i], 4)) {
+                    fprintf(stderr, "%s isa=%s n_in=%lld rows=%lld: o=%lld r=%lld rows=%.9g packed=%.9g\n",
+                            kvt_type_name(c->t), kvt_isa_name(isas[k]), (long long)n, (long long)nr,
+                            (long long)(i % no), (long long)(i / no), yr[i], yp[i]);
+                    break;
+                }
+            fail();
+        }
+        for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+            if (cuts[ci][0] >= cuts[ci][1]) continue;
+            memset(yp, 0xff, bytes);
+            kvt_matmul_packed(P, c->a, nr, yp, no, cuts[ci][0], cuts[ci][1]);
+            for (int64_t r = 0; r < nr; r++) {
+                assert_memory_equal(yr + r * no + cuts[ci][0], yp + r * no + cuts[ci][0],
+                                    (size_t)(cuts[ci][1] - cuts[ci][0]) * 4);
+                for (int64_t o = 0; o < no; o++) /* nothing outside [o0,o1) is written */
+                    if (o < cuts[ci][0] || o >= cuts[ci][1]) assert_true(((uint32_t *)yp)[r * no + o] == 0xffffffffu);
+            }
+        }
+        if (isas[k] != KVT_ISA_SCALAR) { /* the scalar emulation of the lane order matches the SIMD paths */
+            kvt_matmul_packed_ref(P, c->a, nr, yq, no, 0, no);
+            assert_memory_equal(yr, yq, bytes);
+        }
+    }
+    if (is_kquant(c->t)) {
+        kvt_matmul_rows_ref(c->t, c->w, n, c->a, nr, yr, no, 0, no);
+        kvt_matmul_packed_ref(P, c->a, nr, yq, no, 0, no);
+        assert_memory_equal(yr, yq, bytes);
+    }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    kvt_packed_free(P);
+    free(yr), free(yp), free(yq);
+}
+
+static const uint32_t k_packed_types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_0,
+                                          KVT_TYPE_Q5_1, KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+
+static void test_packed_matches_rows(void **st) {
+    (void)st;
+    const int64_t rows[] = {1, 2, 3, 4, 5, 8, 13};
+    const int64_t outs[] = {13, 16, 3};
+    for (size_t ti = 0; ti < sizeof k_packed_types / sizeof k_packed_types[0]; ti++)
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
+                const uint32_t t = k_packed_types[ti];
+                mm_case c;
+                mm_setup(&c, t, n_in_for(t), outs[oi], rows[ri], 500 + ti * 64 + ri * 4 + oi);
+                check_packed(&c);
+                mm_free(&c);
+            }
+}
+
+/* Untrusted GGUFs may hold Q8_0 weights of -128 (the reference quantizer never writes them) and
+ * extreme scales: the packed path still matches. */
+static void test_packed_extreme_weights(void **st) {
+    (void)st;
+    mm_case c;
+    mm_setup(&c, KVT_TYPE_Q8_0, 256, 9, 6, 77);
+    const size_t rb = kvt_type_row_bytes(KVT_TYPE_Q8_0, 256);
+    for (int64_t o = 0; o < 9; o++)
+        for (int b = 0; b < 8; b++) {
+            uint8_t *blk = c.w + (size_t)o * rb + (size_t)b * 34;
+            if ((o + b) % 3 == 0) memset(blk + 2, 0x80, 32);           /* all -128 */
+            if ((o + b) % 5 == 1) put16(blk, 0x7bff);                   /* f16 max scale */
+            if ((o + b) % 7 == 2) put16(blk, 0x8000);                   /* -0 scale */
+        }
+    check_packed(&c);
+    mm_free(&c);
+}
+
+/* Long rows and many activation rows: exercises the activation row blocks (cache blocking). */
+static void test_packed_row_blocks(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_K, KVT_TYPE_Q5_1};
+    for (size_t ti = 0; ti < 3; ti++) {
+        mm_case c;
+        mm_setup(&c, ts[ti], 8192, 6, 131, 900 + ti);
+        check_packed(&c);
+        mm_free(&c);
+    }
+}
+
+static void test_packed_unsupported(void **st) {
+    (void)st;
+    uint8_t w[64 * 2 * 4] = {0};
+    assert_null(kvt_packed_create(KVT_TYPE_F16, w, 64, 4));
+    assert_null(kvt_packed_create(KVT_TYPE_F32, w, 32, 4));
+    assert_null(kvt_packed_create(KVT_TYPE_Q8_0, w, 33, 4)); /* not a whole number of blocks */
+    assert_null(kvt_packed_create(KVT_TYPE_Q8_0, w, 32, 0));
+    assert_null(kvt_packed_create(KVT_TYPE_Q8_0, NULL, 32, 4));
+    setenv("KVT_REPACK", "0", 1);
+    assert_null(kvt_packed_create(KVT_TYPE_Q8_0, w, 32, 4));
+    unsetenv("KVT_REPACK");
+    kvt_packed *P = kvt_packed_create(KVT_TYPE_Q8_0, w, 32, 4);
+    assert_non_null(P);
+    kvt_packed_free(P);
+    kvt_packed_free(NULL);
+}
+
 int main(void) {
     kvt_kernels_init();
     const struct CMUnitTest tests[] = {
@@ -566,6 +687,8 @@ int main(void) {
         cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),
+        cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
+        cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

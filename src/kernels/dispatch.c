@@ -117,6 +117,18 @@ void kvt_matmul_rows(uint32_t wtype, const void *W, int64_t n_in, const void *ac
     kvt_matmul_rows_ref(wtype, W, n_in, act, n_rows, y, ldy, o0, o1);
 }
 
+void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                       int64_t o1) {
+    kvt_kernels_init();
+    if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
+    if (g_tab.pmatmul[p->kind]) {
+        g_tab.pmatmul[p->kind](p, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    /* no packed kernel for this ISA (scalar): the row-major path on the original rows */
+    kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+}
+
 void kvt_act_quantize(uint32_t wtype, const float *x, int64_t n_in, int64_t r0, int64_t r1, void *buf) {
     kvt_kernels_init();
     const uint32_t vt = kvt_vec_dot_type(wtype);

@@ -62,12 +62,47 @@ static inline void kq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
     }
 }
 
+/* ---- repacked (interleaved) weights for prefill GEMM (repack.c; layout read by the SIMD files) ----
+ * Rows are taken in groups of KQP_ROWS = 4 (the last group padded with zero rows); a group stores its
+ * blocks in order, and one group-block holds the 4 rows' weights of that block side by side, already
+ * unpacked to one byte per weight, so a micro-kernel reads a 4-row tile with plain contiguous loads.
+ * Small-block types (Q8_0 Q4_0 Q5_0 signed; Q4_1 Q5_1 unsigned), 32 weights a block:
+ *   float d[4]; [float m[4] (unsigned types only)]; int8 q[4][32]        (144 / 160 bytes)
+ * K-quants (Q4_K Q5_K: 6-bit scale + min; Q6_K: 16 int8 scales, q offset by 32), 256 a block:
+ *   float d[4]; float dmin[4] (0 for Q6_K); int16 sc[8 groups][4 rows][2 halves];
+ *   int16 mv[4 rows][16] (the bsums partners: min of the 16-value half for Q4/5_K, scale for Q6_K);
+ *   uint8 q[8 groups][4 rows][32]                                          (1312 bytes)
+ * f16 values are stored widened to f32 (exact), so the kernels compute the same numbers. */
+#define KQP_ROWS 4
+#define KQP_SMALL_S_BYTES 144
+#define KQP_SMALL_U_BYTES 160
+#define KQP_K_BYTES 1312
+#define KQP_K_SC 32
+#define KQP_K_MV 160
+#define KQP_K_Q 288
+struct kvt_packed {
+    uint32_t type;
+    int kind;              /* 0 small signed, 1 small unsigned, 2 Q4_K/Q5_K, 3 Q6_K */
+    int64_t n_in, n_out;
+    int64_t nb;            /* blocks per row */
+    int64_t ngroups;       /* ceil(n_out / 4) */
+    size_t gbb;            /* bytes per group-block */
+    uint8_t *data;         /* ngroups * nb * gbb bytes, 64-byte aligned, owned */
+    const void *W;         /* original rows (borrowed; scalar ISA path) */
+};
+/* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
+uint8_t *kq_tls_scratch(size_t bytes);
+enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };
+
 /* ---- per-ISA kernel table; NULL entries fall back to the scalar reference ---- */
 typedef void (*kq_matmul_fn)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,
                              int64_t ldy, int64_t o0, int64_t o1);
+typedef void (*kq_pmatmul_fn)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                              int64_t o0, int64_t o1);
 typedef void (*kq_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef struct kq_table {
     kq_matmul_fn matmul[KVT_TYPE_COUNT];
+    kq_pmatmul_fn pmatmul[4]; /* by kvt_packed.kind; must equal matmul[type] bit for bit */
     kq_dequant_fn dequant[KVT_TYPE_COUNT];
     /* activation rows → vec-dot type (indexed by the vec-dot type: Q8_0, Q8_1, Q8_K); must produce
      * the same bytes as kvt_quantize_ref */

@@ -394,6 +394,319 @@ KQ_DEFINE_MM(mm_f32, F(tile_f), KVT_TYPE_F32, 1)
 KQ_DEFINE_MM(mm_f16, F(tile_f), KVT_TYPE_F16, 1)
 KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
 
+/* ---------------- packed GEMM (repacked 4-row interleaved weights, repack.c) ----------------
+ * One tile = the 4 rows of a weight group × NR activation rows. With KVT_ZMM a 512-bit integer
+ * vector holds two weight rows (PV = 2; the activation block is broadcast to both 256-bit halves),
+ * otherwise a 256-bit vector holds one. Every 256-bit half computes exactly what the row-major
+ * kernels above compute for that row: the same i32 per 4-weight lane (u8·s8 dots are exact
+ * integers however formed), the same float fmadd per lane and block, the same horizontal sum;
+ * K-quants the same exact integers and the same scalar float expression per super-block. */
+#if KVT_ZMM
+#if !KVT_VNNI
+#error "the 512-bit packed kernels use vpdpbusd / vpdpwssd"
+#endif
+#define KQP_PV 2
+#define KQP_VI __m512i
+#define KQP_VF __m512
+#else
+#define KQP_PV 1
+#define KQP_VI __m256i
+#define KQP_VF __m256
+#endif
+#define KQP_NV (KQP_ROWS / KQP_PV)
+/* activation rows per row block: the block's quantized rows stay in L2 while every weight group of
+ * the column range streams past them once (cache blocking for large n_in and long chunks) */
+#ifndef KQP_ACT_BLOCK_BYTES
+#define KQP_ACT_BLOCK_BYTES (1u << 20)
+#endif
+
+AI KQP_VI F(pload)(const uint8_t *p) {
+#if KVT_ZMM
+    return _mm512_loadu_si512((const void *)p);
+#else
+    return _mm256_loadu_si256((const __m256i *)p);
+#endif
+}
+/* 32 activation bytes, in every 256-bit half */
+AI KQP_VI F(pbcast)(const uint8_t *p) {
+#if KVT_ZMM
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return _mm256_loadu_si256((const __m256i *)p);
+#endif
+}
+AI KQP_VI F(pset1_8)(char c) {
+#if KVT_ZMM
+    return _mm512_set1_epi8(c);
+#else
+    return _mm256_set1_epi8(c);
+#endif
+}
+AI KQP_VF F(pset1_ps)(float f) {
+#if KVT_ZMM
+    return _mm512_set1_ps(f);
+#else
+    return _mm256_set1_ps(f);
+#endif
+}
+/* the weight scale of each row of vector v, in its half: d[PV*v + h] in half h */
+AI KQP_VF F(pdw)(const uint8_t *p, int v) {
+#if KVT_ZMM
+    const __m512i idx = _mm512_set_epi32(2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1,
+                                         2 * v + 1, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps((const float *)p)));
+#else
+    return _mm256_broadcast_ss((const float *)p + v);
+#endif
+}
+/* int16 scales of vector v for one 32-weight group: p holds [lo, hi] per row (PV rows); lanes 0-7
+ * of a row's half get lo (weights 0-15), lanes 8-15 hi (weights 16-31) */
+AI KQP_VI F(pscale)(const uint8_t *p) {
+#if KVT_ZMM
+    static const uint16_t idx16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                       2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)idx16),
+                                    _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    uint32_t u;
+    memcpy(&u, p, 4);
+    const __m256i m = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                       3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)u), m);
+#endif
+}
+AI __m256 F(phalf_ps)(KQP_VF v, int h) {
+#if KVT_ZMM
+    return h == 0 ? _mm512_castps512_ps256(v) : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+#else
+    (void)h;
+    return v;
+#endif
+}
+AI __m256i F(phalf_i)(KQP_VI v, int h) {
+#if KVT_ZMM
+    return h == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
+#else
+    (void)h;
+    return v;
+#endif
+}
+/* [Σa, Σb, Σc, Σd] of four 8×i32 vectors (exact: integer adds in any order) */
+AI __m128i F(hsum4_i32)(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* Converted activation block for the small-type packed tiles (KQP_CA bytes): float dx, float sx (0
+ * for Q8_0 activations), 32 int8 x (on the 512-bit signed path stored as x^0x80, the u8 operand of
+ * the offset dot). Converting once per row block instead of once per weight group takes the f16
+ * conversion and the offset out of the inner loop; both conversions are exact. */
+#define KQP_CA 40
+AI void F(pconv_small)(const bool sgn, const uint8_t *A, size_t arb, int64_t r0, int64_t r1, int64_t nb, uint8_t *C) {
+    const size_t abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *pa = A + (size_t)r * arb + (size_t)b * abb;
+            uint8_t *c = C + ((size_t)(r - r0) * (size_t)nb + (size_t)b) * KQP_CA;
+            const float dx = F(h2f)(pa), sx = sgn ? 0.0f : F(h2f)(pa + 2);
+            memcpy(c, &dx, 4);
+            memcpy(c + 4, &sx, 4);
+            __m256i x = _mm256_loadu_si256((const __m256i *)(pa + aqo));
+#if KVT_ZMM
+            if (sgn) x = _mm256_xor_si256(x, _mm256_set1_epi8((char)0x80));
+#endif
+            _mm256_storeu_si256((__m256i *)(c + 8), x);
+        }
+}
+
+AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gbb, const uint8_t *C, size_t crb,
+                       int64_t nb, float out[KQP_ROWS][KVT_TR]) {
+    const size_t qo = sgn ? 16 : 32;
+    KQP_VF acc[KQP_NV][KVT_TR];
+    __m128 macc[KVT_TR];
+    for (int j = 0; j < NR; j++) {
+        macc[j] = _mm_setzero_ps();
+        for (int v = 0; v < KQP_NV; v++) acc[v][j] = F(pset1_ps)(0.0f);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * gbb;
+        KQP_VI w[KQP_NV], wx[KQP_NV];
+        KQP_VF dw[KQP_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < KQP_NV; v++) {
+            w[v] = F(pload)(p + qo + (size_t)v * KQP_PV * 32);
+            dw[v] = F(pdw)(p, v);
+#if KVT_ZMM
+            /* x·w = (x+128)·w − 128·Σw per lane: start each dot at −128·Σw, feed x^0x80 (u8) */
+            if (sgn) wx[v] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                              _mm512_dpbusd_epi32(_mm512_setzero_si512(), F(pset1_8)((char)0x80), w[v]));
+#else
+            if (sgn) wx[v] = _mm256_abs_epi8(w[v]);
+#endif
+            else wx[v] = w[v];
+        }
+        const __m128 m4 = sgn ? _mm_setzero_ps() : _mm_loadu_ps((const float *)(p + 16));
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const uint8_t *c = C + (size_t)j * crb + (size_t)b * KQP_CA;
+            float dxs;
+            memcpy(&dxs, c, 4);
+            const KQP_VF dx = F(pset1_ps)(dxs);
+            const KQP_VI x = F(pbcast)(c + 8);
+#pragma GCC unroll 4
+            for (int v = 0; v < KQP_NV; v++) {
+#if KVT_ZMM
+                const __m512i d = sgn ? _mm512_dpbusd_epi32(wx[v], x, w[v]) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[v], x);
+                acc[v][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dw[v], dx), acc[v][j]);
+#else
+                const __m256i d = sgn ? F(dot_us)(wx[v], _mm256_sign_epi8(x, w[v])) : F(dot_us)(w[v], x);
+                acc[v][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dw[v], dx), acc[v][j]);
+#endif
+            }
+            if (!sgn) {
+                float sxs;
+                memcpy(&sxs, c + 4, 4);
+                macc[j] = _mm_add_ps(macc[j], _mm_mul_ps(m4, _mm_set1_ps(sxs)));
+            }
+        }
+    }
+    for (int j = 0; j < NR; j++) {
+        float mc[4];
+        _mm_storeu_ps(mc, macc[j]);
+        for (int v = 0; v < KQP_NV; v++)
+            for (int h = 0; h < KQP_PV; h++) {
+                const int row = v * KQP_PV + h;
+                out[row][j] = F(hsum_ps)(F(phalf_ps)(acc[v][j], h)) + mc[row];
+            }
+    }
+}
+
+AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t *A, size_t arb, int64_t nb,
+                   float out[KQP_ROWS][KVT_TR]) {
+    float sumf[KQP_ROWS][KVT_TR];
+    for (int i = 0; i < KQP_ROWS; i++)
+        for (int j = 0; j < NR; j++) sumf[i][j] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * KQP_K_BYTES;
+        const uint8_t *xb[KVT_TR];
+        KQP_VI iacc[KQP_NV][KVT_TR];
+        for (int j = 0; j < NR; j++) {
+            xb[j] = A + (size_t)j * arb + (size_t)b * sizeof(blk_q8_K);
+            for (int v = 0; v < KQP_NV; v++) iacc[v][j] = F(pset1_8)(0);
+        }
+        for (int g = 0; g < 8; g++) {
+            KQP_VI q[KQP_NV], sc[KQP_NV];
+#pragma GCC unroll 4
+            for (int v = 0; v < KQP_NV; v++) {
+                q[v] = F(pload)(p + KQP_K_Q + 128 * g + (size_t)v * KQP_PV * 32);
+                sc[v] = F(pscale)(p + KQP_K_SC + 16 * g + (size_t)v * KQP_PV * 4);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                const KQP_VI yv = F(pbcast)(xb[j] + 4 + 32 * g);
+#pragma GCC unroll 4
+                for (int v = 0; v < KQP_NV; v++)
+#if KVT_ZMM
+                    iacc[v][j] = _mm512_dpwssd_epi32(iacc[v][j], _mm512_maddubs_epi16(q[v], yv), sc[v]);
+#else
+                    iacc[v][j] = _mm256_add_epi32(iacc[v][j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], yv), sc[v]));
+#endif
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[j] + 4 + QK_K));
+            __m256i iv[KQP_ROWS], mv[KQP_ROWS];
+            for (int v = 0; v < KQP_NV; v++)
+                for (int h = 0; h < KQP_PV; h++) {
+                    const int row = v * KQP_PV + h;
+                    iv[row] = F(phalf_i)(iacc[v][j], h);
+                    mv[row] = _mm256_madd_epi16(bs, _mm256_loadu_si256((const __m256i *)(p + KQP_K_MV + 32 * row)));
+                    if (q6) iv[row] = _mm256_sub_epi32(iv[row], _mm256_slli_epi32(mv[row], 5)); /* isum − 32·msum */
+                }
+            int32_t is[4], ms[4];
+            _mm_storeu_si128((__m128i *)is, F(hsum4_i32)(iv[0], iv[1], iv[2], iv[3]));
+            if (!q6) _mm_storeu_si128((__m128i *)ms, F(hsum4_i32)(mv[0], mv[1], mv[2], mv[3]));
+            float dx, dw[4], dm[4];
+            memcpy(&dx, xb[j], 4);
+            memcpy(dw, p, 16);
+            memcpy(dm, p + 16, 16);
+            for (int i = 0; i < KQP_ROWS; i++) {
+                if (q6) sumf[i][j] += (dw[i] * dx) * (float)is[i];
+                else sumf[i][j] += (dw[i] * dx) * (float)is[i] - (dm[i] * dx) * (float)ms[i];
+            }
+        }
+    }
+    for (int i = 0; i < KQP_ROWS; i++)
+        for (int j = 0; j < NR; j++) out[i][j] = sumf[i][j];
+}
+
+/* Row blocks of activations (cache blocking) × weight groups of [o0,o1) × tiles of KVT_TR rows;
+ * columns of a group outside [o0,o1) are computed and dropped (results do not depend on it). */
+#define KQP_STORE(NR)                                                                                   \
+    for (int j_ = 0; j_ < (NR); j_++)                                                                   \
+        for (int64_t c_ = c0; c_ < c1; c_++) y[(r + j_) * ldy + c_] = out[c_ - g * KQP_ROWS][j_]
+#define KQ_DEFINE_PMM(NAME, TILE, CONV, ROWMAJOR)                                                        \
+    static TGT void F(NAME)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, \
+                            int64_t o0, int64_t o1) {                                                   \
+        const size_t arb = (size_t)kvt_type_row_bytes(kvt_vec_dot_type(P->type), (uint64_t)P->n_in);   \
+        const size_t gbb = P->gbb, gs = (size_t)P->nb * gbb;                                            \
+        const int64_t nb = P->nb;                                                                       \
+        int64_t rb = (int64_t)(KQP_ACT_BLOCK_BYTES / arb) / KVT_TR * KVT_TR;                            \
+        if (rb < KVT_TR) rb = KVT_TR;                                                                   \
+        const uint8_t *A = act;                                                                         \
+        float out[KQP_ROWS][KVT_TR];                                                                    \
+        const size_t crb = CONV ? (size_t)nb * KQP_CA : arb;                                            \
+        uint8_t *C = CONV ? kq_tls_scratch((size_t)rb * crb) : NULL;                                    \
+        if (CONV && !C) { /* no scratch memory: the row-major kernel, same results */                   \
+            ROWMAJOR(P, act, n_rows, y, ldy, o0, o1);                                                   \
+            return;                                                                                     \
+        }                                                                                               \
+        (void)gbb;                                                                                      \
+        for (int64_t r0 = 0; r0 < n_rows; r0 += rb) {                                                   \
+            const int64_t r1 = r0 + rb < n_rows ? r0 + rb : n_rows;                                     \
+            if (CONV) F(pconv_small)(CONV == 1, A, arb, r0, r1, nb, C);                                  \
+            for (int64_t g = o0 / KQP_ROWS; g * KQP_ROWS < o1; g++) {                                   \
+                const uint8_t *G = P->data + (size_t)g * gs;                                            \
+                const int64_t c0 = o0 > g * KQP_ROWS ? o0 : g * KQP_ROWS;                               \
+                const int64_t c1 = o1 < (g + 1) * KQP_ROWS ? o1 : (g + 1) * KQP_ROWS;                   \
+                int64_t r = r0;                                                                         \
+                for (; r + KVT_TR <= r1; r += KVT_TR) {                                                 \
+                    TILE(KVT_TR);                                                                       \
+                    KQP_STORE(KVT_TR);                                                                  \
+                }                                                                                       \
+                switch (r1 - r) {                                                                       \
+                case 1: TILE(1); KQP_STORE(1); break;                                                   \
+                case 2: TILE(KQ_MIN(2, KVT_TR)); KQP_STORE(KQ_MIN(2, KVT_TR)); break;                   \
+                case 3: TILE(KQ_MIN(3, KVT_TR)); KQP_STORE(KQ_MIN(3, KVT_TR)); break;                   \
+                default: break;                                                                         \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+    }
+#define KQP_T_SS(NR) F(ptile_small)(true, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
+#define KQP_T_SU(NR) F(ptile_small)(false, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
+#define KQP_T_KM(NR) F(ptile_k)(false, NR, G, A + (size_t)r * arb, arb, nb, out)
+#define KQP_T_K6(NR) F(ptile_k)(true, NR, G, A + (size_t)r * arb, arb, nb, out)
+/* the row-major kernel of the packed type (used only if the scratch cannot be allocated) */
+static TGT void F(pmm_rowmajor)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                                int64_t o0, int64_t o1) {
+    switch (P->type) {
+    case KVT_TYPE_Q8_0: F(mm_q8_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_0: F(mm_q4_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_0: F(mm_q5_0)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_1: F(mm_q4_1)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_1: F(mm_q5_1)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q4_K: F(mm_q4_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    case KVT_TYPE_Q5_K: F(mm_q5_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    default: F(mm_q6_K)(P->W, P->n_in, act, n_rows, y, ldy, o0, o1); break;
+    }
+}
+KQ_DEFINE_PMM(pmm_small_s, KQP_T_SS, 1, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_small_u, KQP_T_SU, 2, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_km, KQP_T_KM, 0, F(pmm_rowmajor))
+KQ_DEFINE_PMM(pmm_k6, KQP_T_K6, 0, F(pmm_rowmajor))
+
 /* ---------------- dequantization (bit-identical to the reference) ---------------- */
 
 AI void F(store_bytes_scaled)(float *dst, __m256i q, __m256 d) { /* 32 signed bytes × d */
@@ -584,6 +897,10 @@ static void F(fill_table)(kq_table *t) {
     t->matmul[KVT_TYPE_F32] = F(mm_f32);
     t->matmul[KVT_TYPE_F16] = F(mm_f16);
     t->matmul[KVT_TYPE_BF16] = F(mm_bf16);
+    t->pmatmul[KQP_SMALL_S] = F(pmm_small_s);
+    t->pmatmul[KQP_SMALL_U] = F(pmm_small_u);
+    t->pmatmul[KQP_KM] = F(pmm_km);
+    t->pmatmul[KQP_K6] = F(pmm_k6);
     t->dequant[KVT_TYPE_Q8_0] = F(dq_q8_0);
     t->dequant[KVT_TYPE_Q4_0] = F(dq_q4_0);
     t->dequant[KVT_TYPE_F16] = F(dq_f16);

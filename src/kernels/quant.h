@@ -67,6 +67,31 @@ void kvt_matmul_rows(uint32_t wtype, const void *W, int64_t n_in, const void *ac
 void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows,
                          float *y, int64_t ldy, int64_t o0, int64_t o1);
 
+/* ---- prefill GEMM on repacked weights ----
+ * kvt_packed_create copies W (n_out rows of n_in elements of wtype) once, at model load, into an
+ * interleaved layout (4 rows per block, one byte per weight; see kernels_internal.h) that the GEMM
+ * micro-kernels read contiguously. Types: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K; others (and
+ * KVT_REPACK=0 in the environment) give NULL, and the caller keeps using kvt_matmul_rows.
+ * Memory: about 1.06x (Q8_0), 2x (Q4_0/Q5_0), 2.3x (Q4_K) of the original weight bytes; the
+ * original stays in use for decode (GEMV streams the smaller original), so both are kept.
+ * kvt_matmul_packed gives results bit-identical to kvt_matmul_rows on the same W for the ISA in use
+ * (so the numerics id and batch invariance are unchanged): the same integer dot per 4-lane group,
+ * the same float operations in the same order.
+ * Ownership: the packed copy is owned by the handle; W is borrowed and must outlive it. */
+typedef struct kvt_packed kvt_packed;
+kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out);
+void kvt_packed_free(kvt_packed *p);
+size_t kvt_packed_bytes(const kvt_packed *p);
+/* Same contract as kvt_matmul_rows(p's type, W, n_in, act, ...). */
+void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                       int64_t o1);
+/* Scalar reference reading the packed layout: emulates the SIMD path's lane order (bit-identical to
+ * kvt_matmul_rows on the AVX2 and AVX-512 paths; K-quants equal kvt_matmul_rows_ref). For tests. */
+void kvt_matmul_packed_ref(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                           int64_t o1);
+/* Rows below which kvt_matmul_packed is not worth it (decode GEMV reads the original). */
+#define KVT_PACKED_MIN_ROWS 4
+
 /* ---- dispatch ---- */
 typedef enum kvt_isa { KVT_ISA_SCALAR = 0, KVT_ISA_AVX2 = 1, KVT_ISA_AVX512 = 2 } kvt_isa;
 void kvt_kernels_init(void);

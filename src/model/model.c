@@ -417,6 +417,12 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
             if ((st = load_vec(m, g, NM("post_ffw_norm.weight"), E, true, &w->post_ffw_norm, err, errlen))) goto fail;
         }
 #undef NM
+        /* Load-time repack for prefill GEMM (kernels/quant.h): dense layer matrices only (the
+         * output matrix runs one row per chunk). Best effort: without memory for the copy the
+         * row-major kernels are used, with the same results. */
+        kvt_wmat *pw[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++)
+            if (pw[i]->data) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
     }
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
@@ -429,6 +435,11 @@ fail:
 
 void kvt_model_free(kvt_model *m) {
     if (!m) return;
+    for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
+        kvt_wmat *ws[7] = {&m->layers[il].wq, &m->layers[il].wk, &m->layers[il].wv, &m->layers[il].wo,
+                           &m->layers[il].gate, &m->layers[il].up, &m->layers[il].down};
+        for (int i = 0; i < 7; i++) kvt_packed_free(ws[i]->packed);
+    }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         if (m->mla) kvt_mla_free(&m->mla[il]);
         if (m->moe) kvt_moe_free(&m->moe[il]);
@@ -767,7 +778,11 @@ static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *con
     for (int i = 0; i < nw; i++) {
         int64_t o0, o1;
         col_range(ws[i]->n_out, ith, nth, &o0, &o1);
-        if (o0 < o1)
+        if (o0 >= o1) continue;
+        /* prefill: repacked weights (bit-identical results); decode GEMV: the smaller original */
+        if (ws[i]->packed && n_rows >= KVT_PACKED_MIN_ROWS)
+            kvt_matmul_packed(ws[i]->packed, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
+        else
             kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
     }
 }

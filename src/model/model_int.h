@@ -29,6 +29,7 @@ typedef struct kvt_wmat {
     uint32_t type;
     uint32_t n_in, n_out;
     uint64_t row_bytes;
+    kvt_packed *packed;     /* repacked copy for prefill GEMM (kernels/quant.h), owned; NULL if none */
 } kvt_wmat;
 
 #define KVT_N_ACT 3 /* distinct activation formats a group of matmuls sharing one input may need */

@@ -1,0 +1,280 @@
+/*
+ * repack.c — load-time repacking of quantized weights into the interleaved prefill layout
+ * (kernels_internal.h, "repacked weights"), the dispatched packed GEMM entry point and its scalar
+ * reference.
+ *
+ * Why: the row-major GGUF layout makes a 4-row micro-kernel gather from 4 streams and unpack
+ * nibbles / high bits / 6-bit scales once per weight tile and block. Repacking does that work once
+ * at load: a tile's weights are one contiguous run of bytes, one byte per weight, scales widened.
+ *
+ * Exactness: the packed kernels compute the same integers per 4-weight lane group and the same
+ * float operations, in the same order, as the row-major kernels of the same ISA (kernels_x86_tmpl.h),
+ * so kvt_matmul_packed == kvt_matmul_rows bit for bit; tests/test_kernels.c checks every type, ISA,
+ * row count and column range. kvt_matmul_packed_ref emulates that lane order in scalar C.
+ *
+ * Ownership: kvt_packed owns its data (64-byte aligned); the original W is borrowed.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+static uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static int pack_kind(uint32_t t) {
+    switch (t) {
+    case KVT_TYPE_Q8_0: case KVT_TYPE_Q4_0: case KVT_TYPE_Q5_0: return KQP_SMALL_S;
+    case KVT_TYPE_Q4_1: case KVT_TYPE_Q5_1: return KQP_SMALL_U;
+    case KVT_TYPE_Q4_K: case KVT_TYPE_Q5_K: return KQP_KM;
+    case KVT_TYPE_Q6_K: return KQP_K6;
+    default: return -1;
+    }
+}
+
+/* One small block (32 weights) of type t at p → q[32] (signed or unsigned values), d, m. */
+static void unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m) {
+    *d = kq_h2f(rd16(p));
+    *m = 0.0f;
+    switch (t) {
+    case KVT_TYPE_Q8_0: memcpy(q, p + 2, 32); return;
+    case KVT_TYPE_Q4_0:
+        for (int j = 0; j < 16; j++) q[j] = (int8_t)((p[2 + j] & 0xF) - 8), q[j + 16] = (int8_t)((p[2 + j] >> 4) - 8);
+        return;
+    case KVT_TYPE_Q4_1:
+        *m = kq_h2f(rd16(p + 2));
+        for (int j = 0; j < 16; j++) q[j] = (int8_t)(p[4 + j] & 0xF), q[j + 16] = (int8_t)(p[4 + j] >> 4);
+        return;
+    case KVT_TYPE_Q5_0: {
+        const uint32_t qh = rd32(p + 2);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(((p[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+            q[j + 16] = (int8_t)(((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+        return;
+    }
+    default: { /* Q5_1 */
+        *m = kq_h2f(rd16(p + 2));
+        const uint32_t qh = rd32(p + 4);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((p[8 + j] & 0xF) | (((qh >> j) & 1) << 4));
+            q[j + 16] = (int8_t)((p[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        return;
+    }
+    }
+}
+
+/* One K super-block at p → q[256] (unsigned), d, dmin, half-scales sc2[8][2], mv[16]. */
+static void unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
+                     int16_t mv[16]) {
+    if (t == KVT_TYPE_Q6_K) {
+        *d = kq_h2f(rd16(p + 208));
+        *dmin = 0.0f;
+        for (int g = 0; g < 8; g++) {
+            const int h = g / 4, k = g % 4;
+            const uint8_t *ql = p + 64 * h + 32 * (k & 1), *qh = p + 128 + 32 * h;
+            for (int e = 0; e < 32; e++) {
+                const int lo = k < 2 ? (ql[e] & 0xF) : (ql[e] >> 4);
+                q[32 * g + e] = (uint8_t)(lo | (((qh[e] >> (2 * k)) & 3) << 4));
+            }
+            sc2[g][0] = (int8_t)p[192 + 2 * g];
+            sc2[g][1] = (int8_t)p[192 + 2 * g + 1];
+        }
+        for (int k = 0; k < 16; k++) mv[k] = (int8_t)p[192 + k];
+        return;
+    }
+    *d = kq_h2f(rd16(p));
+    *dmin = kq_h2f(rd16(p + 2));
+    const uint8_t *qs = p + (t == KVT_TYPE_Q4_K ? 16 : 48), *qh = p + 16;
+    for (int g = 0; g < 8; g++) {
+        uint8_t sc, mn;
+        kq_scale_min_k4(g, p + 4, &sc, &mn);
+        sc2[g][0] = sc2[g][1] = sc;
+        mv[2 * g] = mv[2 * g + 1] = mn;
+        for (int e = 0; e < 32; e++) {
+            int v = (qs[32 * (g / 2) + e] >> (4 * (g & 1))) & 0xF;
+            if (t == KVT_TYPE_Q5_K) v |= ((qh[e] >> g) & 1) << 4;
+            q[32 * g + e] = (uint8_t)v;
+        }
+    }
+}
+
+kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
+    kvt_kernels_init();
+    const char *e = getenv("KVT_REPACK");
+    if (e && !strcmp(e, "0")) return NULL;
+    const int kind = pack_kind(wtype);
+    const uint64_t wrb = kvt_type_row_bytes(wtype, (uint64_t)(n_in > 0 ? n_in : 0));
+    if (kind < 0 || !W || n_in <= 0 || n_out <= 0 || wrb == 0 || n_out > (1ll << 30)) return NULL;
+    kvt_packed *P = calloc(1, sizeof *P);
+    if (!P) return NULL;
+    P->type = wtype;
+    P->kind = kind;
+    P->n_in = n_in;
+    P->n_out = n_out;
+    P->nb = n_in / (int64_t)kvt_type_block_elems(wtype);
+    P->ngroups = (n_out + KQP_ROWS - 1) / KQP_ROWS;
+    P->gbb = kind == KQP_SMALL_S ? KQP_SMALL_S_BYTES : kind == KQP_SMALL_U ? KQP_SMALL_U_BYTES : KQP_K_BYTES;
+    P->W = W;
+    uint64_t bytes;
+    if (!kvt_mul_ok((uint64_t)P->ngroups * (uint64_t)P->nb, P->gbb, &bytes) || bytes > SIZE_MAX / 2 ||
+        !(P->data = kvt_aligned_alloc(64, (size_t)bytes))) { /* zeroed: padding rows are 0 */
+        free(P);
+        return NULL;
+    }
+    const uint8_t *w8 = W;
+    const size_t wbb = kvt_type_block_bytes(wtype);
+    for (int64_t g = 0; g < P->ngroups; g++)
+        for (int64_t b = 0; b < P->nb; b++) {
+            uint8_t *o = P->data + ((size_t)g * (size_t)P->nb + (size_t)b) * P->gbb;
+            for (int i = 0; i < KQP_ROWS; i++) {
+                const int64_t row = g * KQP_ROWS + i;
+                if (row >= n_out) break;
+                const uint8_t *p = w8 + (size_t)row * wrb + (size_t)b * wbb;
+                if (kind <= KQP_SMALL_U) {
+                    float d, m;
+                    unpack_small(wtype, p, (int8_t *)(o + (kind == KQP_SMALL_S ? 16 : 32) + 32 * i), &d, &m);
+                    memcpy(o + 4 * i, &d, 4);
+                    if (kind == KQP_SMALL_U) memcpy(o + 16 + 4 * i, &m, 4);
+                } else {
+                    uint8_t q[256];
+                    float d, dm;
+                    int16_t sc2[8][2], mv[16];
+                    unpack_k(wtype, p, q, &d, &dm, sc2, mv);
+                    memcpy(o + 4 * i, &d, 4);
+                    memcpy(o + 16 + 4 * i, &dm, 4);
+                    for (int gg = 0; gg < 8; gg++) {
+                        memcpy(o + KQP_K_SC + 16 * gg + 4 * i, sc2[gg], 4);
+                        memcpy(o + KQP_K_Q + 128 * gg + 32 * i, q + 32 * gg, 32);
+                    }
+                    memcpy(o + KQP_K_MV + 32 * i, mv, 32);
+                }
+            }
+        }
+    return P;
+}
+
+void kvt_packed_free(kvt_packed *p) {
+    if (!p) return;
+    free(p->data);
+    free(p);
+}
+
+size_t kvt_packed_bytes(const kvt_packed *p) {
+    return p ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
+}
+
+/* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
+ * at thread exit by the key's destructor). */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static bool g_scratch_ok;
+typedef struct { uint8_t *p; size_t cap; } kq_scratch;
+static void scratch_free(void *v) {
+    kq_scratch *s = v;
+    if (s) free(s->p);
+    free(s);
+}
+static void scratch_init(void) { g_scratch_ok = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
+uint8_t *kq_tls_scratch(size_t bytes) {
+    pthread_once(&g_scratch_once, scratch_init);
+    if (!g_scratch_ok) return NULL;
+    kq_scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        uint8_t *n = kvt_aligned_alloc(64, bytes);
+        if (!n) return NULL;
+        free(s->p);
+        s->p = n;
+        s->cap = bytes;
+    }
+    return s->p;
+}
+
+/* The SIMD horizontal sum of 8 lanes (hsum_ps in kernels_x86_tmpl.h), in scalar. */
+static float hsum8(const float *a) {
+    float s4[4];
+    for (int k = 0; k < 4; k++) s4[k] = a[k] + a[k + 4];
+    const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+    return s0 + s1;
+}
+
+void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                           int64_t o1) {
+    kvt_f16_table_init();
+    if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
+    const uint32_t vt = kvt_vec_dot_type(P->type);
+    const size_t arb = (size_t)kvt_type_row_bytes(vt, (uint64_t)P->n_in);
+    const uint8_t *A = act;
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t o = o0; o < o1; o++) {
+            const int64_t g = o / KQP_ROWS;
+            const int i = (int)(o % KQP_ROWS);
+            const uint8_t *G = P->data + (size_t)g * (size_t)P->nb * P->gbb, *a = A + (size_t)r * arb;
+            if (P->kind <= KQP_SMALL_U) {
+                const bool sgn = P->kind == KQP_SMALL_S;
+                const size_t abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4, qo = sgn ? 16 : 32;
+                float lane[8] = {0}, macc = 0.0f;
+                for (int64_t b = 0; b < P->nb; b++) {
+                    const uint8_t *p = G + (size_t)b * P->gbb, *pa = a + (size_t)b * abb;
+                    const int8_t *q = (const int8_t *)(p + qo + 32 * i), *x = (const int8_t *)(pa + aqo);
+                    float dw, mw = 0.0f;
+                    memcpy(&dw, p + 4 * i, 4);
+                    if (!sgn) memcpy(&mw, p + 16 + 4 * i, 4);
+                    const float dx = kq_h2f(rd16(pa)), sx = sgn ? 0.0f : kq_h2f(rd16(pa + 2));
+                    const float s = dw * dx;
+                    for (int l = 0; l < 8; l++) {
+                        int32_t d = 0;
+                        for (int k = 4 * l; k < 4 * l + 4; k++) d += (int32_t)q[k] * x[k];
+                        lane[l] = fmaf((float)d, s, lane[l]); /* the SIMD path's fused multiply-add */
+                    }
+                    if (!sgn) macc += mw * sx;
+                }
+                y[r * ldy + o] = hsum8(lane) + macc;
+            } else {
+                float sumf = 0.0f;
+                for (int64_t b = 0; b < P->nb; b++) {
+                    const uint8_t *p = G + (size_t)b * P->gbb;
+                    const blk_q8_K *xa = (const blk_q8_K *)(a + (size_t)b * sizeof(blk_q8_K));
+                    float dw, dm, dx;
+                    memcpy(&dw, p + 4 * i, 4);
+                    memcpy(&dm, p + 16 + 4 * i, 4);
+                    memcpy(&dx, &xa->d, 4);
+                    int32_t isum = 0, msum = 0;
+                    for (int gg = 0; gg < 8; gg++) {
+                        int16_t sc2[2];
+                        memcpy(sc2, p + KQP_K_SC + 16 * gg + 4 * i, 4);
+                        const uint8_t *q = p + KQP_K_Q + 128 * gg + 32 * i;
+                        for (int e = 0; e < 32; e++) isum += sc2[e / 16] * (int32_t)q[e] * xa->qs[32 * gg + e];
+                    }
+                    int16_t mv[16], bs[16];
+                    memcpy(mv, p + KQP_K_MV + 32 * i, 32);
+                    memcpy(bs, xa->bsums, 32);
+                    for (int k = 0; k < 16; k++) msum += (int32_t)bs[k] * mv[k];
+                    if (P->kind == KQP_K6) sumf += (dw * dx) * (float)(isum - 32 * msum);
+                    else sumf += (dw * dx) * (float)isum - (dm * dx) * (float)msum;
+                }
+                y[r * ldy + o] = sumf;
+            }
+        }
+}
