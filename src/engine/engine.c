@@ -31,6 +31,7 @@
 #include "../kernels/quant.h"
 #include "../model/model.h"
 #include "../util/strbuf.h"
+#include "checkpoint.h"
 #include "sampler.h"
 
 #define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
@@ -48,6 +49,7 @@ struct kvt_engine {
     kvt_ssd *ssd;
     kvt_shared *shared; /* optional shared block tier (issue 17) */
     kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
+    kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
     kvt_ctx *ctx;
     kvt_sampler *sampler;
     uint32_t n_ctx, n_vocab;
@@ -361,6 +363,14 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.verify = o->ssd_verify;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
+        /* [ckpt] generation checkpoints live in the SSD tier's compat directory */
+        if (o->generation_checkpoint) {
+            st = kvt_ckpt_store_open(kvt_ssd_dir(e->ssd), e->compat, &e->ckpt, err, errlen);
+            if (st) goto fail;
+        }
+    } else if (o->generation_checkpoint) {
+        st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--generation-checkpoint needs the SSD tier (--ssd-cache DIR)");
+        goto fail;
     }
     if (e->pc) {
         kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .writeback = o->ssd_writeback};
@@ -408,6 +418,7 @@ void kvt_engine_free(kvt_engine *e) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
     }
+    kvt_ckpt_store_free(e->ckpt); /* [ckpt] publishes what is queued (bounded) */
     if (e->shared) kvt_shared_flush(e->shared, 10000); /* bounded: publish what is queued */
     kvt_shared_free(e->shared); /* releases its queued block references before the pool goes */
     kvt_sampler_free(e->sampler);
@@ -533,6 +544,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     kvt_detok *dt = NULL;
     kvt_strbuf tb = {0};
     size_t emitted = 0; /* bytes of tb already passed to on_token */
+    kvt_ckpt_run ck = {0}; /* [ckpt] this request's checkpoint state */
     int32_t *gen = malloc(sizeof(int32_t) * (max_new + 1));
     if (!gen) {
         st = KVT_ERR_NOMEM;
@@ -542,17 +554,24 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     const uint64_t root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
     const bool use_cache = e->pc && !req->no_cache;
 
+    /* [ckpt] before the lookup: an identical request with a checkpoint resumes from it. Lookup and
+     * prefill then cover prompt ++ already-emitted tokens (pp[0..pn)); the sampler history still
+     * starts from the prompt (the emitted tokens are accepted again as they are replayed). */
+    kvt_ckpt_begin(&ck, use_cache ? e->ckpt : NULL, e->o.generation_checkpoint, e->compat, req, max_new, e->n_vocab);
+    const int32_t *pp = ck.resumed ? ck.look : req->prompt;
+    const uint32_t pn = ck.resumed ? ck.n_look : n;
+
     /* 2. lookup */
     uint32_t reused = 0;
     if (use_cache) {
         kvt_tiers_hit hit;
-        st = kvt_tiers_lookup(e->tier, req->prompt, n, root, &hit);
+        st = kvt_tiers_lookup(e->tier, pp, pn, root, &hit);
         if (st) goto done;
         seq = hit.seq;
         reused = hit.n_reused;
         res->restore_ms = hit.restore_ms;
         res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
-        shared_lookup(e, req->prompt, n, root, &seq, &reused, res);
+        shared_lookup(e, pp, pn, root, &seq, &reused, res);
     }
     if (!seq) {
         st = kvt_seq_create(e->pool, root, &seq);
@@ -561,7 +580,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         res->reused_from = KVT_TIER_NONE;
     }
     res->n_prompt = n;
-    res->n_reused = reused;
+    res->n_reused = KVT_MIN(reused, n);
 
     /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
     {
@@ -577,32 +596,33 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     /* 3. prefill */
     kvt_sampler_reset(e->sampler, &req->sampling);
     for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(e->sampler, req->prompt[i]);
+    if (ck.resumed) kvt_sampler_set_rng_state(e->sampler, ck.rec.rng); /* [ckpt] RNG after the pending draw */
     float *logits = NULL;
     const double tp0 = kvt_now_ms();
     /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
      * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
      * window so no block can be sealed and dropped within one chunk. */
     const bool keep_window = use_cache && e->min_window > 0;
-    uint32_t chunk = n - reused;
+    uint32_t chunk = pn - reused;
     if (keep_window) chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), chunk);
     if (e->progress) chunk = KVT_MIN(e->o.ubatch, chunk); /* same chunks the model makes, reported one by one */
-    report(e, KVT_PROGRESS_PREFILL, 0, n - reused);
+    report(e, KVT_PROGRESS_PREFILL, 0, pn - reused);
     /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
      * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
     const uint32_t bt = e->o.block_tokens;
     const uint32_t every = use_cache && e->recurrent && e->o.recurrent_snapshot_every
                                ? (e->o.recurrent_snapshot_every + bt - 1) / bt * bt
                                : 0;
-    for (uint32_t done_tok = reused; done_tok < n && st == KVT_OK;) {
-        uint32_t m = KVT_MIN(chunk, n - done_tok);
+    for (uint32_t done_tok = reused; done_tok < pn && st == KVT_OK;) {
+        uint32_t m = KVT_MIN(chunk, pn - done_tok);
         if (every) m = KVT_MIN(m, (done_tok / every + 1) * every - done_tok);
-        st = kvt_model_forward(e->ctx, seq, req->prompt + done_tok, m, false, req->cancel, &logits);
+        st = kvt_model_forward(e->ctx, seq, pp + done_tok, m, false, req->cancel, &logits);
         done_tok += m;
-        if (st == KVT_OK && keep_window && done_tok < n) kvt_tiers_put_blocks(e->tier, seq);
-        if (done_tok < n) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, n - reused);
-        if (st == KVT_OK && every && done_tok < n && done_tok % every == 0) cache_put(e, seq);
+        if (st == KVT_OK && keep_window && done_tok < pn) kvt_tiers_put_blocks(e->tier, seq);
+        if (done_tok < pn) report(e, KVT_PROGRESS_PREFILL, done_tok - reused, pn - reused);
+        if (st == KVT_OK && every && done_tok < pn && done_tok % every == 0) cache_put(e, seq);
     }
-    report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
+    report(e, KVT_PROGRESS_PREFILL, pn - reused, pn - reused);
     if (st) {
         if (st == KVT_ERR_POOL_EXHAUSTED)
             kvt_errf(err, errlen, st, "out of KV memory during prefill (pool %.0f MB in use)", (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
@@ -613,10 +633,10 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         goto put_back;
     }
     res->prefill_ms = kvt_now_ms() - tp0;
-    if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
+    if (res->prefill_ms > 0) res->prefill_tps = (double)(pn - reused) / (res->prefill_ms / 1000.0);
     /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically */
     /* (always for recurrent layouts: their state cannot be cut back to the prompt later) */
-    if (use_cache && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent)) cache_put(e, seq);
+    if (use_cache && !ck.resumed && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent)) cache_put(e, seq);
 
     /* 4. decode (the SSD writer defers while we decode; see kvt_ssd_set_busy) */
     if (e->ssd) kvt_ssd_set_busy(e->ssd, true);
@@ -630,12 +650,17 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     res->finish = KVT_FINISH_LENGTH;
     uint32_t n_gen = 0;
     for (;;) {
-        int32_t id = kvt_sampler_sample(e->sampler, logits);
+        int32_t id;
+        const kvt_ckpt_src src = kvt_ckpt_next(&ck, &id); /* [ckpt] replayed / pending tokens first */
+        if (src == KVT_CKPT_SAMPLE) id = kvt_sampler_sample(e->sampler, logits);
         if (n_gen == 0) res->ttft_ms = kvt_now_ms() - t0;
         if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
             res->finish = KVT_FINISH_STOP;
             break;
         }
+        if (kvt_ckpt_due(&ck, src, n_gen)) /* [ckpt] n_gen emitted, id sampled but not yet emitted */
+            kvt_ckpt_save(&ck, e->ckpt, e->ssd, e->o.ssd_writeback, seq, n, gen, n_gen, id,
+                          kvt_sampler_rng_state(e->sampler));
         gen[n_gen++] = id;
         kvt_sampler_accept(e->sampler, id);
         size_t dl = 0;
@@ -681,6 +706,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
             break;
         }
         if (n_gen >= max_new) break;
+        if (src == KVT_CKPT_REPLAYED) continue; /* [ckpt] its KV was restored or prefilled */
         st = kvt_model_forward(e->ctx, seq, &id, 1, false, req->cancel, &logits);
         if (st == KVT_OK && keep_window && kvt_seq_len(seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, seq);
         if (st) {
@@ -711,6 +737,8 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
     if (n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(n_gen - 1) / (res->decode_ms / 1000.0);
     res->tokens = gen;
     gen = NULL;
+    /* [ckpt] normal completion invalidates the checkpoint; cancellation and errors keep it */
+    kvt_ckpt_end(&ck, e->ckpt, st == KVT_OK && res->finish != KVT_FINISH_CANCELLED);
 
 put_back:
     if (e->ssd) kvt_ssd_set_busy(e->ssd, false);
@@ -725,6 +753,7 @@ put_back:
     e->cached_tokens += res->n_reused;
     pthread_mutex_unlock(&e->stats_mu);
 done:
+    kvt_ckpt_run_free(&ck);
     if (seq) kvt_seq_free(seq);
     kvt_detok_free(dt);
     kvt_strbuf_free(&tb);
@@ -775,6 +804,18 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_skipped_nonregular = s.skipped_nonregular;
         out->ssd_lost_entries = s.lost_entries;
         out->ssd_dir_recreated = s.dir_recreated;
+    }
+    if (e->ckpt) {
+        kvt_ckpt_stats c;
+        kvt_ckpt_store_stats(e->ckpt, &c);
+        out->ckpt_enabled = true;
+        out->ckpt_written = c.written;
+        out->ckpt_resumed = c.resumed;
+        out->ckpt_invalidated = c.invalidated;
+        out->ckpt_failed = c.failed;
+        out->ckpt_dropped = c.dropped;
+        out->ckpt_corrupt = c.corrupt;
+        out->ckpt_pending = c.pending;
     }
     if (e->shared) {
         kvt_shared_stats s;
@@ -827,6 +868,11 @@ void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out)
     out->longest_durable_prefix_tokens = r.longest_durable_prefix_tokens;
     out->elapsed_ms = r.elapsed_ms;
     snprintf(out->reason, sizeof out->reason, "%s", r.reason);
+    /* [ckpt] queued checkpoint records are owed to disk too */
+    if (e->ckpt && !kvt_ckpt_store_flush(e->ckpt, timeout_ms) && out->durable) {
+        out->durable = false;
+        snprintf(out->reason, sizeof out->reason, "generation checkpoint records are still being written");
+    }
 }
 
 void kvt_engine_tick(kvt_engine *e) {
