@@ -13,6 +13,7 @@
 
 #include "testutil.h"
 #include "cache/ssd_cache.h"
+#include "cache/ssd_int.h" /* white-box: the record invariants (ssd_records_check) */
 
 #define COMPAT_A "test-compat-A"
 #define COMPAT_B "test-compat-B"
@@ -676,6 +677,14 @@ static void test_fsync_dir_failure(void **state) {
     fx_done(&f);
 }
 
+/* Invariant (8) of ssd_writer.c, checked from outside under the tier's lock. */
+static bool records_ok(kvt_ssd *s) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = ssd_records_check(s);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
 /* Property: over random fault schedules and random interleavings of enqueues and flushes, a flush
  * that answers durable covers every record created before it: every sequence enqueued before a
  * durable flush is findable in full right after it (and after a reopen). */
@@ -705,6 +714,7 @@ static void test_flush_property(void **state) {
                 seqs[n_enq] = build_seq(&f, root, toks[n_enq], 12);
                 kvt_ssd_enqueue_seq(s, seqs[n_enq], NULL);
                 n_enq++;
+                assert_true(records_ok(s));
             } else {
                 uint32_t covered = n_enq;
                 kvt_ssd_flush_result fr;
@@ -723,6 +733,14 @@ static void test_flush_property(void **state) {
         kvt_ssd_flush_result fr;
         kvt_ssd_flush(s, 20000, &fr);
         assert_true(fr.durable);
+        assert_true(records_ok(s));
+        /* the checker can fail: a miscounted queue is caught */
+        pthread_mutex_lock(&s->mu);
+        s->q_count++;
+        bool caught = !ssd_records_check(s);
+        s->q_count--;
+        pthread_mutex_unlock(&s->mu);
+        assert_true(caught);
         kvt_ssd_free(s);
         s = open_ssd(&f, COMPAT_A, 0);
         for (uint32_t i = 0; i < n_enq; i++) {
