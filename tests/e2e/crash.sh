@@ -10,4 +10,4 @@ command -v python3 >/dev/null || { echo "skipped: missing dependency: python3 (s
 T=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-crash-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 "$KV" gen-model --arch llama --shape tiny --type f16 -o "$T/m.gguf" >/dev/null || { echo "FAIL: gen-model"; exit 1; }
-exec python3 "$(dirname "$0")/crash.py" "$KV" "$T/m.gguf" "$T/work" "${CRASH_TRIALS:-20}" "${CRASH_SEED:-$RANDOM}"
+python3 "$(dirname "$0")/crash.py" "$KV" "$T/m.gguf" "$T/work" "${CRASH_TRIALS:-20}" "${CRASH_SEED:-$RANDOM}"
