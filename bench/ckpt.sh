@@ -37,12 +37,16 @@ for i in $(seq 1 "$R"); do
   b=$(B -p 64 -n "$N" --ssd-cache "$T/d-on-$i" --prompt-seed "$i" --generation-checkpoint 64); echo "on:  $b"; on+=("$(jf "$b" decode_tps)")
 done
 m_off=$(med "${off[@]}"); m_on=$(med "${on[@]}")
-python3 - "$c_ttft" "$r_ttft" "$m_off" "$m_on" "$cold" <<'PY'
+# the load drifts: also the median of the per-pair ratios (each pair ran back to back)
+pair=$(python3 -c 'import sys,statistics; n=len(sys.argv)//2; a=sys.argv[1:1+n]; b=sys.argv[1+n:]; print(statistics.median(float(y)/float(x) for x,y in zip(a,b)))' "${off[@]}" "${on[@]}")
+python3 - "$c_ttft" "$r_ttft" "$m_off" "$m_on" "$cold" "$pair" <<'PY'
 import json, sys
 c, r, off, on = map(float, sys.argv[1:5])
 cold = json.loads(sys.argv[5])
+pair = float(sys.argv[6])
 fl = {k: v for k, v in cold.items() if "flush" in k}
 print("summary: cold TTFT %.0f ms, restart TTFT %.1f ms (median of 3) = %.0fx; flush after cold %s; "
-      "decode %.2f tok/s off vs %.2f tok/s with --generation-checkpoint 64 (%+.2f%%)" %
-      (c, r, c / r if r else 0, json.dumps(fl), off, on, (on - off) / off * 100 if off else 0))
+      "decode %.2f tok/s off vs %.2f tok/s with --generation-checkpoint 64 (medians, %+.2f%%; median per-pair "
+      "ratio %+.2f%%)" % (c, r, c / r if r else 0, json.dumps(fl), off, on, (on - off) / off * 100 if off else 0,
+                          (pair - 1) * 100))
 PY
