@@ -19,6 +19,7 @@
  *       waited for: the token loop never waits for the disk.
  */
 #include "ssd_ckpt.h"
+#include "ssd_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,17 +63,7 @@ struct kvt_ckpt_store {
 };
 
 /* ------------------------------------------------------------------ encoding */
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
-
+/* little-endian put_u32/put_u64/get_u32/get_u64: ssd_int.h */
 static uint64_t file_size_for(uint32_t compat_len, uint32_t n_emitted) {
     return (uint64_t)CKPT_FIXED + compat_len + 4ull * n_emitted + 8;
 }
@@ -138,12 +129,12 @@ static kvt_status decode(const uint8_t *b, uint64_t n, kvt_ckpt_rec *out, char *
  * of bounded size only. *buf malloc'd. */
 static kvt_status read_file(const char *path, uint8_t **buf, uint64_t *len, char *err, size_t errlen) {
     *buf = NULL;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int fd = open_cache_file(path, O_RDONLY); /* O_NOFOLLOW|O_NONBLOCK, regular files only */
     if (fd < 0) return kvt_errf(err, errlen, errno == ENOENT ? KVT_ERR_NOT_FOUND : KVT_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
         close(fd);
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: not a regular file", path);
+        return kvt_errf(err, errlen, KVT_ERR_IO, "%s: %s", path, strerror(errno));
     }
     const uint64_t n = (uint64_t)sb.st_size;
     if (n > file_size_for(CKPT_COMPAT_MAX, KVT_CKPT_MAX_EMITTED)) {
@@ -212,58 +203,8 @@ static bool fsync_dir(const char *dir) {
     return ok;
 }
 
-/* Temporary names: "<name>.<pid>-<nonce>.tmp", the SSD tier's scheme (docs/cache-format.md), with
- * this store's own per-process nonce. */
-static uint64_t proc_nonce(void) {
-    static _Atomic uint64_t nonce;
-    uint64_t n = atomic_load(&nonce);
-    if (n) return n;
-    uint64_t r = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
-        close(fd);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r ^= (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
-    r |= 1;
-    uint64_t zero = 0;
-    atomic_compare_exchange_strong(&nonce, &zero, r);
-    return atomic_load(&nonce);
-}
-
-/* The SSD tier's orphan rule: stale unless it names a live process other than ours and is younger
- * than an hour; our own pid with another nonce is a predecessor's. */
-static bool tmp_is_stale(const char *name, const struct stat *sb) {
-    const char *dot = strrchr(name, '.');
-    const char *p = dot;
-    while (p > name && p[-1] != '.') p--;
-    int pid = 0;
-    unsigned long long nonce = 0;
-    if (p <= name || sscanf(p, "%d-%16llx.tmp", &pid, &nonce) != 2 || pid <= 0) return true;
-    if ((uint64_t)time(NULL) > (uint64_t)sb->st_mtim.tv_sec + 3600) return true;
-    if (pid == (int)getpid()) return nonce != proc_nonce();
-    return kill(pid, 0) != 0 && errno == ESRCH;
-}
-
-static bool dir_ok(const char *path, char *err, size_t errlen) {
-    struct stat sb;
-    if (lstat(path, &sb) != 0) {
-        kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: %s: %s", path, strerror(errno));
-        return false;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: %s is not a directory (symlink?)", path);
-        return false;
-    }
-    if (sb.st_uid != geteuid() || (sb.st_mode & S_IWOTH)) {
-        kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: refusing %s: owned by another user or writable by others", path);
-        return false;
-    }
-    return true;
-}
-
+/* Temporary names, the orphan rule and the trust rule are the SSD tier's (ssd_int.h): one
+ * implementation of each. */
 static void reap_tmps(kvt_ckpt_store *s) {
     DIR *d = opendir(s->dir);
     if (!d) return;
@@ -286,7 +227,7 @@ static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r) {
     char name[40], path[PATH_MAX + 48], tmp[PATH_MAX + 96];
     kvt_ckpt_file_name(r->key, name);
     snprintf(path, sizeof path, "%s/%s", s->dir, name);
-    snprintf(tmp, sizeof tmp, "%s.%d-%016llx.tmp", path, (int)getpid(), (unsigned long long)proc_nonce());
+    tmp_name(tmp, sizeof tmp, path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 && errno == EEXIST) { /* our own leftover of a failed attempt (never a neighbour's) */
         unlink(tmp);
@@ -341,7 +282,7 @@ static void push(kvt_ckpt_store *s, ck_item *it) {
     pthread_cond_signal(&s->cv);
 }
 
-static void *writer_main(void *arg) {
+static void *ck_writer_main(void *arg) {
     kvt_ckpt_store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
@@ -396,7 +337,7 @@ kvt_status kvt_ckpt_store_open(const char *cdir, const char *compat, kvt_ckpt_st
         free(s);
         return KVT_ERR_IO;
     }
-    if (!dir_ok(s->dir, err, errlen)) {
+    if (!dir_trusted(s->dir, false, err, errlen)) {
         free(s);
         return KVT_ERR_IO;
     }
@@ -404,7 +345,7 @@ kvt_status kvt_ckpt_store_open(const char *cdir, const char *compat, kvt_ckpt_st
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    if (pthread_create(&s->th, NULL, writer_main, s) != 0) {
+    if (pthread_create(&s->th, NULL, ck_writer_main, s) != 0) {
         kvt_ckpt_store_free(s);
         return kvt_errf(err, errlen, KVT_ERR_NOMEM, "checkpoints: cannot start the writer thread");
     }
