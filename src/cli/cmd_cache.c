@@ -14,6 +14,7 @@
 #include "../cache/ssd_cache.h"
 #include "args.h"
 #include "cmds.h"
+#include "../cache/ssd_ckpt.h"
 
 static void usage(void) {
     printf("usage: kvtier cache <ls|inspect|verify|prune> ...\n"
@@ -224,6 +225,39 @@ static int do_inspect(const char *path) {
     return 0;
 }
 
+/* Generation checkpoint records (<compat-dir>/ckpt/NAME.kvc, src/cache/ssd_ckpt.h): full check, and
+ * their compat key must belong to the directory. Temporaries are skipped (a live server's). */
+static void verify_checkpoints(const char *cdir, size_t *n, size_t *bad) {
+    char d[PATH_MAX];
+    snprintf(d, sizeof(d), "%s/ckpt", cdir);
+    DIR *dp = opendir(d);
+    if (!dp) return;
+    const char *base = strrchr(cdir, '/');
+    base = base ? base + 1 : cdir;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t l = strlen(de->d_name);
+        if (l < 5 || strcmp(de->d_name + l - 4, ".kvc")) continue;
+        char p[PATH_MAX + 300], err[256] = "", compat[512] = "";
+        snprintf(p, sizeof(p), "%s/%s", d, de->d_name);
+        kvt_ckpt_rec r;
+        (*n)++;
+        if (kvt_ckpt_file_check(p, &r, compat, sizeof(compat), err, sizeof(err)) != KVT_OK) {
+            printf("BAD  %s: %s\n", p, err);
+            (*bad)++;
+            continue;
+        }
+        free(r.emitted);
+        char cd[33];
+        kvt_ssd_compat_dir(compat, cd);
+        if (is_hex_dir(base) && strcmp(cd, base) != 0) {
+            printf("BAD  %s: compat key belongs to directory %s\n", p, cd);
+            (*bad)++;
+        }
+    }
+    closedir(dp);
+}
+
 static int do_verify(const char *root) {
     dirlist dl = {0};
     if (list_compat_dirs(root, &dl) != 0) return 1;
@@ -244,6 +278,7 @@ static int do_verify(const char *root) {
             }
         }
         fl_free(&fl);
+        verify_checkpoints(dl.v[i], &n, &bad);
     }
     dl_free(&dl);
     printf("%zu files checked, %zu bad\n", n, bad);

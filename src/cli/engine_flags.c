@@ -32,6 +32,9 @@ const char kvt_engine_flags_help[] =
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
     "      --ssd-cache-verify    re-verify every payload checksum at startup (restore always checks)\n"
+    "      --generation-checkpoint N  every N emitted tokens, checkpoint the generation on the SSD tier so an\n"
+    "                            identical request after a crash resumes it byte-identically (needs --ssd-cache;\n"
+    "                            default 0 = off)\n"
     "      --shared-cache URL    shared block tier across servers: redis[s]://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
     "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
     "      --shared-cache-tls-ca FILE    rediss://: CA bundle (PEM) the Redis certificate must chain to (default: system store)\n"
@@ -91,6 +94,7 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
         o->ssd_verify = true;
         g_ssd_subflags |= 8;
     }
+    else if (kvt_args_is(a, NULL, "--generation-checkpoint")) o->generation_checkpoint = kvt_args_u32(a, 0, 1u << 24);
     else if (kvt_args_is(a, NULL, "--ssd-cache-max")) {
         o->ssd_max_gb = kvt_args_f64(a, 0, 1e9);
         g_ssd_subflags |= 1;
@@ -142,6 +146,10 @@ bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
     }
     if (o->shared_url && !o->ssd_dir) {
         fprintf(stderr, "kvtier %s: --shared-cache needs the SSD tier (--ssd-cache DIR)\n", cmd);
+        return false;
+    }
+    if (o->generation_checkpoint && !o->ssd_dir) {
+        fprintf(stderr, "kvtier %s: --generation-checkpoint needs the SSD tier (--ssd-cache DIR)\n", cmd);
         return false;
     }
     if (!o->ssd_dir && g_ssd_subflags) {

@@ -37,6 +37,7 @@
 #include "../kernels/quant.h"
 #include "../model/model.h"
 #include "../util/strbuf.h"
+#include "checkpoint.h"
 #include "sampler.h"
 #include "sched.h"
 
@@ -55,6 +56,7 @@ struct kvt_engine {
     kvt_ssd *ssd;
     kvt_shared *shared; /* optional shared block tier (issue 17) */
     kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
+    kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
     kvt_ctx *ctx;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
@@ -385,6 +387,14 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.verify = o->ssd_verify;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
+        /* [ckpt] generation checkpoints live in the SSD tier's compat directory */
+        if (o->generation_checkpoint) {
+            st = kvt_ckpt_store_open(kvt_ssd_dir(e->ssd), e->compat, &e->ckpt, err, errlen);
+            if (st) goto fail;
+        }
+    } else if (o->generation_checkpoint) {
+        st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--generation-checkpoint needs the SSD tier (--ssd-cache DIR)");
+        goto fail;
     }
     if (e->pc) {
         kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .writeback = o->ssd_writeback};
@@ -443,6 +453,7 @@ void kvt_engine_free(kvt_engine *e) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
     }
+    kvt_ckpt_store_free(e->ckpt); /* [ckpt] publishes what is queued (bounded) */
     if (e->shared) kvt_shared_flush(e->shared, 10000); /* bounded: publish what is queued */
     kvt_shared_free(e->shared); /* releases its queued block references before the pool goes */
     kvt_ctx_free(e->ctx);
@@ -588,13 +599,20 @@ void kvt_row_begin(kvt_row *r) {
     r->t0 = kvt_now_ms();
     r->root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
     r->use_cache = e->pc && !req->no_cache;
+    /* [ckpt] before the lookup: an identical request with a checkpoint resumes from it. Lookup and
+     * prefill then cover prompt ++ already-emitted tokens (pp[0..pn)); the sampler history still
+     * starts from the prompt (the emitted tokens are accepted again as they are replayed). The
+     * record is read here, on the submitting thread, never on the scheduler's token loop. */
+    kvt_ckpt_begin(&r->ck, r->use_cache ? e->ckpt : NULL, e->o.generation_checkpoint, e->compat, req, r->max_new, e->n_vocab);
+    r->pp = r->ck.resumed ? r->ck.look : req->prompt;
+    r->pn = r->ck.resumed ? r->ck.n_look : n;
     kvt_status st;
     if (r->use_cache) {
         /* lookups run on the submitting threads (sched.h): one at a time (the shared tier's fetch
          * connection is single-user), concurrently with the scheduler's steps */
         pthread_mutex_lock(&e->lookup_mu);
         /* the prompt's chain hashes once, shared by both tiers' lookups and block sealing */
-        st = kvt_chain_create(r->root, req->prompt, n, e->o.block_tokens, &r->chain);
+        st = kvt_chain_create(r->root, r->pp, r->pn, e->o.block_tokens, &r->chain);
         kvt_tiers_hit hit;
         if (st == KVT_OK) st = kvt_tiers_lookup(e->tier, r->chain, &hit);
         if (st) {
@@ -606,7 +624,7 @@ void kvt_row_begin(kvt_row *r) {
         r->reused = hit.n_reused;
         res->restore_ms = hit.restore_ms;
         res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
-        shared_lookup(e, req->prompt, n, r->root, &r->seq, &r->reused, res);
+        shared_lookup(e, r->pp, r->pn, r->root, &r->seq, &r->reused, res);
         pthread_mutex_unlock(&e->lookup_mu);
     }
     if (!r->seq) {
@@ -619,11 +637,11 @@ void kvt_row_begin(kvt_row *r) {
     }
     if (r->chain) kvt_seq_set_chain(r->seq, r->chain);
     res->n_prompt = n;
-    res->n_reused = r->reused;
+    res->n_reused = KVT_MIN(r->reused, n); /* a resume also reuses emitted tokens: not prompt tokens */
 
     /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
     {
-        double need = (double)(n + r->max_new - r->reused) * kvt_kv_layout_bytes_per_token(e->layout);
+        double need = (double)(n + r->max_new - KVT_MIN(r->reused, n)) * kvt_kv_layout_bytes_per_token(e->layout);
         uint64_t budget = kvt_block_pool_budget(e->pool);
         if (budget && need > (double)budget) {
             r->st = kvt_errf(r->err, r->errlen, KVT_ERR_POOL_EXHAUSTED,
@@ -637,6 +655,7 @@ void kvt_row_begin(kvt_row *r) {
     /* 3. prefill setup */
     kvt_sampler_reset(r->sampler, &req->sampling);
     for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(r->sampler, req->prompt[i]);
+    if (r->ck.resumed) kvt_sampler_set_rng_state(r->sampler, r->ck.rec.rng); /* [ckpt] RNG after the pending draw */
     r->tp0 = kvt_now_ms();
     /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
      * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
@@ -646,10 +665,10 @@ void kvt_row_begin(kvt_row *r) {
      * request arriving meanwhile with the same prefix reuses them (docs/batching.md). Recurrent
      * layouts need a state snapshot to reuse anything, which only whole-prompt puts make. */
     r->share_prefix = r->use_cache && e->sched && !e->recurrent;
-    r->chunk = n - r->reused;
+    r->chunk = r->pn - r->reused;
     if (r->keep_window) r->chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), r->chunk);
     if (e->progress) r->chunk = KVT_MIN(e->o.ubatch, r->chunk); /* same chunks the model makes, reported one by one */
-    report(e, KVT_PROGRESS_PREFILL, 0, n - r->reused);
+    report(e, KVT_PROGRESS_PREFILL, 0, r->pn - r->reused);
     /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
      * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
     const uint32_t bt = e->o.block_tokens;
@@ -662,7 +681,7 @@ uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
     if (r->state != KVT_ROW_PREFILL && r->state != KVT_ROW_DECODE) return 0;
     if (row_cancelled(r)) {
         r->res->finish = KVT_FINISH_CANCELLED;
-        if (r->state == KVT_ROW_PREFILL) report(r->e, KVT_PROGRESS_PREFILL, r->n - r->reused, r->n - r->reused);
+        if (r->state == KVT_ROW_PREFILL) report(r->e, KVT_PROGRESS_PREFILL, r->pn - r->reused, r->pn - r->reused);
         r->state = KVT_ROW_DONE;
         return 0;
     }
@@ -670,9 +689,9 @@ uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
         *tokens = &r->next;
         return budget ? 1 : 0;
     }
-    uint32_t m = KVT_MIN(KVT_MIN(r->chunk, r->n - r->done_tok), budget);
+    uint32_t m = KVT_MIN(KVT_MIN(r->chunk, r->pn - r->done_tok), budget);
     if (r->every) m = KVT_MIN(m, (r->done_tok / r->every + 1) * r->every - r->done_tok);
-    *tokens = r->req->prompt + r->done_tok;
+    *tokens = r->pp + r->done_tok;
     return m;
 }
 
@@ -683,60 +702,69 @@ static void row_sample(kvt_row *r, float *logits) {
     const kvt_gen_request *req = r->req;
     kvt_gen_result *res = r->res;
     r->state = KVT_ROW_DONE;
-    int32_t id = kvt_sampler_sample(r->sampler, logits);
-    if (r->n_gen == 0) res->ttft_ms = kvt_now_ms() - r->t0;
-    if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
-        res->finish = KVT_FINISH_STOP;
-        return;
-    }
-    r->gen[r->n_gen++] = id;
-    kvt_sampler_accept(r->sampler, id);
-    size_t dl = 0;
-    const char *d = kvt_detok_push(r->dt, id, &dl);
-    bool stop_hit = false;
-    if (req->n_stop) {
-        kvt_strbuf *tb = &r->tb;
-        size_t before = tb->n;
-        kvt_strbuf_add(tb, d, dl);
-        if (tb->oom) {
-            r->st = KVT_ERR_NOMEM;
+    for (;;) { /* more than one iteration only while replaying a checkpoint's emitted tokens */
+        int32_t id;
+        const kvt_ckpt_src src = kvt_ckpt_next(&r->ck, &id); /* [ckpt] replayed / pending tokens first */
+        if (src == KVT_CKPT_SAMPLE) id = kvt_sampler_sample(r->sampler, logits);
+        if (r->n_gen == 0) res->ttft_ms = kvt_now_ms() - r->t0;
+        if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
+            res->finish = KVT_FINISH_STOP;
             return;
         }
-        size_t ml = 0;
-        int64_t at = find_stop(tb, req->stop, req->n_stop, before, &ml);
-        size_t upto;
-        if (at >= 0) {
-            upto = (size_t)at;
-            stop_hit = true;
-        } else {
-            upto = tb->n - stop_holdback(tb, req->stop, req->n_stop);
-        }
-        bool keep = true;
-        if (upto > r->emitted) {
-            if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb->p + r->emitted, upto - r->emitted);
-            r->emitted = upto;
-        } else if (req->on_token) {
-            keep = req->on_token(req->cb_ctx, id, "", 0);
-        }
-        if (!keep) {
+        if (kvt_ckpt_due(&r->ck, src, r->n_gen)) /* [ckpt] n_gen emitted, id sampled but not yet emitted */
+            kvt_ckpt_save(&r->ck, e->ckpt, e->ssd, e->o.ssd_writeback, r->seq, r->n, r->gen, r->n_gen, id,
+                          kvt_sampler_rng_state(r->sampler));
+        r->gen[r->n_gen++] = id;
+        kvt_sampler_accept(r->sampler, id);
+        size_t dl = 0;
+        const char *d = kvt_detok_push(r->dt, id, &dl);
+        bool stop_hit = false;
+        if (req->n_stop) {
+            kvt_strbuf *tb = &r->tb;
+            size_t before = tb->n;
+            kvt_strbuf_add(tb, d, dl);
+            if (tb->oom) {
+                r->st = KVT_ERR_NOMEM;
+                return;
+            }
+            size_t ml = 0;
+            int64_t at = find_stop(tb, req->stop, req->n_stop, before, &ml);
+            size_t upto;
+            if (at >= 0) {
+                upto = (size_t)at;
+                stop_hit = true;
+            } else {
+                upto = tb->n - stop_holdback(tb, req->stop, req->n_stop);
+            }
+            bool keep = true;
+            if (upto > r->emitted) {
+                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb->p + r->emitted, upto - r->emitted);
+                r->emitted = upto;
+            } else if (req->on_token) {
+                keep = req->on_token(req->cb_ctx, id, "", 0);
+            }
+            if (!keep) {
+                res->finish = KVT_FINISH_CANCELLED;
+                return;
+            }
+        } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
             res->finish = KVT_FINISH_CANCELLED;
             return;
         }
-    } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
-        res->finish = KVT_FINISH_CANCELLED;
+        if (stop_hit) {
+            res->finish = KVT_FINISH_STOP;
+            return;
+        }
+        if (row_cancelled(r)) {
+            res->finish = KVT_FINISH_CANCELLED;
+            return;
+        }
+        if (r->n_gen >= r->max_new) return;
+        if (src == KVT_CKPT_REPLAYED) continue; /* [ckpt] its KV was restored or prefilled: no forward */
+        r->next = id;
+        r->state = KVT_ROW_DECODE;
         return;
     }
-    if (stop_hit) {
-        res->finish = KVT_FINISH_STOP;
-        return;
-    }
-    if (row_cancelled(r)) {
-        res->finish = KVT_FINISH_CANCELLED;
-        return;
-    }
-    if (r->n_gen >= r->max_new) return;
-    r->next = id;
-    r->state = KVT_ROW_DECODE;
 }
 
 void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
@@ -747,16 +775,16 @@ void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
         if (st == KVT_OK) {
             const uint32_t before = r->done_tok;
             r->done_tok += m;
-            if (r->done_tok < n) {
+            if (r->done_tok < r->pn) {
                 if (r->keep_window) kvt_tiers_put_blocks(e->tier, r->seq);
                 else if (r->share_prefix && r->done_tok / e->o.block_tokens > before / e->o.block_tokens)
                     kvt_tiers_put_blocks(e->tier, r->seq); /* a block sealed: visible to new rows */
-                report(e, KVT_PROGRESS_PREFILL, r->done_tok - reused, n - reused);
+                report(e, KVT_PROGRESS_PREFILL, r->done_tok - reused, r->pn - reused);
                 if (r->every && r->done_tok % r->every == 0) cache_put(e, r->seq);
                 return;
             }
         }
-        report(e, KVT_PROGRESS_PREFILL, n - reused, n - reused);
+        report(e, KVT_PROGRESS_PREFILL, r->pn - reused, r->pn - reused);
         if (st) {
             r->state = KVT_ROW_DONE;
             if (st == KVT_ERR_POOL_EXHAUSTED)
@@ -769,11 +797,11 @@ void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
             return;
         }
         res->prefill_ms = kvt_now_ms() - r->tp0;
-        if (res->prefill_ms > 0) res->prefill_tps = (double)(n - reused) / (res->prefill_ms / 1000.0);
+        if (res->prefill_ms > 0) res->prefill_tps = (double)(r->pn - reused) / (res->prefill_ms / 1000.0);
         /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically
          * (always for recurrent layouts: their state cannot be cut back to the prompt later; with
          * prefix sharing too, so the whole prompt is visible to new rows while this one decodes) */
-        if (r->use_cache && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent || r->share_prefix))
+        if (r->use_cache && !r->ck.resumed && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent || r->share_prefix))
             cache_put(e, r->seq);
         /* 4. decode (the SSD writer defers while rows decode; see kvt_engine_set_decoding) */
         if (!e->sched) kvt_engine_set_decoding(e, true);
@@ -825,6 +853,8 @@ void kvt_row_end(kvt_row *r) {
         if (r->n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(r->n_gen - 1) / (res->decode_ms / 1000.0);
         res->tokens = r->gen;
         r->gen = NULL;
+        /* [ckpt] normal completion invalidates the checkpoint; cancellation and errors keep it */
+        kvt_ckpt_end(&r->ck, e->ckpt, r->st == KVT_OK && res->finish != KVT_FINISH_CANCELLED);
     }
     if (r->begun) {
         if (!e->sched) kvt_engine_set_decoding(e, false);
@@ -842,6 +872,7 @@ void kvt_row_end(kvt_row *r) {
     r->seq = NULL;
     kvt_chain_release(r->chain);
     r->chain = NULL;
+    kvt_ckpt_run_free(&r->ck); /* [ckpt] */
     kvt_detok_free(r->dt);
     r->dt = NULL;
     kvt_sampler_free(r->sampler);
@@ -938,6 +969,18 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_lost_entries = s.lost_entries;
         out->ssd_dir_recreated = s.dir_recreated;
     }
+    if (e->ckpt) {
+        kvt_ckpt_stats c;
+        kvt_ckpt_store_stats(e->ckpt, &c);
+        out->ckpt_enabled = true;
+        out->ckpt_written = c.written;
+        out->ckpt_resumed = c.resumed;
+        out->ckpt_invalidated = c.invalidated;
+        out->ckpt_failed = c.failed;
+        out->ckpt_dropped = c.dropped;
+        out->ckpt_corrupt = c.corrupt;
+        out->ckpt_pending = c.pending;
+    }
     if (e->shared) {
         kvt_shared_stats s;
         kvt_shared_stats_get(e->shared, &s);
@@ -1014,6 +1057,11 @@ void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out)
     out->longest_durable_prefix_tokens = r.longest_durable_prefix_tokens;
     out->elapsed_ms = r.elapsed_ms;
     snprintf(out->reason, sizeof out->reason, "%s", r.reason);
+    /* [ckpt] queued checkpoint records are owed to disk too */
+    if (e->ckpt && !kvt_ckpt_store_flush(e->ckpt, timeout_ms) && out->durable) {
+        out->durable = false;
+        snprintf(out->reason, sizeof out->reason, "generation checkpoint records are still being written");
+    }
 }
 
 void kvt_engine_tick(kvt_engine *e) {

@@ -41,6 +41,8 @@ typedef struct kvt_engine_opts {
     bool ssd_writeback;         /* default true */
     double ssd_demote_idle_s;   /* default 300 when the SSD tier is on; <= 0 disables */
     bool ssd_verify;            /* --ssd-cache-verify: check every payload checksum at startup */
+    uint32_t generation_checkpoint; /* --generation-checkpoint N: checkpoint a generation every N
+                                     * emitted tokens (needs ssd_dir); 0 = off (default) */
     const char *shared_url;     /* redis://… shared block tier (needs ssd_dir); NULL = off */
     uint32_t shared_timeout_ms; /* budget of one request's shared lookup; default 1000 */
     const char *shared_tls_ca, *shared_tls_cert, *shared_tls_key; /* rediss:// (docs/shared-tier.md) */
@@ -157,6 +159,9 @@ typedef struct kvt_engine_stats {
         ssd_pending_blocks, ssd_pending_bytes, ssd_dropped, ssd_failed, ssd_longest_durable_prefix_tokens;
     uint64_t ssd_dirty_records, ssd_shed, ssd_skipped_nonregular, ssd_lost_entries, ssd_dir_recreated;
     double ssd_restore_ms_last;
+    /* generation checkpoints (--generation-checkpoint) */
+    bool ckpt_enabled;
+    uint64_t ckpt_written, ckpt_resumed, ckpt_invalidated, ckpt_failed, ckpt_dropped, ckpt_corrupt, ckpt_pending;
     /* shared tier (Redis) */
     bool shared_enabled;
     uint64_t shared_lookups, shared_hits, shared_fetched_blocks, shared_fetched_bytes, shared_fetched_tokens,

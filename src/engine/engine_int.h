@@ -19,6 +19,7 @@
 #include "../model/model.h"
 #include "../util/strbuf.h"
 #include "engine.h"
+#include "checkpoint.h"
 #include "sampler.h"
 
 /* Row states (sched.c enforces the transitions; see its invariants). */
@@ -49,6 +50,9 @@ typedef struct kvt_row {
     double t0, tp0, td0;
     kvt_seq *seq;
     kvt_chain *chain; /* the prompt's chain hashes (owned; released in kvt_row_end) */
+    kvt_ckpt_run ck;       /* generation checkpoint state ([ckpt]; freed in kvt_row_end) */
+    const int32_t *pp;     /* what lookup and prefill cover: the prompt, or prompt ++ emitted on a resume */
+    uint32_t pn;
     kvt_sampler *sampler;
     kvt_detok *dt;
     kvt_strbuf tb;

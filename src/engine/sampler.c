@@ -169,3 +169,6 @@ int32_t kvt_sampler_sample(kvt_sampler *s, float *logits) {
     }
     return s->c[n - 1].id;
 }
+
+uint64_t kvt_sampler_rng_state(const kvt_sampler *s) { return s->rng; }
+void kvt_sampler_set_rng_state(kvt_sampler *s, uint64_t state) { s->rng = state; }

@@ -21,5 +21,10 @@ void kvt_sampler_reset(kvt_sampler *s, const kvt_sampling *p);
 void kvt_sampler_accept(kvt_sampler *s, int32_t id);
 /* Pick a token. May modify logits in place (penalties). */
 int32_t kvt_sampler_sample(kvt_sampler *s, float *logits);
+/* Generation checkpoints (src/engine/checkpoint.h): the RNG position (its whole state) after the
+ * last draw, and setting it back. With the same settings (reset) and the same accepted history,
+ * a sampler whose RNG is set to a saved state continues exactly as the saved one would have. */
+uint64_t kvt_sampler_rng_state(const kvt_sampler *s);
+void kvt_sampler_set_rng_state(kvt_sampler *s, uint64_t state);
 
 #endif

@@ -564,6 +564,18 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     } else {
         cJSON_AddNullToObject(root, "ssd_cache");
     }
+    if (st->ckpt_enabled) { /* generation checkpoints (issue 10) */
+        cJSON *c = cJSON_AddObjectToObject(root, "generation_checkpoints");
+        cJSON_AddNumberToObject(c, "written", (double)st->ckpt_written);
+        cJSON_AddNumberToObject(c, "resumed", (double)st->ckpt_resumed);
+        cJSON_AddNumberToObject(c, "invalidated", (double)st->ckpt_invalidated);
+        cJSON_AddNumberToObject(c, "failed", (double)st->ckpt_failed);
+        cJSON_AddNumberToObject(c, "dropped", (double)st->ckpt_dropped);
+        cJSON_AddNumberToObject(c, "corrupt_removed", (double)st->ckpt_corrupt);
+        cJSON_AddNumberToObject(c, "pending", (double)st->ckpt_pending);
+    } else {
+        cJSON_AddNullToObject(root, "generation_checkpoints");
+    }
     if (st->shared_enabled) { /* shared block tier (issue 17) */
         static const char *const br[] = {"closed", "open", "half-open"};
         cJSON *s = cJSON_AddObjectToObject(root, "shared_cache");
@@ -690,6 +702,11 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "shared_cache_dropped_total", "counter", "Blocks not published (queue bound, breaker open, failure)", (double)st->shared_dropped);
     metric(&b, "shared_cache_breaker_open", "gauge", "1 when a shared tier circuit breaker is not closed",
            (st->shared_fetch_breaker || st->shared_publish_breaker) ? 1.0 : 0.0);
+    metric(&b, "generation_checkpoints_written_total", "counter", "Generation checkpoint records published", (double)st->ckpt_written);
+    metric(&b, "generation_checkpoints_resumed_total", "counter", "Requests resumed from a generation checkpoint", (double)st->ckpt_resumed);
+    metric(&b, "generation_checkpoints_invalidated_total", "counter", "Checkpoints removed at normal completion",
+           (double)st->ckpt_invalidated);
+    metric(&b, "generation_checkpoints_failed_total", "counter", "Checkpoint writes or removals that failed", (double)st->ckpt_failed);
     metric(&b, "ssd_cache_dirty_records", "gauge", "Records dropped or failed, awaiting a retry", (double)st->ssd_dirty_records);
     metric(&b, "ssd_cache_shed_total", "counter", "Records given up under memory pressure", (double)st->ssd_shed);
     metric(&b, "ssd_cache_skipped_nonregular_total", "counter", "Cache-file names that were not regular files",
