@@ -17,6 +17,7 @@
 
 static char *g_dir;
 static char *g_model;
+static uint32_t g_parallel = 4; /* the engine default (scheduler); the _inline tests run with 1 */
 
 static kvt_engine *open_engine(const char *ssd, uint32_t every) {
     kvt_engine_opts o;
@@ -30,6 +31,7 @@ static kvt_engine *open_engine(const char *ssd, uint32_t every) {
     o.snapshot_min_tokens = 64;
     o.ssd_dir = ssd;
     o.generation_checkpoint = every;
+    o.parallel = g_parallel;
     kvt_engine *e = NULL;
     char err[512] = "";
     kvt_status st = kvt_engine_create(&o, &e, err, sizeof err);
@@ -342,6 +344,18 @@ static void test_needs_ssd(void **s) {
     assert_non_null(strstr(err, "--ssd-cache"));
 }
 
+/* The same with --parallel 1: the row is driven inline by the generating thread. */
+static void test_resume_greedy_inline(void **s) {
+    g_parallel = 1;
+    test_resume_greedy(s);
+    g_parallel = 4;
+}
+static void test_resume_seeded_inline(void **s) {
+    g_parallel = 1;
+    test_resume_seeded(s);
+    g_parallel = 4;
+}
+
 int main(void) {
     g_dir = tu_tmpdir("ckpt");
     g_model = malloc(strlen(g_dir) + 32);
@@ -357,6 +371,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_order),    cmocka_unit_test(test_needs_ssd),
         cmocka_unit_test(test_resume_greedy),  cmocka_unit_test(test_resume_seeded),
+        cmocka_unit_test(test_resume_greedy_inline), cmocka_unit_test(test_resume_seeded_inline),
         cmocka_unit_test(test_changed_field_no_resume), cmocka_unit_test(test_corrupt_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
