@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../model/model.h"
 #include "cmds.h"
@@ -302,14 +303,27 @@ static void split_codec(const char *spec, char *mode, size_t n, uint32_t *group)
  * round running every codec once in turn (the same prompt, reused from the RAM tier, then n_g
  * decoded tokens), so load from other processes falls on all codecs alike. tps[i] is the median
  * over the rounds, -1 for a codec that failed (its error goes to stderr). */
+static double process_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* cpu_ms[i] (may be NULL): median process CPU time per request / n_g — all threads' CPU for the
+ * prefix restore and the n_g decode steps; less sensitive than wall time to other processes
+ * sharing the cores (not to cache and memory-bandwidth contention). */
 static void decode_tps_side_by_side(const kvt_engine_opts *opts, uint32_t n, uint32_t depth, uint32_t n_g, uint32_t reps,
-                                    double *tps) {
+                                    double *tps, double *cpu_ms) {
     kvt_engine **e = calloc(n, sizeof *e);
     double *t = calloc((size_t)n * reps, sizeof(double));
+    double *c = calloc((size_t)n * reps, sizeof(double));
     int32_t *ids = malloc(sizeof(int32_t) * depth);
     char err[512];
-    for (uint32_t i = 0; i < n; i++) tps[i] = -1;
-    if (!e || !t || !ids) goto out;
+    for (uint32_t i = 0; i < n; i++) {
+        tps[i] = -1;
+        if (cpu_ms) cpu_ms[i] = -1;
+    }
+    if (!e || !t || !c || !ids) goto out;
     for (uint32_t i = 0; i < n; i++) {
         kvt_engine_opts so = opts[i];
         so.n_ctx = depth + n_g + 16;
@@ -328,21 +342,29 @@ static void decode_tps_side_by_side(const kvt_engine_opts *opts, uint32_t n, uin
             kvt_gen_request req = {.prompt = ids, .n_prompt = depth, .max_tokens = n_g, .ignore_eog = true};
             kvt_sampling_default(&req.sampling);
             kvt_gen_result res;
+            const double c0 = process_cpu_ms();
             if (kvt_engine_generate(e[i], &req, &res, err, sizeof err) != KVT_OK) {
                 fprintf(stderr, "kvtier bench: decode timing: %s\n", err);
                 kvt_engine_free(e[i]);
                 e[i] = NULL;
                 continue;
             }
-            if (r > 0) t[(size_t)i * reps + r - 1] = res.decode_tps;
+            if (r > 0) {
+                t[(size_t)i * reps + r - 1] = res.decode_tps;
+                c[(size_t)i * reps + r - 1] = (process_cpu_ms() - c0) / n_g;
+            }
             free(res.tokens);
         }
     for (uint32_t i = 0; i < n; i++)
-        if (e[i]) tps[i] = median(t + (size_t)i * reps, reps);
+        if (e[i]) {
+            tps[i] = median(t + (size_t)i * reps, reps);
+            if (cpu_ms) cpu_ms[i] = median(c + (size_t)i * reps, reps);
+        }
 out:
     for (uint32_t i = 0; e && i < n; i++) kvt_engine_free(e[i]);
     free(e);
     free(t);
+    free(c);
     free(ids);
 }
 
@@ -351,7 +373,7 @@ out:
 typedef struct quality_row {
     char spec[64], mode[64], scheme[128], error[512];
     kvt_engine_opts o;
-    double bpt, rate, kl_mean, kl_p99, secs, tps;
+    double bpt, rate, kl_mean, kl_p99, secs, tps, cpu_ms;
     uint32_t match;
     int first_miss;
     bool ok;
@@ -452,19 +474,20 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
     if (speed_ctx) { /* all codecs (and f16) timed side by side */
         kvt_engine_opts so[QUALITY_MAX_CODECS + 1];
         uint32_t map[QUALITY_MAX_CODECS + 1], ns = 0;
-        double tps[QUALITY_MAX_CODECS + 1];
+        double tps[QUALITY_MAX_CODECS + 1], cms[QUALITY_MAX_CODECS + 1];
         for (uint32_t i = 0; i < nr; i++)
             if (rows[i].ok) so[ns] = rows[i].o, map[ns++] = i;
-        decode_tps_side_by_side(so, ns, speed_ctx, n_g, reps, tps);
-        for (uint32_t i = 0; i < ns; i++) rows[map[i]].tps = tps[i];
+        decode_tps_side_by_side(so, ns, speed_ctx, n_g, reps, tps, cms);
+        for (uint32_t i = 0; i < ns; i++) rows[map[i]].tps = tps[i], rows[map[i]].cpu_ms = cms[i];
     }
     const quality_row *r0 = &rows[0];
     if (json) {
         printf("{\"mode\":\"%s\",\"model\":", quality_mode ? "kv_quality" : "agreement");
         json_str(o.model_path);
         printf(",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"reference_bytes_per_token\":%.1f,"
-               "\"speed_ctx\":%u,\"speed_reps\":%u,\"speed_n\":%u,\"reference_decode_tps\":%.3f,\"results\":[",
-               n, plen, r0->scheme, r0->secs, r0->bpt, speed_ctx, reps, n_g, r0->tps);
+               "\"speed_ctx\":%u,\"speed_reps\":%u,\"speed_n\":%u,\"reference_decode_tps\":%.3f,"
+               "\"reference_decode_cpu_ms_per_token\":%.3f,\"results\":[",
+               n, plen, r0->scheme, r0->secs, r0->bpt, speed_ctx, reps, n_g, r0->tps, r0->cpu_ms);
         for (uint32_t i = 1; i < nr; i++) {
             const quality_row *w = &rows[i];
             printf("%s{\"kv_quant\":", i > 1 ? "," : "");
@@ -478,9 +501,11 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
             printf(",\"scheme\":");
             json_str(w->scheme);
             printf(",\"bytes_per_token\":%.1f,\"bytes_ratio\":%.4f,\"match\":%u,\"rate\":%.4f,\"first_mismatch\":%d,"
-                   "\"kl_mean\":%.6g,\"kl_p99\":%.6g,\"decode_tps\":%.3f,\"decode_ratio\":%.4f,\"seconds\":%.1f}",
+                   "\"kl_mean\":%.6g,\"kl_p99\":%.6g,\"decode_tps\":%.3f,\"decode_ratio\":%.4f,"
+                   "\"decode_cpu_ms_per_token\":%.3f,\"cpu_ratio\":%.4f,\"seconds\":%.1f}",
                    w->bpt, w->bpt / r0->bpt, w->match, w->rate, w->first_miss, w->kl_mean, w->kl_p99, w->tps,
-                   r0->tps > 0 && w->tps > 0 ? w->tps / r0->tps : -1, w->secs);
+                   r0->tps > 0 && w->tps > 0 ? w->tps / r0->tps : -1, w->cpu_ms,
+                   r0->cpu_ms > 0 && w->cpu_ms > 0 ? w->cpu_ms / r0->cpu_ms : -1, w->secs);
         }
         printf("]}\n");
     } else {
@@ -489,9 +514,9 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
         if (speed_ctx)
             printf("decode t/s at depth %u: %u tokens, median of %u side-by-side rounds\n", speed_ctx, n_g, reps);
         printf("| scheme | bytes/token | x f16 | top-1 agreement | mean KL | p99 KL |%s\n|---|---|---|---|---|---|%s\n",
-               speed_ctx ? " decode t/s | x f16 |" : "", speed_ctx ? "---|---|" : "");
+               speed_ctx ? " decode t/s | x f16 | CPU ms/token | x f16 |" : "", speed_ctx ? "---|---|---|---|" : "");
         printf("| %s | %.0f | 1.000 | 100%% | 0 | 0 |", r0->scheme, r0->bpt);
-        if (speed_ctx) printf(" %.2f | 1.000 |", r0->tps);
+        if (speed_ctx) printf(" %.2f | 1.000 | %.1f | 1.000 |", r0->tps, r0->cpu_ms);
         printf("\n");
         for (uint32_t i = 1; i < nr; i++) {
             const quality_row *w = &rows[i];
@@ -501,7 +526,9 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
             }
             printf("| %s | %.0f | %.3f | %.1f%% (first miss %d) | %.4g | %.4g |", w->scheme, w->bpt, w->bpt / r0->bpt,
                    100.0 * w->rate, w->first_miss, w->kl_mean, w->kl_p99);
-            if (speed_ctx) printf(" %.2f | %.3f |", w->tps, r0->tps > 0 ? w->tps / r0->tps : -1);
+            if (speed_ctx)
+                printf(" %.2f | %.3f | %.1f | %.3f |", w->tps, r0->tps > 0 ? w->tps / r0->tps : -1, w->cpu_ms,
+                       r0->cpu_ms > 0 ? w->cpu_ms / r0->cpu_ms : -1);
             printf("\n");
         }
     }
