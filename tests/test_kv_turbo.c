@@ -127,8 +127,15 @@ static void test_decode_simd_equals_scalar(void **st) {
         for (int k = 0; k < 5; k++) {
             for (uint32_t i = 0; i < d; i++) y[i] = tu_randf(&s) * 3;
             kvt_codec_encode_row(side(bits[k]), y, d, row);
-            kvt_turbo_decode_row(bits[k], row, d, a, kvt_kv_cpu_has_avx2());
-            kvt_turbo_decode_row_scalar(bits[k], row, d, b2);
+            /* the SIMD decode reads each code group with one wide load that may cover bytes of the
+             * next group or the scale, never past the row: decode from a heap copy of exactly the
+             * row's bytes (the sanitizer build catches an over-read) */
+            const size_t rb = kvt_codec_row_bytes(side(bits[k]), d);
+            uint8_t *exact = malloc(rb);
+            memcpy(exact, row, rb);
+            kvt_turbo_decode_row(bits[k], exact, d, a, kvt_kv_cpu_has_avx2());
+            kvt_turbo_decode_row_scalar(bits[k], exact, d, b2);
+            free(exact);
             assert_memory_equal(a, b2, d * sizeof(float));
         }
 }
@@ -382,6 +389,127 @@ static void test_attention_mixed_variants(void **st) {
     free(scratch);
 }
 
+/* ---- end-to-end error of attention over TURBO blocks vs exact f32 attention --------------------
+ * The bit-equality tests above compare attention against a reference that uses the SAME decode, so
+ * a wrong codebook scale, norm, bit packing or tile read shared by both would pass them. These two
+ * tests instead predict the error of attention over TURBO blocks from the codec's D_mse and compare
+ * with the error measured against exact attention over the unquantized K/V (kvt_attention_ref):
+ *  - values (keys at 8 bits): o - o_exact = Σ_t p_t e_t with independent errors e_t, E||e_t||² =
+ *    D_v ||v_t||², so E||o - o_exact||² = D_v Σ_t p_t² ||v_t||² (p the exact weights);
+ *  - keys (values at 8 bits, one-hot values so the output IS the weight vector): the score errors
+ *    δ_t = scale·<q, e_t> have variance scale² D_k ||q||² ||k_t||² / d, measured as the variance of
+ *    log p̂_t − log p_t after removing its mean (softmax is shift invariant).
+ * Gaussian K/V with head_dim 64 (smol-135m's), so the Gaussian-limit Lloyd–Max D_mse applies. */
+enum { EH = 64, EN = 48, EBT = 16 };
+static const double dmse_gauss[9] = {0, 0.3634, 0.1175, 0.03454, 0.009497, 0.002499, 0, 0, 0};
+
+typedef struct err_ctx {
+    kvt_kv_layout *l;
+    kvt_block_pool *p;
+    kvt_seq *s;
+    float *scratch;
+} err_ctx;
+
+static void err_open(err_ctx *c, uint32_t kb, uint32_t vb) {
+    char err[200];
+    kvt_layer_desc d = {.kind = KVT_KIND_FULL, .n_kv_heads = 1, .head_dim_k = EH, .head_dim_v = EH,
+                        .codec = {.kind = KVT_CODEC_TURBO, .bits = (uint8_t)kb, .vbits = (uint8_t)vb}};
+    assert_int_equal(kvt_kv_layout_create(&d, 1, EBT, (kvt_codec){.kind = KVT_CODEC_F16}, 0, &c->l, err, sizeof err), KVT_OK);
+    c->p = kvt_block_pool_create(c->l, 0);
+    assert_int_equal(kvt_seq_create(c->p, 1, &c->s), KVT_OK);
+    assert_int_equal(kvt_seq_prepare(c->s, EN), KVT_OK);
+    c->scratch = malloc(kvt_attention_scratch_floats(c->l, EN) * sizeof(float));
+}
+static void err_close(err_ctx *c) {
+    kvt_seq_free(c->s);
+    kvt_block_pool_free(c->p);
+    kvt_kv_layout_free(c->l);
+    free(c->scratch);
+}
+
+static void test_attention_value_error_matches_dmse(void **st) {
+    (void)st;
+    static const uint32_t vbits[4] = {2, 3, 4, 5};
+    static float k[EN * EH], v[EN * EH], q[EH], o[EH], oe[EH], w[EN];
+    const float scale = 1.0f / 8;
+    for (int bi = 0; bi < 4; bi++) {
+        double meas = 0, pred = 0;
+        for (int trial = 0; trial < 40; trial++) {
+            uint64_t rng = 1000 + 77 * (uint64_t)trial;
+            err_ctx c;
+            err_open(&c, 8, vbits[bi]);
+            for (uint32_t i = 0; i < EN * EH; i++) k[i] = (float)gauss(&rng), v[i] = (float)gauss(&rng);
+            for (uint32_t t = 0; t < EN; t++) kvt_seq_write_kv(c.s, 0, t, k + t * EH, v + t * EH);
+            for (uint32_t i = 0; i < EH; i++) q[i] = (float)gauss(&rng);
+            kvt_attention(c.s, 0, q, 1, EH, EN - 1, 1, scale, 0, 1, o, EH, c.scratch);
+            kvt_attention_ref(k, v, EN, 1, EH, EH, q, 1, EH, EN - 1, 1, scale, 0, oe, EH);
+            /* exact weights (double) for the prediction */
+            double m = -INFINITY, z = 0;
+            for (uint32_t t = 0; t < EN; t++) {
+                double sdot = 0;
+                for (uint32_t i = 0; i < EH; i++) sdot += (double)q[i] * k[t * EH + i];
+                w[t] = (float)(sdot * scale);
+                m = fmax(m, w[t]);
+            }
+            for (uint32_t t = 0; t < EN; t++) z += exp(w[t] - m);
+            for (uint32_t t = 0; t < EN; t++) {
+                const double pt = exp(w[t] - m) / z;
+                double vn = 0;
+                for (uint32_t i = 0; i < EH; i++) vn += (double)v[t * EH + i] * v[t * EH + i];
+                pred += dmse_gauss[vbits[bi]] * pt * pt * vn;
+            }
+            for (uint32_t i = 0; i < EH; i++) meas += ((double)o[i] - oe[i]) * ((double)o[i] - oe[i]);
+            int32_t toks[EN] = {0};
+            assert_int_equal(kvt_seq_commit(c.s, toks, EN), KVT_OK);
+            err_close(&c);
+        }
+        const double ratio = meas / pred;
+        print_message("turbo v%u: attention output error %.4g, predicted from D_mse %.4g (ratio %.3f)\n", vbits[bi], meas,
+                      pred, ratio);
+        if (ratio < 0.75 || ratio > 1.3) fail_msg("v%u: measured/predicted value error %.3f outside [0.75, 1.3]", vbits[bi], ratio);
+    }
+}
+
+static void test_attention_key_error_matches_dmse(void **st) {
+    (void)st;
+    static const uint32_t kbits[3] = {2, 4, 5};
+    static float k[EN * EH], v[EN * EH], q[EH], o[EH], oe[EH];
+    const float scale = 1.0f / 8;
+    for (int bi = 0; bi < 3; bi++) {
+        double meas = 0, pred = 0;
+        for (int trial = 0; trial < 40; trial++) {
+            uint64_t rng = 5000 + 31 * (uint64_t)trial;
+            err_ctx c;
+            err_open(&c, kbits[bi], 8);
+            memset(v, 0, sizeof v);
+            for (uint32_t t = 0; t < EN; t++) v[t * EH + t] = 1.0f; /* one-hot: output element t = weight of key t */
+            for (uint32_t i = 0; i < EN * EH; i++) k[i] = (float)gauss(&rng);
+            for (uint32_t t = 0; t < EN; t++) kvt_seq_write_kv(c.s, 0, t, k + t * EH, v + t * EH);
+            for (uint32_t i = 0; i < EH; i++) q[i] = (float)gauss(&rng) * 0.5f;
+            kvt_attention(c.s, 0, q, 1, EH, EN - 1, 1, scale, 0, 1, o, EH, c.scratch);
+            kvt_attention_ref(k, v, EN, 1, EH, EH, q, 1, EH, EN - 1, 1, scale, 0, oe, EH);
+            double qn = 0, dsum = 0, d2 = 0;
+            for (uint32_t i = 0; i < EH; i++) qn += (double)q[i] * q[i];
+            for (uint32_t t = 0; t < EN; t++) {
+                assert_true(o[t] > 0 && oe[t] > 0);
+                const double dl = log((double)o[t]) - log((double)oe[t]);
+                dsum += dl, d2 += dl * dl;
+                double kn = 0;
+                for (uint32_t i = 0; i < EH; i++) kn += (double)k[t * EH + i] * k[t * EH + i];
+                pred += (double)scale * scale * dmse_gauss[kbits[bi]] * qn * kn / EH;
+            }
+            meas += d2 - dsum * dsum / EN; /* Σ (δ_t − mean δ)² */
+            int32_t toks[EN] = {0};
+            assert_int_equal(kvt_seq_commit(c.s, toks, EN), KVT_OK);
+            err_close(&c);
+        }
+        pred *= (double)(EN - 1) / EN; /* the removed mean takes one degree of freedom */
+        const double ratio = meas / pred;
+        print_message("turbo k%u: score error variance %.4g, predicted from D_mse %.4g (ratio %.3f)\n", kbits[bi], meas, pred, ratio);
+        if (ratio < 0.75 || ratio > 1.3) fail_msg("k%u: measured/predicted score error %.3f outside [0.75, 1.3]", kbits[bi], ratio);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codebook_published),     cmocka_unit_test(test_rotation_orthogonal),
@@ -390,6 +518,8 @@ int main(void) {
         cmocka_unit_test(test_codec_sizes_keys_parse), cmocka_unit_test(test_attention_k8v3),
         cmocka_unit_test(test_attention_k4v2_window),  cmocka_unit_test(test_attention_mixed_variants),
         cmocka_unit_test(test_attention_k5v5_simd_off),
+        cmocka_unit_test(test_attention_value_error_matches_dmse),
+        cmocka_unit_test(test_attention_key_error_matches_dmse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../model/model.h"
 #include "cmds.h"
@@ -40,7 +41,8 @@ static void usage(void) {
            "      --agreement N   top-1 agreement and KL vs f16 KV over N greedy tokens (teacher-forced)\n"
            "      --kv-quality N  per KV codec vs f16 KV over N teacher-forced tokens (prompt of -p, default\n"
            "                      1024, random tokens): top-1 agreement, mean/p99 KL, bytes/token, decode t/s\n"
-           "      --kv-quality-ctx N  depth for the decode timing (default 4096; 0 skips it); -n tokens, -r runs\n"
+           "      --kv-quality-ctx N  depth for the decode timing (default 4096; 0 skips it): every codec and f16\n"
+           "                      prefill once, then -r rounds of -n decoded tokens run side by side (median)\n"
            "      --kv-codecs LIST    codecs for --agreement/--kv-quality, e.g. 8,4:g32,turbo,turbo:k4v2\n"
            "                      (default: the --kv-quant given, else kv8/kv4 resp. all of issue 14's set)\n"
            "      --once          one cached request of -p tokens (--prompt-seed), then flush the SSD tier\n"
@@ -231,7 +233,9 @@ out:
  * continuation) and keeps every step's log-softmax; each codec's pass is teacher-forced on that
  * continuation and reports top-1 agreement with it, KL(p_f16 || p_codec) per step (mean and p99),
  * and the layout's bytes/token. --kv-quality also times decode at a depth (--kv-quality-ctx, default
- * 4096; 0 skips it): a prompt of that many random tokens, then -n tokens, median of -r runs. */
+ * 4096; 0 skips it) for f16 and every codec side by side (decode_tps_side_by_side): each engine
+ * prefills a prompt of that many random tokens once, then -r rounds run every codec in turn (prompt
+ * reused from the RAM tier, -n decoded tokens); the median round is reported. */
 
 typedef struct quality_pass {
     uint32_t nv, n;
@@ -294,33 +298,86 @@ static void split_codec(const char *spec, char *mode, size_t n, uint32_t *group)
     }
 }
 
-static double decode_tps_at(const kvt_engine_opts *o, uint32_t depth, uint32_t n_g, uint32_t reps, char *err, size_t errlen) {
-    kvt_engine_opts so = *o;
-    so.n_ctx = depth + n_g + 16;
-    so.prompt_cache_gb = 0;
-    so.ssd_dir = NULL;
-    kvt_engine *e = NULL;
-    if (kvt_engine_create(&so, &e, err, errlen) != KVT_OK) return -1;
+/* Decode tok/s at a depth for several codecs, side by side: one engine per codec (RAM tier on),
+ * each prefilled once with the same random prompt of `depth` tokens; then `reps` rounds, each
+ * round running every codec once in turn (the same prompt, reused from the RAM tier, then n_g
+ * decoded tokens), so load from other processes falls on all codecs alike. tps[i] is the median
+ * over the rounds, -1 for a codec that failed (its error goes to stderr). */
+static double process_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* cpu_ms[i] (may be NULL): median process CPU time per request / n_g — all threads' CPU for the
+ * prefix restore and the n_g decode steps; less sensitive than wall time to other processes
+ * sharing the cores (not to cache and memory-bandwidth contention). */
+static void decode_tps_side_by_side(const kvt_engine_opts *opts, uint32_t n, uint32_t depth, uint32_t n_g, uint32_t reps,
+                                    double *tps, double *cpu_ms) {
+    kvt_engine **e = calloc(n, sizeof *e);
+    double *t = calloc((size_t)n * reps, sizeof(double));
+    double *c = calloc((size_t)n * reps, sizeof(double));
     int32_t *ids = malloc(sizeof(int32_t) * depth);
-    double *t = calloc(reps, sizeof(double)), med = -1;
-    if (ids && t) {
-        uint32_t r = 0;
-        for (; r < reps; r++) {
-            fill_prompt(ids, depth, kvt_engine_n_vocab(e), 7 + r);
-            kvt_gen_request req = {.prompt = ids, .n_prompt = depth, .max_tokens = n_g, .ignore_eog = true, .no_cache = true};
+    char err[512];
+    for (uint32_t i = 0; i < n; i++) {
+        tps[i] = -1;
+        if (cpu_ms) cpu_ms[i] = -1;
+    }
+    if (!e || !t || !c || !ids) goto out;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_engine_opts so = opts[i];
+        so.n_ctx = depth + n_g + 16;
+        so.prompt_cache_gb = 4;
+        so.ssd_dir = NULL;
+        err[0] = 0;
+        if (kvt_engine_create(&so, &e[i], err, sizeof err) != KVT_OK) {
+            fprintf(stderr, "kvtier bench: decode timing: %s\n", err);
+            e[i] = NULL;
+        }
+    }
+    for (uint32_t r = 0; r <= reps; r++) /* round 0 prefills and warms up; not timed */
+        for (uint32_t i = 0; i < n; i++) {
+            if (!e[i]) continue;
+            fill_prompt(ids, depth, kvt_engine_n_vocab(e[i]), 7);
+            kvt_gen_request req = {.prompt = ids, .n_prompt = depth, .max_tokens = n_g, .ignore_eog = true};
             kvt_sampling_default(&req.sampling);
             kvt_gen_result res;
-            if (kvt_engine_generate(e, &req, &res, err, errlen) != KVT_OK) break;
-            t[r] = res.decode_tps;
+            const double c0 = process_cpu_ms();
+            if (kvt_engine_generate(e[i], &req, &res, err, sizeof err) != KVT_OK) {
+                fprintf(stderr, "kvtier bench: decode timing: %s\n", err);
+                kvt_engine_free(e[i]);
+                e[i] = NULL;
+                continue;
+            }
+            if (r > 0) {
+                t[(size_t)i * reps + r - 1] = res.decode_tps;
+                c[(size_t)i * reps + r - 1] = (process_cpu_ms() - c0) / n_g;
+            }
             free(res.tokens);
         }
-        if (r == reps) med = median(t, reps);
-    }
-    free(ids);
+    for (uint32_t i = 0; i < n; i++)
+        if (e[i]) {
+            tps[i] = median(t + (size_t)i * reps, reps);
+            if (cpu_ms) cpu_ms[i] = median(c + (size_t)i * reps, reps);
+        }
+out:
+    for (uint32_t i = 0; e && i < n; i++) kvt_engine_free(e[i]);
+    free(e);
     free(t);
-    kvt_engine_free(e);
-    return med;
+    free(c);
+    free(ids);
 }
+
+#define QUALITY_MAX_CODECS 16
+
+typedef struct quality_row {
+    char spec[64], mode[64], scheme[128], error[512];
+    kvt_engine_opts o;
+    double bpt, rate, kl_mean, kl_p99, secs, tps, cpu_ms;
+    uint32_t match;
+    int first_miss;
+    bool ok;
+} quality_row;
 
 static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen, uint64_t seed, const char *codecs,
                          uint32_t speed_ctx, uint32_t n_g, uint32_t reps, bool quality_mode, bool json) {
@@ -336,13 +393,17 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
     char err[512] = "";
     quality_pass qp = {.first_miss = UINT32_MAX, .reference = true, .n = n};
     int32_t *prompt = malloc(sizeof(int32_t) * plen);
+    /* rows[0] is the f16 reference, rows[1..nr) the codecs of the list */
+    quality_row *rows = calloc(QUALITY_MAX_CODECS + 1, sizeof *rows);
     kvt_engine_opts ro = o;
     ro.kv_quant = "off";
-    kvt_engine *e = prompt ? open_engine(&ro) : NULL;
+    kvt_engine *e = prompt && rows ? open_engine(&ro) : NULL;
     if (!e) {
         free(prompt);
+        free(rows);
         return 1;
     }
+    uint32_t nr = 1;
     qp.nv = kvt_engine_n_vocab(e);
     qp.ref_lp = malloc(sizeof(float) * qp.nv * (size_t)n);
     qp.ref_tok = malloc(sizeof(int32_t) * n);
@@ -360,47 +421,29 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
         rc = 1;
         goto out;
     }
-    const double ref_s = (kvt_now_ms() - t0) / 1000.0;
-    char ref_scheme[128];
-    snprintf(ref_scheme, sizeof ref_scheme, "%s", kvt_engine_scheme_key(e));
-    const double ref_bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
+    rows[0] = (quality_row){.o = ro, .ok = true, .rate = 1, .match = n, .first_miss = -1, .tps = -1};
+    rows[0].secs = (kvt_now_ms() - t0) / 1000.0;
+    snprintf(rows[0].spec, sizeof rows[0].spec, "off");
+    snprintf(rows[0].scheme, sizeof rows[0].scheme, "%s", kvt_engine_scheme_key(e));
+    rows[0].bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
     kvt_engine_free(e);
     e = NULL;
-    double ref_tps = -1;
-    if (speed_ctx) ref_tps = decode_tps_at(&ro, speed_ctx, n_g, reps, err, sizeof err);
-    if (json) {
-        printf("{\"mode\":\"%s\",\"model\":", quality_mode ? "kv_quality" : "agreement");
-        json_str(o.model_path);
-        printf(",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"reference_bytes_per_token\":%.1f,"
-               "\"speed_ctx\":%u,\"reference_decode_tps\":%.3f,\"results\":[",
-               n, plen, ref_scheme, ref_s, ref_bpt, speed_ctx, ref_tps);
-    } else {
-        printf("KV codecs vs %s over %u tokens (prompt %u random tokens, then the f16 run's greedy continuation)\n",
-               ref_scheme, n, plen);
-        printf("| scheme | bytes/token | x f16 | top-1 agreement | mean KL | p99 KL |%s\n|---|---|---|---|---|---|%s\n",
-               speed_ctx ? " decode t/s |" : "", speed_ctx ? "---|" : "");
-        printf("| %s | %.0f | 1.000 | 100%% | 0 | 0 |", ref_scheme, ref_bpt);
-        if (speed_ctx) printf(" %.2f |", ref_tps);
-        printf("\n");
-    }
-    uint32_t k = 0;
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save), k++) {
-        char mode[64];
-        kvt_engine_opts to = o;
-        split_codec(tok, mode, sizeof mode, &to.kv_quant_group);
-        to.kv_quant = mode;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (nr > QUALITY_MAX_CODECS) {
+            fprintf(stderr, "kvtier bench: at most %u codecs in --kv-codecs\n", QUALITY_MAX_CODECS);
+            rc = 1;
+            goto out;
+        }
+        quality_row *w = &rows[nr++];
+        snprintf(w->spec, sizeof w->spec, "%s", tok);
+        w->o = o;
+        split_codec(tok, w->mode, sizeof w->mode, &w->o.kv_quant_group);
+        w->o.kv_quant = w->mode;
+        w->tps = -1;
         err[0] = 0;
-        if (kvt_engine_create(&to, &e, err, sizeof err) != KVT_OK) {
+        if (kvt_engine_create(&w->o, &e, err, sizeof err) != KVT_OK) {
             /* a codec the model cannot take (e.g. a group that does not divide head_dim) is reported, not fatal */
-            if (json) {
-                printf("%s{\"kv_quant\":", k ? "," : "");
-                json_str(tok);
-                printf(",\"error\":");
-                json_str(err);
-                printf("}");
-            } else {
-                printf("| %s | skipped: %s |\n", tok, err);
-            }
+            snprintf(w->error, sizeof w->error, "%s", err);
             e = NULL;
             continue;
         }
@@ -411,41 +454,89 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
         if (kvt_engine_score(e, prompt, plen, n, quality_step, &qp, err, sizeof err) != KVT_OK) {
             fprintf(stderr, "kvtier bench: %s: %s\n", tok, err);
             rc = 1;
-            break;
+            goto out;
         }
-        const double secs = (kvt_now_ms() - t0) / 1000.0;
-        char scheme[128];
-        snprintf(scheme, sizeof scheme, "%s", kvt_engine_scheme_key(e));
-        const double bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
+        w->secs = (kvt_now_ms() - t0) / 1000.0;
+        snprintf(w->scheme, sizeof w->scheme, "%s", kvt_engine_scheme_key(e));
+        w->bpt = kvt_kv_layout_bytes_per_token(kvt_engine_layout(e));
         kvt_engine_free(e);
         e = NULL;
         double klm = 0;
         for (uint32_t i = 0; i < n; i++) klm += qp.kl[i];
-        klm /= n;
+        w->kl_mean = klm / n;
         qsort(qp.kl, n, sizeof(double), cmp_d);
-        const double klp99 = qp.kl[(uint32_t)((n - 1) * 0.99)];
-        const double tps = speed_ctx ? decode_tps_at(&to, speed_ctx, n_g, reps, err, sizeof err) : -1;
-        if (json) {
-            printf("%s{\"kv_quant\":", k ? "," : "");
-            json_str(tok);
+        w->kl_p99 = qp.kl[(uint32_t)((n - 1) * 0.99)];
+        w->match = qp.match;
+        w->rate = (double)qp.match / n;
+        w->first_miss = qp.first_miss == UINT32_MAX ? -1 : (int)qp.first_miss;
+        w->ok = true;
+    }
+    if (speed_ctx) { /* all codecs (and f16) timed side by side */
+        kvt_engine_opts so[QUALITY_MAX_CODECS + 1];
+        uint32_t map[QUALITY_MAX_CODECS + 1], ns = 0;
+        double tps[QUALITY_MAX_CODECS + 1], cms[QUALITY_MAX_CODECS + 1];
+        for (uint32_t i = 0; i < nr; i++)
+            if (rows[i].ok) so[ns] = rows[i].o, map[ns++] = i;
+        decode_tps_side_by_side(so, ns, speed_ctx, n_g, reps, tps, cms);
+        for (uint32_t i = 0; i < ns; i++) rows[map[i]].tps = tps[i], rows[map[i]].cpu_ms = cms[i];
+    }
+    const quality_row *r0 = &rows[0];
+    if (json) {
+        printf("{\"mode\":\"%s\",\"model\":", quality_mode ? "kv_quality" : "agreement");
+        json_str(o.model_path);
+        printf(",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"reference_bytes_per_token\":%.1f,"
+               "\"speed_ctx\":%u,\"speed_reps\":%u,\"speed_n\":%u,\"reference_decode_tps\":%.3f,"
+               "\"reference_decode_cpu_ms_per_token\":%.3f,\"results\":[",
+               n, plen, r0->scheme, r0->secs, r0->bpt, speed_ctx, reps, n_g, r0->tps, r0->cpu_ms);
+        for (uint32_t i = 1; i < nr; i++) {
+            const quality_row *w = &rows[i];
+            printf("%s{\"kv_quant\":", i > 1 ? "," : "");
+            json_str(w->spec);
+            if (!w->ok) {
+                printf(",\"error\":");
+                json_str(w->error);
+                printf("}");
+                continue;
+            }
             printf(",\"scheme\":");
-            json_str(scheme);
+            json_str(w->scheme);
             printf(",\"bytes_per_token\":%.1f,\"bytes_ratio\":%.4f,\"match\":%u,\"rate\":%.4f,\"first_mismatch\":%d,"
-                   "\"kl_mean\":%.6g,\"kl_p99\":%.6g,\"decode_tps\":%.3f,\"seconds\":%.1f}",
-                   bpt, bpt / ref_bpt, qp.match, (double)qp.match / n, qp.first_miss == UINT32_MAX ? -1 : (int)qp.first_miss,
-                   klm, klp99, tps, secs);
-        } else {
-            printf("| %s | %.0f | %.3f | %.1f%% (first miss %d) | %.4g | %.4g |", scheme, bpt, bpt / ref_bpt,
-                   100.0 * qp.match / n, qp.first_miss == UINT32_MAX ? -1 : (int)qp.first_miss, klm, klp99);
-            if (speed_ctx) printf(" %.2f |", tps);
+                   "\"kl_mean\":%.6g,\"kl_p99\":%.6g,\"decode_tps\":%.3f,\"decode_ratio\":%.4f,"
+                   "\"decode_cpu_ms_per_token\":%.3f,\"cpu_ratio\":%.4f,\"seconds\":%.1f}",
+                   w->bpt, w->bpt / r0->bpt, w->match, w->rate, w->first_miss, w->kl_mean, w->kl_p99, w->tps,
+                   r0->tps > 0 && w->tps > 0 ? w->tps / r0->tps : -1, w->cpu_ms,
+                   r0->cpu_ms > 0 && w->cpu_ms > 0 ? w->cpu_ms / r0->cpu_ms : -1, w->secs);
+        }
+        printf("]}\n");
+    } else {
+        printf("KV codecs vs %s over %u tokens (prompt %u random tokens, then the f16 run's greedy continuation)\n",
+               r0->scheme, n, plen);
+        if (speed_ctx)
+            printf("decode t/s at depth %u: %u tokens, median of %u side-by-side rounds\n", speed_ctx, n_g, reps);
+        printf("| scheme | bytes/token | x f16 | top-1 agreement | mean KL | p99 KL |%s\n|---|---|---|---|---|---|%s\n",
+               speed_ctx ? " decode t/s | x f16 | CPU ms/token | x f16 |" : "", speed_ctx ? "---|---|---|---|" : "");
+        printf("| %s | %.0f | 1.000 | 100%% | 0 | 0 |", r0->scheme, r0->bpt);
+        if (speed_ctx) printf(" %.2f | 1.000 | %.1f | 1.000 |", r0->tps, r0->cpu_ms);
+        printf("\n");
+        for (uint32_t i = 1; i < nr; i++) {
+            const quality_row *w = &rows[i];
+            if (!w->ok) {
+                printf("| %s | skipped: %s |\n", w->spec, w->error);
+                continue;
+            }
+            printf("| %s | %.0f | %.3f | %.1f%% (first miss %d) | %.4g | %.4g |", w->scheme, w->bpt, w->bpt / r0->bpt,
+                   100.0 * w->rate, w->first_miss, w->kl_mean, w->kl_p99);
+            if (speed_ctx)
+                printf(" %.2f | %.3f | %.1f | %.3f |", w->tps, r0->tps > 0 ? w->tps / r0->tps : -1, w->cpu_ms,
+                       r0->cpu_ms > 0 ? w->cpu_ms / r0->cpu_ms : -1);
             printf("\n");
         }
-        fflush(stdout);
     }
-    if (json) printf("]}\n");
+    fflush(stdout);
 out:
     kvt_engine_free(e);
     free(prompt);
+    free(rows);
     free(qp.ref_lp);
     free(qp.ref_tok);
     free(qp.kl);
@@ -637,7 +728,7 @@ static int bench_cmd(int argc, char **argv) {
     g_progress = kvt_progress_create(stderr, json);
     if (agreement) return bench_quality(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, codecs, 0, 0, 1, false, json);
     if (quality)
-        return bench_quality(&eo, quality, n_p == 512 ? 1024 : n_p, pseed, codecs, quality_ctx, n_g == 128 ? 32 : n_g, reps == 3 ? 1 : reps,
+        return bench_quality(&eo, quality, n_p == 512 ? 1024 : n_p, pseed, codecs, quality_ctx, n_g == 128 ? 32 : n_g, reps,
                              true, json);
     if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, json);
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);

@@ -256,8 +256,13 @@ void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, 
 
 #ifdef KVT_X86
 /* Eight codes of a row starting at element j (j % 8 == 0) as 32-bit lanes. The codes of elements
- * j..j+7 are exactly `bits` bytes at byte j/8*bits; every load below has a constant size, so it
- * never reads past them. */
+ * j..j+7 are exactly `bits` bytes at byte j/8*bits. Each group is read with ONE full-width load of
+ * 4 (2..4 bits) or 8 (5 bits) bytes straight into a register: assembling a 3- or 5-byte group with
+ * a short memcpy into a zeroed stack word stalls store-to-load forwarding on every group (measured:
+ * 3-bit rows decoded slower than the scalar loop, and 3-bit values made attention 3x slower than
+ * 4-bit). A wide load may read past the group's bytes but never past the row: the row ends with the
+ * 4-byte scale, and the last group starts bits bytes before it (3 + 4 >= 4, 5 + 4 >= 8). The extra
+ * bits are masked off. */
 __attribute__((target("avx2"))) static inline __m256i tq_codes8(const uint8_t *src, uint32_t j, uint32_t bits) {
     const uint8_t *p = src + (size_t)(j / 8) * bits;
     switch (bits) {
@@ -269,8 +274,8 @@ __attribute__((target("avx2"))) static inline __m256i tq_codes8(const uint8_t *s
                                 _mm256_set1_epi32(15));
     }
     case 3: {
-        uint32_t w = 0;
-        memcpy(&w, p, 3);
+        uint32_t w;
+        memcpy(&w, p, 4); /* 3 code bytes + 1 byte of the next group or of the scale */
         return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
                                 _mm256_set1_epi32(7));
     }
@@ -281,8 +286,8 @@ __attribute__((target("avx2"))) static inline __m256i tq_codes8(const uint8_t *s
                                 _mm256_set1_epi32(3));
     }
     default: { /* 5: 40 bits; shift 64-bit lanes, then pack the low halves in element order */
-        uint64_t w = 0;
-        memcpy(&w, p, 5);
+        uint64_t w;
+        memcpy(&w, p, 8); /* 5 code bytes + 3 bytes of the next group or of the scale */
         const __m256i vw = _mm256_set1_epi64x((long long)w), mask = _mm256_set1_epi64x(31);
         const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(vw, _mm256_setr_epi64x(0, 5, 10, 15)), mask);
         const __m256i hi = _mm256_and_si256(_mm256_srlv_epi64(vw, _mm256_setr_epi64x(20, 25, 30, 35)), mask);
@@ -301,9 +306,8 @@ __attribute__((target("avx2"))) static void turbo_decode_avx2(uint32_t bits, con
     float s;
     memcpy(&s, src + (size_t)d * bits / 8, 4);
     const __m256 vs = _mm256_set1_ps(s);
-    float pad[8] = {0};
-    if (bits <= 3) memcpy(pad, cb, sizeof(float) << bits);
-    const __m256 t0 = bits <= 3 ? _mm256_loadu_ps(pad) : _mm256_loadu_ps(cb);
+    /* g_cb rows are 256 wide and zero past 2^bits entries, so 8 floats are readable for every width */
+    const __m256 t0 = _mm256_loadu_ps(cb);
     const __m256 t1 = bits >= 4 && bits <= 5 ? _mm256_loadu_ps(cb + 8) : t0;
     const __m256 t2 = bits == 5 ? _mm256_loadu_ps(cb + 16) : t0, t3 = bits == 5 ? _mm256_loadu_ps(cb + 24) : t0;
     for (uint32_t j = 0; j < d; j += 8) {

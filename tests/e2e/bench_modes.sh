@@ -3,6 +3,7 @@
 # JSON shape and the invariants each mode must show (no timings are asserted):
 #   --decode-at: quantized KV takes fewer bytes/token than f16; the pool peak covers the tokens;
 #   --agreement: f16 vs f16 (control) agrees 100%; kv8 reports a rate in [0, 1];
+#   --kv-quality: every codec and f16 get decode t/s and CPU ms/token from the side-by-side rounds;
 #   --once: a second process restores the prompt from the SSD tier (reused_from "ssd");
 #   --turns: later turns reuse the previous turn's prefix;
 #   --cache: exact repeat reuses the prompt.
@@ -38,6 +39,12 @@ ag=$("${BG[@]}" --agreement 12 -p 8 --kv-quant 8 2>/dev/null)
 check "agreement kv8 json" jq -e '.results | length == 1 and .[0].rate >= 0 and .[0].rate <= 1 and .[0].match <= 12' <<<"$ag"
 ac=$("${BG[@]}" --agreement 12 -p 8 --kv-quant off 2>/dev/null)
 check "agreement default runs kv8 and kv4" jq -e '.results | length == 2' <<<"$ac"
+# --kv-quality: the codecs' decode timing runs side by side (every codec and f16 get a wall t/s and
+# a CPU ms/token), the same prompt comes from the RAM tier after the warm-up round
+kq=$("${BG[@]}" --kv-quality 6 -p 8 --kv-quality-ctx 40 -n 3 -r 2 --kv-codecs 8,turbo:k4v3 2>/dev/null)
+check "kv-quality json: two codecs, side-by-side timing" jq -e '.mode == "kv_quality" and (.results | length == 2) and
+  .speed_reps == 2 and .reference_decode_tps > 0 and .reference_decode_cpu_ms_per_token > 0 and
+  all(.results[]; .decode_tps > 0 and .decode_cpu_ms_per_token > 0 and .decode_ratio > 0 and .kl_mean >= 0)' <<<"$kq"
 
 D=$T/ssd
 o1=$("${B[@]}" --once -p 50 -n 2 --ssd-cache "$D" 2>/dev/null)
