@@ -573,17 +573,22 @@ kvt_status kvt_ssd_record_encode(const kvt_ssd *s, kvt_block *b, uint64_t root, 
     return KVT_OK;
 }
 
+/* The header of a record buffer (shared tier): bounded header length, then header_decode. */
+static kvt_status record_header(uint8_t *buf, size_t len, hdr_out *h, char *err, size_t errlen) {
+    if (len < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record shorter than a header");
+    uint32_t hsize = get_u32(buf + 12);
+    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > len)
+        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record header length out of range");
+    return header_decode(buf, hsize, len, h, err, errlen);
+}
+
 kvt_status kvt_ssd_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint32_t kind, uint64_t expect,
                                  uint32_t group, uint32_t block_index, kvt_block **out, char *err, size_t errlen) {
     *out = NULL;
     if (kind != KVT_SSD_KIND_BLOCK && kind != KVT_SSD_KIND_TAIL)
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "only blocks and tails travel as records");
-    if (len < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record shorter than a header");
-    uint32_t hsize = get_u32(buf + 12);
-    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > len)
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record header length out of range");
     hdr_out h;
-    kvt_status st = header_decode(buf, hsize, len, &h, err, errlen);
+    kvt_status st = record_header(buf, len, &h, err, errlen);
     if (st != KVT_OK) return st;
     const kvt_ssd_file_info *I = &h.info;
     /* identity first: the name check of header_matches is replaced by the caller's expectation */
@@ -653,12 +658,8 @@ kvt_status kvt_ssd_snapshot_record_encode(const kvt_ssd *s, kvt_snapshot *sn, ui
 kvt_status kvt_ssd_snapshot_record_decode(kvt_ssd *s, uint8_t *buf, size_t len, uint64_t chain, uint32_t pos,
                                           uint8_t *state, char *err, size_t errlen) {
     if (kvt_kv_layout_state_bytes(s->layout) == 0) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "no recurrent layers");
-    if (len < SSD_FIXED_HDR) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record shorter than a header");
-    uint32_t hsize = get_u32(buf + 12);
-    if (hsize < SSD_FIXED_HDR || hsize > SSD_MAX_HDR || hsize > len)
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "record header length out of range");
     hdr_out h;
-    kvt_status st = header_decode(buf, hsize, len, &h, err, errlen);
+    kvt_status st = record_header(buf, len, &h, err, errlen);
     if (st != KVT_OK) return st;
     st = header_matches(s, &h, chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT, err, errlen);
     if (st != KVT_OK) return st;
