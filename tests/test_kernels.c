@@ -687,7 +687,8 @@ static bool have_amx(void) { return kvt_kernels_best_isa() >= KVT_ISA_AMX; }
  * 1e-5 · Σ|w·x| of kvt_matmul_rows_ref (exact block integers, only the float summation order
  * differs: per block, not per 4-lane group); (3) each row's result does not depend on n_rows (rows
  * [0,16) of the full run equal a 16-row run on the same data, and a run starting at row 16);
- * (4) below KVT_AMX_MIN_ROWS and under KVT_ISA_AVX512 the result is the AVX-512 kvt_matmul_rows one. */
+ * (4) fewer rows (below KVT_AMX_MIN_ROWS: the row-major AMX-order kernel) and kvt_matmul_rows give
+ * the same numbers (decode == full recompute); under KVT_ISA_AVX512 the AVX-512 kvt_matmul_rows ones. */
 static void check_amx(const mm_case *c) {
     const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
     assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
@@ -734,18 +735,25 @@ static void check_amx(const mm_case *c) {
         kvt_matmul_packed(P, c->a + (size_t)s0 * arb, KVT_AMX_MIN_ROWS, ya, no, 0, no);
         assert_memory_equal(ya, yq + s0 * no, (size_t)(KVT_AMX_MIN_ROWS * no) * 4);
     }
-    /* (4) fewer rows: the AVX-512 numerics (decode and small batches) */
-    const int64_t few = nr < KVT_AMX_MIN_ROWS - 1 ? nr : KVT_AMX_MIN_ROWS - 1;
+    /* (4) fewer rows (decode, small batches) and the row-major path: the same numbers under AMX, for
+     * any row count; under KVT_ISA_AVX512 the AMX layout is unused (the AVX-512 numbers) */
+    for (int64_t fr = 1; fr <= nr; fr = fr < 8 ? fr + 1 : fr * 2) {
+        const int64_t few = fr; /* 1..8, 16, 32, 64: both sides of the tile threshold */
+        memset(ya, 0xff, bytes);
+        kvt_matmul_packed(P, c->a, few, ya, no, 0, no);
+        assert_memory_equal(ya, yq, (size_t)(few * no) * 4);
+        memset(ya, 0xff, bytes);
+        kvt_matmul_rows(c->t, c->w, n, c->a, few, ya, no, 0, no);
+        assert_memory_equal(ya, yq, (size_t)(few * no) * 4);
+        memset(ya, 0xff, bytes); /* a ragged column range of the row-major kernel */
+        kvt_matmul_rows(c->t, c->w, n, c->a, few, ya, no, no / 3, no);
+        for (int64_t r = 0; r < few; r++)
+            assert_memory_equal(ya + r * no + no / 3, yq + r * no + no / 3, (size_t)(no - no / 3) * 4);
+    }
     assert_true(kvt_kernels_force_isa(KVT_ISA_AVX512));
     kvt_matmul_rows(c->t, c->w, n, c->a, nr, yr, no, 0, no);
     memset(ya, 0xff, bytes);
-    kvt_matmul_packed(P, c->a, nr, ya, no, 0, no); /* AMX layout present, AVX-512 ISA: not used */
-    assert_memory_equal(ya, yr, bytes);
-    assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
-    memset(ya, 0xff, bytes);
-    kvt_matmul_packed(P, c->a, few, ya, no, 0, no);
-    assert_memory_equal(ya, yr, (size_t)(few * no) * 4);
-    kvt_matmul_rows(c->t, c->w, n, c->a, nr, ya, no, 0, no); /* the row-major path keeps AVX-512 */
+    kvt_matmul_packed(P, c->a, nr, ya, no, 0, no);
     assert_memory_equal(ya, yr, bytes);
     kvt_packed_free(P);
     kvt_kernels_force_isa(kvt_kernels_best_isa());
@@ -764,12 +772,33 @@ static void test_amx_packed(void **st) {
         mm_free(&c);
         return;
     }
-    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0};
+    { /* types without an AMX kernel: no AMX layout, the AVX-512 numbers under KVT_ISA_AMX */
+        const uint32_t others[] = {KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q4_1, KVT_TYPE_Q4_K, KVT_TYPE_Q6_K};
+        for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
+            mm_case c;
+            mm_setup(&c, others[k], 512, 20, 33, 3 + k);
+            assert_true(kvt_kernels_force_isa(KVT_ISA_AVX512));
+            float *y5 = malloc(20 * 33 * 4), *ya = malloc(20 * 33 * 4);
+            kvt_matmul_rows(c.t, c.w, 512, c.a, 33, y5, 20, 0, 20);
+            assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
+            kvt_packed *P = kvt_packed_create(c.t, c.w, 512, 20);
+            assert_false(kvt_packed_has_amx(P));
+            kvt_matmul_packed(P, c.a, 33, ya, 20, 0, 20);
+            assert_memory_equal(y5, ya, 20 * 33 * 4);
+            kvt_matmul_rows(c.t, c.w, 512, c.a, 33, ya, 20, 0, 20);
+            assert_memory_equal(y5, ya, 20 * 33 * 4);
+            kvt_packed_free(P);
+            free(y5), free(ya);
+            mm_free(&c);
+        }
+        kvt_kernels_force_isa(kvt_kernels_best_isa());
+    }
+    const uint32_t types[] = {KVT_TYPE_Q8_0};
     const int64_t n_ins[] = {32, 64, 96, 256, 1024};
     const int64_t n_outs[] = {1, 5, 16, 17, 31, 32, 33, 100};
     const int64_t rows[] = {16, 17, 31, 32, 33, 47, 64, 100};
     uint64_t seed = 77;
-    for (size_t ti = 0; ti < 3; ti++)
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t ii = 0; ii < sizeof n_ins / sizeof n_ins[0]; ii++)
             for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
                 const int64_t nr = rows[(ii + oi + ti) % (sizeof rows / sizeof rows[0])];
