@@ -4,8 +4,9 @@
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/[a-z]*.c -lm -o /tmp/bench_kernels
  *   /tmp/bench_kernels
  * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); Q4_K needs n_in % 256 == 0, so it runs the
- * 1536 in × 576 out ffn_down shape (same FLOPs). GFLOP/s = 2·n_in·n_out·n_rows / time, matmul only
- * (activation quantization is timed separately). */
+ * 1536 in × 576 out ffn_down shape (same FLOPs). ISA "amx" = the AVX-512 table plus the AMX int8
+ * kernels for Q8_0 (all columns; `/tmp/bench_kernels 2` runs avx512 and amx only).
+ * GFLOP/s = 2·n_in·n_out·n_rows / time, matmul only (activation quantization is timed separately). */
 #include <stdio.h>
 #include <stdlib.h>
 
