@@ -773,7 +773,7 @@ static void test_amx_packed(void **st) {
         return;
     }
     { /* types without an AMX kernel: no AMX layout, the AVX-512 numbers under KVT_ISA_AMX */
-        const uint32_t others[] = {KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q4_1, KVT_TYPE_Q4_K, KVT_TYPE_Q6_K};
+        const uint32_t others[] = {KVT_TYPE_Q4_1, KVT_TYPE_Q5_1, KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
         for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
             mm_case c;
             mm_setup(&c, others[k], 512, 20, 33, 3 + k);
@@ -793,7 +793,7 @@ static void test_amx_packed(void **st) {
         }
         kvt_kernels_force_isa(kvt_kernels_best_isa());
     }
-    const uint32_t types[] = {KVT_TYPE_Q8_0};
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0};
     const int64_t n_ins[] = {32, 64, 96, 256, 1024};
     const int64_t n_outs[] = {1, 5, 16, 17, 31, 32, 33, 100};
     const int64_t rows[] = {16, 17, 31, 32, 33, 47, 64, 100};

@@ -41,8 +41,12 @@ static void fill(kvt_isa isa) {
 #if KVT_X86
     if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
     if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) kq_fill_avx512(&g_tab, g_vnni);
-    /* AMX: Q8_0 products all take the AMX kernel's float order (decode == full recompute) */
-    if (isa == KVT_ISA_AMX) g_tab.matmul[KVT_TYPE_Q8_0] = kq_amx_mm_q8_0;
+    /* AMX: Q8_0/Q4_0/Q5_0 products all take the AMX kernel's float order (decode == full recompute) */
+    if (isa == KVT_ISA_AMX) {
+        g_tab.matmul[KVT_TYPE_Q8_0] = kq_amx_mm_q8_0;
+        g_tab.matmul[KVT_TYPE_Q4_0] = kq_amx_mm_q4_0;
+        g_tab.matmul[KVT_TYPE_Q5_0] = kq_amx_mm_q5_0;
+    }
 #endif
     g_isa = isa;
 }
@@ -97,7 +101,7 @@ const char *kvt_kernels_numerics_id(void) {
     case KVT_ISA_AVX2: return "avx2";
     /* kq_fill_avx512 falls back to the AVX2 table without VNNI: same results as avx2 */
     case KVT_ISA_AVX512: return g_vnni ? "avx512-vnni" : "avx2";
-    /* AVX-512 VNNI kernels + the AMX prefill GEMM (a different float order for every Q8_0 product) */
+    /* AVX-512 VNNI kernels + the AMX prefill GEMM (a different float order for every Q8_0/Q4_0/Q5_0 product) */
     case KVT_ISA_AMX: return "amx-int8";
     default: return "scalar";
     }
@@ -130,7 +134,7 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
 #if KVT_X86
-    if (g_isa == KVT_ISA_AMX && p->type == KVT_TYPE_Q8_0) {
+    if (g_isa == KVT_ISA_AMX && p->kind == KQP_SMALL_S) {
         /* tiles from KVT_AMX_MIN_ROWS rows on; fewer (or no AMX layout): the row-major kernel with the
          * same arithmetic */
         if (p->amx && n_rows >= KVT_AMX_MIN_ROWS) kq_amx_pmm_small_s(p, act, n_rows, y, ldy, o0, o1);

@@ -1,6 +1,7 @@
 /*
- * kernels_amx.c — AMX int8 (TMUL) prefill GEMM for Q8_0 weights, the row-major Q8_0 kernel with the
- * same arithmetic (decode under KVT_ISA_AMX), the OS permission request, and the scalar reference.
+ * kernels_amx.c — AMX int8 (TMUL) prefill GEMM for the signed small-block types (Q8_0, Q4_0, Q5_0:
+ * kvt_packed kind KQP_SMALL_S), row-major kernels with the same arithmetic (decode under
+ * KVT_ISA_AMX), the OS permission request, and the scalar reference.
  *
  * Layout (kvt_packed.amx, built by repack.c from the 4-row packed data): outputs in groups of
  * KQA_N = 16 (the last padded with zero rows), per group its blocks in order, one group-block =
@@ -12,8 +13,8 @@
  * C holds the exact int32 dot of one block (s8·s8, no offset trick). Then, per element and block in
  * order: acc = fma((float)isum, dw·dx, acc). This is NOT the lane order of the AVX2/AVX-512 paths
  * (8 partial lanes per block, fma per lane, horizontal sum at the end), so results differ from them
- * in the last bits: kvt_kernels_numerics_id reports "amx-int8", every Q8_0 product under KVT_ISA_AMX
- * (row-major decode kernel kq_amx_mm_q8_0 included) uses this order, and tests/test_kernels.c checks the
+ * in the last bits: kvt_kernels_numerics_id reports "amx-int8", every Q8_0/Q4_0/Q5_0 product under
+ * KVT_ISA_AMX (row-major decode kernels kq_amx_mm_* included) uses this order, and tests/test_kernels.c checks the
  * kernel bit for bit against kvt_matmul_packed_amx_ref and within a stated tolerance against the
  * scalar reference. Each output element's value depends only on its row, column and the weights
  * (tile edges are configured, never padded with other rows' data), not on n_rows or [o0,o1).
@@ -177,40 +178,64 @@ KQA_TGT void kq_amx_pmm_small_s(const kvt_packed *P, const void *act, int64_t n_
     _tile_release();
 }
 
-/* Row-major Q8_0 with the AMX kernel's arithmetic (the KVT_ISA_AMX table's matmul[Q8_0]: decode,
+/* Row-major Q8_0 / Q4_0 / Q5_0 with the AMX kernel's arithmetic (the KVT_ISA_AMX table's matmul[]: decode,
  * small batches and the packed path below KVT_AMX_MIN_ROWS), so that every Q8_0 product under AMX
  * has one float order and decode equals a full recompute bit for bit. Per block: the exact int32 dot
  * (abs/sign + vpdpbusd lanes, reduced exactly), then acc = fma((float)isum, dw·dx, acc); 4 outputs
  * at a time, one float lane each (lane-wise fma = fmaf). */
 #define KQB_TGT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-static inline __attribute__((always_inline)) KQB_TGT __m256i kqb_dot(const uint8_t *w, __m256i x) {
-    const __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+#define KQB_AI static inline __attribute__((always_inline)) KQB_TGT
+/* the 32 weights of a Q8_0 / Q4_0 / Q5_0 block at p as signed bytes (the values repack.c stores) */
+KQB_AI __m256i kqb_wload(const uint32_t wt, const uint8_t *p) {
+    if (wt == KVT_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(p + 2));
+    const uint8_t *qs = p + (wt == KVT_TYPE_Q4_0 ? 2 : 6);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    if (wt == KVT_TYPE_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    uint32_t h; /* Q5_0: bit k of qh is the 5th bit of weight k */
+    memcpy(&h, p + 2, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)h),
+                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0101010101010101LL, 0));
+    const __m256i bitm = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitm), bitm), _mm256_set1_epi8(0x10));
+    return _mm256_sub_epi8(_mm256_or_si256(v, hi), _mm256_set1_epi8(16));
+}
+KQB_AI __m256i kqb_dot(const uint32_t wt, const uint8_t *w, __m256i x) {
+    const __m256i wv = kqb_wload(wt, w);
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
 }
-static inline __attribute__((always_inline)) KQB_TGT float kqb_h2f(const uint8_t *p) {
+KQB_AI float kqb_h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
-KQB_TGT void kq_amx_mm_q8_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
-                            int64_t o0, int64_t o1) {
+KQB_AI void kqb_mm(const uint32_t wt, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,
+                   int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = n_in / QK8_0;
-    const size_t rb = (size_t)nb * sizeof(blk_q8_0);
+    const size_t wbb = wt == KVT_TYPE_Q8_0 ? sizeof(blk_q8_0) : wt == KVT_TYPE_Q4_0 ? sizeof(blk_q4_0) : sizeof(blk_q5_0);
+    const size_t rb = (size_t)nb * sizeof(blk_q8_0), wrb = (size_t)nb * wbb;
     const uint8_t *W8 = W, *A = act;
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *a = A + (size_t)r * rb;
         int64_t o = o0;
         for (; o + 4 <= o1; o += 4) {
-            const uint8_t *w0 = W8 + (size_t)o * rb, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
+            const uint8_t *w0 = W8 + (size_t)o * wrb, *w1 = w0 + wrb, *w2 = w1 + wrb, *w3 = w2 + wrb;
             __m128 acc = _mm_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
-                const size_t off = (size_t)b * sizeof(blk_q8_0);
+                const size_t off = (size_t)b * sizeof(blk_q8_0), wo = (size_t)b * wbb;
+                if (n_rows == 1) { /* GEMV (decode): prefetch 12 rows ahead, as the AVX-512 kernels do */
+                    _mm_prefetch((const char *)(w0 + wo + 12 * wrb), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w1 + wo + 12 * wrb), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w2 + wo + 12 * wrb), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w3 + wo + 12 * wrb), _MM_HINT_T0);
+                }
                 const __m256i x = _mm256_loadu_si256((const __m256i *)(a + off + 2));
-                const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(kqb_dot(w0 + off + 2, x), kqb_dot(w1 + off + 2, x)),
-                                                    _mm256_hadd_epi32(kqb_dot(w2 + off + 2, x), kqb_dot(w3 + off + 2, x)));
+                const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(kqb_dot(wt, w0 + wo, x), kqb_dot(wt, w1 + wo, x)),
+                                                    _mm256_hadd_epi32(kqb_dot(wt, w2 + wo, x), kqb_dot(wt, w3 + wo, x)));
                 const __m128i is = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
                 uint16_t h[4];
-                memcpy(&h[0], w0 + off, 2), memcpy(&h[1], w1 + off, 2), memcpy(&h[2], w2 + off, 2), memcpy(&h[3], w3 + off, 2);
+                memcpy(&h[0], w0 + wo, 2), memcpy(&h[1], w1 + wo, 2), memcpy(&h[2], w2 + wo, 2), memcpy(&h[3], w3 + wo, 2);
                 const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
                 const __m128 s = _mm_mul_ps(dw, _mm_set1_ps(kqb_h2f(a + off)));
                 acc = _mm_fmadd_ps(_mm_cvtepi32_ps(is), s, acc);
@@ -218,19 +243,31 @@ KQB_TGT void kq_amx_mm_q8_0(const void *W, int64_t n_in, const void *act, int64_
             _mm_storeu_ps(y + r * ldy + o, acc);
         }
         for (; o < o1; o++) {
-            const uint8_t *w = W8 + (size_t)o * rb;
+            const uint8_t *w = W8 + (size_t)o * wrb;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const size_t off = (size_t)b * sizeof(blk_q8_0);
-                const __m256i d = kqb_dot(w + off + 2, _mm256_loadu_si256((const __m256i *)(a + off + 2)));
+                const size_t off = (size_t)b * sizeof(blk_q8_0), wo = (size_t)b * wbb;
+                const __m256i d = kqb_dot(wt, w + wo, _mm256_loadu_si256((const __m256i *)(a + off + 2)));
                 __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                const float sc = kqb_h2f(w + off) * kqb_h2f(a + off);
+                const float sc = kqb_h2f(w + wo) * kqb_h2f(a + off);
                 acc = fmaf((float)_mm_cvtsi128_si32(s4), sc, acc);
             }
             y[r * ldy + o] = acc;
         }
     }
+}
+KQB_TGT void kq_amx_mm_q8_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                            int64_t o0, int64_t o1) {
+    kqb_mm(KVT_TYPE_Q8_0, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+KQB_TGT void kq_amx_mm_q4_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                            int64_t o0, int64_t o1) {
+    kqb_mm(KVT_TYPE_Q4_0, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+KQB_TGT void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                            int64_t o0, int64_t o1) {
+    kqb_mm(KVT_TYPE_Q5_0, W, n_in, act, n_rows, y, ldy, o0, o1);
 }
 #endif

@@ -89,7 +89,7 @@ struct kvt_packed {
     size_t gbb;            /* bytes per group-block */
     uint8_t *data;         /* ngroups * nb * gbb bytes, 64-byte aligned, owned */
     const void *W;         /* original rows (borrowed; scalar ISA path) */
-    uint8_t *amx;          /* Q8_0 with AMX in use at create time: the AMX layout
+    uint8_t *amx;          /* kind KQP_SMALL_S with AMX in use at create time: the AMX layout
                             * (kernels_amx.c; ceil(n_out/16) * nb * KQA_GBB bytes, owned), else NULL */
 };
 /* AMX layout (kernels_amx.c): groups of KQA_N outputs, per block float d[16] + int8 q[8][16][4] */
@@ -121,8 +121,12 @@ typedef struct kq_table {
 bool kq_amx_request(void);
 void kq_amx_pmm_small_s(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                         int64_t o1);
-/* Row-major Q8_0 with the AMX kernel's float order (the AMX table's matmul[Q8_0]). */
+/* Row-major Q8_0 / Q4_0 / Q5_0 with the AMX kernel's float order (the AMX table's matmul[]). */
 void kq_amx_mm_q8_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                    int64_t o1);
+void kq_amx_mm_q4_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                    int64_t o1);
+void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                     int64_t o1);
 
 /* Filled by the SIMD files (x86 only). */

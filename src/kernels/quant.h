@@ -91,14 +91,14 @@ void kvt_matmul_packed_ref(const kvt_packed *p, const void *act, int64_t n_rows,
                            int64_t o1);
 /* Rows below which kvt_matmul_packed is not worth it (decode GEMV reads the original). */
 #define KVT_PACKED_MIN_ROWS 4
-/* AMX (ISA KVT_ISA_AMX): kvt_matmul_packed of Q8_0 weights with n_rows >= this runs the int8 TMUL
- * kernel. Its float order (per block: exact int32 dot, then acc = fma(isum, dw·dx, acc)) differs from
- * the AVX-512 path, so under AMX every Q8_0 product (kvt_matmul_rows, packed with fewer rows) uses it
+/* AMX (ISA KVT_ISA_AMX): kvt_matmul_packed of Q8_0/Q4_0/Q5_0 weights with n_rows >= this runs the
+ * int8 TMUL kernel. Its float order (per block: exact int32 dot, then acc = fma(isum, dw·dx, acc))
+ * differs from the AVX-512 path, so under AMX every such product (kvt_matmul_rows, packed with fewer rows) uses it
  * too: results are the same for any n_rows (decode == full recompute); numerics id "amx-int8".
  * Other types keep the AVX-512 kernels. */
 #define KVT_AMX_MIN_ROWS 16
 /* Scalar reference of the AMX kernel's arithmetic on p's AMX layout (p built while the ISA was
- * KVT_ISA_AMX and of type Q8_0; otherwise does nothing). For tests. */
+ * KVT_ISA_AMX and of type Q8_0/Q4_0/Q5_0; otherwise does nothing). For tests. */
 void kvt_matmul_packed_amx_ref(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy,
                                int64_t o0, int64_t o1);
 /* Whether p carries the AMX layout (used by kvt_matmul_packed when the ISA is KVT_ISA_AMX). */

@@ -167,7 +167,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
         }
     /* AMX layout, derived from the 4-row groups: only while AMX is the ISA in use (memory: about as
      * much again as the packed Q8_0 bytes); padded outputs stay zero (kvt_aligned_alloc zeroes) */
-    if (wtype == KVT_TYPE_Q8_0 && kvt_kernels_isa() == KVT_ISA_AMX) {
+    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AMX) {
         const int64_t ng = (n_out + KQA_N - 1) / KQA_N;
         uint64_t ab;
         if (kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, KQA_GBB, &ab) && ab <= SIZE_MAX / 2 &&
