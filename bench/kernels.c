@@ -60,7 +60,7 @@ static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows,
 int main(int argc, char **argv) {
     kvt_kernels_init();
     const int isa_from = argc > 1 ? atoi(argv[1]) : KVT_ISA_SCALAR;
-    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_Q4_1, KVT_TYPE_F32};
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_Q4_1, KVT_TYPE_F32};
     for (int isa = isa_from; isa <= (int)kvt_kernels_best_isa(); isa++) {
         kvt_kernels_force_isa((kvt_isa)isa);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
