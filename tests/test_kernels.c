@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "kernels/quant.h"
 
@@ -832,6 +833,47 @@ static void test_amx_extreme(void **st) {
     mm_free(&c);
 }
 
+/* Tile state is per thread: several threads running the AMX kernel at once (each with its own
+ * ldtilecfg, different row counts so their tile configs differ) get the single-thread bits. */
+typedef struct {
+    const kvt_packed *P;
+    const uint8_t *a;
+    int64_t nr, no;
+    float *y;
+} amx_job;
+static void *amx_thread(void *v) {
+    amx_job *j = v;
+    for (int it = 0; it < 20; it++) kvt_matmul_packed(j->P, j->a, j->nr, j->y, j->no, 0, j->no);
+    return NULL;
+}
+static void test_amx_threads(void **st) {
+    (void)st;
+    if (!have_amx()) return; /* covered by test_amx_packed's no-AMX branch */
+    assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
+    mm_case c;
+    mm_setup(&c, KVT_TYPE_Q8_0, 512, 48, 45, 21);
+    kvt_packed *P = kvt_packed_create(c.t, c.w, 512, 48);
+    assert_true(kvt_packed_has_amx(P));
+    float *yq = malloc(48 * 45 * 4);
+    kvt_matmul_packed_amx_ref(P, c.a, 45, yq, 48, 0, 48);
+    pthread_t th[4];
+    amx_job jobs[4];
+    const int64_t nrs[4] = {45, 17, 32, 16};
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (amx_job){P, c.a, nrs[i], 48, malloc(48 * 45 * 4)};
+        assert_int_equal(pthread_create(&th[i], NULL, amx_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_memory_equal(jobs[i].y, yq, (size_t)(nrs[i] * 48) * 4);
+        free(jobs[i].y);
+    }
+    kvt_packed_free(P);
+    free(yq);
+    mm_free(&c);
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+}
+
 /* KVT_ISA in the environment (read once at init): run this binary as a child that prints its ISA
  * and numerics id. amx selects AMX (when present); avx512 / avx2 / scalar disable it; a refused
  * permission (KVT_AMX_DENY=1) falls back to AVX-512 with a warning. */
@@ -886,7 +928,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
         cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),
-        cmocka_unit_test(test_amx_env_override),
+        cmocka_unit_test(test_amx_threads),         cmocka_unit_test(test_amx_env_override),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
