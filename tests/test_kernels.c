@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "kernels/quant.h"
 
@@ -25,10 +26,11 @@ static void fill_rand(float *x, int64_t n, uint64_t *s, float scale) {
     }
 }
 
-/* every ISA this CPU supports, scalar first */
+/* every ISA this CPU supports up to AVX-512, scalar first (AMX, whose prefill GEMM has its own float
+ * order, is tested by the amx tests below) */
 static int isa_list(kvt_isa out[3]) {
     int n = 0;
-    for (int i = KVT_ISA_SCALAR; i <= (int)kvt_kernels_best_isa(); i++) out[n++] = (kvt_isa)i;
+    for (int i = KVT_ISA_SCALAR; i <= (int)kvt_kernels_best_isa() && i <= KVT_ISA_AVX512; i++) out[n++] = (kvt_isa)i;
     return n;
 }
 
@@ -677,7 +679,243 @@ static void test_packed_unsupported(void **st) {
     kvt_packed_free(NULL);
 }
 
-int main(void) {
+/* ---------------- AMX int8 prefill GEMM ---------------- */
+
+static bool have_amx(void) { return kvt_kernels_best_isa() >= KVT_ISA_AMX; }
+
+/* For one case under KVT_ISA_AMX: (1) kvt_matmul_packed equals kvt_matmul_packed_amx_ref bit for bit
+ * for n_rows >= KVT_AMX_MIN_ROWS and every column cut (nothing outside [o0,o1) written); (2) within
+ * 1e-5 · Σ|w·x| of kvt_matmul_rows_ref (exact block integers, only the float summation order
+ * differs: per block, not per 4-lane group); (3) each row's result does not depend on n_rows (rows
+ * [0,16) of the full run equal a 16-row run on the same data, and a run starting at row 16);
+ * (4) fewer rows (below KVT_AMX_MIN_ROWS: the row-major AMX-order kernel) and kvt_matmul_rows give
+ * the same numbers (decode == full recompute); under KVT_ISA_AVX512 the AVX-512 kvt_matmul_rows ones. */
+static void check_amx(const mm_case *c) {
+    const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
+    assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
+    assert_string_equal(kvt_kernels_numerics_id(), "amx-int8");
+    kvt_packed *P = kvt_packed_create(c->t, c->w, n, no);
+    assert_non_null(P);
+    assert_true(kvt_packed_has_amx(P));
+    const size_t bytes = (size_t)(no * nr) * 4;
+    float *ya = malloc(bytes), *yq = malloc(bytes), *yr = malloc(bytes), *xq = malloc((size_t)(nr * n) * 4);
+    kvt_matmul_packed_amx_ref(P, c->a, nr, yq, no, 0, no);
+    const int64_t cuts[][2] = {{0, no}, {0, 1}, {1, no < 17 ? no : 17}, {no / 2, no}, {no - 1, no}, {no / 3, no / 3 + 1}};
+    for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+        if (cuts[ci][0] >= cuts[ci][1]) continue;
+        memset(ya, 0xff, bytes);
+        kvt_matmul_packed(P, c->a, nr, ya, no, cuts[ci][0], cuts[ci][1]);
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t o = 0; o < no; o++) {
+                const bool in = o >= cuts[ci][0] && o < cuts[ci][1];
+                if (in && memcmp(&ya[r * no + o], &yq[r * no + o], 4)) {
+                    fprintf(stderr, "amx %s n_in=%lld n_out=%lld rows=%lld cut=%lld..%lld: o=%lld r=%lld amx=%.9g ref=%.9g\n",
+                            kvt_type_name(c->t), (long long)n, (long long)no, (long long)nr, (long long)cuts[ci][0],
+                            (long long)cuts[ci][1], (long long)o, (long long)r, ya[r * no + o], yq[r * no + o]);
+                    fail();
+                }
+                if (!in) assert_true(((uint32_t *)ya)[r * no + o] == 0xffffffffu);
+            }
+    }
+    /* (2) tolerance against the scalar reference */
+    kvt_dequant_ref(kvt_vec_dot_type(c->t), c->a, xq, nr * n);
+    kvt_matmul_rows_ref(c->t, c->w, n, c->a, nr, yr, no, 0, no);
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t o = 0; o < no; o++) {
+            const double tol = 1e-5 * abs_dot(c, xq, o, r) + 1e-30;
+            if (!(fabs((double)yr[r * no + o] - (double)yq[r * no + o]) <= tol)) {
+                fprintf(stderr, "amx %s o=%lld r=%lld ref=%.9g amx=%.9g tol=%g\n", kvt_type_name(c->t), (long long)o,
+                        (long long)r, yr[r * no + o], yq[r * no + o], tol);
+                fail();
+            }
+        }
+    /* (3) row independence: 16 rows from the start, and 16 rows from row 16 (if there are 32) */
+    const size_t arb = (size_t)kvt_act_bytes(c->t, n, 1);
+    for (int64_t s0 = 0; s0 + KVT_AMX_MIN_ROWS <= nr && s0 <= 16; s0 += 16) {
+        memset(ya, 0xff, bytes);
+        kvt_matmul_packed(P, c->a + (size_t)s0 * arb, KVT_AMX_MIN_ROWS, ya, no, 0, no);
+        assert_memory_equal(ya, yq + s0 * no, (size_t)(KVT_AMX_MIN_ROWS * no) * 4);
+    }
+    /* (4) fewer rows (decode, small batches) and the row-major path: the same numbers under AMX, for
+     * any row count; under KVT_ISA_AVX512 the AMX layout is unused (the AVX-512 numbers) */
+    for (int64_t fr = 1; fr <= nr; fr = fr < 8 ? fr + 1 : fr * 2) {
+        const int64_t few = fr; /* 1..8, 16, 32, 64: both sides of the tile threshold */
+        memset(ya, 0xff, bytes);
+        kvt_matmul_packed(P, c->a, few, ya, no, 0, no);
+        assert_memory_equal(ya, yq, (size_t)(few * no) * 4);
+        memset(ya, 0xff, bytes);
+        kvt_matmul_rows(c->t, c->w, n, c->a, few, ya, no, 0, no);
+        assert_memory_equal(ya, yq, (size_t)(few * no) * 4);
+        memset(ya, 0xff, bytes); /* a ragged column range of the row-major kernel */
+        kvt_matmul_rows(c->t, c->w, n, c->a, few, ya, no, no / 3, no);
+        for (int64_t r = 0; r < few; r++)
+            assert_memory_equal(ya + r * no + no / 3, yq + r * no + no / 3, (size_t)(no - no / 3) * 4);
+    }
+    assert_true(kvt_kernels_force_isa(KVT_ISA_AVX512));
+    kvt_matmul_rows(c->t, c->w, n, c->a, nr, yr, no, 0, no);
+    memset(ya, 0xff, bytes);
+    kvt_matmul_packed(P, c->a, nr, ya, no, 0, no);
+    assert_memory_equal(ya, yr, bytes);
+    kvt_packed_free(P);
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+    free(ya), free(yq), free(yr), free(xq);
+}
+
+static void test_amx_packed(void **st) {
+    (void)st;
+    if (!have_amx()) { /* no AMX: the ISA cannot be chosen and no AMX layout is built */
+        assert_false(kvt_kernels_force_isa(KVT_ISA_AMX));
+        mm_case c;
+        mm_setup(&c, KVT_TYPE_Q8_0, 64, 8, 16, 1);
+        kvt_packed *P = kvt_packed_create(c.t, c.w, 64, 8);
+        assert_false(kvt_packed_has_amx(P));
+        kvt_packed_free(P);
+        mm_free(&c);
+        return;
+    }
+    { /* types without an AMX kernel: no AMX layout, the AVX-512 numbers under KVT_ISA_AMX */
+        const uint32_t others[] = {KVT_TYPE_Q4_1, KVT_TYPE_Q5_1, KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+        for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
+            mm_case c;
+            mm_setup(&c, others[k], 512, 20, 33, 3 + k);
+            assert_true(kvt_kernels_force_isa(KVT_ISA_AVX512));
+            float *y5 = malloc(20 * 33 * 4), *ya = malloc(20 * 33 * 4);
+            kvt_matmul_rows(c.t, c.w, 512, c.a, 33, y5, 20, 0, 20);
+            assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
+            kvt_packed *P = kvt_packed_create(c.t, c.w, 512, 20);
+            assert_false(kvt_packed_has_amx(P));
+            kvt_matmul_packed(P, c.a, 33, ya, 20, 0, 20);
+            assert_memory_equal(y5, ya, 20 * 33 * 4);
+            kvt_matmul_rows(c.t, c.w, 512, c.a, 33, ya, 20, 0, 20);
+            assert_memory_equal(y5, ya, 20 * 33 * 4);
+            kvt_packed_free(P);
+            free(y5), free(ya);
+            mm_free(&c);
+        }
+        kvt_kernels_force_isa(kvt_kernels_best_isa());
+    }
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0};
+    const int64_t n_ins[] = {32, 64, 96, 256, 1024};
+    const int64_t n_outs[] = {1, 5, 16, 17, 31, 32, 33, 100};
+    const int64_t rows[] = {16, 17, 31, 32, 33, 47, 64, 100};
+    uint64_t seed = 77;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ii = 0; ii < sizeof n_ins / sizeof n_ins[0]; ii++)
+            for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
+                const int64_t nr = rows[(ii + oi + ti) % (sizeof rows / sizeof rows[0])];
+                mm_case c;
+                mm_setup(&c, types[ti], n_ins[ii], n_outs[oi], nr, seed++);
+                check_amx(&c);
+                mm_free(&c);
+            }
+    /* a long row count spanning several 32-row blocks with a ragged tail, wide n_in */
+    mm_case c;
+    mm_setup(&c, KVT_TYPE_Q8_0, 4096, 70, 77, 5);
+    check_amx(&c);
+    mm_free(&c);
+}
+
+/* Extreme weights/activations (|q| = 127/-128, large scales): int32 block dots and the float path
+ * stay exact vs the AMX reference. */
+static void test_amx_extreme(void **st) {
+    (void)st;
+    if (!have_amx()) return; /* covered by test_amx_packed's no-AMX branch */
+    mm_case c;
+    mm_setup(&c, KVT_TYPE_Q8_0, 256, 33, 40, 9);
+    const size_t wrb = kvt_type_row_bytes(KVT_TYPE_Q8_0, 256);
+    for (int64_t o = 0; o < 33; o++)
+        for (int b = 0; b < 8; b++) {
+            uint8_t *p = c.w + (size_t)o * wrb + (size_t)b * 34;
+            for (int k = 0; k < 32; k++) p[2 + k] = (uint8_t)((o + k + b) % 3 == 0 ? 0x80 : 0x7f);
+        }
+    kvt_dequant_ref(KVT_TYPE_Q8_0, c.w, c.wf, 33 * 256);
+    check_amx(&c);
+    mm_free(&c);
+}
+
+/* Tile state is per thread: several threads running the AMX kernel at once (each with its own
+ * ldtilecfg, different row counts so their tile configs differ) get the single-thread bits. */
+typedef struct {
+    const kvt_packed *P;
+    const uint8_t *a;
+    int64_t nr, no;
+    float *y;
+} amx_job;
+static void *amx_thread(void *v) {
+    amx_job *j = v;
+    for (int it = 0; it < 20; it++) kvt_matmul_packed(j->P, j->a, j->nr, j->y, j->no, 0, j->no);
+    return NULL;
+}
+static void test_amx_threads(void **st) {
+    (void)st;
+    if (!have_amx()) return; /* covered by test_amx_packed's no-AMX branch */
+    assert_true(kvt_kernels_force_isa(KVT_ISA_AMX));
+    mm_case c;
+    mm_setup(&c, KVT_TYPE_Q8_0, 512, 48, 45, 21);
+    kvt_packed *P = kvt_packed_create(c.t, c.w, 512, 48);
+    assert_true(kvt_packed_has_amx(P));
+    float *yq = malloc(48 * 45 * 4);
+    kvt_matmul_packed_amx_ref(P, c.a, 45, yq, 48, 0, 48);
+    pthread_t th[4];
+    amx_job jobs[4];
+    const int64_t nrs[4] = {45, 17, 32, 16};
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (amx_job){P, c.a, nrs[i], 48, malloc(48 * 45 * 4)};
+        assert_int_equal(pthread_create(&th[i], NULL, amx_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_memory_equal(jobs[i].y, yq, (size_t)(nrs[i] * 48) * 4);
+        free(jobs[i].y);
+    }
+    kvt_packed_free(P);
+    free(yq);
+    mm_free(&c);
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+}
+
+/* KVT_ISA in the environment (read once at init): run this binary as a child that prints its ISA
+ * and numerics id. amx selects AMX (when present); avx512 / avx2 / scalar disable it; a refused
+ * permission (KVT_AMX_DENY=1) falls back to AVX-512 with a warning. */
+static void test_amx_env_override(void **st) {
+    (void)st;
+    char got[128], self[4096];
+    const ssize_t ln = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(ln > 0);
+    self[ln] = 0;
+    static const char *const envs[5] = {"KVT_ISA=avx512", "KVT_ISA=avx2", "KVT_ISA=scalar", "KVT_ISA=amx",
+                                        "KVT_ISA=amx KVT_AMX_DENY=1"};
+    for (int i = 0; i < 5; i++) {
+        char cmd[4300];
+        snprintf(cmd, sizeof cmd, "env %s %s --print-isa 2>/dev/null", envs[i], self);
+        FILE *f = popen(cmd, "r");
+        assert_non_null(f);
+        got[0] = 0;
+        if (!fgets(got, sizeof got, f)) got[0] = 0;
+        assert_int_equal(pclose(f), 0);
+        got[strcspn(got, "\n")] = 0;
+        const kvt_isa best = kvt_kernels_best_isa();
+        const char *want;
+        if (i == 0) want = best >= KVT_ISA_AVX512 ? "avx512" : kvt_isa_name(best);
+        else if (i == 1) want = best >= KVT_ISA_AVX2 ? "avx2" : "scalar";
+        else if (i == 2) want = "scalar";
+        else if (i == 3) want = kvt_isa_name(best);
+        else want = kvt_isa_name(best >= KVT_ISA_AMX ? KVT_ISA_AVX512 : best);
+        fprintf(stderr, "%s -> %s\n", envs[i], got);
+        assert_true(!strncmp(got, want, strlen(want)) && got[strlen(want)] == ' ');
+        const char *best_at = strstr(got, " best=");
+        assert_non_null(best_at); /* the active ISA and numerics id come before it */
+        if (!strcmp(want, "amx")) assert_true(!strncmp(got, "amx amx-int8 ", 13));
+        else assert_true(strstr(got, "amx") == NULL || strstr(got, "amx") > best_at);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--print-isa")) { /* child of test_amx_env_override */
+        printf("%s %s best=%s\n", kvt_isa_name(kvt_kernels_isa()), kvt_kernels_numerics_id(),
+               kvt_isa_name(kvt_kernels_best_isa()));
+        return 0;
+    }
     kvt_kernels_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_type_table),       cmocka_unit_test(test_hand_small_blocks),
@@ -689,6 +927,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),
         cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
+        cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),
+        cmocka_unit_test(test_amx_threads),         cmocka_unit_test(test_amx_env_override),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,8 @@ static void detect(void) {
                         __builtin_cpu_supports("avx512vl");
     g_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
     g_best = avx512 ? KVT_ISA_AVX512 : avx2 ? KVT_ISA_AVX2 : KVT_ISA_SCALAR;
+    /* AMX only beside AVX-512 VNNI (its table is the VNNI one) and once the OS granted the tiles */
+    if (g_vnni && kq_amx_request()) g_best = KVT_ISA_AMX;
 #else
     g_best = KVT_ISA_SCALAR;
     (void)g_vnni;
@@ -38,7 +40,13 @@ static void fill(kvt_isa isa) {
     memset(&g_tab, 0, sizeof g_tab);
 #if KVT_X86
     if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
-    if (isa == KVT_ISA_AVX512) kq_fill_avx512(&g_tab, g_vnni);
+    if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) kq_fill_avx512(&g_tab, g_vnni);
+    /* AMX: Q8_0/Q4_0/Q5_0 products all take the AMX kernel's float order (decode == full recompute) */
+    if (isa == KVT_ISA_AMX) {
+        g_tab.matmul[KVT_TYPE_Q8_0] = kq_amx_mm_q8_0;
+        g_tab.matmul[KVT_TYPE_Q4_0] = kq_amx_mm_q4_0;
+        g_tab.matmul[KVT_TYPE_Q5_0] = kq_amx_mm_q5_0;
+    }
 #endif
     g_isa = isa;
 }
@@ -53,7 +61,8 @@ static void init_once(void) {
         if (!strcasecmp(e, "scalar")) want = KVT_ISA_SCALAR;
         else if (!strcasecmp(e, "avx2")) want = KVT_ISA_AVX2;
         else if (!strcasecmp(e, "avx512")) want = KVT_ISA_AVX512;
-        else KVT_WARN("KVT_ISA=%s not recognised (scalar|avx2|avx512); using %s", e, kvt_isa_name(isa));
+        else if (!strcasecmp(e, "amx")) want = KVT_ISA_AMX;
+        else KVT_WARN("KVT_ISA=%s not recognised (scalar|avx2|avx512|amx); using %s", e, kvt_isa_name(isa));
         if (want > g_best) KVT_WARN("KVT_ISA=%s not supported by this CPU; using %s", e, kvt_isa_name(isa));
         else isa = want;
     }
@@ -81,6 +90,7 @@ const char *kvt_isa_name(kvt_isa isa) {
     case KVT_ISA_SCALAR: return "scalar";
     case KVT_ISA_AVX2: return "avx2";
     case KVT_ISA_AVX512: return "avx512";
+    case KVT_ISA_AMX: return "amx";
     default: return "?";
     }
 }
@@ -91,6 +101,8 @@ const char *kvt_kernels_numerics_id(void) {
     case KVT_ISA_AVX2: return "avx2";
     /* kq_fill_avx512 falls back to the AVX2 table without VNNI: same results as avx2 */
     case KVT_ISA_AVX512: return g_vnni ? "avx512-vnni" : "avx2";
+    /* AVX-512 VNNI kernels + the AMX prefill GEMM (a different float order for every Q8_0/Q4_0/Q5_0 product) */
+    case KVT_ISA_AMX: return "amx-int8";
     default: return "scalar";
     }
 }
@@ -121,6 +133,15 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
                        int64_t o1) {
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
+#if KVT_X86
+    if (g_isa == KVT_ISA_AMX && p->kind == KQP_SMALL_S) {
+        /* tiles from KVT_AMX_MIN_ROWS rows on; fewer (or no AMX layout): the row-major kernel with the
+         * same arithmetic */
+        if (p->amx && n_rows >= KVT_AMX_MIN_ROWS) kq_amx_pmm_small_s(p, act, n_rows, y, ldy, o0, o1);
+        else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+#endif
     if (g_tab.pmatmul[p->kind]) {
         g_tab.pmatmul[p->kind](p, act, n_rows, y, ldy, o0, o1);
         return;

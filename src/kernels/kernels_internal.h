@@ -89,7 +89,12 @@ struct kvt_packed {
     size_t gbb;            /* bytes per group-block */
     uint8_t *data;         /* ngroups * nb * gbb bytes, 64-byte aligned, owned */
     const void *W;         /* original rows (borrowed; scalar ISA path) */
+    uint8_t *amx;          /* kind KQP_SMALL_S with AMX in use at create time: the AMX layout
+                            * (kernels_amx.c; ceil(n_out/16) * nb * KQA_GBB bytes, owned), else NULL */
 };
+/* AMX layout (kernels_amx.c): groups of KQA_N outputs, per block float d[16] + int8 q[8][16][4] */
+#define KQA_N 16
+#define KQA_GBB 576
 /* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
 uint8_t *kq_tls_scratch(size_t bytes);
 enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };
@@ -110,6 +115,19 @@ typedef struct kq_table {
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
 } kq_table;
+
+/* AMX (kernels_amx.c, x86 only): CPUID AMX-TILE/INT8 + the Linux XTILEDATA permission request
+ * (false if either is missing or refused); the KQP_SMALL_S kernel on P->amx (n_rows >= 1). */
+bool kq_amx_request(void);
+void kq_amx_pmm_small_s(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                        int64_t o1);
+/* Row-major Q8_0 / Q4_0 / Q5_0 with the AMX kernel's float order (the AMX table's matmul[]). */
+void kq_amx_mm_q8_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                    int64_t o1);
+void kq_amx_mm_q4_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                    int64_t o1);
+void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                    int64_t o1);
 
 /* Filled by the SIMD files (x86 only). */
 void kq_fill_avx2(kq_table *t);

@@ -91,18 +91,32 @@ void kvt_matmul_packed_ref(const kvt_packed *p, const void *act, int64_t n_rows,
                            int64_t o1);
 /* Rows below which kvt_matmul_packed is not worth it (decode GEMV reads the original). */
 #define KVT_PACKED_MIN_ROWS 4
+/* AMX (ISA KVT_ISA_AMX): kvt_matmul_packed of Q8_0/Q4_0/Q5_0 weights with n_rows >= this runs the
+ * int8 TMUL kernel. Its float order (per block: exact int32 dot, then acc = fma(isum, dw·dx, acc))
+ * differs from the AVX-512 path, so under AMX every such product (kvt_matmul_rows, packed with fewer rows) uses it
+ * too: results are the same for any n_rows (decode == full recompute); numerics id "amx-int8".
+ * Other types keep the AVX-512 kernels. */
+#define KVT_AMX_MIN_ROWS 16
+/* Scalar reference of the AMX kernel's arithmetic on p's AMX layout (p built while the ISA was
+ * KVT_ISA_AMX and of type Q8_0/Q4_0/Q5_0; otherwise does nothing). For tests. */
+void kvt_matmul_packed_amx_ref(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                               int64_t o0, int64_t o1);
+/* Whether p carries the AMX layout (used by kvt_matmul_packed when the ISA is KVT_ISA_AMX). */
+bool kvt_packed_has_amx(const kvt_packed *p);
 
 /* ---- dispatch ---- */
-typedef enum kvt_isa { KVT_ISA_SCALAR = 0, KVT_ISA_AVX2 = 1, KVT_ISA_AVX512 = 2 } kvt_isa;
+/* KVT_ISA_AMX = the AVX-512 VNNI kernels plus the AMX int8 prefill GEMM (CPUID AMX-TILE/INT8 and
+ * the Linux arch_prctl XTILEDATA permission; KVT_AMX_DENY=1 simulates a refusal). */
+typedef enum kvt_isa { KVT_ISA_SCALAR = 0, KVT_ISA_AVX2 = 1, KVT_ISA_AVX512 = 2, KVT_ISA_AMX = 3 } kvt_isa;
 void kvt_kernels_init(void);
 kvt_isa kvt_kernels_best_isa(void);     /* what the CPU supports */
 kvt_isa kvt_kernels_isa(void);          /* what is in use */
-/* Force an ISA (tests, benchmarks; env KVT_ISA=scalar|avx2|avx512 does the same at init). Returns
+/* Force an ISA (tests, benchmarks; env KVT_ISA=scalar|avx2|avx512|amx does the same at init). Returns
  * false if the CPU lacks it. Not thread-safe against concurrent kernel use. */
 bool kvt_kernels_force_isa(kvt_isa isa);
 const char *kvt_isa_name(kvt_isa isa);
 /* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
- * variant that changes results ("scalar", "avx2", "avx512", "avx512-vnni"). Paths are not
+ * variant that changes results ("scalar", "avx2", "avx512-vnni", "amx-int8"). Paths are not
  * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. */
 const char *kvt_kernels_numerics_id(void);
 

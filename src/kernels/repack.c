@@ -165,17 +165,39 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
                 }
             }
         }
+    /* AMX layout, derived from the 4-row groups: only while AMX is the ISA in use (memory: about as
+     * much again as the packed Q8_0 bytes); padded outputs stay zero (kvt_aligned_alloc zeroes) */
+    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AMX) {
+        const int64_t ng = (n_out + KQA_N - 1) / KQA_N;
+        uint64_t ab;
+        if (kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, KQA_GBB, &ab) && ab <= SIZE_MAX / 2 &&
+            (P->amx = kvt_aligned_alloc(64, (size_t)ab))) {
+            for (int64_t o = 0; o < n_out; o++)
+                for (int64_t b = 0; b < P->nb; b++) {
+                    const uint8_t *src = P->data + ((size_t)(o / KQP_ROWS) * (size_t)P->nb + (size_t)b) * P->gbb;
+                    const int i = (int)(o % KQP_ROWS), n = (int)(o % KQA_N);
+                    uint8_t *dst = P->amx + ((size_t)(o / KQA_N) * (size_t)P->nb + (size_t)b) * KQA_GBB;
+                    memcpy(dst + 4 * n, src + 4 * i, 4);
+                    for (int k4 = 0; k4 < 8; k4++) memcpy(dst + 64 + 64 * k4 + 4 * n, src + 16 + 32 * i + 4 * k4, 4);
+                }
+        } /* else: no AMX layout, the AVX-512 packed kernels run (same results as without AMX) */
+    }
     return P;
 }
 
+bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
+
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
+    free(p->amx);
     free(p->data);
     free(p);
 }
 
 size_t kvt_packed_bytes(const kvt_packed *p) {
-    return p ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
+    if (!p) return 0;
+    const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
+    return (size_t)p->ngroups * (size_t)p->nb * p->gbb + amx;
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
