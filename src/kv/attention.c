@@ -39,23 +39,40 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define ATT_TILE 16 /* (query, head) pairs sharing one pass over the KV head's rows */
+/* (query, head) pairs sharing one pass over the KV head's rows: each decoded K/V chunk serves up to
+ * ATT_TILE pairs, so a long prefill decodes every block row n_pairs / ATT_TILE times. The tile's
+ * scores take ATT_TILE * context floats, so past ATT_BIG_CTX keys the tile shrinks to
+ * ATT_TILE_SMALL to bound scratch memory. The tile size never changes results: every pair's
+ * scores, softmax and weighted sum are computed by the same per-pair operations in the same order
+ * whatever pairs share its tile (tests/test_kv_attention.c checks tile splits). */
+#define ATT_TILE 64
+#define ATT_TILE_SMALL 16
+#define ATT_BIG_CTX 16384u
 #define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* Pairs per tile for a call whose keys end before position n (pos0 + n_q). */
+static uint32_t tile_pairs(uint64_t n) { return n < ATT_BIG_CTX ? ATT_TILE : ATT_TILE_SMALL; }
+
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
     /* f16-rounded queries of a tile, the decoded K/V chunk, the tile's scores, and (TURBO) rotated
-     * queries + rotated accumulators */
-    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1) +
-           2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
+     * queries + rotated accumulators. Scores: a call with n = pos0 + n_q <= n_ctx keys uses
+     * tile_pairs(n) * pad16(n + 1) floats; the larger of the two regimes bounds every such n. */
+    const size_t small_n = n_ctx < ATT_BIG_CTX - 1 ? n_ctx : ATT_BIG_CTX - 1;
+    size_t sc = (size_t)ATT_TILE * pad16(small_n + 1);
+    if (n_ctx >= ATT_BIG_CTX) {
+        const size_t big = (size_t)ATT_TILE_SMALL * pad16((size_t)n_ctx + 1);
+        sc = big > sc ? big : sc;
+    }
+    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
  * so only the sign of a zero maximum can depend on the order, and exp(s - m) is the same for m = +0
  * and m = -0 (s - 0 == s for s != 0, and exp(±0) = 1). */
-static float max_scores(const float *sc, uint32_t n) {
+float kvt_attention_max_scores_scalar(const float *sc, uint32_t n) {
     float m8[8];
     for (int l = 0; l < 8; l++) m8[l] = -INFINITY;
     uint32_t j = 0;
@@ -70,10 +87,36 @@ static float max_scores(const float *sc, uint32_t n) {
     return m;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* The same maximum with 16-lane AVX-512 running maxima. _mm512_max_ps(x, m) returns m when x is NaN
+ * and m for x == m (either zero sign), exactly `x > m ? x : m` of the scalar loop, so NaNs are
+ * ignored alike and only the sign of a zero maximum can differ (harmless, see above). */
+__attribute__((target("avx512f"))) static float max_scores_avx512(const float *sc, uint32_t n) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
+    uint32_t j = 0;
+    for (; j + 16 <= n; j += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(sc + j), m16);
+    if (j < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        m16 = _mm512_mask_max_ps(m16, k, _mm512_maskz_loadu_ps(k, sc + j), m16);
+    }
+    return _mm512_reduce_max_ps(m16);
+}
+#define ATT_HAVE_AVX512 1
+#endif
+
+float kvt_attention_max_scores(const float *sc, uint32_t n) {
+#ifdef ATT_HAVE_AVX512
+    if (kvt_kv_simd_level() == 2) return max_scores_avx512(sc, n);
+#endif
+    return kvt_attention_max_scores_scalar(sc, n);
+}
+
 /* Softmax over sc[0..n) in place: e_j = kvt_kv_exp(s_j - m), summed in the 16-lane order of the dot
- * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. */
-static float softmax_inplace(float *sc, uint32_t n) {
-    const float m = max_scores(sc, n);
+ * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. The reference takes the scalar
+ * maximum, kvt_attention the SIMD one, so the reference checks that too. */
+static float softmax_inplace(float *sc, uint32_t n, bool scalar_max) {
+    const float m = scalar_max ? kvt_attention_max_scores_scalar(sc, n) : kvt_attention_max_scores(sc, n);
     if (m == -INFINITY) return 0.0f;
     return 1.0f / kvt_kv_exp_sum(sc, n, m);
 }
@@ -104,7 +147,7 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             kvt_kv_round_f16(qh, q16, hd_k, 1.0f);
             for (uint32_t j = 0; j < n; j++)
                 sc[j] = kvt_kv_dot(q16, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
-            float inv = softmax_inplace(sc, n);
+            float inv = softmax_inplace(sc, n, true);
             if (inv == 0.0f) continue;
             kvt_kv_round_f16(sc, sc, n, inv);
             for (uint32_t j = 0; j < n; j++)
@@ -151,16 +194,17 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
     float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
     float *sc_base = tile + (size_t)ATT_KC * hdp;
-    float *rot_base = sc_base + (size_t)ATT_TILE * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
+    float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
     float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
+    const uint32_t tp = tile_pairs((uint64_t)pos0 + n_q);
     for (uint32_t kvh = h0 / rep; kvh <= (h1 - 1) / rep; kvh++) {
         const uint32_t ha = KVT_MAX(h0, kvh * rep), hb = KVT_MIN(h1, (kvh + 1) * rep), nh = hb - ha;
         const uint32_t n_pairs = n_q * nh;
-        for (uint32_t t0 = 0; t0 < n_pairs; t0 += ATT_TILE) {
-            const uint32_t np = KVT_MIN(ATT_TILE, n_pairs - t0);
+        for (uint32_t t0 = 0; t0 < n_pairs; t0 += tp) {
+            const uint32_t np = KVT_MIN(tp, n_pairs - t0);
             att_pair pr[ATT_TILE];
             uint32_t ulo = UINT32_MAX, uhi = 0;
             bool any = false;
@@ -249,7 +293,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 if (pr[j].lo > pr[j].hi) continue;
                 float *scj = sc_base + j * span + (pr[j].lo - ulo);
                 const uint32_t nj = pr[j].hi - pr[j].lo + 1;
-                pr[j].inv = softmax_inplace(scj, nj);
+                pr[j].inv = softmax_inplace(scj, nj, false);
                 if (pr[j].inv == 0.0f) continue;
                 if (round16) kvt_kv_round_f16(scj, scj, nj, pr[j].inv);
                 else
