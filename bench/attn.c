@@ -1,7 +1,8 @@
 // bench/attn.c — single-thread benchmark of block-reading attention (kvt_attention).
 // Built by hand (not part of `make`):
 //   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/attn.c src/util/common.c src/kv/*.c -lxxhash -lm -o /tmp/bench_attn
-//   /tmp/bench_attn            (optional argument: a shape name, smol-135m or qwen3-0.6b, to run only that one)
+//   /tmp/bench_attn [SHAPE [CODEC]]   (optional: a shape name, smol-135m or qwen3-0.6b, and a codec name
+//                                      as printed, e.g. f16, to run only those)
 // Reports, per model shape (one layer, block_tokens 256) and codec:
 //   - decode: ms per call, one query over a context of 1k/4k/8k tokens, all heads (h0=0, h1=n_head);
 //   - prefill: queries/s for 512 queries at positions [0,512) (a fresh prompt) and [3584,4096).
@@ -116,6 +117,7 @@ int main(int argc, char **argv) {
         for (int ci = 0; ci < n_codecs; ci++) {
             char cn[32];
             kvt_codec_name(codecs[ci], cn, sizeof cn);
+            if (argc > 2 && strcmp(argv[2], cn) != 0) continue;
             for (int xi = 0; xi < 3; xi++) {
                 ctx c;
                 ctx_init(&c, shapes[si], codecs[ci], ctxs[xi]);

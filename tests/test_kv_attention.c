@@ -5,6 +5,7 @@
 
 #include "testutil.h"
 #include "kv/kv.h"
+#include "kv/kv_int.h"
 
 #define MAXP 160
 #define NKV 2
@@ -277,11 +278,169 @@ static void test_ref_f16_roundings(void **st) {
     assert_true(eff > 10 * err && eff > 1e-5);
 }
 
+/* ---- prefill tiling: many shapes, one f16 layer, against the per-query reference ---- */
+
+typedef struct pshape {
+    uint32_t n_kv, rep, hdk, hdv, bt, window, n_ctx;
+    uint32_t chunks[6]; /* prefill chunk sizes, summing to n_ctx (0 ends) */
+    int skip_first;     /* the first chunk only fills the context (not checked: keeps the test fast) */
+} pshape;
+
+static uint64_t g_out_hash = 1469598103934665603ull; /* FNV-1a over every output, for the level check */
+static void hash_bytes(const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) g_out_hash = (g_out_hash ^ b[i]) * 1099511628211ull;
+}
+
+/* Writes each chunk, then checks before committing it: one call over all heads and queries equals
+ * kvt_attention_ref bit for bit; so do the heads split at every GQA-group and mid-group boundary
+ * (thread splits) and the queries split in two calls (batch invariance). */
+static void prefill_shape(const pshape *ps) {
+    const uint32_t n_head = ps->n_kv * ps->rep, qd = n_head * ps->hdk, od = n_head * ps->hdv;
+    kvt_layer_desc d = {.kind = ps->window ? KVT_KIND_WINDOW : KVT_KIND_FULL, .window = ps->window,
+                        .n_kv_heads = ps->n_kv, .head_dim_k = ps->hdk, .head_dim_v = ps->hdv, .codec = F16};
+    kvt_kv_layout *l;
+    char err[200];
+    assert_int_equal(kvt_kv_layout_create(&d, 1, ps->bt, F16, 0, &l, err, sizeof err), KVT_OK);
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+    float *kr = malloc(sizeof(float) * ps->n_ctx * ps->n_kv * ps->hdk);
+    float *vr = malloc(sizeof(float) * ps->n_ctx * ps->n_kv * ps->hdv);
+    float *k = malloc(sizeof(float) * ps->n_kv * ps->hdk), *v = malloc(sizeof(float) * ps->n_kv * ps->hdv);
+    float *scr = malloc(sizeof(float) * kvt_attention_scratch_floats(l, ps->n_ctx));
+    uint32_t maxc = 0;
+    for (int c = 0; c < 6 && ps->chunks[c]; c++) maxc = KVT_MAX(maxc, ps->chunks[c]);
+    float *q = malloc(sizeof(float) * maxc * qd);
+    float *o1 = malloc(sizeof(float) * maxc * od), *o2 = malloc(sizeof(float) * maxc * od);
+    float *o3 = malloc(sizeof(float) * maxc * od);
+    int32_t *toks = malloc(sizeof(int32_t) * maxc);
+    uint8_t row[512];
+    uint64_t rng = ps->n_ctx * 131 + ps->hdk * 7 + ps->rep;
+    const float scale = 1.0f / sqrtf((float)ps->hdk);
+    uint32_t pos0 = 0;
+    for (int c = 0; c < 6 && ps->chunks[c]; c++) {
+        const uint32_t n = ps->chunks[c];
+        assert_int_equal(kvt_seq_prepare(s, n), KVT_OK);
+        for (uint32_t t = 0; t < n; t++) {
+            const uint32_t pos = pos0 + t;
+            for (uint32_t i = 0; i < ps->n_kv * ps->hdk; i++) k[i] = tu_randf(&rng) * 2;
+            for (uint32_t i = 0; i < ps->n_kv * ps->hdv; i++) v[i] = tu_randf(&rng);
+            kvt_seq_write_kv(s, 0, pos, k, v);
+            for (uint32_t h = 0; h < ps->n_kv; h++) {
+                kvt_codec_encode_row(F16, k + h * ps->hdk, ps->hdk, row);
+                kvt_codec_decode_row(F16, row, ps->hdk, kr + ((size_t)pos * ps->n_kv + h) * ps->hdk);
+                kvt_codec_encode_row(F16, v + h * ps->hdv, ps->hdv, row);
+                kvt_codec_decode_row(F16, row, ps->hdv, vr + ((size_t)pos * ps->n_kv + h) * ps->hdv);
+            }
+        }
+        if (c == 0 && ps->skip_first) goto commit;
+        for (uint32_t i = 0; i < n * qd; i++) q[i] = tu_randf(&rng) * 3;
+        memset(o1, 0xff, sizeof(float) * n * od);
+        kvt_attention(s, 0, q, n, qd, pos0, n_head, scale, 0, n_head, o1, od, scr);
+        kvt_attention_ref(kr, vr, pos0 + n, ps->n_kv, ps->hdk, ps->hdv, q, n, qd, pos0, n_head, scale, ps->window,
+                          o2, od);
+        for (uint32_t i = 0; i < n * od; i++)
+            if (memcmp(&o1[i], &o2[i], 4))
+                fail_msg("shape kv%u rep%u hd%u/%u bt%u w%u: pos0 %u n %u elem %u: %.9g vs ref %.9g", ps->n_kv,
+                         ps->rep, ps->hdk, ps->hdv, ps->bt, ps->window, pos0, n, i, o1[i], o2[i]);
+        hash_bytes(o1, sizeof(float) * n * od);
+        /* thread splits over heads: [0, h) and [h, n_head) */
+        for (uint32_t h = 1; h < n_head; h += (ps->rep > 1 ? ps->rep - 1 : 1)) {
+            memset(o3, 0xff, sizeof(float) * n * od);
+            kvt_attention(s, 0, q, n, qd, pos0, n_head, scale, 0, h, o3, od, scr);
+            kvt_attention(s, 0, q, n, qd, pos0, n_head, scale, h, n_head, o3, od, scr);
+            assert_memory_equal(o1, o3, sizeof(float) * n * od);
+        }
+        /* batch invariance: queries in two calls */
+        if (n > 1) {
+            const uint32_t a = n / 3 + 1;
+            memset(o3, 0xff, sizeof(float) * n * od);
+            kvt_attention(s, 0, q, a, qd, pos0, n_head, scale, 0, n_head, o3, od, scr);
+            kvt_attention(s, 0, q + (size_t)a * qd, n - a, qd, pos0 + a, n_head, scale, 0, n_head,
+                          o3 + (size_t)a * od, od, scr);
+            assert_memory_equal(o1, o3, sizeof(float) * n * od);
+        }
+    commit:
+        for (uint32_t i = 0; i < n; i++) toks[i] = (int32_t)((pos0 + i) % 1000);
+        assert_int_equal(kvt_seq_commit(s, toks, n), KVT_OK);
+        pos0 += n;
+    }
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+    free(kr), free(vr), free(k), free(v), free(scr), free(q), free(o1), free(o2), free(o3), free(toks);
+}
+
+static const pshape PSHAPES[] = {
+    /* GQA ratios 1..8, head dims 64 and 128, pair counts below, at and above the 64-pair tile */
+    {1, 1, 64, 64, 16, 0, 200, {100, 37, 63}, 0},
+    {3, 3, 64, 64, 16, 0, 300, {129, 64, 1, 106}, 0},
+    {2, 2, 128, 128, 32, 0, 260, {97, 96, 67}, 0},
+    {1, 8, 64, 64, 8, 0, 150, {33, 17, 100}, 0},
+    {2, 4, 128, 64, 16, 0, 180, {65, 115}, 0},
+    {2, 3, 64, 128, 256, 0, 300, {300}, 0},
+    /* window layers: the window slides within and across tiles, blocks drop */
+    {3, 3, 64, 64, 16, 40, 300, {120, 57, 123}, 0},
+    {2, 2, 128, 128, 8, 9, 120, {70, 50}, 0},
+    {1, 4, 64, 64, 4, 100, 260, {150, 110}, 0},
+    /* odd head dims (no 16-wide kernels), tails of chunks */
+    {2, 2, 48, 40, 16, 0, 120, {71, 49}, 0},
+    /* past ATT_BIG_CTX (16384): the short tile, and a chunk straddling the switch */
+    {1, 2, 64, 64, 256, 0, 16400, {16370, 10, 20}, 1},
+};
+
+static void test_prefill_tiles_match_ref(void **st) {
+    (void)st;
+    for (size_t i = 0; i < KVT_ARRAY_LEN(PSHAPES); i++) prefill_shape(&PSHAPES[i]);
+}
+
+/* The SIMD softmax maximum equals the scalar one (NaNs ignored, -inf only, every tail length). */
+static void test_max_scores(void **st) {
+    (void)st;
+    static float sc[200];
+    uint64_t rng = 3;
+    for (uint32_t n = 0; n <= 200; n++)
+        for (int kind = 0; kind < 4; kind++) {
+            for (uint32_t j = 0; j < n; j++) {
+                const float r = tu_randf(&rng);
+                sc[j] = kind == 0 ? r * 50 : kind == 1 ? -INFINITY : kind == 2 ? (r > 0.5f ? NAN : r) : -r * r;
+            }
+            if (kind == 3 && n) sc[tu_rand(&rng) % n] = 7.0f; /* one clear maximum */
+            const float a = kvt_attention_max_scores(sc, n), b = kvt_attention_max_scores_scalar(sc, n);
+            assert_true(a == b || (a != a && b != b));
+            float want = -INFINITY;
+            for (uint32_t j = 0; j < n; j++)
+                if (sc[j] > want) want = sc[j];
+            assert_true(a == want);
+            if (kind == 3 && n) assert_true(a == 7.0f);
+        }
+}
+
+/* Every SIMD level gives the same bits (the tiled kernels' lanes and the scalar fallbacks): the
+ * outputs of all prefill shapes hash alike at the native level, AVX2 and scalar. Runs last: forcing
+ * a level only lowers it. */
+static void test_prefill_simd_levels(void **st) {
+    (void)st;
+    uint64_t h[3];
+    const int top = kvt_kv_simd_level();
+    for (int lv = top; lv >= 0; lv--) {
+        kvt_kv_force_simd_level(lv);
+        assert_int_equal(kvt_kv_simd_level(), lv);
+        g_out_hash = 1469598103934665603ull;
+        for (size_t i = 0; i < KVT_ARRAY_LEN(PSHAPES); i++) prefill_shape(&PSHAPES[i]);
+        h[lv] = g_out_hash;
+        if (lv < top) assert_true(h[lv] == h[top]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_bt4_window),   cmocka_unit_test(test_bf16_bt16_window),
         cmocka_unit_test(test_affine_mixed_variants), cmocka_unit_test(test_clone_trim_append),
         cmocka_unit_test(test_affine_error_small), cmocka_unit_test(test_ref_f16_roundings),
+        cmocka_unit_test(test_max_scores),          cmocka_unit_test(test_prefill_tiles_match_ref),
+        cmocka_unit_test(test_prefill_simd_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,8 @@
  * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
  * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
  * context: per KV head it streams that head's rows (contiguous within a block: sections are ordered
- * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once into a small f32 tile and uses it
+ * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
+ * whole chunk) into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
  * come from kvt_kv_dot_rows and the weighted sum from kvt_kv_axpy_rows, which are bit-identical to
  * looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
@@ -39,23 +40,40 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define ATT_TILE 16 /* (query, head) pairs sharing one pass over the KV head's rows */
+/* (query, head) pairs sharing one pass over the KV head's rows: each decoded K/V chunk serves up to
+ * ATT_TILE pairs, so a long prefill decodes every block row n_pairs / ATT_TILE times. The tile's
+ * scores take ATT_TILE * context floats, so past ATT_BIG_CTX keys the tile shrinks to
+ * ATT_TILE_SMALL to bound scratch memory. The tile size never changes results: every pair's
+ * scores, softmax and weighted sum are computed by the same per-pair operations in the same order
+ * whatever pairs share its tile (tests/test_kv_attention.c checks tile splits). */
+#define ATT_TILE 64
+#define ATT_TILE_SMALL 16
+#define ATT_BIG_CTX 16384u
 #define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* Pairs per tile for a call whose keys end before position n (pos0 + n_q). */
+static uint32_t tile_pairs(uint64_t n) { return n < ATT_BIG_CTX ? ATT_TILE : ATT_TILE_SMALL; }
+
 size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
     /* f16-rounded queries of a tile, the decoded K/V chunk, the tile's scores, and (TURBO) rotated
-     * queries + rotated accumulators */
-    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + (size_t)ATT_TILE * pad16((size_t)n_ctx + 1) +
-           2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
+     * queries + rotated accumulators. Scores: a call with n = pos0 + n_q <= n_ctx keys uses
+     * tile_pairs(n) * pad16(n + 1) floats; the larger of the two regimes bounds every such n. */
+    const size_t small_n = n_ctx < ATT_BIG_CTX - 1 ? n_ctx : ATT_BIG_CTX - 1;
+    size_t sc = (size_t)ATT_TILE * pad16(small_n + 1);
+    if (n_ctx >= ATT_BIG_CTX) {
+        const size_t big = (size_t)ATT_TILE_SMALL * pad16((size_t)n_ctx + 1);
+        sc = big > sc ? big : sc;
+    }
+    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
  * so only the sign of a zero maximum can depend on the order, and exp(s - m) is the same for m = +0
  * and m = -0 (s - 0 == s for s != 0, and exp(±0) = 1). */
-static float max_scores(const float *sc, uint32_t n) {
+float kvt_attention_max_scores_scalar(const float *sc, uint32_t n) {
     float m8[8];
     for (int l = 0; l < 8; l++) m8[l] = -INFINITY;
     uint32_t j = 0;
@@ -70,10 +88,36 @@ static float max_scores(const float *sc, uint32_t n) {
     return m;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* The same maximum with 16-lane AVX-512 running maxima. _mm512_max_ps(x, m) returns m when x is NaN
+ * and m for x == m (either zero sign), exactly `x > m ? x : m` of the scalar loop, so NaNs are
+ * ignored alike and only the sign of a zero maximum can differ (harmless, see above). */
+__attribute__((target("avx512f"))) static float max_scores_avx512(const float *sc, uint32_t n) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
+    uint32_t j = 0;
+    for (; j + 16 <= n; j += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(sc + j), m16);
+    if (j < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        m16 = _mm512_mask_max_ps(m16, k, _mm512_maskz_loadu_ps(k, sc + j), m16);
+    }
+    return _mm512_reduce_max_ps(m16);
+}
+#define ATT_HAVE_AVX512 1
+#endif
+
+float kvt_attention_max_scores(const float *sc, uint32_t n) {
+#ifdef ATT_HAVE_AVX512
+    if (kvt_kv_simd_level() == 2) return max_scores_avx512(sc, n);
+#endif
+    return kvt_attention_max_scores_scalar(sc, n);
+}
+
 /* Softmax over sc[0..n) in place: e_j = kvt_kv_exp(s_j - m), summed in the 16-lane order of the dot
- * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. */
-static float softmax_inplace(float *sc, uint32_t n) {
-    const float m = max_scores(sc, n);
+ * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. The reference takes the scalar
+ * maximum, kvt_attention the SIMD one, so the reference checks that too. */
+static float softmax_inplace(float *sc, uint32_t n, bool scalar_max) {
+    const float m = scalar_max ? kvt_attention_max_scores_scalar(sc, n) : kvt_attention_max_scores(sc, n);
     if (m == -INFINITY) return 0.0f;
     return 1.0f / kvt_kv_exp_sum(sc, n, m);
 }
@@ -104,7 +148,7 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             kvt_kv_round_f16(qh, q16, hd_k, 1.0f);
             for (uint32_t j = 0; j < n; j++)
                 sc[j] = kvt_kv_dot(q16, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
-            float inv = softmax_inplace(sc, n);
+            float inv = softmax_inplace(sc, n, true);
             if (inv == 0.0f) continue;
             kvt_kv_round_f16(sc, sc, n, inv);
             for (uint32_t j = 0; j < n; j++)
@@ -113,6 +157,17 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
     }
     free(sc);
     free(q16);
+}
+
+/* Decodes n consecutive rows (row r at src + r*rb) into dst (row r at dst + r*dim). Unpadded f16
+ * rows form one contiguous run of n*dim halves, decoded by one call (the conversion is exact, so
+ * this equals the per-row loop bit for bit and saves a call per key). */
+static void decode_chunk(kvt_codec c, const uint8_t *src, size_t rb, uint32_t dim, uint32_t n, float *dst) {
+    if (c.kind == KVT_CODEC_F16 && rb == 2 * (size_t)dim) {
+        kvt_decode_row_fast(c, src, dim * n, dst);
+        return;
+    }
+    for (uint32_t r = 0; r < n; r++) kvt_decode_row_fast(c, src + (size_t)r * rb, dim, dst + (size_t)r * dim);
 }
 
 typedef struct att_pair {
@@ -151,16 +206,17 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
     float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
     float *sc_base = tile + (size_t)ATT_KC * hdp;
-    float *rot_base = sc_base + (size_t)ATT_TILE * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
+    float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
     float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
+    const uint32_t tp = tile_pairs((uint64_t)pos0 + n_q);
     for (uint32_t kvh = h0 / rep; kvh <= (h1 - 1) / rep; kvh++) {
         const uint32_t ha = KVT_MAX(h0, kvh * rep), hb = KVT_MIN(h1, (kvh + 1) * rep), nh = hb - ha;
         const uint32_t n_pairs = n_q * nh;
-        for (uint32_t t0 = 0; t0 < n_pairs; t0 += ATT_TILE) {
-            const uint32_t np = KVT_MIN(ATT_TILE, n_pairs - t0);
+        for (uint32_t t0 = 0; t0 < n_pairs; t0 += tp) {
+            const uint32_t np = KVT_MIN(tp, n_pairs - t0);
             att_pair pr[ATT_TILE];
             uint32_t ulo = UINT32_MAX, uhi = 0;
             bool any = false;
@@ -220,8 +276,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     for (uint32_t j = 0; j < np; j++)
                         if (KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
-                    for (uint32_t p = p0; p <= p1; p++)
-                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, hd_k, tile + (size_t)(p - p0) * hd_k);
+                    decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, hd_k, p1 - p0 + 1, tile);
                     if (na == 1) {
                         const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
                         kvt_kv_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
@@ -249,7 +304,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 if (pr[j].lo > pr[j].hi) continue;
                 float *scj = sc_base + j * span + (pr[j].lo - ulo);
                 const uint32_t nj = pr[j].hi - pr[j].lo + 1;
-                pr[j].inv = softmax_inplace(scj, nj);
+                pr[j].inv = softmax_inplace(scj, nj, false);
                 if (pr[j].inv == 0.0f) continue;
                 if (round16) kvt_kv_round_f16(scj, scj, nj, pr[j].inv);
                 else
@@ -275,8 +330,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     for (uint32_t j = 0; j < np; j++)
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
-                    for (uint32_t p = p0; p <= p1; p++)
-                        kvt_decode_row_fast(c, base + (size_t)(p - bi * bt) * rb, vdim, tile + (size_t)(p - p0) * vdim);
+                    decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, vdim, p1 - p0 + 1, tile);
                     uint32_t g0 = 0;
                     if (na >= 2 && hd_v <= ATT_DUMMY)
                         for (; g0 < na; g0 += 4) {

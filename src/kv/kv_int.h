@@ -154,5 +154,9 @@ float kvt_kv_exp_sum_scalar(float *sc, uint32_t n, float m);
  * and the normalized softmax weights with it (attention.c). */
 void kvt_kv_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_kv_round_f16_scalar(const float *src, float *dst, uint32_t n, float mul);
+/* Maximum of sc[0..n) ignoring NaNs, or -INFINITY (attention.c, softmax): the SIMD dispatch and its
+ * scalar reference; equal except possibly the sign of a zero maximum. */
+float kvt_attention_max_scores(const float *sc, uint32_t n);
+float kvt_attention_max_scores_scalar(const float *sc, uint32_t n);
 
 #endif
