@@ -524,7 +524,7 @@ int64_t kvt_tokenize_limit(const kvt_tokenizer *t, const char *text, size_t len,
         free(out.v);
         return -1;
     }
-    if (ids && cap > 0) memcpy(ids, out.v, (size_t)KVT_MIN(cap, out.n) * sizeof *ids);
+    if (ids && cap > 0 && out.n > 0) memcpy(ids, out.v, (size_t)KVT_MIN(cap, out.n) * sizeof *ids); /* out.v is NULL when empty */
     int64_t n = out.n;
     free(out.v);
     return n;
