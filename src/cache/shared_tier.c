@@ -415,6 +415,28 @@ static uint32_t take_reply(kvt_shared *sh, kvt_seq *seq, redisReply *r, const ch
     return use;
 }
 
+/* Pipelines GETs for the `count` full blocks from block index `first` of prompt, chained from
+ * `parent`: fills chains[], keys[] and clears bad[] for each. Returns how many were queued; a
+ * connection that refuses a command clears *io_ok. */
+static uint32_t queue_block_gets(kvt_shared *sh, const char *compat, uint64_t parent, const int32_t *prompt,
+                                 uint32_t first, uint32_t count, uint64_t *chains, char keys[][KVT_SHARED_KEY_MAX],
+                                 bool *bad, bool *io_ok) {
+    const uint32_t bt = sh->bt;
+    for (uint32_t k = 0; k < count; k++) {
+        chains[k] = kvt_chain_hash(parent, prompt + (size_t)(first + k) * bt, bt);
+        parent = chains[k];
+        bad[k] = false;
+        kvt_shared_key(compat, false, 0, chains[k], keys[k]);
+        const char *argv[2] = {"GET", keys[k]};
+        size_t lens[2] = {3, strlen(keys[k])};
+        if (redisAppendCommandArgv(sh->fetch.c, 2, argv, lens) != REDIS_OK) {
+            *io_ok = false;
+            return k;
+        }
+    }
+    return count;
+}
+
 /* FULL-attention layouts: extends seq in place (FULL groups trim at any position). Returns io_ok. */
 static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n, uint64_t deadline, bool io_ok) {
     const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
@@ -430,20 +452,10 @@ static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uin
         uint64_t now = now_ms();
         if (now >= deadline) break;
         redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
-        uint32_t k = 0;
-        uint64_t parent = idx == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, idx - 1);
-        for (; k < P && (idx + k + 1) * bt <= n && (idx + k) * bt + 1 < n; k++) {
-            chains[k] = kvt_chain_hash(parent, prompt + (size_t)(idx + k) * bt, bt);
-            parent = chains[k];
-            bad[k] = false;
-            kvt_shared_key(compat, false, 0, chains[k], keys[k]);
-            const char *argv[2] = {"GET", keys[k]};
-            size_t lens[2] = {3, strlen(keys[k])};
-            if (redisAppendCommandArgv(sh->fetch.c, 2, argv, lens) != REDIS_OK) {
-                io_ok = false;
-                break;
-            }
-        }
+        uint32_t want = 0;
+        while (want < P && (idx + want + 1) * bt <= n && (idx + want) * bt + 1 < n) want++;
+        const uint64_t parent = idx == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, idx - 1);
+        const uint32_t k = queue_block_gets(sh, compat, parent, prompt, idx, want, chains, keys, bad, &io_ok);
         for (uint32_t j = 0; j < k && io_ok; j++) {
             void *rv = NULL;
             if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
@@ -516,20 +528,9 @@ static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const int32_t *prom
         uint64_t now = now_ms();
         if (now >= deadline) break;
         redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
-        uint32_t w = 0;
-        uint64_t pp = parent;
-        for (; w < P && (i0 + k + w + 1) * bt <= lim; w++) {
-            chains[w] = kvt_chain_hash(pp, prompt + (size_t)(i0 + k + w) * bt, bt);
-            pp = chains[w];
-            bad[w] = false;
-            kvt_shared_key(compat, false, 0, chains[w], keys[w]);
-            const char *argv[2] = {"GET", keys[w]};
-            size_t lens[2] = {3, strlen(keys[w])};
-            if (redisAppendCommandArgv(sh->fetch.c, 2, argv, lens) != REDIS_OK) {
-                io_ok = false;
-                break;
-            }
-        }
+        uint32_t want = 0;
+        while (want < P && (i0 + k + want + 1) * bt <= lim) want++;
+        const uint32_t w = queue_block_gets(sh, compat, parent, prompt, i0 + k, want, chains, keys, bad, &io_ok);
         for (uint32_t j = 0; j < w && io_ok; j++) {
             void *rv = NULL;
             if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
