@@ -278,10 +278,10 @@ static void test_store_order(void **s) {
     memset(r.key, 0xab, 32);
     kvt_ckpt_store_pause(st, true);
     r.n_emitted = 10;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     r.n_emitted = 20;
     r.rng = 100;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_stats cs;
     kvt_ckpt_store_stats(st, &cs);
     assert_int_equal(cs.pending, 1); /* replaced in place */
@@ -308,13 +308,13 @@ static void test_store_order(void **s) {
     /* the two failed loads above removed it as unusable */
     assert_int_not_equal(stat(path, &sb), 0);
     r.n_emitted = 30;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     assert_true(kvt_ckpt_store_flush(st, 5000));
     assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0600);
     kvt_ckpt_store_pause(st, true);
     r.n_emitted = 40;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_store_invalidate(st, r.key);
     assert_false(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got)); /* removal is the newest state */
     kvt_ckpt_store_pause(st, false);
@@ -324,7 +324,7 @@ static void test_store_order(void **s) {
     /* another compat key never uses this record */
     assert_int_equal(kvt_ckpt_store_open(dir, "compat-A", &st, err, sizeof err), KVT_OK);
     r.n_emitted = 10;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_store_free(st);
     assert_int_equal(kvt_ckpt_store_open(dir, "compat-B", &st, err, sizeof err), KVT_OK);
     assert_false(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got));

@@ -626,6 +626,7 @@ void kvt_row_begin(kvt_row *r) {
         res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
         shared_lookup(e, r->chain, &r->seq, &r->reused, res);
         pthread_mutex_unlock(&e->lookup_mu);
+        kvt_ckpt_note_reused(&r->ck, e->ckpt, r->reused); /* [ckpt] how much of a resume was restored */
     }
     if (!r->seq) {
         if ((st = kvt_seq_create(e->pool, r->root, &r->seq))) {
@@ -980,6 +981,8 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ckpt_dropped = c.dropped;
         out->ckpt_corrupt = c.corrupt;
         out->ckpt_pending = c.pending;
+        out->ckpt_retried = c.retried;
+        out->ckpt_resume_reused_tokens = c.resume_reused_tokens;
     }
     if (e->shared) {
         kvt_shared_stats s;
