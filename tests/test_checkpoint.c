@@ -3,13 +3,19 @@
  * new engine on the same directory) resumes on an identical request, and the whole text equals an
  * uninterrupted run without any cache (greedy and seeded sampling, with a stop string); a changed
  * sampling field does not resume; completion removes the record; a corrupt or planted record is
- * rejected; the store keeps the newest record per key and orders removal after writes.
+ * rejected; the store keeps the newest record per key and orders removal after writes. A failed
+ * checkpoint write is retried with back-off before the next regular point (fault injection,
+ * KVT_CKPT_FAIL_WRITES), and a hybrid (qwen35) generation killed after a checkpoint restores the
+ * checkpoint's state snapshot instead of recomputing (forked child, SIGKILL).
  * (The kill -9 version against a real server: tests/e2e/crash_ckpt.sh.) */
 #include "testutil.h"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cache/ssd_ckpt.h"
 #include "engine/engine.h"
@@ -44,6 +50,11 @@ typedef struct sink {
     char text[16384];
     size_t n;
     uint32_t calls, stop_after; /* stop_after: return false at that many callbacks (0 = never) */
+    /* kill_child (a forked child only): at kill_at callbacks, flush (what a crash would have
+     * found durable), check the child's expectations, then SIGKILL itself */
+    kvt_engine *e;
+    uint32_t kill_at, wait_failed_at; /* wait_failed_at: wait there until a checkpoint write failed */
+    uint64_t want_failed, want_retried; /* checked at kill_at (exit 3 if not) */
 } sink;
 
 static bool on_tok(void *ctx, int32_t id, const char *t, size_t len) {
@@ -53,6 +64,25 @@ static bool on_tok(void *ctx, int32_t id, const char *t, size_t len) {
         s->n += len;
     }
     s->calls++;
+    kvt_engine_stats st;
+    if (s->e && s->calls == s->wait_failed_at) { /* the writer fails asynchronously: make the test deterministic */
+        for (int i = 0; i < 2000; i++) {
+            kvt_engine_stats_get(s->e, &st);
+            if (st.ckpt_failed >= 1) break;
+            usleep(5000);
+        }
+    }
+    if (s->e && s->calls == s->kill_at) {
+        kvt_flush_result fr;
+        kvt_engine_flush(s->e, 20000, &fr);
+        kvt_engine_stats_get(s->e, &st);
+        if (!fr.durable || st.ckpt_failed != s->want_failed || st.ckpt_retried != s->want_retried) {
+            fprintf(stderr, "child: durable %d failed %llu retried %llu\n", fr.durable, (unsigned long long)st.ckpt_failed,
+                    (unsigned long long)st.ckpt_retried);
+            _exit(3);
+        }
+        kill(getpid(), SIGKILL);
+    }
     return !(s->stop_after && s->calls >= s->stop_after);
 }
 
@@ -278,10 +308,10 @@ static void test_store_order(void **s) {
     memset(r.key, 0xab, 32);
     kvt_ckpt_store_pause(st, true);
     r.n_emitted = 10;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     r.n_emitted = 20;
     r.rng = 100;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_stats cs;
     kvt_ckpt_store_stats(st, &cs);
     assert_int_equal(cs.pending, 1); /* replaced in place */
@@ -308,13 +338,13 @@ static void test_store_order(void **s) {
     /* the two failed loads above removed it as unusable */
     assert_int_not_equal(stat(path, &sb), 0);
     r.n_emitted = 30;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     assert_true(kvt_ckpt_store_flush(st, 5000));
     assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(sb.st_mode & 0777, 0600);
     kvt_ckpt_store_pause(st, true);
     r.n_emitted = 40;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_store_invalidate(st, r.key);
     assert_false(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got)); /* removal is the newest state */
     kvt_ckpt_store_pause(st, false);
@@ -324,7 +354,7 @@ static void test_store_order(void **s) {
     /* another compat key never uses this record */
     assert_int_equal(kvt_ckpt_store_open(dir, "compat-A", &st, err, sizeof err), KVT_OK);
     r.n_emitted = 10;
-    assert_true(kvt_ckpt_store_save(st, &r));
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
     kvt_ckpt_store_free(st);
     assert_int_equal(kvt_ckpt_store_open(dir, "compat-B", &st, err, sizeof err), KVT_OK);
     assert_false(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got));
@@ -356,6 +386,180 @@ static void test_resume_seeded_inline(void **s) {
     g_parallel = 4;
 }
 
+/* A generation SIGKILLed at `cut` emitted tokens in a forked child (after a flush: what a crash finds
+ * durable; no final put, no store drain), with its expectations checked in the child (sink). */
+static void kill_child(const char *ssd, uint32_t every, const kvt_sampling *sp, sink *tmpl) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvt_engine_opts o;
+        kvt_engine_opts_default(&o);
+        o.model_path = g_model;
+        o.n_threads = 2;
+        o.n_ctx = 512;
+        o.ubatch = 32;
+        o.block_tokens = 16;
+        o.prompt_cache_gb = 0.05;
+        o.snapshot_min_tokens = 64;
+        o.ssd_dir = ssd;
+        o.generation_checkpoint = every;
+        o.parallel = g_parallel;
+        kvt_engine *e = NULL;
+        char err[512] = "";
+        if (kvt_engine_create(&o, &e, err, sizeof err) != KVT_OK) _exit(2);
+        sink *a = calloc(1, sizeof *a);
+        if (!a) _exit(2);
+        *a = *tmpl;
+        a->e = e;
+        kvt_gen_request r = request(sp, a);
+        kvt_gen_result res;
+        kvt_engine_generate(e, &r, &res, err, sizeof err);
+        _exit(4); /* not reached: killed at kill_at */
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    if (!WIFSIGNALED(wst)) fprintf(stderr, "child exited with %d\n", WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+}
+
+/* The one checkpoint record's emitted count (-1 if none). */
+static int64_t record_emitted(const char *ssd) {
+    char path[1024], err[256], compat[512];
+    if (count_kvc(ssd) != 1) return -1;
+    first_kvc(ssd, path, sizeof path);
+    kvt_ckpt_rec info;
+    if (kvt_ckpt_file_check(path, &info, compat, sizeof compat, err, sizeof err) != KVT_OK) return -1;
+    free(info.emitted);
+    return info.n_emitted;
+}
+
+/* The store: a failed write is reported through the watch and leaves the published record in place
+ * (the newest published one stays valid); a later save publishes. Replacing a queued record
+ * settles its watch as REPLACED. */
+static void test_store_failed_write(void **s) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/store-fail", g_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    kvt_ckpt_store *st = NULL;
+    char err[256];
+    assert_int_equal(kvt_ckpt_store_open(dir, "compat-A", &st, err, sizeof err), KVT_OK);
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = i + 3;
+    kvt_ckpt_rec r = {.n_prompt = 7, .pending = 5, .rng = 1, .emitted = ids, .n_emitted = 10};
+    memset(r.key, 0xcd, 32);
+    kvt_ckpt_watch *w = NULL;
+    assert_true(kvt_ckpt_store_save(st, &r, &w));
+    assert_true(kvt_ckpt_store_flush(st, 5000));
+    assert_int_equal(kvt_ckpt_watch_state(w), KVT_CKPT_PUBLISHED);
+    kvt_ckpt_watch_release(w);
+    kvt_ckpt_store_fail_writes(st, 1);
+    r.n_emitted = 20;
+    assert_true(kvt_ckpt_store_save(st, &r, &w));
+    assert_true(kvt_ckpt_store_flush(st, 5000));
+    assert_int_equal(kvt_ckpt_watch_state(w), KVT_CKPT_FAILED);
+    kvt_ckpt_watch_release(w);
+    kvt_ckpt_stats cs;
+    kvt_ckpt_store_stats(st, &cs);
+    assert_int_equal(cs.failed, 1);
+    assert_int_equal(cs.written, 1);
+    kvt_ckpt_rec got;
+    assert_true(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got)); /* the previous record, intact */
+    assert_int_equal(got.n_emitted, 10);
+    free(got.emitted);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "find '%s/ckpt' -name '*.tmp' | grep -q .", dir);
+    assert_int_not_equal(system(cmd), 0); /* the failed temporary was removed */
+    /* a queued record replaced by a newer one: REPLACED; the newer one publishes */
+    kvt_ckpt_store_pause(st, true);
+    kvt_ckpt_watch *w2 = NULL;
+    r.n_emitted = 30;
+    assert_true(kvt_ckpt_store_save(st, &r, &w));
+    r.n_emitted = 31;
+    assert_true(kvt_ckpt_store_save(st, &r, &w2));
+    assert_int_equal(kvt_ckpt_watch_state(w), KVT_CKPT_REPLACED);
+    assert_int_equal(kvt_ckpt_watch_state(w2), KVT_CKPT_QUEUED);
+    kvt_ckpt_store_pause(st, false);
+    assert_true(kvt_ckpt_store_flush(st, 5000));
+    assert_int_equal(kvt_ckpt_watch_state(w2), KVT_CKPT_PUBLISHED);
+    kvt_ckpt_watch_release(w);
+    kvt_ckpt_watch_release(w2);
+    assert_true(kvt_ckpt_store_load(st, r.key, 7, 1000, 1000, &got));
+    assert_int_equal(got.n_emitted, 31);
+    free(got.emitted);
+    kvt_ckpt_store_free(st);
+}
+
+/* A failed checkpoint write is retried with back-off, not left until the next regular point: the
+ * first write (at 16 emitted tokens, every 16) fails; the request sees it at token 17 and saves a
+ * fresh record at 18 (back-off 1), published before the regular point at 32. Killed at 30, the
+ * generation resumes from that record (18 emitted) byte-identically. (Before retries the record
+ * only came at 32: none at the kill.) */
+static void retry_case(void) {
+    kvt_sampling sp = seeded();
+    sink ref;
+    reference(&sp, &ref);
+    char ssd[512];
+    snprintf(ssd, sizeof ssd, "%s/ssd-retry-%d", g_dir, g_case++);
+    setenv("KVT_CKPT_FAIL_WRITES", "1", 1);
+    sink t = {.kill_at = 30, .wait_failed_at = 17, .want_failed = 1, .want_retried = 1};
+    kill_child(ssd, 16, &sp, &t);
+    unsetenv("KVT_CKPT_FAIL_WRITES");
+    assert_int_equal(record_emitted(ssd), 18);
+    kvt_engine *e = open_engine(ssd, 16);
+    sink b = {0};
+    kvt_gen_result res;
+    run(e, &sp, &b, &res);
+    assert_int_equal(res.n_gen, 120);
+    assert_int_equal(b.n, ref.n);
+    assert_memory_equal(b.text, ref.text, ref.n);
+    kvt_engine_stats st;
+    kvt_engine_stats_get(e, &st);
+    assert_int_equal(st.ckpt_resumed, 1);
+    assert_int_equal(st.ckpt_failed, 0);
+    kvt_engine_free(e);
+}
+static void test_failed_write_retried(void **s) { retry_case(); }
+static void test_failed_write_retried_inline(void **s) {
+    g_parallel = 1;
+    retry_case();
+    g_parallel = 4;
+}
+
+/* Hybrid (recurrent) model: a checkpoint snapshots the state, so a generation SIGKILLed after
+ * its checkpoint at 20 emitted tokens (every 10; 60 = 40 + 20 tokens, inside block 3 of 16)
+ * resumes by restoring prompt ++ emitted entirely (the frozen tail and the snapshot at 60),
+ * computing only the pending token, and the text equals an uninterrupted run's. (Without the
+ * checkpoint snapshot the resume could only restore the prompt-boundary snapshot at 40.) */
+static void test_hybrid_resume_restores(void **s) {
+    char *llama = g_model;
+    g_model = (char *)"tests/fixtures/qwen35-tiny.gguf";
+    kvt_sampling sp;
+    kvt_sampling_default(&sp);
+    sink ref;
+    reference(&sp, &ref);
+    char ssd[512];
+    snprintf(ssd, sizeof ssd, "%s/ssd-hybrid", g_dir);
+    sink t = {.kill_at = 25};
+    kill_child(ssd, 10, &sp, &t);
+    assert_int_equal(record_emitted(ssd), 20);
+    kvt_engine *e = open_engine(ssd, 10);
+    sink b = {0};
+    kvt_gen_result res;
+    run(e, &sp, &b, &res);
+    assert_int_equal(res.n_gen, 120);
+    assert_int_equal(b.n, ref.n);
+    assert_memory_equal(b.text, ref.text, ref.n);
+    kvt_engine_stats st;
+    kvt_engine_stats_get(e, &st);
+    assert_int_equal(st.ckpt_resumed, 1);
+    assert_int_equal(st.ckpt_resume_reused_tokens, 40 + 20);
+    assert_int_equal(res.reused_from, KVT_TIER_SSD);
+    kvt_engine_free(e);
+    g_model = llama;
+}
+
+
 int main(void) {
     g_dir = tu_tmpdir("ckpt");
     g_model = malloc(strlen(g_dir) + 32);
@@ -373,6 +577,8 @@ int main(void) {
         cmocka_unit_test(test_resume_greedy),  cmocka_unit_test(test_resume_seeded),
         cmocka_unit_test(test_resume_greedy_inline), cmocka_unit_test(test_resume_seeded_inline),
         cmocka_unit_test(test_changed_field_no_resume), cmocka_unit_test(test_corrupt_rejected),
+        cmocka_unit_test(test_store_failed_write), cmocka_unit_test(test_failed_write_retried),
+        cmocka_unit_test(test_failed_write_retried_inline), cmocka_unit_test(test_hybrid_resume_restores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

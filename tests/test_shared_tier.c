@@ -12,6 +12,8 @@
 #include "testutil.h"
 #include "cache/shared_tier.h"
 #include "cache/ssd_cache.h"
+#include "engine/engine.h"
+#include "model/gen_model.h"
 
 #define COMPAT_A "test-shared-compat-A"
 #define COMPAT_B "test-shared-compat-B"
@@ -392,6 +394,38 @@ static void redis_stop(redis_proc *r) {
     free(r->dir);
 }
 
+/* kvt_shared_extend over a chain built here, as the engine builds one per request for its local
+ * lookups. g_ext_hashes: kvt_chain_hash calls during the extend. The shared tier takes every key's
+ * chain hash from the chain; the only hashing left is the verification of each fetched record's
+ * tokens (record_verify_hashes per record), so a miss hashes nothing. */
+static uint64_t g_ext_hashes;
+static uint32_t extend(kvt_shared *sh, kvt_seq **dst, const int32_t *tok, uint32_t n) {
+    kvt_chain *c = NULL;
+    assert_int_equal(kvt_chain_create(kvt_seq_root(*dst), tok, n, BT, &c), KVT_OK);
+    const uint64_t h0 = kvt_chain_hash_calls();
+    uint32_t got = kvt_shared_extend(sh, dst, c);
+    g_ext_hashes = kvt_chain_hash_calls() - h0;
+    kvt_chain_release(c);
+    return got;
+}
+
+/* Hashes one record verification costs (header chain check, sealing the decoded block). */
+static uint64_t record_verify_hashes(fx *f, kvt_block *b, uint64_t root) {
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kvt_ssd_record_encode(f->ssd, b, root, &buf, &len), KVT_OK);
+    kvt_block *out = NULL;
+    char err[256];
+    const uint64_t h0 = kvt_chain_hash_calls();
+    assert_int_equal(kvt_ssd_record_decode(f->ssd, buf, len, KVT_SSD_KIND_BLOCK, kvt_block_hash(b), 0, kvt_block_index(b), &out,
+                                           err, sizeof err),
+                     KVT_OK);
+    const uint64_t v = kvt_chain_hash_calls() - h0;
+    kvt_block_release(out);
+    free(buf);
+    return v;
+}
+
 static kvt_shared *open_shared(fx *f, int port, uint32_t timeout_ms) {
     char url[64];
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
@@ -428,20 +462,24 @@ static void test_live_round_trip(void **state) {
     /* B: prompt = the 40 tokens -> 39 reused (cap n-1): 2 full blocks + 7 of the tail */
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 39);
+    assert_int_equal(extend(sb, &dst, tok, 40), 39);
     assert_int_equal(kvt_seq_len(dst), 39);
     for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
+    /* the keys came from the request's chain: only the 3 fetched records' verification hashed */
+    const uint64_t vh = record_verify_hashes(&b, kvt_seq_block(src, 0, 0), root);
+    assert_int_equal(g_ext_hashes, 3 * vh);
     kvt_seq_free(dst);
     /* a longer prompt that diverges inside the tail: only the matching tokens */
     int32_t tok2[72];
     memcpy(tok2, tok, sizeof tok2);
     tok2[32 + 5] ^= 1;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok2, 72), 37);
+    assert_int_equal(extend(sb, &dst, tok2, 72), 37);
     kvt_seq_free(dst);
     /* another namespace (other root) finds nothing */
     assert_int_equal(kvt_seq_create(b.pool, kvt_root_hash(COMPAT_A, "tenant-2"), &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 0);
+    assert_int_equal(extend(sb, &dst, tok, 40), 0);
+    assert_int_equal(g_ext_hashes, 0); /* a miss hashes nothing (it used to hash each GET's key) */
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.hits, 2);
@@ -466,7 +504,7 @@ static void test_live_round_trip(void **state) {
     assert_non_null(rep);
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
+    assert_int_equal(extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     rep = redisCommand(rc, "EXISTS %s", k0);
     assert_int_equal(rep->integer, 0); /* deleted */
@@ -474,7 +512,7 @@ static void test_live_round_trip(void **state) {
     rep = redisCommand(rc, "SET %s %s", k0, "not a record");
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
+    assert_int_equal(extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.corrupt, 2);
@@ -484,7 +522,7 @@ static void test_live_round_trip(void **state) {
     rep = redisCommand(rc, "HSET %s f v", k0); /* wrong type under our key: an error reply, a miss */
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok3, 40), 0);
+    assert_int_equal(extend(sb, &dst, tok3, 40), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.errors, 1);
@@ -519,7 +557,7 @@ static void test_unreachable_is_bounded(void **state) {
         kvt_seq *dst = NULL;
         assert_int_equal(kvt_seq_create(a.pool, root, &dst), KVT_OK);
         double t0 = kvt_now_ms();
-        assert_int_equal(kvt_shared_extend(sh, &dst, tok, 40), 0);
+        assert_int_equal(extend(sh, &dst, tok, 40), 0);
         assert_true(kvt_now_ms() - t0 < 1000.0);
         assert_int_equal(kvt_seq_len(dst), 0);
         kvt_seq_free(dst);
@@ -671,7 +709,7 @@ static void test_snapshot_live(void **state) {
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
     kvt_seq *before = dst;
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 60), 48);
+    assert_int_equal(extend(sb, &dst, tok, 60), 48);
     assert_true(dst != before); /* replaced by the rebuilt sequence (the old one was freed) */
     assert_int_equal(kvt_seq_len(dst), 48);
     for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
@@ -679,7 +717,7 @@ static void test_snapshot_live(void **state) {
     kvt_seq_free(dst);
     /* prompt of 48: a snapshot must end at or before n-1 = 47; none does (no trim): a miss */
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 48), 0);
+    assert_int_equal(extend(sb, &dst, tok, 48), 0);
     assert_int_equal(kvt_seq_len(dst), 0);
     kvt_seq_free(dst);
     /* a prompt that diverges in block 2: blocks 0-1 exist but no snapshot at 32: a miss */
@@ -687,7 +725,7 @@ static void test_snapshot_live(void **state) {
     memcpy(tok2, tok, sizeof tok2);
     tok2[40] ^= 1;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok2, 60), 0);
+    assert_int_equal(extend(sb, &dst, tok2, 60), 0);
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
     assert_int_equal(st.fetched_snapshots, 1);
@@ -703,7 +741,7 @@ static void test_snapshot_live(void **state) {
     rep = redisCommand(rc, "SETRANGE %s %d %s", sk, 4096 + 10, "XX");
     freeReplyObject(rep);
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 60), 0);
+    assert_int_equal(extend(sb, &dst, tok, 60), 0);
     kvt_seq_free(dst);
     rep = redisCommand(rc, "EXISTS %s", sk);
     assert_int_equal(rep->integer, 0);
@@ -798,7 +836,7 @@ static uint32_t lookup(fx *f, kvt_shared *sh, uint64_t root, const int32_t *tok,
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(f->pool, root, &dst), KVT_OK);
     double t0 = kvt_now_ms();
-    uint32_t got = kvt_shared_extend(sh, &dst, tok, n);
+    uint32_t got = extend(sh, &dst, tok, n);
     if (ms) *ms = kvt_now_ms() - t0;
     assert_int_equal(kvt_seq_len(dst), got);
     kvt_seq_free(dst);
@@ -828,7 +866,7 @@ static void test_tls_live(void **state) {
     assert_int_equal(st.errors, 0);
     kvt_seq *dst = NULL;
     assert_int_equal(kvt_seq_create(b.pool, root, &dst), KVT_OK);
-    assert_int_equal(kvt_shared_extend(sb, &dst, tok, 40), 39);
+    assert_int_equal(extend(sb, &dst, tok, 40), 39);
     for (uint32_t i = 0; i < 3; i++) assert_true(same_block(kvt_seq_block(src, 0, i), kvt_seq_block(dst, 0, i)));
     kvt_seq_free(dst);
     kvt_shared_stats_get(sb, &st);
@@ -942,6 +980,72 @@ static void test_tls_hung_and_killed(void **state) {
     tls_stop(&t);
 }
 
+/* tests/test_tiers.c: test_engine_hashes_prompt_once with the shared tier attached: a cold
+ * 100-token prompt (6 full blocks of 16) still hashes 6 + 2 times (the chain, the two frozen-tail
+ * puts): the shared lookup after the local miss takes its keys from the request's chain (it used
+ * to hash up to one pipeline of blocks again). A second server of the same model then fetches the
+ * prefix from Redis (99 tokens). */
+static void test_engine_hashes_prompt_once_shared(void **state) {
+    (void)state;
+    redis_proc rp;
+    redis_start(&rp);
+    char *dir = tu_tmpdir("shared-eng");
+    assert_non_null(dir);
+    char model[600], ssd_a[600], ssd_b[600], url[64];
+    snprintf(model, sizeof model, "%s/llama.gguf", dir);
+    snprintf(ssd_a, sizeof ssd_a, "%s/ssd-a", dir);
+    snprintf(ssd_b, sizeof ssd_b, "%s/ssd-b", dir);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", rp.port);
+    kvt_gen_model_opts mo = {.arch = "llama", .shape = "tiny", .type = "f16", .seed = 7};
+    char err[512] = "";
+    assert_int_equal(kvt_gen_model(&mo, model, err, sizeof err), KVT_OK);
+    kvt_engine_opts o;
+    kvt_engine_opts_default(&o);
+    o.model_path = model;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.ubatch = 32;
+    o.block_tokens = 16;
+    o.prompt_cache_gb = 1.0;
+    o.snapshot_min_tokens = 64;
+    o.ssd_dir = ssd_a;
+    o.shared_url = url;
+    o.shared_timeout_ms = 2000;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    int32_t ids[100];
+    uint64_t seed = 3;
+    for (int i = 0; i < 100; i++) ids[i] = (int32_t)(300 + tu_rand(&seed) % 2000);
+    kvt_gen_request r = {.prompt = ids, .n_prompt = 100, .max_tokens = 4, .ignore_eog = true};
+    kvt_sampling_default(&r.sampling);
+    kvt_gen_result res;
+    uint64_t h0 = kvt_chain_hash_calls();
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    uint64_t used = kvt_chain_hash_calls() - h0;
+    free(res.tokens);
+    assert_int_equal(res.n_reused, 0);
+    kvt_engine_stats st;
+    kvt_engine_stats_get(e, &st);
+    assert_int_equal(st.shared_lookups, 1); /* the shared tier was asked (and missed) */
+    assert_int_equal(st.shared_hits, 0);
+    assert_int_equal(used, 6 + 2);
+    assert_true(kvt_engine_shared_flush(e, 10000));
+    kvt_engine_free(e);
+    o.ssd_dir = ssd_b; /* another server: empty local tiers */
+    assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
+    assert_int_equal(kvt_engine_generate(e, &r, &res, err, sizeof err), KVT_OK);
+    free(res.tokens);
+    assert_int_equal(res.n_reused, 99);
+    assert_int_equal(res.reused_from, KVT_TIER_SHARED);
+    kvt_engine_free(e);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+    redis_stop(&rp);
+}
+
+
 static void test_requires_ssd_and_tls_options(void **state) {
     (void)state;
     kvt_shared_opts o;
@@ -985,6 +1089,7 @@ int main(void) {
         cmocka_unit_test(test_tls_hung_and_killed),
         cmocka_unit_test(test_live_round_trip),
         cmocka_unit_test(test_unreachable_is_bounded),
+        cmocka_unit_test(test_engine_hashes_prompt_once_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -415,16 +415,14 @@ static uint32_t take_reply(kvt_shared *sh, kvt_seq *seq, redisReply *r, const ch
     return use;
 }
 
-/* Pipelines GETs for the `count` full blocks from block index `first` of prompt, chained from
- * `parent`: fills chains[], keys[] and clears bad[] for each. Returns how many were queued; a
- * connection that refuses a command clears *io_ok. */
-static uint32_t queue_block_gets(kvt_shared *sh, const char *compat, uint64_t parent, const int32_t *prompt,
-                                 uint32_t first, uint32_t count, uint64_t *chains, char keys[][KVT_SHARED_KEY_MAX],
-                                 bool *bad, bool *io_ok) {
-    const uint32_t bt = sh->bt;
+/* Pipelines GETs for the `count` full blocks from block index `first` of the request's chain
+ * (their hashes come from the chain: nothing is hashed here): fills chains[], keys[] and clears
+ * bad[] for each. Returns how many were queued; a connection that refuses a command clears
+ * *io_ok. Callers keep first + count <= kvt_chain_n_full(chain). */
+static uint32_t queue_block_gets(kvt_shared *sh, const char *compat, const kvt_chain *chain, uint32_t first, uint32_t count,
+                                 uint64_t *chains, char keys[][KVT_SHARED_KEY_MAX], bool *bad, bool *io_ok) {
     for (uint32_t k = 0; k < count; k++) {
-        chains[k] = kvt_chain_hash(parent, prompt + (size_t)(first + k) * bt, bt);
-        parent = chains[k];
+        chains[k] = kvt_chain_at(chain, first + k + 1);
         bad[k] = false;
         kvt_shared_key(compat, false, 0, chains[k], keys[k]);
         const char *argv[2] = {"GET", keys[k]};
@@ -438,8 +436,9 @@ static uint32_t queue_block_gets(kvt_shared *sh, const char *compat, uint64_t pa
 }
 
 /* FULL-attention layouts: extends seq in place (FULL groups trim at any position). Returns io_ok. */
-static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uint32_t n, uint64_t deadline, bool io_ok) {
-    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
+static bool extend_full(kvt_shared *sh, kvt_seq *seq, const kvt_chain *chain, uint64_t deadline, bool io_ok) {
+    const int32_t *prompt = kvt_chain_tokens(chain);
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq), n = kvt_chain_len(chain);
     const char *compat = kvt_ssd_compat(sh->ssd);
     const uint32_t P = sh->o.pipeline;
     char keys[SHARED_MAX_PIPELINE][KVT_SHARED_KEY_MAX];
@@ -454,8 +453,7 @@ static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uin
         redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
         uint32_t want = 0;
         while (want < P && (idx + want + 1) * bt <= n && (idx + want) * bt + 1 < n) want++;
-        const uint64_t parent = idx == 0 ? kvt_seq_root(seq) : kvt_seq_block_chain(seq, idx - 1);
-        const uint32_t k = queue_block_gets(sh, compat, parent, prompt, idx, want, chains, keys, bad, &io_ok);
+        const uint32_t k = queue_block_gets(sh, compat, chain, idx, want, chains, keys, bad, &io_ok);
         for (uint32_t j = 0; j < k && io_ok; j++) {
             void *rv = NULL;
             if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
@@ -501,9 +499,10 @@ static bool extend_full(kvt_shared *sh, kvt_seq *seq, const int32_t *prompt, uin
  * that has one (the tail's end, then block ends, longest first). Only when one verified, a new
  * sequence is built from seq's blocks, the fetched ones up to that end and the state, and replaces
  * *seqp; otherwise *seqp is untouched. Returns io_ok. */
-static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt, uint32_t n, uint64_t deadline) {
+static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const kvt_chain *chain, uint64_t deadline) {
     kvt_seq *seq = *seqp;
-    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq), i0 = L0 / bt, lim = n - 1;
+    const int32_t *prompt = kvt_chain_tokens(chain);
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq), i0 = L0 / bt, lim = kvt_chain_len(chain) - 1;
     const char *compat = kvt_ssd_compat(sh->ssd);
     const uint32_t P = sh->o.pipeline, cap = lim / bt - i0 + 1;
     const size_t sbytes = kvt_kv_layout_state_bytes(sh->layout);
@@ -530,7 +529,7 @@ static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const int32_t *prom
         redisSetTimeout(sh->fetch.c, tv_ms(deadline - now));
         uint32_t want = 0;
         while (want < P && (i0 + k + want + 1) * bt <= lim) want++;
-        const uint32_t w = queue_block_gets(sh, compat, parent, prompt, i0 + k, want, chains, keys, bad, &io_ok);
+        const uint32_t w = queue_block_gets(sh, compat, chain, i0 + k, want, chains, keys, bad, &io_ok);
         for (uint32_t j = 0; j < w && io_ok; j++) {
             void *rv = NULL;
             if (redisGetReply(sh->fetch.c, &rv) != REDIS_OK || !rv) {
@@ -660,11 +659,15 @@ static bool extend_recurrent(kvt_shared *sh, kvt_seq **seqp, const int32_t *prom
     return io_ok;
 }
 
-uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt, uint32_t n) {
-    if (!sh || !seqp || !*seqp) return 0;
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seqp, const kvt_chain *chain) {
+    if (!sh || !seqp || !*seqp || !chain) return 0;
     kvt_seq *seq = *seqp;
-    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq);
+    const uint32_t bt = sh->bt, L0 = kvt_seq_len(seq), n = kvt_chain_len(chain);
     if (L0 % bt || L0 + 1 >= n) return 0;
+    /* the chain must be this sequence's: same block size and root, and seq's blocks are its prefix */
+    if (kvt_chain_block_tokens(chain) != bt || kvt_chain_root(chain) != kvt_seq_root(seq) ||
+        (L0 && kvt_seq_block_chain(seq, L0 / bt - 1) != kvt_chain_at(chain, L0 / bt)))
+        return 0;
     const uint64_t t0 = now_ms(), deadline = t0 + sh->o.timeout_ms;
     pthread_mutex_lock(&sh->mu);
     bool allowed = kvt_breaker_allow(&sh->fetch.br, t0);
@@ -675,7 +678,7 @@ uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seqp, const int32_t *prompt
     kvt_sigpipe_guard spg; /* a server that closed the socket must not kill a CLI process */
     kvt_sigpipe_block(&spg);
     bool io_ok = conn_ensure(sh, &sh->fetch, sh->o.timeout_ms);
-    if (io_ok) io_ok = sh->recurrent ? extend_recurrent(sh, seqp, prompt, n, deadline) : extend_full(sh, seq, prompt, n, deadline, io_ok);
+    if (io_ok) io_ok = sh->recurrent ? extend_recurrent(sh, seqp, chain, deadline) : extend_full(sh, seq, chain, deadline, io_ok);
     seq = *seqp;
     if (!io_ok) conn_drop(&sh->fetch);
     kvt_sigpipe_restore(&spg);

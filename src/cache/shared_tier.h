@@ -75,8 +75,12 @@ kvt_status kvt_shared_create(const kvt_shared_opts *o, kvt_ssd *ssd, kvt_shared 
 void kvt_shared_free(kvt_shared *sh);
 
 /* ---- fetch ---- */
-/* Extends *seq (root = kvt_seq_root, length a multiple of block_tokens and < n; it must hold
- * prompt[0..len)) with blocks fetched from Redis for prompt[len..n), capped at n-1 tokens: full
+/* Extends *seq with blocks fetched from Redis for the request's prompt = chain's tokens
+ * (kvt_chain_tokens, n = kvt_chain_len; chain borrowed for the call). The chain is the one the
+ * engine built for the request's local lookups: the full blocks' chain hashes (the keys) are read
+ * from it, never hashed again. *seq: root = the chain's root, length a multiple of block_tokens
+ * (= the chain's) and < n, holding prompt[0..len) (its last block's chain hash must equal the
+ * chain's there; anything else is a miss). Fetches prompt[len..n), capped at n-1 tokens: full
  * blocks by chain hash, then at most one tail (or partially matching block) at the first position
  * with no full block. Each block is verified and its tokens compared with the prompt; appended
  * blocks are sealed and shared like restored ones. Stops at the first miss, error, corrupt value,
@@ -85,7 +89,7 @@ void kvt_shared_free(kvt_shared *sh);
  * REPLACED by a new sequence (same pool and root: the old blocks, the fetched ones, the state)
  * and the old one freed; otherwise *seq is untouched. Returns the tokens added (0 = nothing).
  * Never fails the request. */
-uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seq, const int32_t *prompt, uint32_t n);
+uint32_t kvt_shared_extend(kvt_shared *sh, kvt_seq **seq, const kvt_chain *chain);
 
 /* ---- publish ---- */
 /* Queues every sealed block of seq (group 0..; frozen tails included, an unfrozen tail skipped)

@@ -17,6 +17,9 @@
  *       in-flight item, else the file.
  *   I5. Queued bytes never exceed CKPT_QUEUE_MAX; a save beyond it is dropped (counted), never
  *       waited for: the token loop never waits for the disk.
+ *   I6. Every queued write's watch reaches exactly one final outcome (PUBLISHED, FAILED or
+ *       REPLACED), set before the item drops its reference; the store never re-queues a failed
+ *       write (the saver retries with a fresh record: src/engine/checkpoint.c).
  */
 #include "ssd_ckpt.h"
 #include "ssd_int.h"
@@ -42,10 +45,16 @@
 
 typedef enum { CK_WRITE = 1, CK_REMOVE = 2 } ck_op;
 
+struct kvt_ckpt_watch {
+    atomic_uint refs;
+    atomic_int state; /* kvt_ckpt_outcome */
+};
+
 typedef struct ck_item {
     struct ck_item *next;
     ck_op op;
     kvt_ckpt_rec rec; /* rec.emitted owned (CK_WRITE) */
+    kvt_ckpt_watch *w; /* CK_WRITE: one reference, NULL after its outcome is set (I6) */
 } ck_item;
 
 struct kvt_ckpt_store {
@@ -58,9 +67,25 @@ struct kvt_ckpt_store {
     ck_item *head, *tail;
     ck_item *inflight;
     uint64_t queued_bytes;
-    uint64_t written, invalidated, resumed, failed, dropped, corrupt;
+    uint64_t written, invalidated, resumed, failed, dropped, corrupt, retried, resume_reused_tokens;
+    uint32_t fail_writes; /* fault injection: the next N writes fail */
     bool warned_io;
 };
+
+/* ------------------------------------------------------------------ watches */
+kvt_ckpt_outcome kvt_ckpt_watch_state(const kvt_ckpt_watch *w) {
+    return w ? (kvt_ckpt_outcome)atomic_load_explicit(&w->state, memory_order_acquire) : KVT_CKPT_FAILED;
+}
+void kvt_ckpt_watch_release(kvt_ckpt_watch *w) {
+    if (w && atomic_fetch_sub_explicit(&w->refs, 1, memory_order_acq_rel) == 1) free(w);
+}
+/* Sets the item's final outcome and drops its reference (I6). */
+static void item_settle(ck_item *it, kvt_ckpt_outcome o) {
+    if (!it->w) return;
+    atomic_store_explicit(&it->w->state, (int)o, memory_order_release);
+    kvt_ckpt_watch_release(it->w);
+    it->w = NULL;
+}
 
 /* ------------------------------------------------------------------ encoding */
 /* little-endian put_u32/put_u64/get_u32/get_u64: ssd_int.h */
@@ -219,8 +244,8 @@ static void reap_tmps(kvt_ckpt_store *s) {
     closedir(d);
 }
 
-/* Publishes one record: tmp + fsync + rename + directory fsync (I3). */
-static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r) {
+/* Publishes one record: tmp + fsync + rename + directory fsync (I3). inject: fail the write (EIO). */
+static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r, bool inject) {
     size_t len;
     uint8_t *b = encode(s->compat, r, &len);
     if (!b) return false;
@@ -234,6 +259,10 @@ static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r) {
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     }
     bool ok = fd >= 0 && fchmod(fd, 0600) == 0;
+    if (ok && inject) {
+        errno = EIO;
+        ok = false;
+    }
     size_t done = 0;
     while (ok && done < len) {
         ssize_t w = write(fd, b + done, len - done);
@@ -242,7 +271,9 @@ static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r) {
         else done += (size_t)w;
     }
     if (ok) ok = fsync(fd) == 0;
+    const int saved = errno;
     if (fd >= 0) close(fd);
+    errno = saved;
     free(b);
     if (ok) ok = rename(tmp, path) == 0;
     if (!ok) unlink(tmp);
@@ -263,6 +294,7 @@ static int remove_file(kvt_ckpt_store *s, const uint8_t key[32]) {
 static uint64_t item_bytes(const ck_item *it) { return 64 + 4ull * it->rec.n_emitted; }
 static void item_free(ck_item *it) {
     if (!it) return;
+    item_settle(it, KVT_CKPT_FAILED); /* never written (store closing) */
     free(it->rec.emitted);
     free(it);
 }
@@ -294,9 +326,12 @@ static void *ck_writer_main(void *arg) {
         if (!s->head) s->tail = NULL;
         s->queued_bytes -= item_bytes(it);
         s->inflight = it;
+        const bool inject = it->op == CK_WRITE && s->fail_writes > 0;
+        if (inject) s->fail_writes--;
         pthread_mutex_unlock(&s->mu);
         const int rm = it->op == CK_REMOVE ? remove_file(s, it->rec.key) : 0;
-        const bool ok = it->op == CK_WRITE ? publish(s, &it->rec) : rm >= 0;
+        const bool ok = it->op == CK_WRITE ? publish(s, &it->rec, inject) : rm >= 0;
+        item_settle(it, ok ? KVT_CKPT_PUBLISHED : KVT_CKPT_FAILED);
         pthread_mutex_lock(&s->mu);
         if (!ok) {
             s->failed++;
@@ -342,6 +377,8 @@ kvt_status kvt_ckpt_store_open(const char *cdir, const char *compat, kvt_ckpt_st
         return KVT_ERR_IO;
     }
     reap_tmps(s);
+    const char *fw = getenv("KVT_CKPT_FAIL_WRITES"); /* fault injection (tests) */
+    if (fw && *fw) s->fail_writes = (uint32_t)strtoul(fw, NULL, 10);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
@@ -399,10 +436,18 @@ void kvt_ckpt_store_free(kvt_ckpt_store *s) {
     free(s);
 }
 
-bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec) {
+bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec, kvt_ckpt_watch **watch) {
+    if (watch) *watch = NULL;
     if (!s || rec->n_emitted > KVT_CKPT_MAX_EMITTED) return false;
     int32_t *ids = malloc(4 * (size_t)rec->n_emitted + 4);
-    if (!ids) {
+    kvt_ckpt_watch *w = watch ? calloc(1, sizeof *w) : NULL;
+    if (w) {
+        atomic_init(&w->refs, 2); /* the item's and the caller's */
+        atomic_init(&w->state, (int)KVT_CKPT_QUEUED);
+    }
+    if (!ids || (watch && !w)) {
+        free(ids);
+        free(w);
         pthread_mutex_lock(&s->mu);
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
@@ -417,16 +462,20 @@ bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec) {
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        free(w);
         return false;
     }
     if (it) { /* I1: the newer record replaces the queued one in place (same FIFO slot) */
         s->queued_bytes -= sub;
         free(it->rec.emitted);
+        item_settle(it, KVT_CKPT_REPLACED);
         it->rec = *rec;
         it->rec.emitted = ids;
         it->op = CK_WRITE;
+        it->w = w;
         s->queued_bytes += item_bytes(it);
         pthread_mutex_unlock(&s->mu);
+        if (watch) *watch = w;
         return true;
     }
     it = calloc(1, sizeof *it);
@@ -434,13 +483,16 @@ bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec) {
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        free(w);
         return false;
     }
     it->op = CK_WRITE;
     it->rec = *rec;
     it->rec.emitted = ids;
+    it->w = w;
     push(s, it);
     pthread_mutex_unlock(&s->mu);
+    if (watch) *watch = w;
     return true;
 }
 
@@ -450,6 +502,7 @@ void kvt_ckpt_store_invalidate(kvt_ckpt_store *s, const uint8_t key[32]) {
     ck_item *it = queued_of(s, key);
     if (it) { /* the queued write never happens; the removal takes its slot */
         s->queued_bytes -= item_bytes(it);
+        item_settle(it, KVT_CKPT_REPLACED);
         free(it->rec.emitted);
         it->rec.emitted = NULL;
         it->rec.n_emitted = 0;
@@ -544,6 +597,8 @@ void kvt_ckpt_store_stats(kvt_ckpt_store *s, kvt_ckpt_stats *out) {
     out->failed = s->failed;
     out->dropped = s->dropped;
     out->corrupt = s->corrupt;
+    out->retried = s->retried;
+    out->resume_reused_tokens = s->resume_reused_tokens;
     for (ck_item *it = s->head; it; it = it->next) out->pending++;
     if (s->inflight) out->pending++;
     pthread_mutex_unlock(&s->mu);
@@ -561,5 +616,26 @@ void kvt_ckpt_store_pause(kvt_ckpt_store *s, bool paused) {
     pthread_mutex_lock(&s->mu);
     s->paused = paused;
     pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt_ckpt_store_note_retry(kvt_ckpt_store *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->retried++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt_ckpt_store_note_resume_reused(kvt_ckpt_store *s, uint32_t tokens) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->resume_reused_tokens += tokens;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt_ckpt_store_fail_writes(kvt_ckpt_store *s, uint32_t n) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->fail_writes = n;
     pthread_mutex_unlock(&s->mu);
 }

@@ -14,8 +14,20 @@
  * the file (and cancels the queued write). Loads verify everything (size, magic, version, XXH3
  * checksum, compat key, key digest, bounds); a bad file is removed with a warning, never used.
  *
+ * The store never retries a failed publish itself (the record it holds may be stale by then): it
+ * reports each queued record's outcome through a watch (kvt_ckpt_watch), and the request that
+ * saved it keeps its checkpoint dirty and saves a fresh one with back-off (src/engine/checkpoint.h)
+ * while it lives. A failed or dropped record never touches the previous file.
+ *
+ * Fault injection (tests): kvt_ckpt_store_fail_writes, or env KVT_CKPT_FAIL_WRITES=N read at
+ * open: the next N record writes fail with EIO after the temporary was created (it is removed;
+ * the published file is untouched).
+ *
  * Ownership / threading: kvt_ckpt_store owns its writer thread and queued records (copies of the
- * caller's data). Every function is thread-safe. Free drains the queue (bounded wait) first.
+ * caller's data). A watch is refcounted: the saver and the queued item each hold one reference;
+ * the saver releases its own with kvt_ckpt_watch_release. Every function is thread-safe; reading a
+ * watch's state is one atomic load (safe on the token loop). Free drains the queue (bounded wait)
+ * first.
  */
 #ifndef KVT_SSD_CKPT_H
 #define KVT_SSD_CKPT_H
@@ -43,9 +55,21 @@ typedef struct kvt_ckpt_rec {
 kvt_status kvt_ckpt_store_open(const char *cdir, const char *compat, kvt_ckpt_store **out, char *err, size_t errlen);
 void kvt_ckpt_store_free(kvt_ckpt_store *s); /* flushes (up to 10 s) then stops; NULL is a no-op */
 
+/* The outcome of one queued record. */
+typedef struct kvt_ckpt_watch kvt_ckpt_watch;
+typedef enum kvt_ckpt_outcome {
+    KVT_CKPT_QUEUED = 0,    /* queued or being written */
+    KVT_CKPT_PUBLISHED = 1, /* the file now holds this record */
+    KVT_CKPT_FAILED = 2,    /* the write failed (the previous file is untouched), or the store closed first */
+    KVT_CKPT_REPLACED = 3,  /* a newer save or an invalidation of the same key took its queue slot */
+} kvt_ckpt_outcome;
+kvt_ckpt_outcome kvt_ckpt_watch_state(const kvt_ckpt_watch *w);
+void kvt_ckpt_watch_release(kvt_ckpt_watch *w); /* NULL is a no-op */
+
 /* Queues rec for publication (copies it). Never waits for the disk. Returns false when not queued
- * (queue over its byte bound, out of memory, closing): counted in stats.dropped. */
-bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec);
+ * (queue over its byte bound, out of memory, closing): counted in stats.dropped. watch (may be
+ * NULL): on success receives a new watch of this record (caller releases it), else NULL. */
+bool kvt_ckpt_store_save(kvt_ckpt_store *s, const kvt_ckpt_rec *rec, kvt_ckpt_watch **watch);
 /* Queues removal of key's record (after any queued write of it, which is cancelled). */
 void kvt_ckpt_store_invalidate(kvt_ckpt_store *s, const uint8_t key[32]);
 /* Loads key's record: the newest queued one if any, else the file. The file must match the compat
@@ -63,13 +87,19 @@ typedef struct kvt_ckpt_stats {
     uint64_t resumed;     /* loads that returned a record (kvt_ckpt_store_note_resumed) */
     uint64_t failed;      /* publish attempts that failed (disk error) */
     uint64_t dropped;     /* saves not queued */
+    uint64_t retried;     /* saves made early to replace a failed or dropped record (note_retry) */
+    uint64_t resume_reused_tokens; /* resumes: tokens of prompt ++ emitted the tiers supplied */
     uint64_t corrupt;     /* bad files removed */
     uint64_t pending;     /* queued now */
 } kvt_ckpt_stats;
 void kvt_ckpt_store_stats(kvt_ckpt_store *s, kvt_ckpt_stats *out);
 void kvt_ckpt_store_note_resumed(kvt_ckpt_store *s);
+void kvt_ckpt_store_note_retry(kvt_ckpt_store *s);
+void kvt_ckpt_store_note_resume_reused(kvt_ckpt_store *s, uint32_t tokens);
 /* Tests: pause/resume the writer (queued items stay queued). */
 void kvt_ckpt_store_pause(kvt_ckpt_store *s, bool paused);
+/* Tests: the next n record writes fail (EIO). */
+void kvt_ckpt_store_fail_writes(kvt_ckpt_store *s, uint32_t n);
 
 /* Offline (kvtier cache verify): reads and fully checks one checkpoint file (everything but the
  * request-specific fields). compat_out (may be NULL, >= 512 bytes) receives its compat key. */

@@ -69,7 +69,9 @@ void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t every, cons
     r->on = true;
     r->every = every;
     if (!kvt_ckpt_store_load(store, r->key, req->n_prompt, n_vocab, max_new, &r->rec)) return;
-    r->n_look = req->n_prompt + r->rec.n_emitted;
+    /* the pending token too: the lookup's n-1 cap then allows prompt ++ emitted (where a recurrent
+     * checkpoint's snapshot is), and the prefill computes pending's KV and the next logits */
+    r->n_look = req->n_prompt + r->rec.n_emitted + 1;
     r->look = malloc(sizeof(int32_t) * r->n_look);
     if (!r->look) { /* resume is an optimisation: start normally */
         free(r->rec.emitted);
@@ -79,29 +81,65 @@ void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t every, cons
     }
     memcpy(r->look, req->prompt, sizeof(int32_t) * req->n_prompt);
     memcpy(r->look + req->n_prompt, r->rec.emitted, sizeof(int32_t) * r->rec.n_emitted);
+    r->look[r->n_look - 1] = r->rec.pending;
     r->resumed = true;
     kvt_ckpt_store_note_resumed(store);
     KVT_INFO("checkpoint: resuming a generation at %u emitted tokens", r->rec.n_emitted);
 }
 
 kvt_ckpt_src kvt_ckpt_next(kvt_ckpt_run *r, int32_t *id) {
-    if (!r->resumed || r->pending_done) return KVT_CKPT_SAMPLE;
-    if (r->replay_i < r->rec.n_emitted) {
-        *id = r->rec.emitted[r->replay_i++];
-        return KVT_CKPT_REPLAYED;
-    }
-    r->pending_done = true;
-    *id = r->rec.pending;
-    return KVT_CKPT_PENDING;
+    if (!r->resumed || r->replay_i > r->rec.n_emitted) return KVT_CKPT_SAMPLE;
+    *id = r->replay_i < r->rec.n_emitted ? r->rec.emitted[r->replay_i] : r->rec.pending;
+    r->replay_i++;
+    return KVT_CKPT_REPLAYED;
 }
 
-void kvt_ckpt_save(kvt_ckpt_run *r, kvt_ckpt_store *store, kvt_ssd *ssd, bool writeback, const kvt_seq *seq,
+void kvt_ckpt_note_reused(const kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t reused) {
+    if (r->resumed) kvt_ckpt_store_note_resume_reused(store, reused);
+}
+
+/* C2: the record failed or was dropped at n_gen: retry `backoff` tokens later. */
+static void mark_dirty(kvt_ckpt_run *r, uint32_t n_gen) {
+    r->dirty = true;
+    r->backoff = r->backoff ? KVT_MIN(r->backoff * 2, r->every) : 1;
+    r->retry_at = n_gen + r->backoff;
+}
+
+bool kvt_ckpt_due(kvt_ckpt_run *r, kvt_ckpt_src src, uint32_t n_gen) {
+    if (!r->on || src != KVT_CKPT_SAMPLE || n_gen == 0) return false;
+    if (r->watch) { /* C3: one atomic load */
+        const kvt_ckpt_outcome o = kvt_ckpt_watch_state(r->watch);
+        if (o != KVT_CKPT_QUEUED) {
+            kvt_ckpt_watch_release(r->watch);
+            r->watch = NULL;
+            if (o == KVT_CKPT_FAILED) {
+                mark_dirty(r, n_gen);
+            } else { /* published, or replaced by a newer record of the key */
+                r->dirty = false;
+                r->backoff = 0;
+            }
+        }
+    }
+    if (n_gen % r->every == 0) return true;
+    return r->dirty && !r->watch && n_gen >= r->retry_at; /* C1 */
+}
+
+void kvt_ckpt_save(kvt_ckpt_run *r, kvt_ckpt_store *store, kvt_ssd *ssd, bool writeback, kvt_seq *seq,
                    uint32_t n_prompt, const int32_t *gen, uint32_t n_gen, int32_t pending, uint64_t rng) {
     if (!r->on) return;
-    /* the emitted prefix's KV: sealed blocks go to the SSD tier like any write-behind record (the
-     * growing tail is not sealed and is recomputed on resume) */
+    if (n_gen % r->every) kvt_ckpt_store_note_retry(store); /* off the regular points: a retry (C2) */
+    /* the emitted prefix's KV: sealed blocks go to the SSD tier like any write-behind record. The
+     * growing tail is not sealed and is recomputed on resume, except for recurrent layouts: their
+     * state is snapshotted here, and the planner needs a unit ending at the snapshot's position,
+     * so the tail is frozen (the next decode step copies it, at most one block per checkpoint). */
+    kvt_snapshot *snap = NULL;
+    if (ssd && kvt_kv_layout_state_bytes(kvt_ssd_layout(ssd)) > 0) {
+        const uint32_t bt = kvt_kv_layout_block_tokens(kvt_ssd_layout(ssd));
+        if ((kvt_seq_len(seq) % bt == 0 || kvt_seq_freeze_tail(seq) == KVT_OK) && kvt_seq_snapshot(seq, &snap) != KVT_OK)
+            snap = NULL; /* no memory: this checkpoint resumes by recomputing, as without a snapshot */
+    }
     if (ssd && writeback) {
-        kvt_ssd_enqueue_seq(ssd, seq, NULL);
+        kvt_ssd_enqueue_seq(ssd, seq, snap);
     } else if (ssd) {
         const uint32_t ng = kvt_kv_layout_n_groups(kvt_ssd_layout(ssd)), nb = kvt_seq_n_blocks(seq);
         for (uint32_t i = 0; i < nb; i++)
@@ -109,10 +147,15 @@ void kvt_ckpt_save(kvt_ckpt_run *r, kvt_ckpt_store *store, kvt_ssd *ssd, bool wr
                 kvt_block *b = kvt_seq_block(seq, g, i);
                 if (b && kvt_block_sealed(b)) kvt_ssd_persist_block(ssd, b);
             }
+        if (snap) kvt_ssd_persist_snapshot(ssd, snap);
     }
+    if (snap) kvt_snapshot_release(snap);
     kvt_ckpt_rec rec = {.n_prompt = n_prompt, .n_emitted = n_gen, .pending = pending, .rng = rng, .emitted = (int32_t *)gen};
     memcpy(rec.key, r->key, 32);
-    if (kvt_ckpt_store_save(store, &rec)) r->saved = true;
+    kvt_ckpt_watch_release(r->watch); /* a regular point while one is in flight: follow the newest */
+    r->watch = NULL;
+    if (kvt_ckpt_store_save(store, &rec, &r->watch)) r->saved = true;
+    else mark_dirty(r, n_gen); /* dropped (C2) */
 }
 
 void kvt_ckpt_end(kvt_ckpt_run *r, kvt_ckpt_store *store, bool completed) {
@@ -120,6 +163,7 @@ void kvt_ckpt_end(kvt_ckpt_run *r, kvt_ckpt_store *store, bool completed) {
 }
 
 void kvt_ckpt_run_free(kvt_ckpt_run *r) {
+    kvt_ckpt_watch_release(r->watch); /* C4 */
     free(r->look);
     free(r->rec.emitted);
     memset(r, 0, sizeof *r);

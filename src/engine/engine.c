@@ -519,14 +519,14 @@ static size_t stop_holdback(const kvt_strbuf *t, const char *const *stop, uint32
 /* ---- shared tier hook (issue 17) -------------------------------------------------------------- */
 /* Lookup order live -> RAM -> SSD -> shared: after the local tiers, extend the reused prefix with
  * blocks no local tier had, fetched and verified by the shared tier; they land in RAM (and SSD)
- * like a restore. *seq may be NULL (local miss). Updates *reused / res. */
-static void shared_lookup(kvt_engine *e, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **seq,
-                          uint32_t *reused, kvt_gen_result *res) {
+ * like a restore. The shared tier walks the request's chain (the local lookups' hashes: nothing is
+ * hashed again). *seq may be NULL (local miss). Updates *reused / res. */
+static void shared_lookup(kvt_engine *e, const kvt_chain *chain, kvt_seq **seq, uint32_t *reused, kvt_gen_result *res) {
     if (!e->shared) return;
     if (*reused % e->o.block_tokens) return; /* a local partial block: the shared tier adds < 1 block */
-    if (!*seq && kvt_seq_create(e->pool, root, seq) != KVT_OK) return;
+    if (!*seq && kvt_seq_create(e->pool, kvt_chain_root(chain), seq) != KVT_OK) return;
     double r0 = kvt_now_ms();
-    uint32_t got = kvt_shared_extend(e->shared, seq, prompt, n); /* recurrent: may replace *seq */
+    uint32_t got = kvt_shared_extend(e->shared, seq, chain); /* recurrent: may replace *seq */
     res->restore_ms += kvt_now_ms() - r0;
     if (!got) {
         if (*reused == 0) { /* keep the miss path identical to a server without the tier */
@@ -624,8 +624,9 @@ void kvt_row_begin(kvt_row *r) {
         r->reused = hit.n_reused;
         res->restore_ms = hit.restore_ms;
         res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
-        shared_lookup(e, r->pp, r->pn, r->root, &r->seq, &r->reused, res);
+        shared_lookup(e, r->chain, &r->seq, &r->reused, res);
         pthread_mutex_unlock(&e->lookup_mu);
+        kvt_ckpt_note_reused(&r->ck, e->ckpt, r->reused); /* [ckpt] how much of a resume was restored */
     }
     if (!r->seq) {
         if ((st = kvt_seq_create(e->pool, r->root, &r->seq))) {
@@ -980,6 +981,8 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ckpt_dropped = c.dropped;
         out->ckpt_corrupt = c.corrupt;
         out->ckpt_pending = c.pending;
+        out->ckpt_retried = c.retried;
+        out->ckpt_resume_reused_tokens = c.resume_reused_tokens;
     }
     if (e->shared) {
         kvt_shared_stats s;

@@ -162,6 +162,8 @@ typedef struct kvt_engine_stats {
     /* generation checkpoints (--generation-checkpoint) */
     bool ckpt_enabled;
     uint64_t ckpt_written, ckpt_resumed, ckpt_invalidated, ckpt_failed, ckpt_dropped, ckpt_corrupt, ckpt_pending;
+    uint64_t ckpt_retried;               /* saves made early to replace a failed or dropped record */
+    uint64_t ckpt_resume_reused_tokens;  /* resumes: prompt ++ emitted tokens restored, not recomputed */
     /* shared tier (Redis) */
     bool shared_enabled;
     uint64_t shared_lookups, shared_hits, shared_fetched_blocks, shared_fetched_bytes, shared_fetched_tokens,

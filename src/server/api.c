@@ -573,6 +573,8 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
         cJSON_AddNumberToObject(c, "dropped", (double)st->ckpt_dropped);
         cJSON_AddNumberToObject(c, "corrupt_removed", (double)st->ckpt_corrupt);
         cJSON_AddNumberToObject(c, "pending", (double)st->ckpt_pending);
+        cJSON_AddNumberToObject(c, "retried", (double)st->ckpt_retried);
+        cJSON_AddNumberToObject(c, "resume_reused_tokens", (double)st->ckpt_resume_reused_tokens);
     } else {
         cJSON_AddNullToObject(root, "generation_checkpoints");
     }
@@ -707,6 +709,10 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
     metric(&b, "generation_checkpoints_invalidated_total", "counter", "Checkpoints removed at normal completion",
            (double)st->ckpt_invalidated);
     metric(&b, "generation_checkpoints_failed_total", "counter", "Checkpoint writes or removals that failed", (double)st->ckpt_failed);
+    metric(&b, "generation_checkpoints_retried_total", "counter", "Checkpoints saved early to replace a failed or dropped record",
+           (double)st->ckpt_retried);
+    metric(&b, "generation_checkpoints_resume_reused_tokens_total", "counter",
+           "Prompt and emitted tokens restored from the tiers (not recomputed) when resuming", (double)st->ckpt_resume_reused_tokens);
     metric(&b, "ssd_cache_dirty_records", "gauge", "Records dropped or failed, awaiting a retry", (double)st->ssd_dirty_records);
     metric(&b, "ssd_cache_shed_total", "counter", "Records given up under memory pressure", (double)st->ssd_shed);
     metric(&b, "ssd_cache_skipped_nonregular_total", "counter", "Cache-file names that were not regular files",
