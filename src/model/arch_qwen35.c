@@ -67,8 +67,23 @@ struct kvt_q35_ctx {
 
 bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
 
+/* Every matrix of a layer that gets a repacked prefill copy (the ones with n_out >= 1024; the
+ * 16-wide beta/alpha projections stay row-major). */
+static int layer_mats(q35_layer *w, kvt_wmat **out) {
+    int n = 0;
+    kvt_wmat *all[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo, &w->wqkv, &w->wz, &w->wout};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(all); i++)
+        if (all[i]->data) out[n++] = all[i];
+    return n;
+}
+
 void kvt_q35_free(kvt_q35 *q) {
     if (!q) return;
+    for (uint32_t il = 0; q->layers && q->m && il < kvt_model_hparams(q->m)->n_layer; il++) {
+        kvt_wmat *ws[10];
+        const int nw = layer_mats(&q->layers[il], ws);
+        for (int i = 0; i < nw; i++) kvt_packed_free(ws[i]->packed);
+    }
     free(q->layers);
     free(q->conv_store);
     free(q->inv_freq);
@@ -200,6 +215,12 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
 #undef NM
 #undef MAT
 #undef VEC
+        /* Load-time repack for prefill GEMM, as model.c does for the dense layers: kvt_matmul_packed
+         * is bit-identical to kvt_matmul_rows (kernels/quant.h), so decode (row-major GEMV) and
+         * prefill still agree. Best effort: NULL keeps the row-major kernel. */
+        kvt_wmat *pw[10];
+        const int npw = layer_mats(w, pw);
+        for (int i = 0; i < npw; i++) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
     }
     (void)HK;
     *out = q;
@@ -329,21 +350,31 @@ static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
 }
 
 /* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): rows quantized in parallel,
- * then output columns (aligned to 16) split across threads. Ends with a barrier. */
+ * once per activation format (matrices whose vec_dot type matches an earlier one reuse its
+ * buffer), then output columns (aligned to 16) split across threads. Prefill chunks use the
+ * repacked weights (bit-identical to the row-major kernel, so decode == prefill). Ends with a
+ * barrier. */
 static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
                int ith, int nth) {
+    int slot[Q35_MAX_MM];
+    for (int i = 0; i < nw; i++) {
+        slot[i] = i;
+        for (int j = 0; j < i; j++)
+            if (slot[j] == j && kvt_vec_dot_type(ws[j]->type) == kvt_vec_dot_type(ws[i]->type)) slot[i] = j;
+    }
     uint32_t r0, r1;
     split(n, ith, nth, &r0, &r1);
     for (int i = 0; i < nw; i++)
-        if (r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
+        if (slot[i] == i && r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
     kvt_threadpool_barrier(c->tp);
     for (int i = 0; i < nw; i++) {
-        const uint32_t no = ws[i]->n_out;
-        uint32_t per = ((no + (uint32_t)nth - 1) / (uint32_t)nth + 15u) & ~15u;
-        uint64_t o0 = (uint64_t)ith * per, o1 = o0 + per;
-        if (o0 > no) o0 = no;
-        if (o1 > no) o1 = no;
-        if (o0 < o1) kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[i], n, ys[i], no, (int64_t)o0, (int64_t)o1);
+        int64_t o0, o1;
+        kvt_col_range(ws[i]->n_out, ith, nth, &o0, &o1);
+        if (o0 >= o1) continue;
+        if (ws[i]->packed && n >= KVT_PACKED_MIN_ROWS)
+            kvt_matmul_packed(ws[i]->packed, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
+        else
+            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
     }
     kvt_threadpool_barrier(c->tp);
 }
