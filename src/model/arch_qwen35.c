@@ -33,7 +33,7 @@ typedef struct q35_layer {
     const float *q_norm, *k_norm;
     /* DeltaNet layers */
     kvt_wmat wqkv, wz, wbeta, walpha, wout;
-    const float *conv_w; /* [conv_dim][K], owned by kvt_q35 */
+    const float *conv_w; /* [K][conv_dim] (tap-major), owned by kvt_q35 */
     const float *dt_bias, *ssm_a, *ssm_norm;
 } q35_layer;
 
@@ -202,8 +202,11 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
             VEC("ssm_dt.bias", HV, &w->dt_bias);
             VEC("ssm_a", HV, &w->ssm_a);
             VEC("ssm_norm.weight", d, &w->ssm_norm);
-            for (uint32_t ch = 0; ch < CD; ch++)
-                kvt_dequant_row(conv.type, (const uint8_t *)conv.data + (uint64_t)ch * conv.row_bytes, cw + (size_t)ch * K, K);
+            for (uint32_t ch = 0; ch < CD; ch++) { /* stored tap-major [K][CD] (kvt_dn_conv) */
+                float taps[16];
+                kvt_dequant_row(conv.type, (const uint8_t *)conv.data + (uint64_t)ch * conv.row_bytes, taps, K);
+                for (uint32_t j = 0; j < K; j++) cw[(size_t)j * CD + ch] = taps[j];
+            }
             w->conv_w = cw;
             cw += (size_t)CD * K;
             for (uint32_t h = 0; h < HV; h++)
@@ -339,7 +342,6 @@ static void l2norm(float *x, uint32_t n, float eps) {
 }
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
@@ -423,8 +425,7 @@ static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith,
         kvt_attention(c->seq, il, c->qa, n, QD, c->pos0, NH, 1.0f / sqrtf((float)HD), h0, h1, c->o, QD,
                       c->att_scratch[ith]);
     kvt_threadpool_barrier(c->tp);
-    for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t i = 0; i < QD; i++) c->o[(size_t)r * QD + i] *= sigmoid(c->gt[(size_t)r * QD + i]);
+    for (uint32_t r = r0; r < r1; r++) kvt_dn_sigmoid_mul(c->impl, c->o + (size_t)r * QD, c->gt + (size_t)r * QD, c->o + (size_t)r * QD, QD);
     const kvt_wmat *wo[1] = {&w->wo};
     float *to[1] = {c->tmp};
     kvt_threadpool_barrier(c->tp);
@@ -442,7 +443,7 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
     mm(c, ws, ys, 4, c->xn, n, ith, nth);
     uint32_t a, b;
     split(CD, ith, nth, &a, &b);
-    if (a < b) kvt_dn_conv(dm, w->conv_w, state, c->big, n, c->conv, a, b);
+    if (a < b) kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, a, b);
     kvt_threadpool_barrier(c->tp);
     uint32_t r0, r1;
     split(n, ith, nth, &r0, &r1);
@@ -465,7 +466,7 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
             float *o = c->o + (size_t)r * VD + (size_t)h * d;
             const float *z = c->z + (size_t)r * VD + (size_t)h * d;
             rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
-            for (uint32_t i = 0; i < d; i++) o[i] *= silu(z[i]);
+            kvt_dn_silu_mul(c->impl, o, z, o, d);
         }
     kvt_threadpool_barrier(c->tp);
     const kvt_wmat *wo[1] = {&w->wout};
@@ -509,7 +510,7 @@ static void chunk_fn(void *arg, int ith, int nth) {
         mm(c, gu, gu_out, 2, c->xn, n, ith, nth);
         for (uint32_t r = r0; r < r1; r++) {
             float *g = c->ff_g + (size_t)r * F, *u = c->ff_u + (size_t)r * F;
-            for (uint32_t i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+            kvt_dn_silu_mul(c->impl, g, g, u, F);
         }
         kvt_threadpool_barrier(c->tp);
         const kvt_wmat *dn[1] = {&w->down};
