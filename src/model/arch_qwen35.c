@@ -67,11 +67,11 @@ struct kvt_q35_ctx {
 
 bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
 
-/* Every matrix of a layer that gets a repacked prefill copy (the ones with n_out >= 1024; the
- * 16-wide beta/alpha projections stay row-major). */
+/* Every matrix of a layer (each gets a repacked prefill copy). */
 static int layer_mats(q35_layer *w, kvt_wmat **out) {
     int n = 0;
-    kvt_wmat *all[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo, &w->wqkv, &w->wz, &w->wout};
+    kvt_wmat *all[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo,
+                       &w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wout};
     for (size_t i = 0; i < KVT_ARRAY_LEN(all); i++)
         if (all[i]->data) out[n++] = all[i];
     return n;
@@ -80,7 +80,7 @@ static int layer_mats(q35_layer *w, kvt_wmat **out) {
 void kvt_q35_free(kvt_q35 *q) {
     if (!q) return;
     for (uint32_t il = 0; q->layers && q->m && il < kvt_model_hparams(q->m)->n_layer; il++) {
-        kvt_wmat *ws[10];
+        kvt_wmat *ws[12];
         const int nw = layer_mats(&q->layers[il], ws);
         for (int i = 0; i < nw; i++) kvt_packed_free(ws[i]->packed);
     }
@@ -221,7 +221,7 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
         /* Load-time repack for prefill GEMM, as model.c does for the dense layers: kvt_matmul_packed
          * is bit-identical to kvt_matmul_rows (kernels/quant.h), so decode (row-major GEMV) and
          * prefill still agree. Best effort: NULL keeps the row-major kernel. */
-        kvt_wmat *pw[10];
+        kvt_wmat *pw[12];
         const int npw = layer_mats(w, pw);
         for (int i = 0; i < npw; i++) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
     }

@@ -272,32 +272,43 @@ T5 static void matt_avx512(const float *M, size_t ldm, uint32_t nc, uint32_t w, 
         for (uint32_t i = 0; i < w; i += 16) matt_1x1(M, ldm, nc, X + r, out + r * ldo, ldo, i);
 }
 
-/* Chunk close, 2 rows c of S^T at a time, 128-column blocks: S^T[c][i] = S^T[c][i]·eG, then
- * S^T[c][i] = fma(kT[c][s], U_s[i], S^T[c][i]) for s ascending (U already scaled by e^{G_last-G_s}). */
+/* Chunk close, tiles of 8 rows c of S^T × 32 columns i (U's 32-column strip stays in L1 while c
+ * runs): S^T[c][i] = S^T[c][i]·eG, then S^T[c][i] = fma(kT[c][s], U_s[i], S^T[c][i]) for s
+ * ascending (U already scaled by e^{G_last-G_s}): the generic loop's per-element chain. */
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
 T5 static void close_avx512(float *ST, uint32_t d, const float *kT, const float *U, float eG) {
     const __m512 ve = _mm512_set1_ps(eG);
-    for (uint32_t c = 0; c < d; c += 2)
-        for (uint32_t i0 = 0; i0 < d; i0 += 128) {
-            __m512 a0[8], a1[8];
-            for (int z = 0; z < 8; z++) {
-                a0[z] = _mm512_mul_ps(_mm512_loadu_ps(ST + (size_t)c * d + i0 + 16 * z), ve);
-                a1[z] = _mm512_mul_ps(_mm512_loadu_ps(ST + (size_t)(c + 1) * d + i0 + 16 * z), ve);
-            }
+    for (uint32_t i0 = 0; i0 < d; i0 += 32)
+        for (uint32_t c0 = 0; c0 < d; c0 += 8) {
+            __m512 a[8][2];
+            for (int r = 0; r < 8; r++)
+                for (int z = 0; z < 2; z++) a[r][z] = _mm512_mul_ps(_mm512_loadu_ps(ST + (size_t)(c0 + r) * d + i0 + 16 * z), ve);
             for (uint32_t s = 0; s < C_; s++) {
-                const __m512 k0 = _mm512_set1_ps(kT[(size_t)c * C_ + s]), k1 = _mm512_set1_ps(kT[(size_t)(c + 1) * C_ + s]);
-                const float *us = U + (size_t)s * d + i0;
-                for (int z = 0; z < 8; z++) {
-                    const __m512 u = _mm512_loadu_ps(us + 16 * z);
-                    a0[z] = _mm512_fmadd_ps(k0, u, a0[z]);
-                    a1[z] = _mm512_fmadd_ps(k1, u, a1[z]);
+                const __m512 u0 = _mm512_loadu_ps(U + (size_t)s * d + i0), u1 = _mm512_loadu_ps(U + (size_t)s * d + i0 + 16);
+                for (int r = 0; r < 8; r++) {
+                    const __m512 k = _mm512_set1_ps(kT[(size_t)(c0 + r) * C_ + s]);
+                    a[r][0] = _mm512_fmadd_ps(k, u0, a[r][0]);
+                    a[r][1] = _mm512_fmadd_ps(k, u1, a[r][1]);
                 }
             }
-            for (int z = 0; z < 8; z++) {
-                _mm512_storeu_ps(ST + (size_t)c * d + i0 + 16 * z, a0[z]);
-                _mm512_storeu_ps(ST + (size_t)(c + 1) * d + i0 + 16 * z, a1[z]);
-            }
+            for (int r = 0; r < 8; r++)
+                for (int z = 0; z < 2; z++) _mm512_storeu_ps(ST + (size_t)(c0 + r) * d + i0 + 16 * z, a[r][z]);
         }
 }
+
+/* y = fma(w[s], U_s, y) for s = 0..ns-1 ascending, y (128 values) held in registers: the generic
+ * axpy sequence's per-element chain. */
+T5 static void comb128_avx512(float *y, const float *w, const float *U, uint32_t ns) {
+    __m512 a[8];
+    for (int z = 0; z < 8; z++) a[z] = _mm512_loadu_ps(y + 16 * z);
+    for (uint32_t s = 0; s < ns; s++) {
+        const __m512 b = _mm512_set1_ps(w[s]);
+        for (int z = 0; z < 8; z++) a[z] = _mm512_fmadd_ps(b, _mm512_loadu_ps(U + (size_t)s * 128 + 16 * z), a[z]);
+    }
+    for (int z = 0; z < 8; z++) _mm512_storeu_ps(y + 16 * z, a[z]);
+}
+#pragma GCC pop_options
 #endif
 
 kvt_dn_impl kvt_dn_best_impl(void) {
@@ -362,6 +373,17 @@ static void matt(const dn_ops *op, const float *M, size_t ldm, uint32_t nc, uint
     }
 }
 
+/* y = fma(w[s], U_s, y) for s = 0..ns-1 ascending (U rows of d). */
+static void comb(const dn_ops *op, float *y, const float *w, const float *U, uint32_t ns, uint32_t d) {
+#if DN_X86
+    if (op->avx512 && d == 128) {
+        comb128_avx512(y, w, U, ns);
+        return;
+    }
+#endif
+    for (uint32_t s = 0; s < ns; s++) op->axpy(y, w[s], U + (size_t)s * d, d);
+}
+
 /* ------------------------------------------------------------------ conv */
 
 void kvt_dn_conv(const kvt_dn_dims *dm, kvt_dn_impl impl, const float *w, float *state, const float *u, uint32_t n,
@@ -398,7 +420,7 @@ void kvt_dn_rows(const kvt_dn_dims *dm, kvt_dn_impl impl, float *state, const fl
     float *kbuf = S0 + VD * d, *ubuf = kbuf + (size_t)C_ * VD, *gbuf = ubuf + (size_t)C_ * VD;
     const float inv_sqrt_d = 1.0f / sqrtf((float)d);
     /* d <= 512 (checked by the loader): ~40 KB of stack */
-    float akq[2 * TB][512], kkq[2 * TB][C_], e[C_], tmp[C_];
+    float akq[2 * TB][512], kkq[2 * TB][C_], e[C_], tmp[C_], wk[C_], wq[C_];
     const float *X[2 * TB];
     for (uint32_t h = h0; h < h1; h++) {
         float *ST = S0 + (size_t)h * d * d, *kT = kbuf + (size_t)h * d * C_, *U = ubuf + (size_t)h * C_ * d;
@@ -429,14 +451,16 @@ void kvt_dn_rows(const kvt_dn_dims *dm, kvt_dn_impl impl, float *state, const fl
                 const float *v = qkv + (size_t)r * CD + (size_t)(2 * HK + h) * d;
                 float *Uj = U + (size_t)j * d, *o = out + (size_t)r * VD + (size_t)h * d;
                 /* U_j = beta (v - e^G S_a k - Σ_{s<j} e^{G-G_s} (k_s·k) U_s) */
+                for (uint32_t s = 0; s < j; s++) wk[s] = -(e[s] * kkq[t][s]);
+                for (uint32_t s = 0; s <= j; s++) wq[s] = e[s] * kkq[m + t][s];
                 memcpy(Uj, v, d * sizeof(float));
                 op.axpy(Uj, -eG, akq[t], d);
-                for (uint32_t s = 0; s < j; s++) op.axpy(Uj, -(e[s] * kkq[t][s]), U + (size_t)s * d, d);
+                comb(&op, Uj, wk, U, j, d);
                 op.scale(Uj, beta[(size_t)r * HV + h], d);
                 /* o = (e^G S_a q + Σ_{s<=j} e^{G-G_s} (k_s·q) U_s) / sqrt(d) */
                 memset(o, 0, d * sizeof(float));
                 op.axpy(o, eG, akq[m + t], d);
-                for (uint32_t s = 0; s <= j; s++) op.axpy(o, e[s] * kkq[m + t][s], U + (size_t)s * d, d);
+                comb(&op, o, wq, U, j + 1, d);
                 op.scale(o, inv_sqrt_d, d);
             }
             if (j0 + m == C_) { /* close the chunk: S_{a+C} = e^{G_last} S_a + Σ_s e^{G_last-G_s} U_s k_s^T */
@@ -445,7 +469,7 @@ void kvt_dn_rows(const kvt_dn_dims *dm, kvt_dn_impl impl, float *state, const fl
                 op.exp(e, tmp, C_);
                 for (uint32_t s = 0; s < C_; s++) op.scale(U + (size_t)s * d, e[s], d); /* rows are dead after this */
 #if DN_X86
-                if (op.avx512 && d % 128 == 0) {
+                if (op.avx512 && d % 32 == 0) {
                     close_avx512(ST, d, kT, U, eG);
                 } else
 #endif
