@@ -75,7 +75,8 @@ void kvt_dn_rows(const kvt_dn_dims *dm, kvt_dn_impl impl, float *state, const fl
                  const float *g, uint32_t pos0, uint32_t n, float *out, uint32_t h0, uint32_t h1);
 
 /* The plain token recurrence (README math, one token at a time) on a separate reference state
- * holding only S[H_v][d][d]; for tests. Same argument meaning as kvt_dn_rows, all heads. */
+ * holding only S[H_v][d][d] (NOT transposed: row = v dim), in double-precision sums; for tests.
+ * Same argument meaning as kvt_dn_rows, all heads. */
 void kvt_dn_recurrence_ref(const kvt_dn_dims *dm, float *S, const float *qkv, const float *beta, const float *g,
                            uint32_t n, float *out);
 
