@@ -349,6 +349,22 @@ static void test_decode_eq_full(void **st) {
     check_decode_eq_full(FIX_GGUF);
 }
 
+/* H_v == H_k (the qwen35-0.8b shape, 4 layers: 3 DeltaNet + 1 attention): the head-local DeltaNet core of
+ * arch_qwen35.c (no barriers between conv and gated norm) keeps decode == full recompute, across
+ * ubatches and 1 vs 2 threads. (The tiny fixture has H_v = 2 H_k: the row-split path.) */
+static void test_decode_eq_full_hv_eq_hk(void **st) {
+    (void)st;
+    char *dir = tu_tmpdir("q35hk"), path[512], err[256];
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    kvt_gen_model_opts o = {.arch = "qwen35", .shape = "qwen35-0.8b", .type = "q8_0", .n_layers = 4, .seed = 5,
+                            .byte_vocab = true};
+    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model: %s", err);
+    check_decode_eq_full(path);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+}
+
 /* gen-model writes qwen35 files (every weight type) that load with the expected layer kinds and
  * keep the decode == full recompute property. */
 static void test_gen_model_qwen35(void **st) {
@@ -464,6 +480,7 @@ int main(void) {
         cmocka_unit_test(test_decode_eq_full),
         cmocka_unit_test(test_gen_model_qwen35),
         cmocka_unit_test(test_dn_exp_and_gates),
+        cmocka_unit_test(test_decode_eq_full_hv_eq_hk),
         cmocka_unit_test(test_fixture_parity),
         cmocka_unit_test(test_hostile_qwen35_files),
     };

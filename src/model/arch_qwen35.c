@@ -10,8 +10,8 @@
  * Layer il is attention iff (il + 1) % full_attention_interval == 0.
  *
  * Threads: one kvt_threadpool_run per ubatch chunk, ops separated by barriers; row ops split rows,
- * matmuls split output columns, the conv splits channels, the delta rule splits v heads and
- * attention splits query heads. Every token's result depends only on its row and on state/KV of
+ * matmuls split output columns, the DeltaNet core (conv, q/k norms, delta rule, gated norm) splits
+ * v heads (channels/rows/heads in turn when H_v != H_k) and attention splits query heads. Every token's result depends only on its row and on state/KV of
  * earlier positions (deltanet.h), so any chunking or thread count gives the same bits.
  */
 #include <math.h>
@@ -441,34 +441,62 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
     const kvt_wmat *ws[4] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha};
     float *ys[4] = {c->big, c->z, c->bb, c->ba};
     mm(c, ws, ys, 4, c->xn, n, ith, nth);
-    uint32_t a, b;
-    split(CD, ith, nth, &a, &b);
-    if (a < b) kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, a, b);
-    kvt_threadpool_barrier(c->tp);
-    uint32_t r0, r1;
-    split(n, ith, nth, &r0, &r1);
-    for (uint32_t r = r0; r < r1; r++) {
-        float *row = c->conv + (size_t)r * CD;
-        for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
-        for (uint32_t h = 0; h < HV; h++) {
-            float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
-            *bt = sigmoid(*bt);
-            *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
-        }
-    }
-    kvt_threadpool_barrier(c->tp);
     uint32_t h0, h1;
     split(HV, ith, nth, &h0, &h1);
-    if (h0 < h1) kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
-    kvt_threadpool_barrier(c->tp);
-    for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t h = 0; h < HV; h++) {
-            float *o = c->o + (size_t)r * VD + (size_t)h * d;
-            const float *z = c->z + (size_t)r * VD + (size_t)h * d;
-            rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
-            kvt_dn_silu_mul(c->impl, o, z, o, d);
+    if (HV == HK) {
+        /* Every step from the conv to the gated norm reads only head h's channels (q, k and v
+         * head h): each thread runs them for its own heads with no barrier in between. The
+         * per-element operations are those of the row-split path below (same bits). */
+        if (h0 < h1) {
+            for (uint32_t part = 0; part < 3; part++) /* q, k, v channels of heads [h0, h1) */
+                kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, (part * HK + h0) * d,
+                            (part * HK + h1) * d);
+            for (uint32_t r = 0; r < n; r++) {
+                float *row = c->conv + (size_t)r * CD;
+                for (uint32_t h = h0; h < h1; h++) {
+                    l2norm(row + (size_t)h * d, d, hp->norm_eps);
+                    l2norm(row + (size_t)(HK + h) * d, d, hp->norm_eps);
+                    float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
+                    *bt = sigmoid(*bt);
+                    *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
+                }
+            }
+            kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
+            for (uint32_t r = 0; r < n; r++)
+                for (uint32_t h = h0; h < h1; h++) {
+                    float *o = c->o + (size_t)r * VD + (size_t)h * d;
+                    rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                    kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
+                }
         }
-    kvt_threadpool_barrier(c->tp);
+        kvt_threadpool_barrier(c->tp);
+    } else { /* v heads share k heads across threads: split channels, then rows, then heads */
+        uint32_t a, b;
+        split(CD, ith, nth, &a, &b);
+        if (a < b) kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, a, b);
+        kvt_threadpool_barrier(c->tp);
+        uint32_t r0, r1;
+        split(n, ith, nth, &r0, &r1);
+        for (uint32_t r = r0; r < r1; r++) {
+            float *row = c->conv + (size_t)r * CD;
+            for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
+            for (uint32_t h = 0; h < HV; h++) {
+                float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
+                *bt = sigmoid(*bt);
+                *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
+            }
+        }
+        kvt_threadpool_barrier(c->tp);
+        if (h0 < h1) kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
+        kvt_threadpool_barrier(c->tp);
+        for (uint32_t r = r0; r < r1; r++)
+            for (uint32_t h = 0; h < HV; h++) {
+                float *o = c->o + (size_t)r * VD + (size_t)h * d;
+                rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
+            }
+        kvt_threadpool_barrier(c->tp);
+    }
     const kvt_wmat *wo[1] = {&w->wout};
     float *to[1] = {c->tmp};
     mm(c, wo, to, 1, c->o, n, ith, nth);
