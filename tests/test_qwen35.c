@@ -165,8 +165,14 @@ static void test_dn_chunked_vs_recurrence(void **st) {
         float *state;
         float *out = dn_run(&in, (kvt_dn_impl)impl, all, 1, &state);
         double e = max_rel(out, ref, (size_t)192 * in.hv * in.dm.d);
-        const float *S_chunk = state + (size_t)3 * in.cd;
-        double es = max_rel(S_chunk, S, (size_t)in.hv * in.dm.d * in.dm.d);
+        const float *S_chunk = state + (size_t)3 * in.cd; /* stored transposed per head */
+        const uint32_t d = in.dm.d;
+        float *St = malloc((size_t)in.hv * d * d * sizeof(float));
+        for (uint32_t h = 0; h < in.hv; h++)
+            for (uint32_t i = 0; i < d; i++)
+                for (uint32_t c = 0; c < d; c++) St[((size_t)h * d + i) * d + c] = S_chunk[((size_t)h * d + c) * d + i];
+        double es = max_rel(St, S, (size_t)in.hv * d * d);
+        free(St);
         printf("impl %d: chunked vs recurrence: out %.2e, state %.2e\n", impl, e, es);
         assert_true(e < 1e-4);
         assert_true(es < 1e-4);
@@ -180,9 +186,8 @@ static void test_dn_chunked_vs_recurrence(void **st) {
 
 /* Any split of the tokens into calls (1 = decode, 64, odd sizes crossing chunk boundaries) gives
  * the same bits as one call; scalar and AVX2 agree within tolerance. */
-static void test_dn_split_invariance_and_simd(void **st) {
-    (void)st;
-    dn_in in = dn_make(2, 4, 64, 300, 12);
+static void check_split_invariance_and_simd(uint32_t hd, uint32_t n) {
+    dn_in in = dn_make(2, 4, hd, n, 12);
     const size_t no = (size_t)in.n * in.hv * in.dm.d;
     const uint32_t one[] = {300}, dec[] = {1}, odd[] = {37, 5, 64, 1, 100}, c64[] = {64};
     for (int impl = 0; impl <= (int)kvt_dn_best_impl(); impl++) {
@@ -200,16 +205,25 @@ static void test_dn_split_invariance_and_simd(void **st) {
         assert_memory_equal(s0, s3, sb);
         free(a), free(b), free(c), free(d), free(s0), free(s1), free(s2), free(s3);
     }
-    if (kvt_dn_best_impl() == KVT_DN_AVX2) {
-        float *a = dn_run(&in, KVT_DN_SCALAR, one, 1, NULL), *b = dn_run(&in, KVT_DN_AVX2, one, 1, NULL);
-        double e = max_rel(a, b, no);
-        printf("scalar vs avx2: %.2e\n", e);
-        assert_true(e < 1e-5);
-        free(a), free(b);
-    } else {
-        printf("no AVX2 on this CPU: only the scalar implementation is checked\n");
+    /* every SIMD implementation gives the scalar reference's bits (outputs and state) */
+    float *s_ref, *s_simd;
+    float *a = dn_run(&in, KVT_DN_SCALAR, odd, 5, &s_ref);
+    for (int impl = 1; impl <= (int)kvt_dn_best_impl(); impl++) {
+        float *b = dn_run(&in, (kvt_dn_impl)impl, odd, 5, &s_simd);
+        assert_memory_equal(a, b, no * sizeof(float));
+        assert_memory_equal(s_ref, s_simd, kvt_dn_state_bytes(&in.dm));
+        free(b), free(s_simd);
     }
+    printf("scalar == SIMD for impls 1..%d\n", (int)kvt_dn_best_impl());
+    free(a), free(s_ref);
     dn_free(&in);
+}
+
+/* d = 64: the generic paths; d = 128: also the AVX-512 tiles of 128 columns (decode S·k, chunk close) */
+static void test_dn_split_invariance_and_simd(void **st) {
+    (void)st;
+    check_split_invariance_and_simd(64, 300);
+    check_split_invariance_and_simd(128, 140);
 }
 
 /* The conv keeps the last K-1 raw inputs: one call == token by token, and the first outputs see
@@ -223,21 +237,73 @@ static void test_dn_conv(void **st) {
     for (size_t i = 0; i < KVT_ARRAY_LEN(w); i++) w[i] = tu_randf(&seed);
     for (size_t i = 0; i < KVT_ARRAY_LEN(u); i++) u[i] = tu_randf(&seed);
     float *s1 = calloc(1, kvt_dn_state_bytes(&dm)), *s2 = calloc(1, kvt_dn_state_bytes(&dm));
-    kvt_dn_conv(&dm, w, s1, u, n, o1, 0, cd);
-    for (uint32_t r = 0; r < n; r++) kvt_dn_conv(&dm, w, s2, u + r * cd, 1, o2 + r * cd, 0, cd);
+    kvt_dn_conv(&dm, KVT_DN_SCALAR, w, s1, u, n, o1, 0, cd);
+    for (uint32_t r = 0; r < n; r++) kvt_dn_conv(&dm, KVT_DN_SCALAR, w, s2, u + r * cd, 1, o2 + r * cd, 0, cd);
     assert_memory_equal(o1, o2, sizeof o1);
+    /* SIMD == scalar, in uneven calls and channel ranges (masked / scalar tails) */
+    for (int impl = 1; impl <= (int)kvt_dn_best_impl(); impl++) {
+        float o3[10 * 24];
+        float *s3 = calloc(1, kvt_dn_state_bytes(&dm));
+        const uint32_t cuts[] = {0, 3, 4, 10};
+        for (int k = 0; k < 3; k++) {
+            kvt_dn_conv(&dm, (kvt_dn_impl)impl, w, s3, u + cuts[k] * cd, cuts[k + 1] - cuts[k], o3 + cuts[k] * cd, 0, 7);
+            kvt_dn_conv(&dm, (kvt_dn_impl)impl, w, s3, u + cuts[k] * cd, cuts[k + 1] - cuts[k], o3 + cuts[k] * cd, 7, cd);
+        }
+        assert_memory_equal(o1, o3, sizeof o1);
+        assert_memory_equal(s1, s3, kvt_dn_state_bytes(&dm));
+        free(s3);
+    }
     for (uint32_t r = 0; r < n; r++)
         for (uint32_t ch = 0; ch < cd; ch++) {
             double s = 0;
             for (uint32_t j = 0; j < 4; j++) {
                 int t = (int)r - 3 + (int)j;
-                if (t >= 0) s += (double)w[ch * 4 + j] * u[t * cd + ch];
+                if (t >= 0) s += (double)w[j * cd + ch] * u[t * cd + ch]; /* tap-major */
             }
             double want = s / (1 + exp(-s));
             assert_true(fabs(want - o1[r * cd + ch]) < 1e-5);
         }
     free(s1);
     free(s2);
+}
+
+/* kvt_dn_exp against libm's double exp (relative error, 0 below the range), and the vector gates
+ * against the scalar reference bit for bit, lengths with tails. */
+static void test_dn_exp_and_gates(void **st) {
+    (void)st;
+    double worst = 0.0;
+    for (int i = -880000; i <= 880000; i++) {
+        const float x = (float)i * 1e-4f;
+        const float y = kvt_dn_exp(x);
+        if (x < -87.33654f) {
+            assert_true(y == 0.0f);
+            continue;
+        }
+        const double want = exp((double)x), e = fabs((double)y - want) / want;
+        if (e > worst) worst = e;
+    }
+    printf("kvt_dn_exp: max relative error %.2e on [-87.3, 88]\n", worst);
+    assert_true(worst < 3e-7);
+    assert_true(kvt_dn_exp(-1000.0f) == 0.0f && isfinite(kvt_dn_exp(1000.0f)));
+    enum { N = 203 };
+    float g[N], u[N], y0[N], y1[N];
+    uint64_t seed = 17;
+    for (int i = 0; i < N; i++) g[i] = 30.0f * tu_randf(&seed), u[i] = tu_randf(&seed);
+    g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f;
+    for (int impl = 1; impl <= (int)kvt_dn_best_impl(); impl++)
+        for (uint32_t n = 1; n <= N; n += 13) {
+            kvt_dn_silu_mul(KVT_DN_SCALAR, y0, g, u, n);
+            kvt_dn_silu_mul((kvt_dn_impl)impl, y1, g, u, n);
+            assert_memory_equal(y0, y1, n * sizeof(float));
+            kvt_dn_silu_mul(KVT_DN_SCALAR, y0, g, NULL, n);
+            kvt_dn_silu_mul((kvt_dn_impl)impl, y1, g, NULL, n);
+            assert_memory_equal(y0, y1, n * sizeof(float));
+            kvt_dn_sigmoid_mul(KVT_DN_SCALAR, y0, g, u, n);
+            kvt_dn_sigmoid_mul((kvt_dn_impl)impl, y1, g, u, n);
+            assert_memory_equal(y0, y1, n * sizeof(float));
+        }
+    kvt_dn_silu_mul(KVT_DN_SCALAR, y0, g, u, N);
+    for (int i = 0; i < N; i++) assert_true(fabs(y0[i] - g[i] / (1.0 + exp(-(double)g[i])) * u[i]) < 1e-5 * (1 + fabs(g[i])));
 }
 
 /* ------------------------------------------------------------------ model invariances */
@@ -281,6 +347,22 @@ static void check_decode_eq_full(const char *path) {
 static void test_decode_eq_full(void **st) {
     (void)st;
     check_decode_eq_full(FIX_GGUF);
+}
+
+/* H_v == H_k (the qwen35-0.8b shape, 4 layers: 3 DeltaNet + 1 attention): the head-local DeltaNet core of
+ * arch_qwen35.c (no barriers between conv and gated norm) keeps decode == full recompute, across
+ * ubatches and 1 vs 2 threads. (The tiny fixture has H_v = 2 H_k: the row-split path.) */
+static void test_decode_eq_full_hv_eq_hk(void **st) {
+    (void)st;
+    char *dir = tu_tmpdir("q35hk"), path[512], err[256];
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    kvt_gen_model_opts o = {.arch = "qwen35", .shape = "qwen35-0.8b", .type = "q8_0", .n_layers = 4, .seed = 5,
+                            .byte_vocab = true};
+    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model: %s", err);
+    check_decode_eq_full(path);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
 }
 
 /* gen-model writes qwen35 files (every weight type) that load with the expected layer kinds and
@@ -397,6 +479,8 @@ int main(void) {
         cmocka_unit_test(test_dn_split_invariance_and_simd),
         cmocka_unit_test(test_decode_eq_full),
         cmocka_unit_test(test_gen_model_qwen35),
+        cmocka_unit_test(test_dn_exp_and_gates),
+        cmocka_unit_test(test_decode_eq_full_hv_eq_hk),
         cmocka_unit_test(test_fixture_parity),
         cmocka_unit_test(test_hostile_qwen35_files),
     };

@@ -29,7 +29,8 @@
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
-#define KVT_NUMERICS_VERSION 3 /* 3: attention rounds Q and softmax weights to f16 */
+#define KVT_NUMERICS_VERSION 4 /* 3: attention rounds Q and softmax weights to f16; 4: qwen35 DeltaNet
+                                  * FMA-chain numerics, transposed S/k state layout (deltanet.h) */
 /* On-disk format version (docs/cache-format.md). */
 #define KVT_SSD_FORMAT_VERSION 2 /* 2: tails store only their rows (compact) */
 #define KVT_SSD_COMPAT_KEY_MAX 512

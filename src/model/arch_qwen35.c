@@ -10,8 +10,8 @@
  * Layer il is attention iff (il + 1) % full_attention_interval == 0.
  *
  * Threads: one kvt_threadpool_run per ubatch chunk, ops separated by barriers; row ops split rows,
- * matmuls split output columns, the conv splits channels, the delta rule splits v heads and
- * attention splits query heads. Every token's result depends only on its row and on state/KV of
+ * matmuls split output columns, the DeltaNet core (conv, q/k norms, delta rule, gated norm) splits
+ * v heads (channels/rows/heads in turn when H_v != H_k) and attention splits query heads. Every token's result depends only on its row and on state/KV of
  * earlier positions (deltanet.h), so any chunking or thread count gives the same bits.
  */
 #include <math.h>
@@ -33,7 +33,7 @@ typedef struct q35_layer {
     const float *q_norm, *k_norm;
     /* DeltaNet layers */
     kvt_wmat wqkv, wz, wbeta, walpha, wout;
-    const float *conv_w; /* [conv_dim][K], owned by kvt_q35 */
+    const float *conv_w; /* [K][conv_dim] (tap-major), owned by kvt_q35 */
     const float *dt_bias, *ssm_a, *ssm_norm;
 } q35_layer;
 
@@ -67,8 +67,23 @@ struct kvt_q35_ctx {
 
 bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
 
+/* Every matrix of a layer (each gets a repacked prefill copy). */
+static int layer_mats(q35_layer *w, kvt_wmat **out) {
+    int n = 0;
+    kvt_wmat *all[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo,
+                       &w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wout};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(all); i++)
+        if (all[i]->data) out[n++] = all[i];
+    return n;
+}
+
 void kvt_q35_free(kvt_q35 *q) {
     if (!q) return;
+    for (uint32_t il = 0; q->layers && q->m && il < kvt_model_hparams(q->m)->n_layer; il++) {
+        kvt_wmat *ws[12];
+        const int nw = layer_mats(&q->layers[il], ws);
+        for (int i = 0; i < nw; i++) kvt_packed_free(ws[i]->packed);
+    }
     free(q->layers);
     free(q->conv_store);
     free(q->inv_freq);
@@ -187,8 +202,11 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
             VEC("ssm_dt.bias", HV, &w->dt_bias);
             VEC("ssm_a", HV, &w->ssm_a);
             VEC("ssm_norm.weight", d, &w->ssm_norm);
-            for (uint32_t ch = 0; ch < CD; ch++)
-                kvt_dequant_row(conv.type, (const uint8_t *)conv.data + (uint64_t)ch * conv.row_bytes, cw + (size_t)ch * K, K);
+            for (uint32_t ch = 0; ch < CD; ch++) { /* stored tap-major [K][CD] (kvt_dn_conv) */
+                float taps[16];
+                kvt_dequant_row(conv.type, (const uint8_t *)conv.data + (uint64_t)ch * conv.row_bytes, taps, K);
+                for (uint32_t j = 0; j < K; j++) cw[(size_t)j * CD + ch] = taps[j];
+            }
             w->conv_w = cw;
             cw += (size_t)CD * K;
             for (uint32_t h = 0; h < HV; h++)
@@ -200,6 +218,12 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
 #undef NM
 #undef MAT
 #undef VEC
+        /* Load-time repack for prefill GEMM, as model.c does for the dense layers: kvt_matmul_packed
+         * is bit-identical to kvt_matmul_rows (kernels/quant.h), so decode (row-major GEMV) and
+         * prefill still agree. Best effort: NULL keeps the row-major kernel. */
+        kvt_wmat *pw[12];
+        const int npw = layer_mats(w, pw);
+        for (int i = 0; i < npw; i++) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
     }
     (void)HK;
     *out = q;
@@ -318,7 +342,6 @@ static void l2norm(float *x, uint32_t n, float eps) {
 }
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
@@ -329,21 +352,31 @@ static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
 }
 
 /* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): rows quantized in parallel,
- * then output columns (aligned to 16) split across threads. Ends with a barrier. */
+ * once per activation format (matrices whose vec_dot type matches an earlier one reuse its
+ * buffer), then output columns (aligned to 16) split across threads. Prefill chunks use the
+ * repacked weights (bit-identical to the row-major kernel, so decode == prefill). Ends with a
+ * barrier. */
 static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
                int ith, int nth) {
+    int slot[Q35_MAX_MM];
+    for (int i = 0; i < nw; i++) {
+        slot[i] = i;
+        for (int j = 0; j < i; j++)
+            if (slot[j] == j && kvt_vec_dot_type(ws[j]->type) == kvt_vec_dot_type(ws[i]->type)) slot[i] = j;
+    }
     uint32_t r0, r1;
     split(n, ith, nth, &r0, &r1);
     for (int i = 0; i < nw; i++)
-        if (r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
+        if (slot[i] == i && r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
     kvt_threadpool_barrier(c->tp);
     for (int i = 0; i < nw; i++) {
-        const uint32_t no = ws[i]->n_out;
-        uint32_t per = ((no + (uint32_t)nth - 1) / (uint32_t)nth + 15u) & ~15u;
-        uint64_t o0 = (uint64_t)ith * per, o1 = o0 + per;
-        if (o0 > no) o0 = no;
-        if (o1 > no) o1 = no;
-        if (o0 < o1) kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[i], n, ys[i], no, (int64_t)o0, (int64_t)o1);
+        int64_t o0, o1;
+        kvt_col_range(ws[i]->n_out, ith, nth, &o0, &o1);
+        if (o0 >= o1) continue;
+        if (ws[i]->packed && n >= KVT_PACKED_MIN_ROWS)
+            kvt_matmul_packed(ws[i]->packed, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
+        else
+            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
     }
     kvt_threadpool_barrier(c->tp);
 }
@@ -392,8 +425,7 @@ static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith,
         kvt_attention(c->seq, il, c->qa, n, QD, c->pos0, NH, 1.0f / sqrtf((float)HD), h0, h1, c->o, QD,
                       c->att_scratch[ith]);
     kvt_threadpool_barrier(c->tp);
-    for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t i = 0; i < QD; i++) c->o[(size_t)r * QD + i] *= sigmoid(c->gt[(size_t)r * QD + i]);
+    for (uint32_t r = r0; r < r1; r++) kvt_dn_sigmoid_mul(c->impl, c->o + (size_t)r * QD, c->gt + (size_t)r * QD, c->o + (size_t)r * QD, QD);
     const kvt_wmat *wo[1] = {&w->wo};
     float *to[1] = {c->tmp};
     kvt_threadpool_barrier(c->tp);
@@ -409,34 +441,62 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
     const kvt_wmat *ws[4] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha};
     float *ys[4] = {c->big, c->z, c->bb, c->ba};
     mm(c, ws, ys, 4, c->xn, n, ith, nth);
-    uint32_t a, b;
-    split(CD, ith, nth, &a, &b);
-    if (a < b) kvt_dn_conv(dm, w->conv_w, state, c->big, n, c->conv, a, b);
-    kvt_threadpool_barrier(c->tp);
-    uint32_t r0, r1;
-    split(n, ith, nth, &r0, &r1);
-    for (uint32_t r = r0; r < r1; r++) {
-        float *row = c->conv + (size_t)r * CD;
-        for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
-        for (uint32_t h = 0; h < HV; h++) {
-            float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
-            *bt = sigmoid(*bt);
-            *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
-        }
-    }
-    kvt_threadpool_barrier(c->tp);
     uint32_t h0, h1;
     split(HV, ith, nth, &h0, &h1);
-    if (h0 < h1) kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
-    kvt_threadpool_barrier(c->tp);
-    for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t h = 0; h < HV; h++) {
-            float *o = c->o + (size_t)r * VD + (size_t)h * d;
-            const float *z = c->z + (size_t)r * VD + (size_t)h * d;
-            rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
-            for (uint32_t i = 0; i < d; i++) o[i] *= silu(z[i]);
+    if (HV == HK) {
+        /* Every step from the conv to the gated norm reads only head h's channels (q, k and v
+         * head h): each thread runs them for its own heads with no barrier in between. The
+         * per-element operations are those of the row-split path below (same bits). */
+        if (h0 < h1) {
+            for (uint32_t part = 0; part < 3; part++) /* q, k, v channels of heads [h0, h1) */
+                kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, (part * HK + h0) * d,
+                            (part * HK + h1) * d);
+            for (uint32_t r = 0; r < n; r++) {
+                float *row = c->conv + (size_t)r * CD;
+                for (uint32_t h = h0; h < h1; h++) {
+                    l2norm(row + (size_t)h * d, d, hp->norm_eps);
+                    l2norm(row + (size_t)(HK + h) * d, d, hp->norm_eps);
+                    float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
+                    *bt = sigmoid(*bt);
+                    *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
+                }
+            }
+            kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
+            for (uint32_t r = 0; r < n; r++)
+                for (uint32_t h = h0; h < h1; h++) {
+                    float *o = c->o + (size_t)r * VD + (size_t)h * d;
+                    rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                    kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
+                }
         }
-    kvt_threadpool_barrier(c->tp);
+        kvt_threadpool_barrier(c->tp);
+    } else { /* v heads share k heads across threads: split channels, then rows, then heads */
+        uint32_t a, b;
+        split(CD, ith, nth, &a, &b);
+        if (a < b) kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, a, b);
+        kvt_threadpool_barrier(c->tp);
+        uint32_t r0, r1;
+        split(n, ith, nth, &r0, &r1);
+        for (uint32_t r = r0; r < r1; r++) {
+            float *row = c->conv + (size_t)r * CD;
+            for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
+            for (uint32_t h = 0; h < HV; h++) {
+                float *bt = c->bb + (size_t)r * HV + h, *gt = c->ba + (size_t)r * HV + h;
+                *bt = sigmoid(*bt);
+                *gt = softplus(*gt + w->dt_bias[h]) * w->ssm_a[h];
+            }
+        }
+        kvt_threadpool_barrier(c->tp);
+        if (h0 < h1) kvt_dn_rows(dm, c->impl, state, c->conv, c->bb, c->ba, c->pos0, n, c->o, h0, h1);
+        kvt_threadpool_barrier(c->tp);
+        for (uint32_t r = r0; r < r1; r++)
+            for (uint32_t h = 0; h < HV; h++) {
+                float *o = c->o + (size_t)r * VD + (size_t)h * d;
+                rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
+            }
+        kvt_threadpool_barrier(c->tp);
+    }
     const kvt_wmat *wo[1] = {&w->wout};
     float *to[1] = {c->tmp};
     mm(c, wo, to, 1, c->o, n, ith, nth);
@@ -478,7 +538,7 @@ static void chunk_fn(void *arg, int ith, int nth) {
         mm(c, gu, gu_out, 2, c->xn, n, ith, nth);
         for (uint32_t r = r0; r < r1; r++) {
             float *g = c->ff_g + (size_t)r * F, *u = c->ff_u + (size_t)r * F;
-            for (uint32_t i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+            kvt_dn_silu_mul(c->impl, g, g, u, F);
         }
         kvt_threadpool_barrier(c->tp);
         const kvt_wmat *dn[1] = {&w->down};
