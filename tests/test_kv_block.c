@@ -57,6 +57,9 @@ static void test_layout_invalid(void **st) {
     expect_invalid(d, 1, 16, F16, "window");
     d[0] = (kvt_layer_desc){.kind = KVT_KIND_RECURRENT, .state_bytes = 0};
     expect_invalid(d, 1, 16, F16, "state_bytes");
+    d[0] = (kvt_layer_desc){.kind = KVT_KIND_RECURRENT, .state_bytes = 64};
+    d[1] = d[0];
+    expect_invalid(d, 2, 16, F16, "recurrent"); /* no attention layer: no blocks to chain */
     for (int i = 0; i < 5; i++) d[i] = win(8 + (uint32_t)i, F16);
     expect_invalid(d, 5, 16, F16, "groups");
     d[0] = full(F16);

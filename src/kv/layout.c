@@ -208,6 +208,17 @@ kvt_status kvt_kv_layout_create(const kvt_layer_desc *layers, uint32_t n_layers,
         if (d.head_dim_v > l->max_head_dim) l->max_head_dim = d.head_dim_v;
     }
 
+    /* Token blocks carry the chain that names every cached thing, snapshots included, and the
+     * sequence sizes its block table from them: a layout of recurrent layers only has no blocks
+     * (a GGUF whose every layer is recurrent would otherwise reach seq.c's invariants). */
+    if (l->n_groups == 0) {
+        st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                      "kv layout: all %u layers are recurrent; at least one attention layer (full, window or "
+                      "latent) is needed",
+                      n_layers);
+        goto fail;
+    }
+
     /* Section offsets per group and variant, in increasing layer order: K then V (MLA: K only, the
      * V "section" is the K section read as its c prefix). */
     for (uint32_t g = 0; g < l->n_groups; g++) {
