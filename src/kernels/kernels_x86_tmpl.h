@@ -554,7 +554,7 @@ AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gb
         }
         KQP_VI w[KQP_NV], wx[KQP_NV];
         KQP_VF dw[KQP_NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < KQP_NV; v++) {
             w[v] = F(pload)(p + qo + (size_t)v * KQP_PV * 32);
             dw[v] = F(pdw)(p, v);
@@ -568,14 +568,14 @@ AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gb
             else wx[v] = w[v];
         }
         const __m128 m4 = sgn ? _mm_setzero_ps() : _mm_loadu_ps((const float *)(p + 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             const uint8_t *c = C + (size_t)j * crb + (size_t)b * KQP_CA;
             float dxs;
             memcpy(&dxs, c, 4);
             const KQP_VF dx = F(pset1_ps)(dxs);
             const KQP_VI x = F(pbcast)(c + 8);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < KQP_NV; v++) {
 #if KVT_ZMM
                 const __m512i d = sgn ? _mm512_dpbusd_epi32(wx[v], x, w[v]) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[v], x);
@@ -620,15 +620,15 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
         }
         for (int g = 0; g < 8; g++) {
             KQP_VI q[KQP_NV], sc[KQP_NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < KQP_NV; v++) {
                 q[v] = F(pload)(p + KQP_K_Q + 128 * g + (size_t)v * KQP_PV * 32);
                 sc[v] = F(pscale)(p + KQP_K_SC + 16 * g + (size_t)v * KQP_PV * 4);
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < NR; j++) {
                 const KQP_VI yv = F(pbcast)(xb[j] + 4 + 32 * g);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int v = 0; v < KQP_NV; v++)
 #if KVT_ZMM
                     iacc[v][j] = _mm512_dpwssd_epi32(iacc[v][j], _mm512_maddubs_epi16(q[v], yv), sc[v]);
@@ -637,7 +637,7 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
 #endif
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[j] + 4 + QK_K));
             __m256i iv[KQP_ROWS], mv[KQP_ROWS];
