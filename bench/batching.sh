@@ -3,7 +3,9 @@
 # --parallel value (BATCH_PAR, default "1 4 8") a fresh `kvtier serve` gets BATCH_CLIENTS (8)
 # simultaneous streaming /v1/completions requests with distinct ~BATCH_P-token (200) prompts and
 # BATCH_N (64) new tokens each, greedy. Reports aggregate generated tok/s (all tokens / wall time
-# from the first request to the last [DONE]), median and max time to first token, and the server's
+# from the first request to the last [DONE], so the prompts' prefill is inside it), the decode-phase
+# aggregate (tokens after each stream's first token / time from the earliest first token to the
+# last [DONE]), median and max time to first token, and the server's
 # /stats batching figures (tokens per step, max decode stall). With BATCH_LONG=1 also: TTFT of a
 # 100-token request sent while a BATCH_LONG_P-token (7000) prefill runs, vs the same request alone.
 # Writes $OUT_DIR/batching.json and prints a table.
@@ -64,6 +66,11 @@ def stream(prompt, n, out, t_start):
         if j.get("usage"): usage = j["usage"]
         if ttft is None and any(ch.get("text") for ch in j.get("choices", [])): ttft = time.time() - t_start
     out.update(ttft=ttft, end=time.time() - t_start, usage=usage)
+def decode_tps(outs):  # tokens after each stream's first / (last [DONE] - earliest first token)
+    t1 = min(o["ttft"] for o in outs if o["ttft"] is not None)
+    t2 = max(o["end"] for o in outs)
+    n = sum(o["usage"]["completion_tokens"] - 1 for o in outs)
+    return n / (t2 - t1) if t2 > t1 else 0.0
 def stats():
     return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats"))["batching"]
 if mode == "clients":
@@ -79,7 +86,7 @@ if mode == "clients":
     ttfts = [o["ttft"] for o in outs if o["ttft"] is not None]
     st = stats()
     print(json.dumps({"clients": nc, "prompt_tokens": [o["usage"]["prompt_tokens"] for o in outs], "generated": gen,
-                      "wall_s": wall, "agg_tps": gen / wall, "ttft_median_s": statistics.median(ttfts),
+                      "wall_s": wall, "agg_tps": gen / wall, "decode_tps": decode_tps(outs), "ttft_median_s": statistics.median(ttfts),
                       "ttft_max_s": max(ttfts), "tokens_per_step_avg": st["tokens_per_step_avg"],
                       "max_decode_stall_ms": st["max_decode_stall_ms"], "max_decode_step_ms": st["max_decode_step_ms"]}))
 else:  # long: a short request alone, then the same one while a long prefill runs
@@ -130,13 +137,14 @@ echo "}" >>"$OUT_DIR/batching.json"
 python3 - "$OUT_DIR/batching.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(f"{'parallel':>8} {'agg tok/s':>10} {'TTFT med s':>11} {'TTFT max s':>11} {'tok/step':>9} {'max stall ms':>13}")
+print(f"{'parallel':>8} {'agg tok/s':>10} {'decode tok/s':>13} {'TTFT med s':>11} {'TTFT max s':>11} {'tok/step':>9} {'max stall ms':>13} {'max step ms':>12}")
 for k, v in d.items():
     if not k.startswith("parallel_"): continue
-    print(f"{k[9:]:>8} {v['agg_tps']:10.1f} {v['ttft_median_s']:11.2f} {v['ttft_max_s']:11.2f} {v['tokens_per_step_avg']:9.1f} {v['max_decode_stall_ms']:13.1f}")
+    print(f"{k[9:]:>8} {v['agg_tps']:10.1f} {v['decode_tps']:13.1f} {v['ttft_median_s']:11.2f} {v['ttft_max_s']:11.2f} {v['tokens_per_step_avg']:9.1f} {v['max_decode_stall_ms']:13.1f} {v['max_decode_step_ms']:12.1f}")
 for k, v in d.items():
     if k.startswith("streams_"):
-        print(f"{k[8:]:>2} concurrent stream(s) on --parallel 8: {v['agg_tps']:.1f} tok/s aggregate, TTFT median {v['ttft_median_s']:.2f} s")
+        print(f"{k[8:]:>2} concurrent stream(s) on --parallel 8: {v['agg_tps']:.1f} tok/s aggregate (wall incl. prefill), "
+              f"{v['decode_tps']:.1f} tok/s decode phase, TTFT median {v['ttft_median_s']:.2f} s")
 if "long_prefill_parallel_4" in d:
     v = d["long_prefill_parallel_4"]
     print(f"100-token request: TTFT alone {v['short_alone_ttft_s']:.2f} s, beside a {v['long_prompt_tokens']}-token prefill {v['short_beside_long_ttft_s']:.2f} s")

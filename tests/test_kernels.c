@@ -619,7 +619,9 @@ static const uint32_t k_packed_types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE
 
 static void test_packed_matches_rows(void **st) {
     (void)st;
-    const int64_t rows[] = {1, 2, 3, 4, 5, 8, 13};
+    /* every tile mix: 8-row tiles (512-bit path), 4-row tiles, 1-3 leftover rows (batched decode
+     * steps use the packed kernels from KVT_PACKED_MIN_ROWS rows) */
+    const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 15, 16, 19};
     const int64_t outs[] = {13, 16, 3};
     for (size_t ti = 0; ti < sizeof k_packed_types / sizeof k_packed_types[0]; ti++)
         for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)

@@ -414,6 +414,22 @@ KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
 #define KQP_VF __m256
 #endif
 #define KQP_NV (KQP_ROWS / KQP_PV)
+/* Activation rows per packed register tile: 8 on the 512-bit path (a batched decode step of 8
+ * rows then reads each weight group once, in one pass: 16 accumulators of 32 zmm registers), else
+ * KVT_TR. Rows left over use tiles of 4 and then 1-3 rows of the same code; the tile size never
+ * changes a result (each output element has its own accumulator and the same operations). */
+#if KVT_ZMM
+#define KQP_TR 8
+#else
+#define KQP_TR KVT_TR
+#endif
+/* Software prefetch of the weight stream, in weight groups ahead (KQP_PF_GROUPS × 4 rows; the
+ * GEMV prefetch distance of the row-major kernels is 12 rows). Decode steps of a few rows read
+ * every weight once from DRAM, so the loads are latency-bound like a GEMV; only the first row
+ * tile of a group prefetches (later tiles find the group in L1/L2). Never changes results. */
+#ifndef KQP_PF_GROUPS
+#define KQP_PF_GROUPS 3
+#endif
 /* activation rows per row block: the block's quantized rows stay in L2 while every weight group of
  * the column range streams past them once (cache blocking for large n_in and long chunks) */
 #ifndef KQP_ACT_BLOCK_BYTES
@@ -520,19 +536,25 @@ AI void F(pconv_small)(const bool sgn, const uint8_t *A, size_t arb, int64_t r0,
 }
 
 AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gbb, const uint8_t *C, size_t crb,
-                       int64_t nb, float out[KQP_ROWS][KVT_TR]) {
+                       int64_t nb, const uint8_t *pf, float out[KQP_ROWS][KQP_TR]) {
     const size_t qo = sgn ? 16 : 32;
-    KQP_VF acc[KQP_NV][KVT_TR];
-    __m128 macc[KVT_TR];
+    KQP_VF acc[KQP_NV][KQP_TR];
+    __m128 macc[KQP_TR];
     for (int j = 0; j < NR; j++) {
         macc[j] = _mm_setzero_ps();
         for (int v = 0; v < KQP_NV; v++) acc[v][j] = F(pset1_ps)(0.0f);
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)b * gbb;
+        if (pf) { /* the same block KQP_PF_GROUPS groups ahead (gbb <= 160: three lines cover it) */
+            const char *q = (const char *)(pf + (size_t)b * gbb);
+            _mm_prefetch(q, _MM_HINT_T0);
+            _mm_prefetch(q + 64, _MM_HINT_T0);
+            _mm_prefetch(q + 128, _MM_HINT_T0);
+        }
         KQP_VI w[KQP_NV], wx[KQP_NV];
         KQP_VF dw[KQP_NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < KQP_NV; v++) {
             w[v] = F(pload)(p + qo + (size_t)v * KQP_PV * 32);
             dw[v] = F(pdw)(p, v);
@@ -546,14 +568,14 @@ AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gb
             else wx[v] = w[v];
         }
         const __m128 m4 = sgn ? _mm_setzero_ps() : _mm_loadu_ps((const float *)(p + 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             const uint8_t *c = C + (size_t)j * crb + (size_t)b * KQP_CA;
             float dxs;
             memcpy(&dxs, c, 4);
             const KQP_VF dx = F(pset1_ps)(dxs);
             const KQP_VI x = F(pbcast)(c + 8);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < KQP_NV; v++) {
 #if KVT_ZMM
                 const __m512i d = sgn ? _mm512_dpbusd_epi32(wx[v], x, w[v]) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[v], x);
@@ -582,29 +604,31 @@ AI void F(ptile_small)(const bool sgn, const int NR, const uint8_t *G, size_t gb
 }
 
 AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t *A, size_t arb, int64_t nb,
-                   float out[KQP_ROWS][KVT_TR]) {
-    float sumf[KQP_ROWS][KVT_TR];
+                   const uint8_t *pf, float out[KQP_ROWS][KQP_TR]) {
+    float sumf[KQP_ROWS][KQP_TR];
     for (int i = 0; i < KQP_ROWS; i++)
         for (int j = 0; j < NR; j++) sumf[i][j] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)b * KQP_K_BYTES;
-        const uint8_t *xb[KVT_TR];
-        KQP_VI iacc[KQP_NV][KVT_TR];
+        if (pf) /* the same super-block KQP_PF_GROUPS groups ahead */
+            for (size_t off = 0; off < KQP_K_BYTES; off += 64) _mm_prefetch((const char *)(pf + (size_t)b * KQP_K_BYTES + off), _MM_HINT_T0);
+        const uint8_t *xb[KQP_TR];
+        KQP_VI iacc[KQP_NV][KQP_TR];
         for (int j = 0; j < NR; j++) {
             xb[j] = A + (size_t)j * arb + (size_t)b * sizeof(blk_q8_K);
             for (int v = 0; v < KQP_NV; v++) iacc[v][j] = F(pset1_8)(0);
         }
         for (int g = 0; g < 8; g++) {
             KQP_VI q[KQP_NV], sc[KQP_NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < KQP_NV; v++) {
                 q[v] = F(pload)(p + KQP_K_Q + 128 * g + (size_t)v * KQP_PV * 32);
                 sc[v] = F(pscale)(p + KQP_K_SC + 16 * g + (size_t)v * KQP_PV * 4);
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < NR; j++) {
                 const KQP_VI yv = F(pbcast)(xb[j] + 4 + 32 * g);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int v = 0; v < KQP_NV; v++)
 #if KVT_ZMM
                     iacc[v][j] = _mm512_dpwssd_epi32(iacc[v][j], _mm512_maddubs_epi16(q[v], yv), sc[v]);
@@ -613,7 +637,7 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
 #endif
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)(xb[j] + 4 + QK_K));
             __m256i iv[KQP_ROWS], mv[KQP_ROWS];
@@ -641,7 +665,7 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
         for (int j = 0; j < NR; j++) out[i][j] = sumf[i][j];
 }
 
-/* Row blocks of activations (cache blocking) × weight groups of [o0,o1) × tiles of KVT_TR rows;
+/* Row blocks of activations (cache blocking) × weight groups of [o0,o1) × tiles of KQP_TR rows;
  * columns of a group outside [o0,o1) are computed and dropped (results do not depend on it). */
 #define KQP_STORE(NR)                                                                                   \
     for (int j_ = 0; j_ < (NR); j_++)                                                                   \
@@ -652,10 +676,10 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
         const size_t arb = (size_t)kvt_type_row_bytes(kvt_vec_dot_type(P->type), (uint64_t)P->n_in);   \
         const size_t gbb = P->gbb, gs = (size_t)P->nb * gbb;                                            \
         const int64_t nb = P->nb;                                                                       \
-        int64_t rb = (int64_t)(KQP_ACT_BLOCK_BYTES / arb) / KVT_TR * KVT_TR;                            \
-        if (rb < KVT_TR) rb = KVT_TR;                                                                   \
+        int64_t rb = (int64_t)(KQP_ACT_BLOCK_BYTES / arb) / KQP_TR * KQP_TR;                            \
+        if (rb < KQP_TR) rb = KQP_TR;                                                                   \
         const uint8_t *A = act;                                                                         \
-        float out[KQP_ROWS][KVT_TR];                                                                    \
+        float out[KQP_ROWS][KQP_TR];                                                                    \
         const size_t crb = CONV ? (size_t)nb * KQP_CA : arb;                                            \
         uint8_t *C = CONV ? kq_tls_scratch((size_t)rb * crb) : NULL;                                    \
         if (CONV && !C) { /* no scratch memory: the row-major kernel, same results */                   \
@@ -670,24 +694,29 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
                 const uint8_t *G = P->data + (size_t)g * gs;                                            \
                 const int64_t c0 = o0 > g * KQP_ROWS ? o0 : g * KQP_ROWS;                               \
                 const int64_t c1 = o1 < (g + 1) * KQP_ROWS ? o1 : (g + 1) * KQP_ROWS;                   \
+                const uint8_t *PF = G + (size_t)KQP_PF_GROUPS * gs; /* first tile only, see KQP_PF_GROUPS */ \
                 int64_t r = r0;                                                                         \
-                for (; r + KVT_TR <= r1; r += KVT_TR) {                                                 \
-                    TILE(KVT_TR);                                                                       \
-                    KQP_STORE(KVT_TR);                                                                  \
+                for (; r + KQP_TR <= r1; r += KQP_TR, PF = NULL) {                                      \
+                    TILE(KQP_TR);                                                                       \
+                    KQP_STORE(KQP_TR);                                                                  \
+                }                                                                                       \
+                for (; KQP_TR > 4 && r + 4 <= r1; r += 4, PF = NULL) {                                  \
+                    TILE(KQ_MIN(4, KQP_TR));                                                            \
+                    KQP_STORE(KQ_MIN(4, KQP_TR));                                                       \
                 }                                                                                       \
                 switch (r1 - r) {                                                                       \
                 case 1: TILE(1); KQP_STORE(1); break;                                                   \
-                case 2: TILE(KQ_MIN(2, KVT_TR)); KQP_STORE(KQ_MIN(2, KVT_TR)); break;                   \
-                case 3: TILE(KQ_MIN(3, KVT_TR)); KQP_STORE(KQ_MIN(3, KVT_TR)); break;                   \
+                case 2: TILE(KQ_MIN(2, KQP_TR)); KQP_STORE(KQ_MIN(2, KQP_TR)); break;                   \
+                case 3: TILE(KQ_MIN(3, KQP_TR)); KQP_STORE(KQ_MIN(3, KQP_TR)); break;                   \
                 default: break;                                                                         \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
     }
-#define KQP_T_SS(NR) F(ptile_small)(true, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
-#define KQP_T_SU(NR) F(ptile_small)(false, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, out)
-#define KQP_T_KM(NR) F(ptile_k)(false, NR, G, A + (size_t)r * arb, arb, nb, out)
-#define KQP_T_K6(NR) F(ptile_k)(true, NR, G, A + (size_t)r * arb, arb, nb, out)
+#define KQP_T_SS(NR) F(ptile_small)(true, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, PF, out)
+#define KQP_T_SU(NR) F(ptile_small)(false, NR, G, gbb, C + (size_t)(r - r0) * crb, crb, nb, PF, out)
+#define KQP_T_KM(NR) F(ptile_k)(false, NR, G, A + (size_t)r * arb, arb, nb, PF, out)
+#define KQP_T_K6(NR) F(ptile_k)(true, NR, G, A + (size_t)r * arb, arb, nb, PF, out)
 /* the row-major kernel of the packed type (used only if the scratch cannot be allocated) */
 static TGT void F(pmm_rowmajor)(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy,
                                 int64_t o0, int64_t o1) {

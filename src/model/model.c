@@ -417,13 +417,17 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
             if ((st = load_vec(m, g, NM("post_ffw_norm.weight"), E, true, &w->post_ffw_norm, err, errlen))) goto fail;
         }
 #undef NM
-        /* Load-time repack for prefill GEMM (kernels/quant.h): dense layer matrices only (the
-         * output matrix runs one row per chunk). Best effort: without memory for the copy the
-         * row-major kernels are used, with the same results. */
+        /* Load-time repack for the GEMM of prefill chunks and batched decode steps
+         * (kernels/quant.h). Best effort: without memory for the copy the row-major kernels are
+         * used, with the same results. */
         kvt_wmat *pw[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
         for (int i = 0; i < 7; i++)
             if (pw[i]->data) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
     }
+    /* The output matrix too: a batched decode step multiplies it with one row per sequence
+     * (docs/batching.md). m->output may be a struct copy of tok_embd (tied); only output owns
+     * this packed copy (embedding lookups read the original rows). */
+    m->output.packed = kvt_packed_create(m->output.type, m->output.data, m->output.n_in, m->output.n_out);
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
     return KVT_OK;
@@ -440,6 +444,7 @@ void kvt_model_free(kvt_model *m) {
                            &m->layers[il].gate, &m->layers[il].up, &m->layers[il].down};
         for (int i = 0; i < 7; i++) kvt_packed_free(ws[i]->packed);
     }
+    kvt_packed_free(m->output.packed);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         if (m->mla) kvt_mla_free(&m->mla[il]);
         if (m->moe) kvt_moe_free(&m->moe[il]);
@@ -494,7 +499,9 @@ const float *kvt_model_output_norm(const kvt_model *m) { return m->output_norm; 
 
 /* ------------------------------------------------------------------ context */
 
-#define KVT_REPL_ROWS 4 /* chunks up to this many rows run in replicated mode (see forward_chunk) */
+/* Chunks up to this many rows run in replicated mode (see forward_chunk): decode steps of up to 16
+ * batched rows; the rows' norms and activation quantization are cheap next to a barrier. */
+#define KVT_REPL_ROWS 16
 
 /* Per-thread private buffers for replicated mode: KVT_REPL_ROWS rows each. */
 typedef struct kvt_thread_buf {
@@ -779,7 +786,8 @@ static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *con
         int64_t o0, o1;
         col_range(ws[i]->n_out, ith, nth, &o0, &o1);
         if (o0 >= o1) continue;
-        /* prefill: repacked weights (bit-identical results); decode GEMV: the smaller original */
+        /* prefill chunks and batched decode steps: repacked weights (bit-identical results);
+         * single-row decode GEMV: the smaller original */
         if (ws[i]->packed && n_rows >= KVT_PACKED_MIN_ROWS)
             kvt_matmul_packed(ws[i]->packed, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
         else
