@@ -354,8 +354,7 @@ static void mla_expanded_attention(const kvt_fwd *fw, const kvt_mla_w *w, uint32
             }
             kvt_threadpool_barrier(tp);
         }
-        /* the temporary layout's rows are narrower than the latent row, so fw->att_scratch (sized
-         * for the sequence's layout up to T keys) covers kvt_attention_scratch_floats(exp_layout, T) */
+        /* fw->att_scratch covers kvt_attention_scratch_floats(exp_layout, T) (model.c ensures it) */
         if (q0 < q1)
             kvt_attention(xs->exp_seq, 0, xs->q + (size_t)q0 * H * DQ + (size_t)g0 * DQ, q1 - q0, H * DQ, fw->pos0 + q0,
                           G, ml->kq_scale, 0, G, xs->att + (size_t)q0 * H * DV + (size_t)g0 * DV, H * DV, fw->att_scratch);

@@ -1086,6 +1086,9 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
         if (m->mla && (st = kvt_mla_prefill_setup(c->ext, &m->hp, c->mla_prefill, nc, kvt_seq_len(seq), c->nth)))
             return st; /* expanded or absorbed for this chunk (mla.c) */
+        if (m->mla && c->ext->exp_on && /* its temporary K/V's attention scratch (no-op at real shapes) */
+            (st = ensure_scratch(c, kvt_attention_scratch_floats(c->ext->exp_layout, kvt_seq_len(seq) + nc))))
+            return st;
         c->seq = seq;
         c->tokens = tokens + off;
         c->n = nc;
