@@ -29,7 +29,9 @@
  *   7 latent -> value space ((row, head) pairs), activations   8 attn_output (columns) -> fw->tmp
  * (expanded: 5 is RoPE only; 6-7 are mla_expanded_attention, which writes value space directly)
  * Every (row, head) result is computed by the same instruction sequence whatever the split, so
- * chunking and thread count do not change the bits (model.h).
+ * chunking and thread count do not change the bits (model.h). Expanded chunks keep that among
+ * themselves (a key expands to the same K/V in any chunk; thread count and head grouping do not
+ * matter), but not against absorbed ones: hence the non-default modes' own cache key.
  */
 #include <math.h>
 #include <stdio.h>
