@@ -8,7 +8,10 @@
 #   3. restart TTFT for a 7000-token prompt on deepseek2-lite Q8_0: a cold cached run fills the SSD
 #      tier and flushes; new processes restore it from disk (SSD_RESTORES times); the SSD bytes
 #      (the tier's own count) against the latent bytes of the blocks it holds;
-#   4. MLA prefill attention per chunk, absorbed vs expanded (bench/mla_prefill.c, 1 thread).
+#   4. MLA prefill attention per chunk, absorbed vs expanded (bench/mla_prefill.c, 1 thread);
+#   5. deepseek2-lite Q8_0 prefill through the forward pass under --mla-prefill absorbed | expanded |
+#      auto (bench/mla_modes.c: pp512, pp4096 in 512-token chunks, the last 512 and 64 tokens of a
+#      4096 context; THREADS threads, REPS alternating repetitions).
 # The realistic shapes keep 4 layers (LAYERS) of Qwen3-30B-A3B's 48 and DeepSeek-V2-Lite's 27 so
 # that the files (1.2-2.9 GB) fit in memory; per-layer figures scale to the full depth.
 # Writes $OUT_DIR/moe.json and $OUT_DIR/moe.md. Env: KVTIER, THREADS, LAYERS, REPS, SSD_P,
@@ -68,6 +71,10 @@ cache_du=$(du -sb "$D" | cut -f1)
 # 4. MLA prefill microbenchmark
 cc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/mla_prefill.c build/libkvtier.a -lxxhash -lm -o "$WORK_DIR/mla_prefill"
 "$WORK_DIR/mla_prefill" "$REPS" > "$WORK_DIR/mla.md"
+
+# 5. MLA prefill modes through the forward pass
+cc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/mla_modes.c build/libkvtier.a -lxxhash -lm -o "$WORK_DIR/mla_modes"
+"$WORK_DIR/mla_modes" "$DS" "$THREADS" "$REPS" 4096 512 64 >> "$WORK_DIR/mla.md"
 
 jq -n --argjson latent "$latent_bpt" --argjson expanded "$expanded_bpt" --argjson layers "$LAYERS" \
     --slurpfile tp <(jq -s . "$WORK_DIR/tp.jsonl") --slurpfile cold "$WORK_DIR/cold.json" \

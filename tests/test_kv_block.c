@@ -624,6 +624,49 @@ static void test_layout_mla(void **st) {
     expect_invalid(d, 1, 16, F16, "MLA");
 }
 
+/* kvt_seq_read_rows returns what write_kv stored, decoded (f16: the rounded value; affine: the
+ * codec's decode of the row), for committed and prepared-but-uncommitted positions, K and V, any
+ * head, across a block boundary; with quant_start the codec changes by block and still decodes. */
+static void test_seq_read_rows(void **st) {
+    (void)st;
+    const kvt_layer_desc d[2] = {full(F16), full(aff(8, 32))};
+    kvt_kv_layout *l = mk(d, 2, 16, 16); /* layer 1: f16 block 0, q8g32 from block 1 */
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+    enum { N = 40, HD = 32, ROW = 2 * HD };
+    static float k[N][ROW], v[N][ROW];
+    uint64_t seed = 5;
+    int32_t tok[N];
+    for (int t = 0; t < N; t++) {
+        tok[t] = t;
+        for (int i = 0; i < ROW; i++) k[t][i] = tu_randf(&seed), v[t][i] = tu_randf(&seed);
+    }
+    assert_int_equal(kvt_seq_prepare(s, 30), KVT_OK);
+    for (uint32_t il = 0; il < 2; il++)
+        for (int t = 0; t < 30; t++) kvt_seq_write_kv(s, il, (uint32_t)t, k[t], v[t]);
+    assert_int_equal(kvt_seq_commit(s, tok, 30), KVT_OK);
+    assert_int_equal(kvt_seq_prepare(s, 10), KVT_OK); /* 30..39: written, not committed */
+    for (uint32_t il = 0; il < 2; il++)
+        for (int t = 30; t < N; t++) kvt_seq_write_kv(s, il, (uint32_t)t, k[t], v[t]);
+    static float out[N][HD], want[HD];
+    for (uint32_t il = 0; il < 2; il++)
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t h = 0; h < 2; h++) {
+                kvt_seq_read_rows(s, il, kv, h, 3, N, out[0], HD);
+                for (int t = 3; t < N; t++) {
+                    const kvt_codec c = kvt_codec_side(kvt_kv_layout_codec_at(l, il, (uint32_t)t / 16), kv);
+                    uint8_t enc[256];
+                    kvt_codec_encode_row(c, (kv ? v[t] : k[t]) + h * HD, HD, enc);
+                    kvt_codec_decode_row(c, enc, HD, want);
+                    assert_memory_equal(out[t - 3], want, sizeof want);
+                }
+            }
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_invalid),
@@ -640,6 +683,7 @@ int main(void) {
         cmocka_unit_test(test_prepare_exhaustion_no_partial_state),
         cmocka_unit_test(test_append_blocks),
         cmocka_unit_test(test_recurrent_snapshot),
+        cmocka_unit_test(test_seq_read_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

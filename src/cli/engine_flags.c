@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/model.h"
+
 /* which SSD sub-flags were given (to warn when --ssd-cache is absent) */
 static int g_ssd_subflags;
 
@@ -23,6 +25,10 @@ const char kvt_engine_flags_help[] =
     "      --kv-quant-group N    affine group size along head_dim: 32, 64, 128 (default: largest dividing head_dim)\n"
     "      --kv-quant-start N    tokens kept in f16 before quantized blocks start (default 0)\n"
     "      --kv-bf16             store unquantized KV as bf16 instead of f16\n"
+    "      --mla-prefill MODE    deepseek2 prefill attention: absorbed (default; a cache hit equals a cold\n"
+    "                            run bit for bit) | expanded (expand the latents to per-head K/V per chunk)\n"
+    "                            | auto (the cheaper per chunk); expanded/auto are equal to cold only\n"
+    "                            within tolerance and use their own cache key (docs/models.md)\n"
     "      --kv-pool-gb GB       KV block pool budget (default: one context + the prompt cache)\n"
     "      --prompt-cache GB     RAM tier byte cap (default 8, 0 disables)\n"
     "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
@@ -85,6 +91,15 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
         }
     } else if (kvt_args_is(a, NULL, "--kv-quant-start")) o->kv_quant_start = kvt_args_u32(a, 0, 1u << 30);
     else if (kvt_args_flag(a, NULL, "--kv-bf16")) o->kv_bf16 = true;
+    else if (kvt_args_is(a, NULL, "--mla-prefill")) {
+        const char *v = kvt_args_str(a);
+        const int mode = kvt_mla_prefill_parse(v);
+        if (v && mode < 0) {
+            fprintf(stderr, "kvtier %s: --mla-prefill must be absorbed, expanded or auto (got '%s')\n", a->cmd, v);
+            a->failed = true;
+        }
+        o->mla_prefill = mode < 0 ? 0 : mode;
+    }
     else if (kvt_args_is(a, NULL, "--kv-pool-gb")) o->kv_pool_gb = kvt_args_f64(a, 0, 1e6);
     else if (kvt_args_is(a, NULL, "--prompt-cache")) o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
     else if (kvt_args_is(a, NULL, "--snapshot-min-tokens")) o->snapshot_min_tokens = kvt_args_u32(a, 1, 1u << 30);

@@ -313,6 +313,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--ssd-cache needs the RAM tier: it cannot be used with --prompt-cache 0");
     if (o->block_tokens < 16 || o->block_tokens > 4096)
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--block-tokens must be in [16, 4096]");
+    if (o->mla_prefill < KVT_MLA_PREFILL_ABSORBED || o->mla_prefill > KVT_MLA_PREFILL_AUTO)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--mla-prefill must be absorbed, expanded or auto");
     kvt_engine *e = calloc(1, sizeof *e);
     if (!e) return KVT_ERR_NOMEM;
     e->o = *o;
@@ -345,18 +347,21 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (st) goto fail;
 
     /* compatibility key: SHA-256 of the weights (memoized) only when something persists */
+    /* a non-default MLA prefill mode changes KV numerics: its tag keeps every tier's blocks apart */
+    const char *mla_tag = kvt_mla_prefill_numerics_tag(hp, (kvt_mla_prefill)o->mla_prefill);
     if (o->ssd_dir) {
-        char th[32];
+        char th[32], num[96];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
-        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, kvt_kernels_numerics_id(), e->compat,
+        snprintf(num, sizeof num, "%s%s", kvt_kernels_numerics_id(), mla_tag);
+        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, num, e->compat,
                                 sizeof e->compat, err, errlen);
         if (st) goto fail;
     } else {
         struct stat sb;
         if (stat(o->model_path, &sb) != 0) memset(&sb, 0, sizeof sb);
-        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s", o->model_path,
+        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s%s", o->model_path,
                  (long long)sb.st_size, (long long)sb.st_mtime, e->scheme, (unsigned long long)kvt_tokenizer_hash(e->tok),
-                 KVT_ENGINE_NUMERICS_TAG);
+                 KVT_ENGINE_NUMERICS_TAG, mla_tag);
     }
 
     /* pool budget: one full context for each live row (--parallel) + the prompt cache cap */
@@ -421,6 +426,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_errf(err, errlen, st, "cannot create the compute context: %s", kvt_status_str(st));
         goto fail;
     }
+    kvt_ctx_set_mla_prefill(e->ctx, (kvt_mla_prefill)o->mla_prefill);
     st = kvt_ctx_reserve(e->ctx, e->layout, e->n_ctx);
     if (st) {
         kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);

@@ -52,6 +52,8 @@ typedef struct kvt_engine_opts {
                                  * 1 (or 0) = one generation at a time on the calling thread */
     uint32_t queue_max;         /* requests waiting for a row or KV memory before the
                                  * "out of KV memory" error; default 64 */
+    int mla_prefill;            /* kvt_mla_prefill (model/model.h): deepseek2 prefill chunks absorbed
+                                 * (0, default), expanded or auto; non-default modes enter the compat key */
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);

@@ -291,6 +291,13 @@ kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
 kvt_status kvt_seq_prepare(kvt_seq *s, uint32_t n_new);
 void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v);
 kvt_status kvt_seq_commit(kvt_seq *s, const int32_t *tokens, uint32_t n);
+/* Decode the rows of positions [t0, t1) of one KV head of `layer` (kv 0: K, 1: V) back to f32:
+ * out gets t1 - t0 rows of head_dim floats, row stride ld. Reads committed positions and prepared
+ * ones already written by write_kv (t1 <= the end of the last prepare), whose blocks must be held (FULL and MLA
+ * always are). TURBO rows are un-rotated. MLA: kv 0, head 0 is the latent row [c | k_pe]. Read only:
+ * like kvt_attention, may run concurrently on one seq from many threads. */
+void kvt_seq_read_rows(const kvt_seq *s, uint32_t layer, int kv, uint32_t head, uint32_t t0, uint32_t t1, float *out,
+                       size_t ld);
 
 /* Block access for caches. n_blocks = ceil(len / block_tokens) (the last may be partial). A WINDOW
  * group's old blocks may be NULL (dropped). Returned pointers are borrowed. */

@@ -253,6 +253,28 @@ void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, 
     }
 }
 
+void kvt_seq_read_rows(const kvt_seq *s, uint32_t layer, int kv, uint32_t head, uint32_t t0, uint32_t t1, float *out,
+                       size_t ld) {
+    const kvt_kv_layout *l = s->layout;
+    assert(layer < l->n_layers && l->info[layer].group != UINT32_MAX);
+    assert(t0 <= t1 && t1 <= s->prepared);
+    const kvt_layer_info *li = &l->info[layer];
+    const kvt_layer_desc *d = &l->layers[layer];
+    assert(head < d->n_kv_heads);
+    const uint32_t bt = l->block_tokens, hd = kv ? d->head_dim_v : d->head_dim_k;
+    for (uint32_t p = t0; p < t1; p++) {
+        const uint32_t i = p / bt, t = p % bt;
+        const kvt_block *b = s->slots[li->group][i];
+        const int var = kvt_layout_variant(l, i);
+        const kvt_codec c = kvt_codec_side(li->codec[var], kv);
+        const size_t rb = li->row_bytes[var][kv];
+        assert(b && rb); /* a held block; not the (absent) V section of an MLA layer */
+        float *o = out + (size_t)(p - t0) * ld;
+        kvt_codec_decode_row(c, b->data + li->offset[var][kv] + ((size_t)head * bt + t) * rb, hd, o);
+        if (c.kind == KVT_CODEC_TURBO) kvt_turbo_unrotate(layer, kv, head, o, hd, o);
+    }
+}
+
 kvt_status kvt_seq_commit(kvt_seq *s, const int32_t *tokens, uint32_t n) {
     if (n == 0) return KVT_OK;
     if (!tokens || (uint64_t)s->len + n > s->prepared) return KVT_ERR_INVALID_ARG;

@@ -12,16 +12,26 @@
  * to the head's value space. That is the same quantity as expanding K/V per head
  * ((W_UKᵀ q)·c = q·(W_UK c), W_UV Σ a c = Σ a W_UV c), computed without ever materializing K/V:
  * per key and head it costs r + d_r + r multiply-adds instead of d_n + d_r + d_v plus the
- * expansion of every cached latent (H·(d_n + d_v)·r per key per chunk). Decode and prefill both
- * use this form (docs/models.md: an expanded prefill path is not implemented).
+ * expansion of every cached latent (H·(d_n + d_v)·r per key per chunk). Decode always uses this
+ * form, and so does prefill by default (kvt_mla_prefill ABSORBED: every row the same arithmetic
+ * whatever the chunking, so a cache hit equals a cold run bit for bit).
+ *
+ * Expanded prefill (opt-in, --mla-prefill expanded|auto; model.h kvt_mla_prefill): a chunk of
+ * n > 1 rows expands the cached latents of keys 0 .. pos0+n-1 into a temporary per-head f16 K/V
+ * with attn_kv_b and the normal matmul and attention kernels (mla_expanded_attention), which pays
+ * off for long chunks over short contexts (docs/models.md "MLA prefill"). AUTO picks per chunk by
+ * the cost model at kvt_mla_prefill_expands.
  *
  * Threading (every thread calls kvt_mla_attention; barriers between stages):
  *   1 norm + activations (rows of X/XN/ACT)   2 q / kv down-projections (columns)
  *   3 q-latent norm, latent norm, RoPE(k_pe) (rows)   4 latent rows -> cache (thread 0) || q_b (columns)
  *   5 RoPE(q_pe) + absorption ((row, head) pairs)   6 attention (heads for decode, rows for prefill)
  *   7 latent -> value space ((row, head) pairs), activations   8 attn_output (columns) -> fw->tmp
+ * (expanded: 5 is RoPE only; 6-7 are mla_expanded_attention, which writes value space directly)
  * Every (row, head) result is computed by the same instruction sequence whatever the split, so
- * chunking and thread count do not change the bits (model.h).
+ * chunking and thread count do not change the bits (model.h). Expanded chunks keep that among
+ * themselves (a key expands to the same K/V in any chunk; thread count and head grouping do not
+ * matter), but not against absorbed ones: hence the non-default modes' own cache key.
  */
 #include <math.h>
 #include <stdio.h>
@@ -139,13 +149,219 @@ kvt_status kvt_mla_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_mla_w 
         memcpy(w->uv + (size_t)h * DV * R, blk + (size_t)DN * R, (size_t)DV * R * sizeof(float));
     }
     free(kvb);
+    /* repacked attn_kv_b for the expanded prefill's expansion GEMM (bit-identical to the row-major
+     * kernel; best effort, as for the dense matrices in model.c) */
+    w->wkv_b.packed = kvt_packed_create(w->wkv_b.type, w->wkv_b.data, w->wkv_b.n_in, w->wkv_b.n_out);
     return KVT_OK;
 }
 
 void kvt_mla_free(kvt_mla_w *w) {
     free(w->uk_t);
     free(w->uv);
+    kvt_packed_free(w->wkv_b.packed);
+    w->wkv_b.packed = NULL;
     w->uk_t = w->uv = NULL;
+}
+
+/* ------------------------------------------------------------------ prefill mode */
+
+int kvt_mla_prefill_parse(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "absorbed")) return KVT_MLA_PREFILL_ABSORBED;
+    if (!strcmp(s, "expanded")) return KVT_MLA_PREFILL_EXPANDED;
+    if (!strcmp(s, "auto")) return KVT_MLA_PREFILL_AUTO;
+    return -1;
+}
+
+const char *kvt_mla_prefill_name(kvt_mla_prefill mode) {
+    switch (mode) {
+    case KVT_MLA_PREFILL_EXPANDED: return "expanded";
+    case KVT_MLA_PREFILL_AUTO: return "auto";
+    default: return "absorbed";
+    }
+}
+
+const char *kvt_mla_prefill_numerics_tag(const kvt_hparams *hp, kvt_mla_prefill mode) {
+    if (!hp->mla.kv_lora_rank) return "";
+    switch (mode) {
+    case KVT_MLA_PREFILL_EXPANDED: return "+mla-expanded";
+    case KVT_MLA_PREFILL_AUTO: return "+mla-auto";
+    default: return "";
+    }
+}
+
+/* AUTO's cost model, in units of one multiply-add of the attention kernel. For a chunk of n rows at
+ * pos0 over T = pos0 + n keys (pairs = n·pos0 + n(n+1)/2 causal (query, key) pairs per head),
+ * with X = H·(d_nope + d_v)·r:
+ *   absorbed = ABSORB_COST · n·X       (W_UK,hᵀ q_nope and W_UV,h o_lat per row and head, f32 dots)
+ *            + pairs·H·(2r + d_rope)   (latent scores and latent weighted sum)
+ *   expanded = EXPAND_COST · T·X       (attn_kv_b over every cached latent, the model's matmul)
+ *            + pairs·H·(d_nope + d_rope + d_v)
+ * and the chunk runs expanded iff expanded < absorbed. The two weights are measured, not derived:
+ * the absorption's f32 dot products stream the f32 W_UK/W_UV copies (4 MB at V2-Lite's shape) once
+ * per row and run ~4.5x slower per multiply-add than the attention kernel, while the expansion
+ * GEMM on the quantized attn_kv_b runs at ~1.8x (bench/mla_prefill.c, docs/models.md). At V2-Lite's
+ * shape the per-pair saving is H·768 and the crossover is pairs·768 = 131072·(1.8·T - 4.5·n): a
+ * 512-token chunk from position 0 expands (2.7x cheaper), 64 tokens over 4096 keys do not. */
+#define KVT_MLA_EXPAND_COST 1.8
+#define KVT_MLA_ABSORB_COST 4.5
+
+bool kvt_mla_prefill_expands(const kvt_hparams *hp, kvt_mla_prefill mode, uint32_t n, uint32_t pos0) {
+    const kvt_mla_hparams *ml = &hp->mla;
+    if (n <= 1 || !ml->kv_lora_rank || mode == KVT_MLA_PREFILL_ABSORBED) return false;
+    if (mode == KVT_MLA_PREFILL_EXPANDED) return true;
+    const double H = hp->n_head, R = ml->kv_lora_rank, T = (double)pos0 + n;
+    const double pairs = (double)n * pos0 + (double)n * (n + 1) / 2, X = H * (ml->d_nope + ml->d_v) * R;
+    const double absorbed = KVT_MLA_ABSORB_COST * n * X + pairs * H * (2 * R + ml->d_rope);
+    const double expanded = KVT_MLA_EXPAND_COST * T * X + pairs * H * (ml->d_nope + ml->d_rope + ml->d_v);
+    return expanded < absorbed;
+}
+
+/* ------------------------------------------------------------------ expanded prefill: scratch */
+
+#define KVT_MLA_EXP_TILE 256            /* keys expanded per GEMM */
+#define KVT_MLA_EXP_BYTES (64u << 20)   /* target bytes of the temporary K/V (head grouping) */
+
+void kvt_mla_expand_free(kvt_ext_scratch *xs) {
+    kvt_seq_free(xs->exp_seq);
+    kvt_block_pool_free(xs->exp_pool);
+    kvt_kv_layout_free(xs->exp_layout);
+    xs->exp_seq = NULL;
+    xs->exp_pool = NULL;
+    xs->exp_layout = NULL;
+    free(xs->exp_lat);
+    free(xs->exp_c);
+    free(xs->exp_act);
+    free(xs->exp_y);
+    free(xs->exp_kv);
+    xs->exp_lat = xs->exp_c = xs->exp_y = xs->exp_kv = NULL;
+    xs->exp_act = NULL;
+    xs->exp_g = 0;
+    xs->exp_nth = 0;
+    xs->exp_on = false;
+}
+
+kvt_status kvt_mla_prefill_setup(kvt_ext_scratch *xs, const kvt_hparams *hp, kvt_mla_prefill mode, uint32_t n,
+                                 uint32_t pos0, int nth) {
+    xs->exp_on = false;
+    if (!kvt_mla_prefill_expands(hp, mode, n, pos0)) return KVT_OK;
+    const kvt_mla_hparams *ml = &hp->mla;
+    const uint32_t H = hp->n_head, R = ml->kv_lora_rank, DQ = ml->d_nope + ml->d_rope, DV = ml->d_v;
+    const uint32_t T = pos0 + n, KT = KVT_MLA_EXP_TILE;
+    /* Heads per group: the largest divisor of H whose f16 K/V for T keys fits KVT_MLA_EXP_BYTES
+     * (at least 1 head). The attention of a (query, head) pair does not depend on which heads share
+     * its pass (kv/attention.c), so the grouping never changes results. */
+    const double head_bytes = (double)T * (DQ + DV) * 2;
+    uint32_t G = 1;
+    for (uint32_t g = H; g > 1; g--)
+        if (H % g == 0 && g * head_bytes <= KVT_MLA_EXP_BYTES) {
+            G = g;
+            break;
+        }
+    if (!xs->exp_y) {
+        size_t ab = 0; /* the activation format of whatever type attn_kv_b has in this layer */
+        for (uint32_t t = 0; t < KVT_TYPE_COUNT; t++)
+            if (kvt_type_supported(t) && kvt_act_bytes(t, R, KT) > ab) ab = kvt_act_bytes(t, R, KT);
+        xs->exp_lat = kvt_aligned_alloc(64, sizeof(float) * KT * (R + ml->d_rope));
+        xs->exp_c = kvt_aligned_alloc(64, sizeof(float) * KT * R);
+        xs->exp_act = kvt_aligned_alloc(64, ab + 64);
+        xs->exp_y = kvt_aligned_alloc(64, sizeof(float) * KT * H * (ml->d_nope + DV));
+        if (!xs->exp_lat || !xs->exp_c || !xs->exp_act || !xs->exp_y) goto nomem;
+    }
+    if (xs->exp_nth < nth) {
+        free(xs->exp_kv);
+        xs->exp_kv = kvt_aligned_alloc(64, sizeof(float) * (size_t)nth * H * (DQ + DV));
+        if (!xs->exp_kv) goto nomem;
+        xs->exp_nth = nth;
+    }
+    if (xs->exp_g != G || !xs->exp_seq) {
+        kvt_seq_free(xs->exp_seq);
+        kvt_block_pool_free(xs->exp_pool);
+        kvt_kv_layout_free(xs->exp_layout);
+        xs->exp_seq = NULL;
+        xs->exp_pool = NULL;
+        xs->exp_layout = NULL;
+        const kvt_codec f16 = {.kind = KVT_CODEC_F16};
+        const kvt_layer_desc d = {.kind = KVT_KIND_FULL, .n_kv_heads = G, .head_dim_k = DQ, .head_dim_v = DV, .codec = f16};
+        char err[160];
+        if (kvt_kv_layout_create(&d, 1, KVT_DEFAULT_BLOCK_TOKENS, f16, 0, &xs->exp_layout, err, sizeof err) != KVT_OK ||
+            !(xs->exp_pool = kvt_block_pool_create(xs->exp_layout, 0)) ||
+            kvt_seq_create(xs->exp_pool, 0, &xs->exp_seq) != KVT_OK)
+            goto nomem;
+        xs->exp_g = G;
+    }
+    /* the sequence is never committed (len 0): this makes [0, T) writable, keeping its blocks */
+    if (kvt_seq_prepare(xs->exp_seq, T) != KVT_OK) goto nomem;
+    xs->exp_on = true;
+    return KVT_OK;
+nomem:
+    kvt_mla_expand_free(xs);
+    return KVT_ERR_NOMEM;
+}
+
+/* ------------------------------------------------------------------ expanded prefill: attention */
+
+/* The chunk's attention over K/V expanded from every cached latent (xs->exp_on), heads in groups
+ * of G = xs->exp_g. Per group, in tiles of KVT_MLA_EXP_TILE keys: (a) the tile's latent rows are
+ * decoded from the cache (the f16 rows absorbed attention reads: a key expands to the same K/V
+ * whichever chunk computed it) and quantized for attn_kv_b (rows split over threads); (b) the
+ * group's attn_kv_b columns, [k_nope | v] per head, over the tile (columns split, packed GEMM);
+ * (c) per key, K = [k_nope,h | k_pe] and V = v_h of the group's heads go to the temporary f16
+ * sequence (rows split: kvt_seq_write_kv of distinct prepared positions touches disjoint bytes of
+ * this private sequence). Then kvtier's attention kernel runs over it for the chunk's rows (split
+ * by visible keys), writing each head's value-space output straight into xs->att. */
+static void mla_expanded_attention(const kvt_fwd *fw, const kvt_mla_w *w, uint32_t il) {
+    const kvt_hparams *hp = fw->hp;
+    const kvt_mla_hparams *ml = &hp->mla;
+    kvt_ext_scratch *xs = fw->ext;
+    kvt_threadpool *tp = fw->tp;
+    const int ith = fw->ith, nth = fw->nth;
+    const uint32_t n = fw->n, H = hp->n_head, R = ml->kv_lora_rank, DR = ml->d_rope, DN = ml->d_nope, DV = ml->d_v;
+    const uint32_t DQ = DN + DR, LR = R + DR, KB = DN + DV, W = H * KB, T = fw->pos0 + n, G = xs->exp_g;
+    const kvt_wmat *kvb = &w->wkv_b;
+    float *krow = xs->exp_kv + (size_t)ith * H * (DQ + DV), *vrow = krow + (size_t)H * DQ;
+    const uint32_t q0 = kvt_att_row_split(n, fw->pos0, (uint32_t)ith, (uint32_t)nth);
+    const uint32_t q1 = kvt_att_row_split(n, fw->pos0, (uint32_t)ith + 1, (uint32_t)nth);
+    for (uint32_t g0 = 0; g0 < H; g0 += G) {
+        for (uint32_t t0 = 0; t0 < T; t0 += KVT_MLA_EXP_TILE) {
+            const uint32_t m = T - t0 < KVT_MLA_EXP_TILE ? T - t0 : KVT_MLA_EXP_TILE;
+            uint32_t a, b;
+            kvt_split_range(m, ith, nth, &a, &b);
+            if (a < b) { /* (a) */
+                kvt_seq_read_rows(fw->seq, il, 0, 0, t0 + a, t0 + b, xs->exp_lat + (size_t)a * LR, LR);
+                for (uint32_t r = a; r < b; r++)
+                    memcpy(xs->exp_c + (size_t)r * R, xs->exp_lat + (size_t)r * LR, (size_t)R * sizeof(float));
+                kvt_act_quantize(kvb->type, xs->exp_c, R, a, b, xs->exp_act);
+            }
+            kvt_threadpool_barrier(tp);
+            int64_t o0, o1; /* (b) */
+            kvt_col_range(G * KB, ith, nth, &o0, &o1);
+            if (o0 < o1) {
+                o0 += (int64_t)g0 * KB, o1 += (int64_t)g0 * KB;
+                if (kvb->packed && m >= KVT_PACKED_MIN_ROWS)
+                    kvt_matmul_packed(kvb->packed, xs->exp_act, m, xs->exp_y, W, o0, o1);
+                else
+                    kvt_matmul_rows(kvb->type, kvb->data, R, xs->exp_act, m, xs->exp_y, W, o0, o1);
+            }
+            kvt_threadpool_barrier(tp);
+            for (uint32_t r = a; r < b; r++) { /* (c) */
+                const float *y = xs->exp_y + (size_t)r * W, *kpe = xs->exp_lat + (size_t)r * LR + R;
+                for (uint32_t hh = 0; hh < G; hh++) {
+                    const float *yh = y + (size_t)(g0 + hh) * KB;
+                    memcpy(krow + (size_t)hh * DQ, yh, (size_t)DN * sizeof(float));
+                    memcpy(krow + (size_t)hh * DQ + DN, kpe, (size_t)DR * sizeof(float));
+                    memcpy(vrow + (size_t)hh * DV, yh + DN, (size_t)DV * sizeof(float));
+                }
+                kvt_seq_write_kv(xs->exp_seq, 0, t0 + r, krow, vrow);
+            }
+            kvt_threadpool_barrier(tp);
+        }
+        /* fw->att_scratch covers kvt_attention_scratch_floats(exp_layout, T) (model.c ensures it) */
+        if (q0 < q1)
+            kvt_attention(xs->exp_seq, 0, xs->q + (size_t)q0 * H * DQ + (size_t)g0 * DQ, q1 - q0, H * DQ, fw->pos0 + q0,
+                          G, ml->kq_scale, 0, G, xs->att + (size_t)q0 * H * DV + (size_t)g0 * DV, H * DV, fw->att_scratch);
+        if (g0 + G < H) kvt_threadpool_barrier(tp); /* the next group rewrites the temporary K/V */
+    }
 }
 
 void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_norm, uint32_t il) {
@@ -188,7 +404,8 @@ void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_
         kvt_matmul_group(fw->act, qb, qo, 1, n, ith, nth);
     }
     kvt_threadpool_barrier(tp);
-    /* 5. per (row, head): RoPE of q_pe, absorption of q_nope into latent space */
+    /* 5. per (row, head): RoPE of q_pe, absorption of q_nope into latent space (expanded: RoPE only) */
+    const bool expand = xs->exp_on && n > 1;
     uint32_t p0, p1;
     kvt_split_range(n * H, ith, nth, &p0, &p1);
     for (uint32_t pr = p0; pr < p1; pr++) {
@@ -196,11 +413,17 @@ void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_
         float *qh = xs->q + (size_t)r * H * DQ + (size_t)h * DQ;
         float *qa = xs->qabs + (size_t)r * H * LR + (size_t)h * LR;
         kvt_rope_apply(qh + DN, fw->rope_cs + (size_t)r * fw->rope_stride, DR, hp->rope_neox);
+        if (expand) continue;
         const float *ukt = w->uk_t + (size_t)h * R * DN;
         for (uint32_t c = 0; c < R; c++) qa[c] = kvt_dot_f32(ukt + (size_t)c * DN, qh, DN);
         memcpy(qa + R, qh + DN, (size_t)DR * sizeof(float));
     }
     kvt_threadpool_barrier(tp);
+    if (expand) {
+        /* 6-7 expanded: attention over the expanded K/V, output already in value space */
+        mla_expanded_attention(fw, w, il);
+        goto out_proj;
+    }
     /* 6. attention over the latent rows (one KV head shared by all H query heads): a decode row
      *    splits its heads, a prefill chunk its rows (balanced by visible keys) */
     if (n == 1) {
@@ -225,6 +448,7 @@ void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_
         const float *uv = w->uv + (size_t)h * DV * R;
         for (uint32_t i = 0; i < DV; i++) o[i] = kvt_dot_f32(uv + (size_t)i * R, ol, R);
     }
+out_proj:
     kvt_threadpool_barrier(tp);
     const kvt_wmat *wo[1] = {&w->wo};
     float *wo_out[1] = {fw->tmp};

@@ -530,6 +530,7 @@ struct kvt_ctx {
     uint32_t logits_rows;    /* rows the logits buffer holds */
     kvt_ext_scratch *ext;    /* MLA / MoE scratch (model_int.h), NULL for dense models */
     kvt_q35_ctx *q35;        /* qwen35 only: its scratch (arch_qwen35.c) */
+    kvt_mla_prefill mla_prefill; /* deepseek2 prefill mode (model.h), default absorbed */
 
     /* batched forward (kvt_model_forward_batch): its logits rows and staging */
     float *blogits;          /* [blogits_rows][n_vocab] */
@@ -692,6 +693,8 @@ static kvt_status ensure_scratch(kvt_ctx *c, size_t need) {
 kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx) {
     return ensure_scratch(c, kvt_attention_scratch_floats(l, n_ctx));
 }
+
+void kvt_ctx_set_mla_prefill(kvt_ctx *c, kvt_mla_prefill mode) { c->mla_prefill = mode; }
 
 /* ------------------------------------------------------------------ forward: row math */
 
@@ -1089,6 +1092,11 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) return KVT_ERR_CANCELLED; /* set by another thread */
         uint32_t nc = n - off < c->ubatch ? n - off : c->ubatch;
         if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
+        if (m->mla && (st = kvt_mla_prefill_setup(c->ext, &m->hp, c->mla_prefill, nc, kvt_seq_len(seq), c->nth)))
+            return st; /* expanded or absorbed for this chunk (mla.c) */
+        if (m->mla && c->ext->exp_on && /* its temporary K/V's attention scratch (no-op at real shapes) */
+            (st = ensure_scratch(c, kvt_attention_scratch_floats(c->ext->exp_layout, kvt_seq_len(seq) + nc))))
+            return st;
         c->seq = seq;
         c->tokens = tokens + off;
         c->n = nc;

@@ -11,7 +11,8 @@
  *
  * Numerics: every row of a batch is computed exactly as it would be alone (kernels/quant.h batch
  * invariance, attention per query row), so chunked prefill == unchunked == token-by-token decode
- * bit for bit, and a cache hit continues exactly as a cold prefill would.
+ * bit for bit, and a cache hit continues exactly as a cold prefill would. (Exception, opt-in:
+ * deepseek2 under a non-default kvt_mla_prefill mode, where that holds only within tolerance.)
  */
 #ifndef KVT_MODEL_H
 #define KVT_MODEL_H
@@ -83,6 +84,32 @@ uint64_t kvt_model_weight_bytes(const kvt_model *m);
  * weights. */
 void kvt_moe_route(const kvt_moe_hparams *mh, const float *logits, const float *bias, int32_t *sel, float *w);
 
+/* How a deepseek2 (MLA) prefill chunk of n > 1 rows attends (mla.c, docs/models.md "MLA prefill").
+ * Decode (n == 1) is always absorbed.
+ *  ABSORBED (default): queries absorbed into latent space, attention over the cached latents. Every
+ *    row is computed the same way whatever the chunking, so the numerics contract above holds.
+ *  EXPANDED: every cached latent of the sequence is expanded per head into a temporary f16 K/V
+ *    (attn_kv_b, the model's matmul kernels; neither cached nor billed as KV) and the normal attention
+ *    kernel runs over it. A row's bits then depend on whether its chunk had one row or more.
+ *  AUTO: per chunk, the cheaper of the two by kvt_mla_prefill_expands' cost model; bits depend on
+ *    the chunking.
+ * Non-absorbed modes enter the cache compatibility key (kvt_mla_prefill_numerics_tag). */
+typedef enum kvt_mla_prefill {
+    KVT_MLA_PREFILL_ABSORBED = 0,
+    KVT_MLA_PREFILL_EXPANDED = 1,
+    KVT_MLA_PREFILL_AUTO = 2,
+} kvt_mla_prefill;
+/* "absorbed" | "expanded" | "auto" -> mode; -1 for anything else. */
+int kvt_mla_prefill_parse(const char *s);
+const char *kvt_mla_prefill_name(kvt_mla_prefill mode);
+/* Whether a chunk of n rows at positions pos0.. of a model with these hparams runs expanded under
+ * mode (false for n <= 1 and for models without MLA). AUTO: the cost model in mla.c. */
+bool kvt_mla_prefill_expands(const kvt_hparams *hp, kvt_mla_prefill mode, uint32_t n, uint32_t pos0);
+/* What the mode appends to the kernel numerics id of the cache compatibility key: "" for ABSORBED
+ * and for models without MLA (existing keys unchanged), "+mla-expanded" / "+mla-auto" otherwise,
+ * so caches never mix KV computed under different modes. */
+const char *kvt_mla_prefill_numerics_tag(const kvt_hparams *hp, kvt_mla_prefill mode);
+
 typedef struct kvt_ctx kvt_ctx;
 /* n_threads: 0 = cores. ubatch: max tokens per forward chunk. */
 kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out);
@@ -93,6 +120,8 @@ uint32_t kvt_ctx_ubatch(const kvt_ctx *c);
  * forward pass never grows it (it otherwise grows geometrically at the start of a forward call, never
  * inside the token loop). */
 kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx);
+/* MLA prefill mode of this context's forward calls (default ABSORBED); no effect on other models. */
+void kvt_ctx_set_mla_prefill(kvt_ctx *c, kvt_mla_prefill mode);
 
 /* Run tokens[0..n) at positions kvt_seq_len(seq) .. +n-1: prepares, writes KV, commits the tokens
  * to seq. Splits into ubatch chunks internally. Returns logits of the last token (n_vocab floats,

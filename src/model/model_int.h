@@ -99,6 +99,13 @@ double kvt_mla_yarn_freq_factor(const kvt_hparams *hp, uint32_t i);
 kvt_status kvt_mla_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_mla_w *w, char *err, size_t errlen);
 void kvt_mla_free(kvt_mla_w *w);
 void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_norm, uint32_t il);
+/* Before each chunk (outside the pool's threads): decides whether the chunk of n rows at pos0 runs
+ * expanded (xs->exp_on) and, if so, sizes the head grouping and prepares the temporary K/V for
+ * pos0 + n keys. KVT_ERR_NOMEM if that memory cannot be had (nothing run). */
+kvt_status kvt_mla_prefill_setup(kvt_ext_scratch *xs, const kvt_hparams *hp, kvt_mla_prefill mode, uint32_t n,
+                                 uint32_t pos0, int nth);
+/* Frees the expanded-prefill part of the scratch (called by kvt_ext_scratch_free). */
+void kvt_mla_expand_free(kvt_ext_scratch *xs);
 
 /* ---- MoE (moe.c) ---- */
 typedef struct kvt_moe_w {
@@ -124,6 +131,18 @@ struct kvt_ext_scratch {
     float *qabs;     /* [H*(r+d_rope)]: absorbed queries */
     float *olat;     /* [H*r]: attention output in latent space */
     float *att;      /* [H*d_v] */
+    /* MLA expanded prefill (mla.c): set per chunk by kvt_mla_prefill_setup, allocated on first use */
+    bool exp_on;               /* this chunk runs the expanded path */
+    uint32_t exp_g;            /* heads per group of the temporary K/V (a divisor of H) */
+    kvt_kv_layout *exp_layout; /* one FULL f16 layer: exp_g heads x (d_nope + d_rope, d_v) */
+    kvt_block_pool *exp_pool;  /* its blocks (unbudgeted: bounded by the head grouping) */
+    kvt_seq *exp_seq;          /* the temporary K/V; never committed, rewritten per layer */
+    float *exp_lat;            /* [KVT_MLA_EXP_TILE][r + d_rope]: a key tile's latent rows, from the cache */
+    float *exp_c;              /* [KVT_MLA_EXP_TILE][r]: their c part, contiguous */
+    void *exp_act;             /* exp_c's activations for attn_kv_b (widest format of any type) */
+    float *exp_y;              /* [KVT_MLA_EXP_TILE][H*(d_nope+d_v)]: attn_kv_b of the tile */
+    float *exp_kv;             /* [exp_nth][H*(d_nope+d_rope+d_v)]: per-thread K/V row staging */
+    int exp_nth;
     /* MoE: a chunk routes ubatch*k (token, expert) pairs, grouped by expert into slots */
     float *logit;    /* [ubatch][n_expert] router logits */
     int32_t *sel;    /* [ubatch][k] chosen experts, in selection order */

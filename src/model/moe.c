@@ -317,6 +317,7 @@ kvt_ext_scratch *kvt_ext_scratch_create(const kvt_hparams *hp, uint32_t ubatch) 
 
 void kvt_ext_scratch_free(kvt_ext_scratch *s) {
     if (!s) return;
+    kvt_mla_expand_free(s);
     void *bufs[] = {s->qa, s->kva, s->q, s->qabs, s->olat, s->att, s->logit, s->sel, s->selw, s->slot, s->slot_row,
                     s->off, s->cur, s->xg, s->yg, s->hg, s->hu, s->sg, s->su, s->sy};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(bufs[i]);
