@@ -304,6 +304,15 @@ static void test_dn_exp_and_gates(void **st) {
         }
     kvt_dn_silu_mul(KVT_DN_SCALAR, y0, g, u, N);
     for (int i = 0; i < N; i++) assert_true(fabs(y0[i] - g[i] / (1.0 + exp(-(double)g[i])) * u[i]) < 1e-5 * (1 + fabs(g[i])));
+    /* NaN (e.g. from a GGUF's weights): the scalar exp clamps it like the vector min(x, 88), so
+     * every implementation still gives the same bits (and no NaN reaches a float -> int cast) */
+    assert_true(kvt_dn_exp(NAN) == kvt_dn_exp(88.0f));
+    for (int i = 0; i < 20; i++) g[i] = (i % 3) ? NAN : -NAN;
+    for (int impl = 1; impl <= (int)kvt_dn_best_impl(); impl++) {
+        kvt_dn_sigmoid_mul(KVT_DN_SCALAR, y0, g, u, 20);
+        kvt_dn_sigmoid_mul((kvt_dn_impl)impl, y1, g, u, 20);
+        assert_memory_equal(y0, y1, 20 * sizeof(float));
+    }
 }
 
 /* ------------------------------------------------------------------ model invariances */

@@ -694,7 +694,8 @@ AI void F(ptile_k)(const bool q6, const int NR, const uint8_t *G, const uint8_t 
                 const uint8_t *G = P->data + (size_t)g * gs;                                            \
                 const int64_t c0 = o0 > g * KQP_ROWS ? o0 : g * KQP_ROWS;                               \
                 const int64_t c1 = o1 < (g + 1) * KQP_ROWS ? o1 : (g + 1) * KQP_ROWS;                   \
-                const uint8_t *PF = G + (size_t)KQP_PF_GROUPS * gs; /* first tile only, see KQP_PF_GROUPS */ \
+                const uint8_t *PF = g + KQP_PF_GROUPS < P->ngroups /* first tile only; never past the buffer */ \
+                                        ? G + (size_t)KQP_PF_GROUPS * gs : NULL;                                \
                 int64_t r = r0;                                                                         \
                 for (; r + KQP_TR <= r1; r += KQP_TR, PF = NULL) {                                      \
                     TILE(KQP_TR);                                                                       \

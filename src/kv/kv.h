@@ -35,7 +35,9 @@
  * - kvt_block_pool: owns block memory; every block must be released before kvt_block_pool_free.
  *   All pool/block/seq functions are thread-safe with respect to refcounts and pool accounting
  *   (a mutex + atomics); a single kvt_seq must not be used from two threads at once, except that
- *   kvt_attention may be called concurrently on one seq from many threads (read-only).
+ *   kvt_attention and kvt_seq_read_rows may be called concurrently on one seq from many threads
+ *   (read-only), and kvt_seq_write_kv may be called concurrently for DISTINCT positions of the
+ *   prepared range (each call writes only its position's rows; see kvt_seq_write_kv).
  * - kvt_block: refcounted. alloc returns refcount 1 owned by the caller. retain/release adjust it;
  *   the last release returns the memory to the pool. Sealed blocks are immutable forever.
  *   Only SEALED blocks may be retained (asserted): a block with refcount > 1 is never mutable.
@@ -287,7 +289,10 @@ kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
  * and copies a shared/frozen tail; after it succeeds writes cannot fail. write_kv() encodes K and V
  * of one token (n_kv_heads*head_dim floats each) for one layer at an absolute position in that
  * range (MLA: k is the latent row, v is ignored and may be NULL). commit() appends the tokens, seals blocks that became full and releases WINDOW blocks that
- * no later query can see. */
+ * no later query can see. Threads: write_kv calls for distinct positions may run concurrently
+ * (a call encodes only the rows of its position in each head's section and reads the block table,
+ * which only prepare/commit/trim change); never concurrently with prepare, commit, trim or a read
+ * of the same positions (mla.c's expanded prefill fills its private K/V this way). */
 kvt_status kvt_seq_prepare(kvt_seq *s, uint32_t n_new);
 void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v);
 kvt_status kvt_seq_commit(kvt_seq *s, const int32_t *tokens, uint32_t n);

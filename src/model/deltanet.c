@@ -43,7 +43,8 @@ size_t kvt_dn_state_bytes(const kvt_dn_dims *dm) {
 
 /* Cephes-style expf: n = round(x·log2 e), r = x − n·ln2 (two-part ln2), degree-6 polynomial,
  * times 2^n built in the exponent bits. |rel err| <= 2 ulp on [-87.3, 88]; x < -87.3 gives 0,
- * x > 88 is clamped to 88. The vector versions below run the same operations. */
+ * x > 88 (and NaN, as the vector min does) is clamped to 88. The vector versions below run the
+ * same operations. */
 #define EXP_LO (-87.33654f)
 #define EXP_HI 88.0f
 #define EXP_L2E 1.44269504088896341f
@@ -58,7 +59,7 @@ size_t kvt_dn_state_bytes(const kvt_dn_dims *dm) {
 
 float kvt_dn_exp(float x) {
     if (x < EXP_LO) return 0.0f;
-    if (x > EXP_HI) x = EXP_HI;
+    x = x < EXP_HI ? x : EXP_HI; /* exactly the vector min(x, HI): NaN -> HI (no NaN -> int cast) */
     const float n = nearbyintf(x * EXP_L2E);
     float r = fmaf(n, EXP_C1, x);
     r = fmaf(n, EXP_C2, r);

@@ -53,7 +53,7 @@ size_t kvt_dn_state_bytes(const kvt_dn_dims *dm);
 kvt_dn_impl kvt_dn_best_impl(void);
 
 /* exp(x) of every implementation (scalar reference of the vector code): <= 2 ulp on [-87.3, 88],
- * 0 below, clamped above. */
+ * 0 below, clamped above (NaN is treated as above: exp(88)). */
 float kvt_dn_exp(float x);
 /* y[i] = silu(g[i]) * u[i] = g/(1+exp(-g)) * u (u NULL: y = silu(g)); y may alias g or u. */
 void kvt_dn_silu_mul(kvt_dn_impl impl, float *y, const float *g, const float *u, uint32_t n);

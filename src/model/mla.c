@@ -395,7 +395,7 @@ void kvt_mla_attention(const kvt_fwd *fw, const kvt_mla_w *w, const float *attn_
     }
     if (QL) kvt_quantize_rows(fw->act, qb, 1, xs->qa, s0, s1);
     kvt_threadpool_barrier(tp);
-    /* 4. the latent rows go to the cache (thread 0 only: kv.h allows one writer per sequence) while
+    /* 4. the latent rows go to the cache (thread 0 only, as in model.c) while
      *    every thread takes its columns of the q up-projection */
     if (ith == 0)
         for (uint32_t r = 0; r < n; r++) kvt_seq_write_kv(fw->seq, il, fw->pos0 + r, xs->kva + (size_t)r * LR, NULL);

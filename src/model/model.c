@@ -902,8 +902,8 @@ static void forward_chunk(void *arg, int ith, int nth) {
         matmul_group(ACT, qkv, qkv_out, 3, n, ith, nth);
         kvt_threadpool_barrier(tp);
         /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
-         *    sequence. write_kv runs on thread 0 only (kv.h does not allow concurrent use of one
-         *    sequence); for small chunks thread 0 also does the row work, saving a barrier. */
+         *    sequence. write_kv runs on thread 0 only (kv.h allows concurrent writes only at distinct
+         *    positions of one sequence); for small chunks thread 0 also does the row work, saving a barrier. */
         {
             const bool solo = n <= KVT_REPL_ROWS;
             uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
