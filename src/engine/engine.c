@@ -349,6 +349,9 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     /* compatibility key: SHA-256 of the weights (memoized) only when something persists */
     /* a non-default MLA prefill mode changes KV numerics: its tag keeps every tier's blocks apart */
     const char *mla_tag = kvt_mla_prefill_numerics_tag(hp, (kvt_mla_prefill)o->mla_prefill);
+    if (o->mla_prefill != KVT_MLA_PREFILL_ABSORBED && !hp->mla.kv_lora_rank)
+        KVT_WARN("--mla-prefill %s has no effect: %s has no latent (MLA) attention layers",
+                 o->mla_prefill == KVT_MLA_PREFILL_EXPANDED ? "expanded" : "auto", kvt_arch_name(hp->arch));
     if (o->ssd_dir) {
         char th[32], num[96];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));

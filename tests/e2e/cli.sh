@@ -110,6 +110,9 @@ grep -q "outside the vocabulary" "$TMP/e" || fail "out-of-vocab message: $(cat "
 "$KV" run -m "$M" -p x --mla-prefill fast >/dev/null 2>"$TMP/e"; [ $? -eq 2 ] || fail "bad --mla-prefill exit code"
 grep -q "mla-prefill must be absorbed, expanded or auto (got 'fast')" "$TMP/e" || fail "bad --mla-prefill message: $(cat "$TMP/e")"
 "$KV" run --help 2>&1 | grep -q -- "--mla-prefill MODE" || fail "--mla-prefill missing from run --help"
+# on a model without latent attention the flag does nothing, and says so
+"$KV" run -m "$M" -p x -n 1 --mla-prefill expanded >/dev/null 2>"$TMP/e" || fail "--mla-prefill on llama failed"
+grep -q "mla-prefill expanded has no effect" "$TMP/e" || fail "no warning for --mla-prefill on llama: $(cat "$TMP/e")"
 "$KV" nosuch >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command exit code"
 for c in run chat bench inspect tokenize gen-model cache serve demo; do
   "$KV" $c --help >/dev/null 2>&1 || fail "$c --help"
