@@ -351,33 +351,18 @@ static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
     *b = s + per < n ? s + per : n;
 }
 
-/* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): rows quantized in parallel,
- * once per activation format (matrices whose vec_dot type matches an earlier one reuse its
- * buffer), then output columns (aligned to 16) split across threads. Prefill chunks use the
- * repacked weights (bit-identical to the row-major kernel, so decode == prefill). Ends with a
- * barrier. */
+/* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): model.c's group helpers, as for
+ * the dense layers (rows quantized in parallel once per activation format, then each thread's
+ * output columns; repacked weights for chunks, bit-identical to the row-major decode GEMV). Ends
+ * with a barrier. */
+_Static_assert(Q35_MAX_MM <= KVT_MAX_GROUP, "qwen35 groups must fit model.c's group helpers");
 static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
                int ith, int nth) {
-    int slot[Q35_MAX_MM];
-    for (int i = 0; i < nw; i++) {
-        slot[i] = i;
-        for (int j = 0; j < i; j++)
-            if (slot[j] == j && kvt_vec_dot_type(ws[j]->type) == kvt_vec_dot_type(ws[i]->type)) slot[i] = j;
-    }
     uint32_t r0, r1;
     split(n, ith, nth, &r0, &r1);
-    for (int i = 0; i < nw; i++)
-        if (slot[i] == i && r0 < r1) kvt_act_quantize(ws[i]->type, x, ws[i]->n_in, r0, r1, c->act[i]);
+    kvt_quantize_rows(c->act, ws, nw, x, r0, r1);
     kvt_threadpool_barrier(c->tp);
-    for (int i = 0; i < nw; i++) {
-        int64_t o0, o1;
-        kvt_col_range(ws[i]->n_out, ith, nth, &o0, &o1);
-        if (o0 >= o1) continue;
-        if (ws[i]->packed && n >= KVT_PACKED_MIN_ROWS)
-            kvt_matmul_packed(ws[i]->packed, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
-        else
-            kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, c->act[slot[i]], n, ys[i], ws[i]->n_out, o0, o1);
-    }
+    kvt_matmul_group(c->act, ws, ys, nw, n, ith, nth);
     kvt_threadpool_barrier(c->tp);
 }
 

@@ -773,8 +773,8 @@ static void act_slots(const kvt_wmat *const *ws, int nw, int *slot, uint32_t *sl
 /* Quantize rows [r0, r1) of x (n_in wide) for every slot of the group. */
 static void quantize_rows(void *const *act, const kvt_wmat *const *ws, int nw, const float *x, uint32_t r0, uint32_t r1) {
     if (r0 >= r1) return;
-    int slot[KVT_N_ACT], ns;
-    uint32_t st[KVT_N_ACT];
+    int slot[KVT_MAX_GROUP], ns;
+    uint32_t st[KVT_MAX_GROUP];
     act_slots(ws, nw, slot, st, &ns);
     for (int s = 0; s < ns; s++) kvt_act_quantize(st[s], x, ws[0]->n_in, r0, r1, act[s]);
 }
@@ -782,8 +782,8 @@ static void quantize_rows(void *const *act, const kvt_wmat *const *ws, int nw, c
 /* This thread's output columns of every matrix of the group, all n_rows rows. */
 static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *const *ys, int nw, uint32_t n_rows,
                          int ith, int nth) {
-    int slot[KVT_N_ACT], ns;
-    uint32_t st[KVT_N_ACT];
+    int slot[KVT_MAX_GROUP], ns;
+    uint32_t st[KVT_MAX_GROUP];
     act_slots(ws, nw, slot, st, &ns);
     for (int i = 0; i < nw; i++) {
         int64_t o0, o1;
@@ -813,8 +813,8 @@ void kvt_matmul_group(void *const *act, const kvt_wmat *const *ws, float *const 
     matmul_group(act, ws, ys, nw, n_rows, ith, nth);
 }
 size_t kvt_act_row_bytes(const kvt_wmat *const *ws, int nw, int slot) {
-    int sl[KVT_N_ACT], ns;
-    uint32_t st[KVT_N_ACT];
+    int sl[KVT_MAX_GROUP], ns;
+    uint32_t st[KVT_MAX_GROUP];
     act_slots(ws, nw, sl, st, &ns);
     return slot < ns ? kvt_act_bytes(st[slot], ws[0]->n_in, 1) : 0;
 }

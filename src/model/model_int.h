@@ -33,6 +33,10 @@ typedef struct kvt_wmat {
 } kvt_wmat;
 
 #define KVT_N_ACT 3 /* distinct activation formats a group of matmuls sharing one input may need */
+/* Matrices sharing one input that one kvt_quantize_rows / kvt_matmul_group call may take. The
+ * caller's act[] holds one buffer per distinct activation format among them (model.c's groups of
+ * at most 3 use KVT_N_ACT buffers; qwen35's groups of 4 hold 4). */
+#define KVT_MAX_GROUP 4
 
 /* ---- loading helpers (model.c) ---- */
 /* Find a 1-D tensor of n elements, dequantize it into model-owned f32 storage. */
