@@ -74,7 +74,12 @@ bool kq_s16_build(kvt_packed *P) {
             float d = 0.0f; /* padding rows: weights 0 (stored as 128), scale 0 */
             if (o < P->n_out) d = s16_unpack(P->type, W + (size_t)o * wrb + (size_t)b * wbb, q);
             memcpy(dst + 4 * n, &d, 4);
-            for (int k = 0; k < 32; k++) dst[64 + 64 * (k / 4) + 4 * n + (k % 4)] = (uint8_t)(q[k] ^ 0x80);
+            for (int k4 = 0; k4 < 8; k4++) { /* 4 weights at a time, +128 (xor of the sign bit) */
+                uint32_t v;
+                memcpy(&v, q + 4 * k4, 4);
+                v ^= 0x80808080u;
+                memcpy(dst + 64 + 64 * k4 + 4 * n, &v, 4);
+            }
         }
     }
     P->s16 = L;
