@@ -130,6 +130,13 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     P->ngroups = (n_out + KQP_ROWS - 1) / KQP_ROWS;
     P->gbb = kind == KQP_SMALL_S ? KQP_SMALL_S_BYTES : kind == KQP_SMALL_U ? KQP_SMALL_U_BYTES : KQP_K_BYTES;
     P->W = W;
+    /* AVX-512 VNNI (not AMX): the signed small types take the 16-row layout of gemm_s16.c instead of
+     * the 4-row groups (one copy, about the same bytes) */
+    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
+        if (kq_s16_build(P)) return P;
+        free(P);
+        return NULL;
+    }
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)P->ngroups * (uint64_t)P->nb, P->gbb, &bytes) || bytes > SIZE_MAX / 2 ||
         !(P->data = kvt_aligned_alloc(64, (size_t)bytes))) { /* zeroed: padding rows are 0 */
@@ -190,6 +197,7 @@ bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
     free(p->amx);
+    free(p->s16);
     free(p->data);
     free(p);
 }
@@ -197,7 +205,8 @@ void kvt_packed_free(kvt_packed *p) {
 size_t kvt_packed_bytes(const kvt_packed *p) {
     if (!p) return 0;
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
-    return (size_t)p->ngroups * (size_t)p->nb * p->gbb + amx;
+    const size_t data = p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
+    return data + amx + kq_s16_bytes(p);
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
@@ -245,6 +254,10 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                            int64_t o1) {
     kvt_f16_table_init();
     if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
+    if (!P->data) { /* the 16-row VNNI layout: its own arithmetic (gemm_s16.c) */
+        if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
     const uint32_t vt = kvt_vec_dot_type(P->type);
     const size_t arb = (size_t)kvt_type_row_bytes(vt, (uint64_t)P->n_in);
     const uint8_t *A = act;
