@@ -162,17 +162,20 @@ static void test_decode8_every_code(void **st) {
     uint8_t row[1024 + 4];
     const float scales[2] = {1.0f, 0.3712f};
     for (int level = 0; level <= top; level++)
+        for (int sym = 0; sym < 2; sym++) /* VBMI: both codebook halves, or the antisymmetric half */
         for (uint32_t d = 8; d <= 1024; d *= 2)
             for (int si = 0; si < 2; si++)
                 for (uint32_t rot = 0; rot < 256; rot += d < 256 ? d : 256) {
                     /* codes rot + 37i (mod 256): 37 is odd, so one row of d >= 256 holds every code, and the rows of a smaller d (rot a multiple of d) cover all 256 between them */
                     for (uint32_t i = 0; i < d; i++) row[i] = (uint8_t)((rot + i * 37u) & 255);
                     memcpy(row + d, &scales[si], 4);
+                    const bool was = kvt_turbo_test_vbmi8_sym(sym);
                     kvt_turbo_decode_row(8, row, d, out, level);
+                    kvt_turbo_test_vbmi8_sym(was);
                     for (uint32_t i = 0; i < d; i++) want[i] = scales[si] * cb[row[i]];
                     if (memcmp(out, want, d * sizeof(float)) != 0)
-                        fail_msg("level %d d %u scale %g: 8-bit decode differs from s*cb[idx]", level, d,
-                                 (double)scales[si]);
+                        fail_msg("level %d sym %d d %u scale %g: 8-bit decode differs from s*cb[idx]", level,
+                                 sym, d, (double)scales[si]);
                 }
 }
 

@@ -124,6 +124,9 @@ void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *
 void kvt_turbo_decode_rows(uint32_t bits, const uint8_t *src, size_t rb, uint32_t d, uint32_t n, float *dst,
                            int level);
 void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, float *dst);
+/* Test hook: on = false makes the 8-bit VBMI lookup use both codebook halves even where the codebook
+ * is antisymmetric (the default then reads only the lower half); returns the previous setting. */
+bool kvt_turbo_test_vbmi8_sym(bool on);
 
 /* Codec helpers shared by attention (codec.c). */
 void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);

@@ -49,6 +49,10 @@ static pthread_once_t g_cb_once = PTHREAD_ONCE_INIT;
 /* The 8-bit codebook as 4 byte planes: g_cb8_planes[p][i] = byte p (little-endian) of the IEEE bits
  * of g_cb[8][i], for the AVX-512 VBMI byte-permute lookup (turbo_decode8_vbmi). */
 static _Alignas(64) uint8_t g_cb8_planes[4][256];
+/* g_cb8_sym: the 8-bit codebook is exactly antisymmetric, cb[255 - i] == -cb[i] bit for bit (the
+ * Lloyd–Max centroids of N(0,1) are; checked at init, not assumed), so the VBMI lookup needs only
+ * the 128 entries of the lower half. g_cb8_use_sym: whether it uses that (test hook below). */
+static bool g_cb8_sym, g_cb8_use_sym;
 
 static double norm_pdf(double t) { return isinf(t) ? 0.0 : exp(-0.5 * t * t) / sqrt(2.0 * M_PI); }
 /* Φ(b) − Φ(a) for a < b, accurate in both tails (differences of upper or lower tails). */
@@ -136,6 +140,19 @@ static void codebook_init(void) {
         memcpy(&u, &g_cb[8][i], 4);
         for (uint32_t p = 0; p < 4; p++) g_cb8_planes[p][i] = (uint8_t)(u >> (8 * p));
     }
+    g_cb8_sym = g_cb[8][127] < 0; /* the lower half negative (ascending, so up to entry 127) */
+    for (uint32_t i = 0; i < 256; i++) {
+        const float neg = -g_cb[8][255 - i];
+        g_cb8_sym = g_cb8_sym && memcmp(&neg, &g_cb[8][i], 4) == 0;
+    }
+    g_cb8_use_sym = g_cb8_sym;
+}
+
+bool kvt_turbo_test_vbmi8_sym(bool on) {
+    pthread_once(&g_cb_once, codebook_init);
+    const bool was = g_cb8_use_sym;
+    g_cb8_use_sym = on && g_cb8_sym;
+    return was;
 }
 
 const float *kvt_turbo_codebook(uint32_t bits) {
@@ -349,37 +366,70 @@ __attribute__((target("avx2"))) static void turbo_decode_avx2(uint32_t bits, con
  * own inverse) makes result k hold elements 16k .. 16k+15 in order. Each lane is exactly the bit
  * pattern of cb[idx], so s * cb[idx] matches the scalar decode bit for bit. Rows shorter than 64
  * codes (d = 8, 16, 32) load and store under masks, never touching bytes past the codes. */
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void turbo_decode8_vbmi(const uint8_t *src, size_t rb,
-                                                                                    uint32_t d, uint32_t n,
-                                                                                    float *dst) {
+#define TQ_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi"), always_inline)) static inline
+/* 64 codes (already dword-transposed) -> s * cb[idx] in element order, e[k] = elements 16k..16k+15. */
+TQ_VBMI void tq_lookup64(__m512i idx, const __m512i P[4][4], bool sym, __m512 vs, __m512 e[4]) {
+    __m512i b0, b1, b2, b3;
+    if (sym) { /* codes >= 128 read the planes of cb[255 - idx] = -cb[idx]: min(idx, ~idx) is idx below
+                * 128 and 255 - idx above; every lower-half entry is negative (sign bit, the top bit of
+                * plane 3, set), so XOR-ing code bit 7 into plane 3 gives cb[idx]'s sign */
+        const __m512i i7 = _mm512_min_epu8(idx, _mm512_xor_si512(idx, _mm512_set1_epi8(-1)));
+        b0 = _mm512_permutex2var_epi8(P[0][0], i7, P[0][1]);
+        b1 = _mm512_permutex2var_epi8(P[1][0], i7, P[1][1]);
+        b2 = _mm512_permutex2var_epi8(P[2][0], i7, P[2][1]);
+        b3 = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(P[3][0], i7, P[3][1]), idx,
+                                       _mm512_set1_epi8((char)0x80), 0x78); /* b3 ^ (idx & 0x80) */
+    } else {
+        const __mmask64 hi = _mm512_movepi8_mask(idx);
+        b0 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[0][0], idx, P[0][1]),
+                                    _mm512_permutex2var_epi8(P[0][2], idx, P[0][3]));
+        b1 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[1][0], idx, P[1][1]),
+                                    _mm512_permutex2var_epi8(P[1][2], idx, P[1][3]));
+        b2 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[2][0], idx, P[2][1]),
+                                    _mm512_permutex2var_epi8(P[2][2], idx, P[2][3]));
+        b3 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[3][0], idx, P[3][1]),
+                                    _mm512_permutex2var_epi8(P[3][2], idx, P[3][3]));
+    }
+    const __m512i w01l = _mm512_unpacklo_epi8(b0, b1), w01h = _mm512_unpackhi_epi8(b0, b1);
+    const __m512i w23l = _mm512_unpacklo_epi8(b2, b3), w23h = _mm512_unpackhi_epi8(b2, b3);
+    e[0] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l)));
+    e[1] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l)));
+    e[2] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h)));
+    e[3] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h)));
+}
+
+TQ_VBMI void tq_decode8_rows(const uint8_t *src, size_t rb, uint32_t d, uint32_t n, float *dst, bool sym) {
     __m512i P[4][4];
     for (int p = 0; p < 4; p++)
         for (int h = 0; h < 4; h++) P[p][h] = _mm512_load_si512((const void *)(g_cb8_planes[p] + 64 * h));
     const __m512i T = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 e[4];
     for (uint32_t r = 0; r < n; r++, src += rb, dst += d) {
         float s;
         memcpy(&s, src + d, 4);
         const __m512 vs = _mm512_set1_ps(s);
+        if (d < 64) { /* d = 8, 16, 32: masked load and stores, nothing past the codes is touched */
+            const __m512i idx = _mm512_permutexvar_epi32(T, _mm512_maskz_loadu_epi8(((__mmask64)1 << d) - 1, src));
+            tq_lookup64(idx, P, sym, vs, e);
+            for (uint32_t k = 0; 16 * k < d; k++)
+                _mm512_mask_storeu_ps(dst + 16 * k, d >= 16 ? (__mmask16)0xffff : (__mmask16)0xff, e[k]);
+            continue;
+        }
         for (uint32_t j = 0; j < d; j += 64) {
-            const uint32_t left = d - j;
-            const __mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
-            const __m512i idx = _mm512_permutexvar_epi32(T, _mm512_maskz_loadu_epi8(m, src + j));
-            const __mmask64 hi = _mm512_movepi8_mask(idx);
-            __m512i b[4];
-            for (int p = 0; p < 4; p++)
-                b[p] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[p][0], idx, P[p][1]),
-                                              _mm512_permutex2var_epi8(P[p][2], idx, P[p][3]));
-            const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
-            const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
-            const __m512i e[4] = {_mm512_unpacklo_epi16(w01l, w23l), _mm512_unpackhi_epi16(w01l, w23l),
-                                  _mm512_unpacklo_epi16(w01h, w23h), _mm512_unpackhi_epi16(w01h, w23h)};
-            for (uint32_t k = 0; k < 4 && 16 * k < left; k++) {
-                const __m512 v = _mm512_mul_ps(vs, _mm512_castsi512_ps(e[k]));
-                if (left >= 16 * k + 16) _mm512_storeu_ps(dst + j + 16 * k, v);
-                else _mm512_mask_storeu_ps(dst + j + 16 * k, (__mmask16)((1u << (left - 16 * k)) - 1u), v);
-            }
+            tq_lookup64(_mm512_permutexvar_epi32(T, _mm512_loadu_si512((const void *)(src + j))), P, sym, vs, e);
+            _mm512_storeu_ps(dst + j, e[0]);
+            _mm512_storeu_ps(dst + j + 16, e[1]);
+            _mm512_storeu_ps(dst + j + 32, e[2]);
+            _mm512_storeu_ps(dst + j + 48, e[3]);
         }
     }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void turbo_decode8_vbmi(const uint8_t *src, size_t rb,
+                                                                                    uint32_t d, uint32_t n,
+                                                                                    float *dst) {
+    if (g_cb8_use_sym) tq_decode8_rows(src, rb, d, n, dst, true);
+    else tq_decode8_rows(src, rb, d, n, dst, false);
 }
 
 /* 2-, 3- and 4-bit rows (d >= 16) with AVX-512 VBMI: the codes of 16 elements are 2*bits <= 8 bytes,
