@@ -109,7 +109,8 @@ int main(int argc, char **argv) {
                                 {.kind = KVT_CODEC_AFFINE, .bits = 8, .group_size = 64},
                                 {.kind = KVT_CODEC_AFFINE, .bits = 4, .group_size = 64},
                                 {.kind = KVT_CODEC_TURBO, .bits = 8, .vbits = 3},
-                                {.kind = KVT_CODEC_TURBO, .bits = 4, .vbits = 4}};
+                                {.kind = KVT_CODEC_TURBO, .bits = 4, .vbits = 4},
+                                {.kind = KVT_CODEC_TURBO, .bits = 4, .vbits = 3}};
     const int n_codecs = (int)(sizeof codecs / sizeof *codecs);
     const uint32_t ctxs[3] = {1024, 4096, 8192};
     for (int si = 0; si < 2; si++) {

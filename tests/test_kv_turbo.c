@@ -116,28 +116,67 @@ static void test_mse_bound(void **st) {
     }
 }
 
+/* Every decode path the CPU has (scalar, AVX2, AVX-512 VBMI for 8-bit rows: kvt_kv_turbo_level and
+ * below) equals the scalar decode bit for bit, single rows and multi-row calls. */
 static void test_decode_simd_equals_scalar(void **st) {
     (void)st;
     static const uint32_t bits[5] = {2, 3, 4, 5, 8};
     uint64_t s = 5;
-    float y[1024], a[1024], b2[1024];
+    float y[1024], a[3 * 1024], b2[3 * 1024];
     uint8_t row[1100];
     assert_true(kvt_kv_cpu_has_avx2()); /* this project's machines have AVX2: the SIMD path runs */
-    for (uint32_t d = 8; d <= 1024; d *= 2)
-        for (int k = 0; k < 5; k++) {
-            for (uint32_t i = 0; i < d; i++) y[i] = tu_randf(&s) * 3;
-            kvt_codec_encode_row(side(bits[k]), y, d, row);
-            /* the SIMD decode reads each code group with one wide load that may cover bytes of the
-             * next group or the scale, never past the row: decode from a heap copy of exactly the
-             * row's bytes (the sanitizer build catches an over-read) */
-            const size_t rb = kvt_codec_row_bytes(side(bits[k]), d);
-            uint8_t *exact = malloc(rb);
-            memcpy(exact, row, rb);
-            kvt_turbo_decode_row(bits[k], exact, d, a, kvt_kv_cpu_has_avx2());
-            kvt_turbo_decode_row_scalar(bits[k], exact, d, b2);
-            free(exact);
-            assert_memory_equal(a, b2, d * sizeof(float));
-        }
+    const int top = kvt_kv_turbo_level();
+    print_message("turbo decode levels 0..%d (2 = AVX-512 VBMI 8-bit lookup)\n", top);
+    for (int level = 0; level <= top; level++)
+        for (uint32_t d = 8; d <= 1024; d *= 2)
+            for (int k = 0; k < 5; k++) {
+                /* the SIMD decode reads each code group with one wide load that may cover bytes of the
+                 * next group or the scale, never past the rows: decode from a heap copy of exactly the
+                 * rows' bytes (the sanitizer build catches an over-read) */
+                const size_t rb = kvt_codec_row_bytes(side(bits[k]), d);
+                uint8_t *exact = malloc(3 * rb);
+                for (int r = 0; r < 3; r++) {
+                    for (uint32_t i = 0; i < d; i++) y[i] = tu_randf(&s) * 3;
+                    kvt_codec_encode_row(side(bits[k]), y, d, row);
+                    memcpy(exact + r * rb, row, rb);
+                }
+                kvt_turbo_decode_row(bits[k], exact + rb, d, a, level);
+                kvt_turbo_decode_row_scalar(bits[k], exact + rb, d, b2);
+                assert_memory_equal(a, b2, d * sizeof(float));
+                kvt_turbo_decode_rows(bits[k], exact, rb, d, 3, a, level);
+                for (int r = 0; r < 3; r++) kvt_turbo_decode_row_scalar(bits[k], exact + r * rb, d, b2 + r * d);
+                free(exact);
+                assert_memory_equal(a, b2, 3 * d * sizeof(float));
+            }
+}
+
+/* 8-bit rows holding every code 0..255 at every position class of the lookup (codes 0-127 and
+ * 128-255 come from different table halves, and element order is restored by a dword transpose):
+ * each level's decode equals s * cb[idx] exactly, for a scale of 1 (the centroids' own bits) and a
+ * generic scale, at every d. */
+static void test_decode8_every_code(void **st) {
+    (void)st;
+    const float *cb = kvt_turbo_codebook(8);
+    const int top = kvt_kv_turbo_level();
+    float out[1024], want[1024];
+    uint8_t row[1024 + 4];
+    const float scales[2] = {1.0f, 0.3712f};
+    for (int level = 0; level <= top; level++)
+        for (int sym = 0; sym < 2; sym++) /* VBMI: both codebook halves, or the antisymmetric half */
+        for (uint32_t d = 8; d <= 1024; d *= 2)
+            for (int si = 0; si < 2; si++)
+                for (uint32_t rot = 0; rot < 256; rot += d < 256 ? d : 256) {
+                    /* codes rot + 37i (mod 256): 37 is odd, so one row of d >= 256 holds every code, and the rows of a smaller d (rot a multiple of d) cover all 256 between them */
+                    for (uint32_t i = 0; i < d; i++) row[i] = (uint8_t)((rot + i * 37u) & 255);
+                    memcpy(row + d, &scales[si], 4);
+                    const bool was = kvt_turbo_test_vbmi8_sym(sym);
+                    kvt_turbo_decode_row(8, row, d, out, level);
+                    kvt_turbo_test_vbmi8_sym(was);
+                    for (uint32_t i = 0; i < d; i++) want[i] = scales[si] * cb[row[i]];
+                    if (memcmp(out, want, d * sizeof(float)) != 0)
+                        fail_msg("level %d sym %d d %u scale %g: 8-bit decode differs from s*cb[idx]", level,
+                                 sym, d, (double)scales[si]);
+                }
 }
 
 static void test_zero_and_nonfinite(void **st) {
@@ -514,6 +553,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codebook_published),     cmocka_unit_test(test_rotation_orthogonal),
         cmocka_unit_test(test_mse_bound),              cmocka_unit_test(test_decode_simd_equals_scalar),
+        cmocka_unit_test(test_decode8_every_code),
         cmocka_unit_test(test_zero_and_nonfinite),     cmocka_unit_test(test_qjl_unbiased),
         cmocka_unit_test(test_codec_sizes_keys_parse), cmocka_unit_test(test_attention_k8v3),
         cmocka_unit_test(test_attention_k4v2_window),  cmocka_unit_test(test_attention_mixed_variants),

@@ -167,6 +167,10 @@ static void decode_chunk(kvt_codec c, const uint8_t *src, size_t rb, uint32_t di
         kvt_decode_row_fast(c, src, dim * n, dst);
         return;
     }
+    if (c.kind == KVT_CODEC_TURBO) { /* one call per chunk: the VBMI lookup loads its tables once */
+        kvt_turbo_decode_rows(c.bits, src, rb, dim, n, dst, kvt_kv_turbo_level());
+        return;
+    }
     for (uint32_t r = 0; r < n; r++) kvt_decode_row_fast(c, src + (size_t)r * rb, dim, dst + (size_t)r * dim);
 }
 

@@ -30,6 +30,7 @@
 /* ------------------------------------------------------------------ cpu features */
 static int g_has_avx2; /* avx2 + f16c (row decoders) */
 static int g_simd;     /* dot/axpy/exp level: 0 scalar, 1 AVX2+FMA, 2 AVX-512F */
+static int g_has_vbmi; /* avx512 f+bw+vbmi (8-bit TURBO codebook lookup; used while g_simd == 2) */
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
 static void cpu_detect(void) {
@@ -40,6 +41,8 @@ static void cpu_detect(void) {
     unsigned a, b, c, d;
     int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)); /* CPUID.1:ECX.F16C */
     g_has_avx2 = __builtin_cpu_supports("avx2") && f16c;
+    g_has_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vbmi");
 #endif
     if (g_has_avx2 && __builtin_cpu_supports("fma")) g_simd = __builtin_cpu_supports("avx512f") ? 2 : 1;
     if (getenv("KVT_NO_AVX512") && g_simd > 1) g_simd = 1;
@@ -54,6 +57,10 @@ int kvt_kv_simd_level(void) {
 void kvt_kv_force_simd_level(int level) {
     kvt_kv_cpu_init();
     if (level < g_simd) g_simd = level < 0 ? 0 : level;
+}
+int kvt_kv_turbo_level(void) {
+    kvt_kv_cpu_init();
+    return !g_has_avx2 ? KVT_TURBO_SCALAR : g_simd == 2 && g_has_vbmi ? KVT_TURBO_VBMI : KVT_TURBO_AVX2;
 }
 bool kvt_kv_cpu_has_avx2(void) {
     kvt_kv_cpu_init();
@@ -392,7 +399,7 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
 #endif
         affine_decode_row(c, src, dim, dst);
         return;
-    case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, g_has_avx2 != 0); return;
+    case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, kvt_kv_turbo_level()); return;
     }
 }
 

@@ -110,13 +110,23 @@ void kvt_block_seal_hashed(kvt_block *b, uint64_t parent, uint32_t n_tokens, uin
 bool kvt_kv_cpu_has_avx2(void);
 void kvt_kv_cpu_init(void);
 
-/* TURBO rows in the rotated basis (turbo.c): encode a rotated vector y; decode s*c[idx]. The AVX2
- * decode (kvt_turbo_decode_row with avx2 = CPU has AVX2) is bit-identical to the scalar one. */
+/* TURBO rows in the rotated basis (turbo.c): encode a rotated vector y; decode s*c[idx]. The SIMD
+ * decodes (kvt_turbo_decode_row/_rows at level KVT_TURBO_AVX2, or KVT_TURBO_VBMI: 8-bit rows by
+ * AVX-512 VBMI byte permutes, other widths as AVX2) are bit-identical to the scalar one. Pass a level
+ * the CPU has: kvt_kv_turbo_level() (codec.c; lowered by KVT_NO_AVX512, KVT_NO_SIMD and
+ * kvt_kv_force_simd_level). _rows decodes n rows, row r at src + r*rb, into dst + r*d. */
+enum { KVT_TURBO_SCALAR = 0, KVT_TURBO_AVX2 = 1, KVT_TURBO_VBMI = 2 };
+int kvt_kv_turbo_level(void);
 size_t kvt_turbo_row_bytes(uint32_t bits, uint32_t d);
 void kvt_turbo_encode_row(uint32_t bits, const float *y, uint32_t d, uint8_t *dst);
 void kvt_turbo_init(void); /* builds the codebooks once (kvt_kv_cpu_init calls it) */
-void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, bool avx2);
+void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, int level);
+void kvt_turbo_decode_rows(uint32_t bits, const uint8_t *src, size_t rb, uint32_t d, uint32_t n, float *dst,
+                           int level);
 void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, float *dst);
+/* Test hook: on = false makes the 8-bit VBMI lookup use both codebook halves even where the codebook
+ * is antisymmetric (the default then reads only the lower half); returns the previous setting. */
+bool kvt_turbo_test_vbmi8_sym(bool on);
 
 /* Codec helpers shared by attention (codec.c). */
 void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);

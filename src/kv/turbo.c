@@ -46,6 +46,13 @@
 static float g_cb[TQ_MAX_BITS + 1][1u << TQ_MAX_BITS];     /* centroids, ascending */
 static float g_thr[TQ_MAX_BITS + 1][(1u << TQ_MAX_BITS) - 1]; /* midpoints between neighbours */
 static pthread_once_t g_cb_once = PTHREAD_ONCE_INIT;
+/* The 8-bit codebook as 4 byte planes: g_cb8_planes[p][i] = byte p (little-endian) of the IEEE bits
+ * of g_cb[8][i], for the AVX-512 VBMI byte-permute lookup (turbo_decode8_vbmi). */
+static _Alignas(64) uint8_t g_cb8_planes[4][256];
+/* g_cb8_sym: the 8-bit codebook is exactly antisymmetric, cb[255 - i] == -cb[i] bit for bit (the
+ * Lloyd–Max centroids of N(0,1) are; checked at init, not assumed), so the VBMI lookup needs only
+ * the 128 entries of the lower half. g_cb8_use_sym: whether it uses that (test hook below). */
+static bool g_cb8_sym, g_cb8_use_sym;
 
 static double norm_pdf(double t) { return isinf(t) ? 0.0 : exp(-0.5 * t * t) / sqrt(2.0 * M_PI); }
 /* Φ(b) − Φ(a) for a < b, accurate in both tails (differences of upper or lower tails). */
@@ -128,6 +135,24 @@ static void codebook_init(void) {
         for (uint32_t i = 0; i < n; i++) g_cb[b][i] = (float)c[i];
         for (uint32_t i = 0; i + 1 < n; i++) g_thr[b][i] = (float)(0.5 * (c[i] + c[i + 1]));
     }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t u;
+        memcpy(&u, &g_cb[8][i], 4);
+        for (uint32_t p = 0; p < 4; p++) g_cb8_planes[p][i] = (uint8_t)(u >> (8 * p));
+    }
+    g_cb8_sym = g_cb[8][127] < 0; /* the lower half negative (ascending, so up to entry 127) */
+    for (uint32_t i = 0; i < 256; i++) {
+        const float neg = -g_cb[8][255 - i];
+        g_cb8_sym = g_cb8_sym && memcmp(&neg, &g_cb[8][i], 4) == 0;
+    }
+    g_cb8_use_sym = g_cb8_sym;
+}
+
+bool kvt_turbo_test_vbmi8_sym(bool on) {
+    pthread_once(&g_cb_once, codebook_init);
+    const bool was = g_cb8_use_sym;
+    g_cb8_use_sym = on && g_cb8_sym;
+    return was;
 }
 
 const float *kvt_turbo_codebook(uint32_t bits) {
@@ -329,20 +354,139 @@ __attribute__((target("avx2"))) static void turbo_decode_avx2(uint32_t bits, con
         _mm256_storeu_ps(dst + j, _mm256_mul_ps(vs, c));
     }
 }
+
+
+/* 8-bit codebook lookup without gathers (AVX-512 F/BW/VBMI): the 256 f32 centroids are held as 4
+ * byte planes of 256 bytes (4 zmm each, 16 zmm in all, loaded once per call). 64 codes (one zmm of
+ * bytes) look up byte p of their centroids with two vpermt2b (codes 0-127 and 128-255: bits 0-6
+ * index, bit 7 picks the half through a byte blend), and two rounds of unpacks interleave the 4
+ * byte vectors into the f32 bit patterns. Unpacks work within 128-bit lanes: lane L of the k-th
+ * result (unpack{lo,hi}_epi16 of unpack{lo,hi}_epi8) holds bytes 16L+4k .. 16L+4k+3. Transposing
+ * the 4x4 dwords of the codes first (code dword 4k+L moved to dword 4L+k; the permutation is its
+ * own inverse) makes result k hold elements 16k .. 16k+15 in order. Each lane is exactly the bit
+ * pattern of cb[idx], so s * cb[idx] matches the scalar decode bit for bit. Rows shorter than 64
+ * codes (d = 8, 16, 32) load and store under masks, never touching bytes past the codes. */
+#define TQ_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi"), always_inline)) static inline
+/* 64 codes (already dword-transposed) -> s * cb[idx] in element order, e[k] = elements 16k..16k+15. */
+TQ_VBMI void tq_lookup64(__m512i idx, const __m512i P[4][4], bool sym, __m512 vs, __m512 e[4]) {
+    __m512i b0, b1, b2, b3;
+    if (sym) { /* codes >= 128 read the planes of cb[255 - idx] = -cb[idx]: min(idx, ~idx) is idx below
+                * 128 and 255 - idx above; every lower-half entry is negative (sign bit, the top bit of
+                * plane 3, set), so XOR-ing code bit 7 into plane 3 gives cb[idx]'s sign */
+        const __m512i i7 = _mm512_min_epu8(idx, _mm512_xor_si512(idx, _mm512_set1_epi8(-1)));
+        b0 = _mm512_permutex2var_epi8(P[0][0], i7, P[0][1]);
+        b1 = _mm512_permutex2var_epi8(P[1][0], i7, P[1][1]);
+        b2 = _mm512_permutex2var_epi8(P[2][0], i7, P[2][1]);
+        b3 = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(P[3][0], i7, P[3][1]), idx,
+                                       _mm512_set1_epi8((char)0x80), 0x78); /* b3 ^ (idx & 0x80) */
+    } else {
+        const __mmask64 hi = _mm512_movepi8_mask(idx);
+        b0 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[0][0], idx, P[0][1]),
+                                    _mm512_permutex2var_epi8(P[0][2], idx, P[0][3]));
+        b1 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[1][0], idx, P[1][1]),
+                                    _mm512_permutex2var_epi8(P[1][2], idx, P[1][3]));
+        b2 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[2][0], idx, P[2][1]),
+                                    _mm512_permutex2var_epi8(P[2][2], idx, P[2][3]));
+        b3 = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(P[3][0], idx, P[3][1]),
+                                    _mm512_permutex2var_epi8(P[3][2], idx, P[3][3]));
+    }
+    const __m512i w01l = _mm512_unpacklo_epi8(b0, b1), w01h = _mm512_unpackhi_epi8(b0, b1);
+    const __m512i w23l = _mm512_unpacklo_epi8(b2, b3), w23h = _mm512_unpackhi_epi8(b2, b3);
+    e[0] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l)));
+    e[1] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l)));
+    e[2] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h)));
+    e[3] = _mm512_mul_ps(vs, _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h)));
+}
+
+TQ_VBMI void tq_decode8_rows(const uint8_t *src, size_t rb, uint32_t d, uint32_t n, float *dst, bool sym) {
+    __m512i P[4][4];
+    for (int p = 0; p < 4; p++)
+        for (int h = 0; h < 4; h++) P[p][h] = _mm512_load_si512((const void *)(g_cb8_planes[p] + 64 * h));
+    const __m512i T = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 e[4];
+    for (uint32_t r = 0; r < n; r++, src += rb, dst += d) {
+        float s;
+        memcpy(&s, src + d, 4);
+        const __m512 vs = _mm512_set1_ps(s);
+        if (d < 64) { /* d = 8, 16, 32: masked load and stores, nothing past the codes is touched */
+            const __m512i idx = _mm512_permutexvar_epi32(T, _mm512_maskz_loadu_epi8(((__mmask64)1 << d) - 1, src));
+            tq_lookup64(idx, P, sym, vs, e);
+            for (uint32_t k = 0; 16 * k < d; k++)
+                _mm512_mask_storeu_ps(dst + 16 * k, d >= 16 ? (__mmask16)0xffff : (__mmask16)0xff, e[k]);
+            continue;
+        }
+        for (uint32_t j = 0; j < d; j += 64) {
+            tq_lookup64(_mm512_permutexvar_epi32(T, _mm512_loadu_si512((const void *)(src + j))), P, sym, vs, e);
+            _mm512_storeu_ps(dst + j, e[0]);
+            _mm512_storeu_ps(dst + j + 16, e[1]);
+            _mm512_storeu_ps(dst + j + 32, e[2]);
+            _mm512_storeu_ps(dst + j + 48, e[3]);
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void turbo_decode8_vbmi(const uint8_t *src, size_t rb,
+                                                                                    uint32_t d, uint32_t n,
+                                                                                    float *dst) {
+    if (g_cb8_use_sym) tq_decode8_rows(src, rb, d, n, dst, true);
+    else tq_decode8_rows(src, rb, d, n, dst, false);
+}
+
+/* 2-, 3- and 4-bit rows (d >= 16) with AVX-512 VBMI: the codes of 16 elements are 2*bits <= 8 bytes,
+ * read with one 8-byte load (it may cover bytes of the next group or of the scale, never past the
+ * row: the last group starts 2*bits >= 4 bytes before the scale) and broadcast; one vpmultishiftqb
+ * moves the code of element i (bits [i*b, i*b+b)) to the low byte of dword lane i, an AND drops the
+ * rest, and one vpermps looks the 16 lanes up in the codebook's first 16 entries (g_cb rows are zero
+ * past 2^bits). Exactly cb[idx], as the AVX2 and scalar decodes. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void turbo_decode_narrow_vbmi(uint32_t bits,
+                                                                                         const uint8_t *src,
+                                                                                         size_t rb, uint32_t d,
+                                                                                         uint32_t n, float *dst) {
+    const __m512 tab = _mm512_loadu_ps(g_cb[bits]);
+    int64_t ctl[8];
+    for (uint32_t q = 0; q < 8; q++) ctl[q] = (int64_t)((uint64_t)(bits * 2 * q) | (uint64_t)(bits * (2 * q + 1)) << 32);
+    const __m512i vctl = _mm512_loadu_si512((const void *)ctl), vmask = _mm512_set1_epi32((int)((1u << bits) - 1u));
+    const size_t code_bytes = (size_t)d * bits / 8;
+    for (uint32_t r = 0; r < n; r++, src += rb, dst += d) {
+        float s;
+        memcpy(&s, src + code_bytes, 4);
+        const __m512 vs = _mm512_set1_ps(s);
+        for (uint32_t j = 0; j < d; j += 16) {
+            uint64_t w;
+            memcpy(&w, src + (size_t)(j / 16) * 2 * bits, 8);
+            const __m512i idx = _mm512_and_si512(_mm512_multishift_epi64_epi8(vctl, _mm512_set1_epi64((long long)w)), vmask);
+            _mm512_storeu_ps(dst + j, _mm512_mul_ps(vs, _mm512_permutexvar_ps(idx, tab)));
+        }
+    }
+}
 #endif
 
 void kvt_turbo_init(void) { pthread_once(&g_cb_once, codebook_init); }
 
-/* Hot path (attention): the caller has run kvt_kv_cpu_init, which runs kvt_turbo_init. */
-void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, bool avx2) {
+/* Hot path (attention): the caller has run kvt_kv_cpu_init, which runs kvt_turbo_init. level:
+ * KVT_TURBO_SCALAR, KVT_TURBO_AVX2 or KVT_TURBO_VBMI (kvt_kv_turbo_level: what the CPU has). */
+void kvt_turbo_decode_rows(uint32_t bits, const uint8_t *src, size_t rb, uint32_t d, uint32_t n, float *dst,
+                           int level) {
 #ifdef KVT_X86
-    if (avx2) {
-        turbo_decode_avx2(bits, src, d, dst);
+    if (level >= KVT_TURBO_VBMI && bits == 8) {
+        turbo_decode8_vbmi(src, rb, d, n, dst);
+        return;
+    }
+    if (level >= KVT_TURBO_VBMI && bits <= 4 && d >= 16) {
+        turbo_decode_narrow_vbmi(bits, src, rb, d, n, dst);
+        return;
+    }
+    if (level >= KVT_TURBO_AVX2) {
+        for (uint32_t r = 0; r < n; r++) turbo_decode_avx2(bits, src + (size_t)r * rb, d, dst + (size_t)r * d);
         return;
     }
 #endif
-    (void)avx2;
-    kvt_turbo_decode_row_scalar(bits, src, d, dst);
+    (void)level;
+    for (uint32_t r = 0; r < n; r++) kvt_turbo_decode_row_scalar(bits, src + (size_t)r * rb, d, dst + (size_t)r * d);
+}
+
+void kvt_turbo_decode_row(uint32_t bits, const uint8_t *src, uint32_t d, float *dst, int level) {
+    kvt_turbo_decode_rows(bits, src, kvt_turbo_row_bytes(bits, d), d, 1, dst, level);
 }
 
 /* ------------------------------------------------------------------ QJL residual (measured only) */
