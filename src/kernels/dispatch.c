@@ -85,6 +85,10 @@ bool kvt_kernels_force_isa(kvt_isa isa) {
     fill(isa);
     return true;
 }
+bool kq_isa_avx512_vnni(void) {
+    kvt_kernels_init();
+    return g_isa == KVT_ISA_AVX512 && g_vnni;
+}
 const char *kvt_isa_name(kvt_isa isa) {
     switch (isa) {
     case KVT_ISA_SCALAR: return "scalar";
@@ -138,6 +142,11 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         /* tiles from KVT_AMX_MIN_ROWS rows on; fewer (or no AMX layout): the row-major kernel with the
          * same arithmetic */
         if (p->amx && n_rows >= KVT_AMX_MIN_ROWS) kq_amx_pmm_small_s(p, act, n_rows, y, ldy, o0, o1);
+        else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    if (p->k16 && !p->data) { /* K-quants packed 16 rows a group (gemm_k16.c); another ISA: the row-major kernel */
+        if (kq_isa_avx512_vnni()) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
         else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }

@@ -79,8 +79,8 @@ static void unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, floa
 }
 
 /* One K super-block at p → q[256] (unsigned), d, dmin, half-scales sc2[8][2], mv[16]. */
-static void unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
-                     int16_t mv[16]) {
+void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
+                 int16_t mv[16]) {
     if (t == KVT_TYPE_Q6_K) {
         *d = kq_h2f(rd16(p + 208));
         *dmin = 0.0f;
@@ -130,6 +130,13 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     P->ngroups = (n_out + KQP_ROWS - 1) / KQP_ROWS;
     P->gbb = kind == KQP_SMALL_S ? KQP_SMALL_S_BYTES : kind == KQP_SMALL_U ? KQP_SMALL_U_BYTES : KQP_K_BYTES;
     P->W = W;
+    if (kind >= KQP_KM && kq_isa_avx512_vnni()) { /* the 16-row layout instead of the 4-row one (gemm_k16.c) */
+        if (!(P->k16 = kq_k16_pack(P))) {
+            free(P);
+            return NULL;
+        }
+        return P;
+    }
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)P->ngroups * (uint64_t)P->nb, P->gbb, &bytes) || bytes > SIZE_MAX / 2 ||
         !(P->data = kvt_aligned_alloc(64, (size_t)bytes))) { /* zeroed: padding rows are 0 */
@@ -154,7 +161,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
                     uint8_t q[256];
                     float d, dm;
                     int16_t sc2[8][2], mv[16];
-                    unpack_k(wtype, p, q, &d, &dm, sc2, mv);
+                    kq_unpack_k(wtype, p, q, &d, &dm, sc2, mv);
                     memcpy(o + 4 * i, &d, 4);
                     memcpy(o + 16 + 4 * i, &dm, 4);
                     for (int gg = 0; gg < 8; gg++) {
@@ -190,6 +197,7 @@ bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
     free(p->amx);
+    free(p->k16);
     free(p->data);
     free(p);
 }
@@ -197,7 +205,8 @@ void kvt_packed_free(kvt_packed *p) {
 size_t kvt_packed_bytes(const kvt_packed *p) {
     if (!p) return 0;
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
-    return (size_t)p->ngroups * (size_t)p->nb * p->gbb + amx;
+    const size_t k16 = p->k16 ? kq_k16_bytes(p) : 0;
+    return (p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0) + amx + k16;
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
@@ -245,6 +254,10 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                            int64_t o1) {
     kvt_f16_table_init();
     if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
+    if (P->k16 && !P->data) { /* only the 16-row layout: the scalar form of its kernel (same results) */
+        kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
     const uint32_t vt = kvt_vec_dot_type(P->type);
     const size_t arb = (size_t)kvt_type_row_bytes(vt, (uint64_t)P->n_in);
     const uint8_t *A = act;
