@@ -126,11 +126,13 @@ K16_AI __m512i k16_dpwssd(__m512i acc, __m512i w, const uint8_t *x) {
 K16_AI void k16_tile(const bool q6, const int NC, const uint8_t *G, const uint8_t *A, size_t arb, int64_t nb,
                      float *y, int64_t ldy, __mmask16 keep) {
     float sumf[K16_NC][K16_ROWS] __attribute__((aligned(64))); /* in memory: updated once a super-block */
+#pragma GCC unroll 16
     for (int j = 0; j < NC; j++) _mm512_store_ps(sumf[j], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)b * K16_GBB;
         const uint8_t *xb[K16_NC];
         __m512i isum[K16_NC], dot[K16_NC];
+#pragma GCC unroll 16
         for (int j = 0; j < NC; j++) {
             xb[j] = A + (size_t)j * arb + (size_t)b * sizeof(blk_q8_K);
             isum[j] = _mm512_setzero_si512();
@@ -138,28 +140,30 @@ K16_AI void k16_tile(const bool q6, const int NC, const uint8_t *G, const uint8_
         /* q6: 16 halves of 4 k4 steps (a scale each); else 8 sub-blocks of 8 steps (scale of half 2g) */
         const int nh = q6 ? 16 : 8, hs = q6 ? 4 : 8;
         for (int h = 0; h < nh; h++) {
+#pragma GCC unroll 16
             for (int j = 0; j < NC; j++) dot[j] = _mm512_setzero_si512();
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int k = 0; k < hs; k++) {
                 const int k4 = h * hs + k;
                 const __m512i w = _mm512_load_si512((const void *)(p + K16_Q + 64 * k4));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int j = 0; j < NC; j++) dot[j] = k16_dpbusd(dot[j], w, xb[j] + 4 + 4 * k4);
             }
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + K16_SC + 16 * (q6 ? h : 2 * h))));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int j = 0; j < NC; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(dot[j], sc));
         }
+#pragma GCC unroll 16
         for (int j = 0; j < NC; j++) dot[j] = _mm512_setzero_si512(); /* msum = Σ mv·bsums */
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int k = 0; k < 8; k++) {
             const __m512i mv = _mm512_load_si512((const void *)(p + K16_MV + 64 * k));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int j = 0; j < NC; j++) dot[j] = k16_dpwssd(dot[j], mv, xb[j] + 4 + QK_K + 4 * k);
         }
         const __m512 dw = _mm512_load_ps((const float *)p);
         const __m512 dm = _mm512_load_ps((const float *)(p + K16_DM));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int j = 0; j < NC; j++) {
             float dxs;
             memcpy(&dxs, xb[j], 4);
@@ -174,6 +178,7 @@ K16_AI void k16_tile(const bool q6, const int NC, const uint8_t *G, const uint8_
             }
         }
     }
+#pragma GCC unroll 16
     for (int j = 0; j < NC; j++) _mm512_mask_storeu_ps(y + (int64_t)j * ldy, keep, _mm512_load_ps(sumf[j]));
 }
 
