@@ -971,6 +971,63 @@ static void test_gen_types_and_fallback(void **state) {
     free(dir);
 }
 
+/* --k-outliers F: the attn_k rows of each KV head's lowest-frequency RoPE pair (llama: dims hd-2 and
+ * hd-1; NeoX archs: hd/2-1 and hd-1) are F times the same rows without the option, every other
+ * tensor and row is unchanged; 1 and deepseek2 are refused. */
+static void check_k_outliers(const char *arch, bool neox) {
+    char *dir = tu_tmpdir("gguf-kout");
+    char *p1 = path_in(dir, "a.gguf"), *p2 = path_in(dir, "b.gguf");
+    char err[512];
+    kvt_gen_model_opts o = {.arch = arch, .shape = "tiny", .type = "f32", .byte_vocab = true};
+    assert_int_equal(kvt_gen_model(&o, p1, err, sizeof err), KVT_OK);
+    o.k_outliers = 8;
+    assert_int_equal(kvt_gen_model(&o, p2, err, sizeof err), KVT_OK);
+    kvt_gguf *a, *b;
+    assert_int_equal(kvt_gguf_open(p1, &a, err, sizeof err), KVT_OK);
+    assert_int_equal(kvt_gguf_open(p2, &b, err, sizeof err), KVT_OK);
+    int scaled = 0;
+    for (int64_t i = 0; i < kvt_gguf_n_tensors(a); i++) {
+        const kvt_gguf_tensor *ta = kvt_gguf_tensor_at(a, i), *tb = kvt_gguf_find_tensor(b, ta->name);
+        assert_non_null(tb);
+        assert_int_equal(ta->nbytes, tb->nbytes);
+        const size_t len = strlen(ta->name);
+        if (len < 13 || strcmp(ta->name + len - 13, "attn_k.weight")) {
+            assert_memory_equal(ta->data, tb->data, ta->nbytes);
+            continue;
+        }
+        const int64_t n0 = ta->ne[0], rows = ta->ne[1];
+        char key[96];
+        snprintf(key, sizeof key, "%s.attention.key_length", arch);
+        uint32_t hdk = 0;
+        assert_true(kvt_gguf_get_u32(a, key, &hdk));
+        assert_true(hdk > 0 && rows % hdk == 0);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint32_t d = (uint32_t)(r % hdk);
+            const bool out = neox ? (d == hdk / 2 - 1 || d == hdk - 1) : (d == hdk - 2 || d == hdk - 1);
+            const float *ra = (const float *)ta->data + r * n0, *rb = (const float *)tb->data + r * n0;
+            for (int64_t k = 0; k < n0; k++) assert_true(rb[k] == ra[k] * (out ? 8.0f : 1.0f));
+            scaled += out;
+        }
+    }
+    assert_true(scaled > 0);
+    kvt_gguf_free(a), kvt_gguf_free(b);
+    free(p1), free(p2);
+    rm_rf(dir);
+    free(dir);
+}
+
+static void test_gen_k_outliers(void **state) {
+    (void)state;
+    check_k_outliers("llama", false);
+    check_k_outliers("qwen3", true);
+    char err[512];
+    kvt_gen_model_opts bad = {.shape = "tiny", .byte_vocab = true, .k_outliers = 1};
+    assert_int_equal(kvt_gen_model(&bad, "/tmp/kvt-never.gguf", err, sizeof err), KVT_ERR_INVALID_ARG);
+    bad = (kvt_gen_model_opts){.arch = "deepseek2", .shape = "tiny", .byte_vocab = true, .k_outliers = 4};
+    assert_int_equal(kvt_gen_model(&bad, "/tmp/kvt-never.gguf", err, sizeof err), KVT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "deepseek2"));
+}
+
 static void test_gen_byte_vocab(void **state) {
     (void)state;
     char *dir = tu_tmpdir("gguf-bv");
@@ -1056,7 +1113,7 @@ int main(void) {
         cmocka_unit_test(test_gen_tiny_each_arch),
         cmocka_unit_test(test_gen_determinism),
         cmocka_unit_test(test_gen_types_and_fallback),
-        cmocka_unit_test(test_gen_byte_vocab),
+        cmocka_unit_test(test_gen_k_outliers), cmocka_unit_test(test_gen_byte_vocab),
         cmocka_unit_test(test_gen_default_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -223,6 +223,42 @@ static void test_bf16_f16_rounding(void **st) {
     }
 }
 
+/* f16 encode (F16C groups of 8 where the CPU has it) equals kvt_f32_to_f16 for every element:
+ * random values over 2^-30..2^20 (zero, subnormal, normal, overflow), ±inf, -0, NaNs with payloads
+ * (a NaN sends its group to the scalar path), at every length 1..40 and offset. */
+static void test_f16_encode_matches(void **st) {
+    (void)st;
+    kvt_kv_cpu_init();
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof *x);
+    uint8_t *row = malloc(2 * N);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const float m = (float)((r >> 40) & 0xffffff) / 16777216.0f;
+        x[i] = ldexpf(m, (int)((r >> 20) % 51) - 30) * ((r >> 19) & 1 ? -1.0f : 1.0f);
+    }
+    x[5] = INFINITY, x[6] = -INFINITY, x[7] = -0.0f, x[8] = 65519.0f, x[9] = 65520.0f;
+    const uint32_t nans[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu};
+    for (int k = 0; k < 4; k++) memcpy(&x[100 + 37 * k], &nans[k], 4);
+    kvt_codec_encode_row((kvt_codec){.kind = KVT_CODEC_F16}, x, N, row);
+    for (int i = 0; i < N; i++) {
+        uint16_t h;
+        memcpy(&h, row + 2 * i, 2);
+        assert_int_equal(h, kvt_f32_to_f16(x[i]));
+    }
+    for (uint32_t len = 1; len <= 40; len++)
+        for (uint32_t off = 0; off < 3; off++) {
+            kvt_codec_encode_row((kvt_codec){.kind = KVT_CODEC_F16}, x + 95 + off, len, row);
+            for (uint32_t i = 0; i < len; i++) {
+                uint16_t h;
+                memcpy(&h, row + 2 * i, 2);
+                assert_int_equal(h, kvt_f32_to_f16(x[95 + off + i]));
+            }
+        }
+    free(x), free(row);
+}
+
 /* SIMD vs scalar references: F16C decode, dot and axpy must give identical bits. */
 static void test_simd_vs_scalar(void **st) {
     (void)st;
@@ -403,7 +439,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
-        cmocka_unit_test(test_round_f16_levels),
+        cmocka_unit_test(test_round_f16_levels), cmocka_unit_test(test_f16_encode_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,8 +29,9 @@
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
-#define KVT_NUMERICS_VERSION 4 /* 3: attention rounds Q and softmax weights to f16; 4: qwen35 DeltaNet
-                                  * FMA-chain numerics, transposed S/k state layout (deltanet.h) */
+#define KVT_NUMERICS_VERSION 5 /* 3: attention rounds Q and softmax weights to f16; 4: qwen35 DeltaNet
+                                  * FMA-chain numerics, transposed S/k state layout (deltanet.h); 5: the
+                                  * SwiGLU of dense and MoE FFNs uses deltanet.c's vector SiLU */
 /* On-disk format version (docs/cache-format.md). */
 #define KVT_SSD_FORMAT_VERSION 2 /* 2: tails store only their rows (compact) */
 #define KVT_SSD_COMPAT_KEY_MAX 512

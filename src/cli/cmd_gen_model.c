@@ -7,7 +7,7 @@
 #include "cmds.h"
 
 static void usage(void) {
-    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--layers N] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] -o OUT.gguf\n"
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--layers N] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] [--k-outliers F] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
            "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35 | qwen3moe | deepseek2\n"
@@ -28,6 +28,9 @@ static void usage(void) {
            "  --seed   PRNG seed (default 0)\n"
            "  --peaked logits and attention as peaked as a trained model's (final norm x8, Q/K x2; MLA q, k_pe,\n"
            "           k_nope/v x2): makes KV-codec quality figures (kvtier bench --kv-quality) meaningful\n"
+           "  --k-outliers F  key outlier channels, as trained models have: the K projection rows of each KV\n"
+           "           head's lowest-frequency RoPE pair x F (2..64); values unchanged. For KV-codec quality\n"
+           "           figures on outlier-heavy keys (the case rotation-based codecs such as turbo are for)\n"
            "  -o, --output  output path (written atomically)\n");
 }
 
@@ -51,6 +54,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--layers")) o.n_layers = (uint32_t)kvt_args_i64(&a, 1, 512);
         else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
         else if (kvt_args_flag(&a, NULL, "--peaked")) o.peaked = true;
+        else if (kvt_args_is(&a, NULL, "--k-outliers")) o.k_outliers = (uint32_t)kvt_args_i64(&a, 2, 64);
         else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
         else kvt_args_unknown(&a);
     }

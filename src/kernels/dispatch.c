@@ -41,8 +41,9 @@ static void fill(kvt_isa isa) {
 #if KVT_X86
     if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
     if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) kq_fill_avx512(&g_tab, g_vnni);
-    /* AMX: Q8_0/Q4_0/Q5_0 products all take the AMX kernel's float order (decode == full recompute) */
-    if (isa == KVT_ISA_AMX) {
+    /* AMX and AVX-512 VNNI: Q8_0/Q4_0/Q5_0 products all take the exact-int32-per-block float order of
+     * the AMX and 16-row VNNI GEMMs (decode == full recompute) */
+    if (isa == KVT_ISA_AMX || (isa == KVT_ISA_AVX512 && g_vnni)) {
         g_tab.matmul[KVT_TYPE_Q8_0] = kq_amx_mm_q8_0;
         g_tab.matmul[KVT_TYPE_Q4_0] = kq_amx_mm_q4_0;
         g_tab.matmul[KVT_TYPE_Q5_0] = kq_amx_mm_q5_0;
@@ -71,6 +72,11 @@ static void init_once(void) {
 
 void kvt_kernels_init(void) { pthread_once(&g_once, init_once); }
 
+bool kq_has_vnni(void) {
+    kvt_kernels_init();
+    return g_vnni;
+}
+
 kvt_isa kvt_kernels_best_isa(void) {
     kvt_kernels_init();
     return g_best;
@@ -84,10 +90,6 @@ bool kvt_kernels_force_isa(kvt_isa isa) {
     if (isa > g_best || isa < KVT_ISA_SCALAR) return false;
     fill(isa);
     return true;
-}
-bool kq_isa_avx512_vnni(void) {
-    kvt_kernels_init();
-    return g_isa == KVT_ISA_AVX512 && g_vnni;
 }
 const char *kvt_isa_name(kvt_isa isa) {
     switch (isa) {
@@ -104,9 +106,10 @@ const char *kvt_kernels_numerics_id(void) {
     switch (g_isa) {
     case KVT_ISA_AVX2: return "avx2";
     /* kq_fill_avx512 falls back to the AVX2 table without VNNI: same results as avx2 */
-    case KVT_ISA_AVX512: return g_vnni ? "avx512-vnni" : "avx2";
-    /* AVX-512 VNNI kernels + the AMX prefill GEMM (a different float order for every Q8_0/Q4_0/Q5_0 product) */
-    case KVT_ISA_AMX: return "amx-int8";
+    /* AVX-512 VNNI and AMX: the same arithmetic (K-quant and Q4_1/Q5_1 kernels shared; every
+     * Q8_0/Q4_0/Q5_0 product an exact int32 per block, then fma(isum, dw·dx, acc) in block order) */
+    case KVT_ISA_AVX512: return g_vnni ? "int8-block" : "avx2";
+    case KVT_ISA_AMX: return "int8-block";
     default: return "scalar";
     }
 }
@@ -145,13 +148,19 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
+    if (g_isa == KVT_ISA_AVX512 && g_vnni && p->kind == KQP_SMALL_S) {
+        if (p->s16) kq_s16_pmm(p, act, n_rows, y, ldy, o0, o1);
+        else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
     if (p->k16 && !p->data) { /* K-quants packed 16 rows a group (gemm_k16.c); another ISA: the row-major kernel */
-        if (kq_isa_avx512_vnni()) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
+        if (g_isa == KVT_ISA_AVX512 && g_vnni) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
         else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
 #endif
-    if (g_tab.pmatmul[p->kind]) {
+    /* a layout built for another ISA (forced after creation): the row-major path, same results */
+    if (g_tab.pmatmul[p->kind] && p->data) {
         g_tab.pmatmul[p->kind](p, act, n_rows, y, ldy, o0, o1);
         return;
     }

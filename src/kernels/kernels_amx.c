@@ -13,7 +13,7 @@
  * C holds the exact int32 dot of one block (s8·s8, no offset trick). Then, per element and block in
  * order: acc = fma((float)isum, dw·dx, acc). This is NOT the lane order of the AVX2/AVX-512 paths
  * (8 partial lanes per block, fma per lane, horizontal sum at the end), so results differ from them
- * in the last bits: kvt_kernels_numerics_id reports "amx-int8", every Q8_0/Q4_0/Q5_0 product under
+ * in the last bits: kvt_kernels_numerics_id reports "int8-block" (shared with the 16-row VNNI GEMM of gemm_s16.c), every Q8_0/Q4_0/Q5_0 product under
  * KVT_ISA_AMX (row-major decode kernels kq_amx_mm_* included) uses this order, and tests/test_kernels.c checks the
  * kernel bit for bit against kvt_matmul_packed_amx_ref and within a stated tolerance against the
  * scalar reference. Each output element's value depends only on its row, column and the weights

@@ -91,12 +91,24 @@ struct kvt_packed {
     const void *W;         /* original rows (borrowed; scalar ISA path) */
     uint8_t *amx;          /* kind KQP_SMALL_S with AMX in use at create time: the AMX layout
                             * (kernels_amx.c; ceil(n_out/16) * nb * KQA_GBB bytes, owned), else NULL */
+    uint8_t *s16;          /* kind KQP_SMALL_S with AVX-512 VNNI (not AMX) in use at create time: the
+                            * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
 };
 /* AMX layout (kernels_amx.c): groups of KQA_N outputs, per block float d[16] + int8 q[8][16][4] */
 #define KQA_N 16
 #define KQA_GBB 576
+/* 16-row VNNI layout (gemm_s16.c): groups of KQS_N outputs, per block float d[16] + u8 q[8][16][4]
+ * (weights + 128) */
+#define KQS_N 16
+#define KQS_GBB 576
+bool kq_s16_build(kvt_packed *P);            /* fills P->s16 from P->W; false on OOM / overflow */
+size_t kq_s16_bytes(const kvt_packed *P);
+void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+/* AVX-512 VNNI present (dispatch.c; after kvt_kernels_init) */
+bool kq_has_vnni(void);
 /* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
 uint8_t *kq_tls_scratch(size_t bytes);
 enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };
@@ -139,7 +151,6 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define K16_MV 384
 #define K16_Q 896
 #define K16_GBB 4992
-bool kq_isa_avx512_vnni(void); /* dispatch.c: the ISA in use is AVX-512 with VNNI (not AMX) */
 void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2], int16_t mv[16]);
 uint8_t *kq_k16_pack(const kvt_packed *P); /* from P->W; NULL on overflow / OOM */
 size_t kq_k16_bytes(const kvt_packed *P);

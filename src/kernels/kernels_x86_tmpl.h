@@ -833,6 +833,12 @@ AI __m256i F(pack32)(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
     return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
+/* f32 → f16 bits: F16C (round to nearest even, the same bits as kvt_f32_to_f16 for finite values:
+ * tests/test_kernels.c test_f2h_matches) and the software conversion for inf/NaN (its NaN is 0x7e00) */
+AI uint16_t F(f2h)(float f) {
+    if (!isfinite(f)) return kvt_f32_to_f16(f);
+    return (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
+}
 AI void F(aq_q8_block)(const float *x, uint8_t *out, bool with_sum) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 v[4], am = _mm256_setzero_ps();
@@ -845,12 +851,12 @@ AI void F(aq_q8_block)(const float *x, uint8_t *out, bool with_sum) {
     const __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
     for (int k = 0; k < 4; k++) q[k] = F(roundf_epi32)(_mm256_mul_ps(v[k], vid));
-    const uint16_t dh = kvt_f32_to_f16(d);
+    const uint16_t dh = F(f2h)(d);
     memcpy(out, &dh, 2);
     _mm256_storeu_si256((__m256i *)(out + (with_sum ? 4 : 2)), F(pack32)(q[0], q[1], q[2], q[3]));
     if (with_sum) {
         const int32_t sum = F(hsum_i32)(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-        const uint16_t sh = kvt_f32_to_f16((float)sum * d);
+        const uint16_t sh = F(f2h)((float)sum * d);
         memcpy(out + 2, &sh, 2);
     }
 }

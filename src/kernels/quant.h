@@ -98,7 +98,8 @@ void kvt_matmul_packed_ref(const kvt_packed *p, const void *act, int64_t n_rows,
 /* AMX (ISA KVT_ISA_AMX): kvt_matmul_packed of Q8_0/Q4_0/Q5_0 weights with n_rows >= this runs the
  * int8 TMUL kernel. Its float order (per block: exact int32 dot, then acc = fma(isum, dw·dx, acc))
  * differs from the AVX-512 path, so under AMX every such product (kvt_matmul_rows, packed with fewer rows) uses it
- * too: results are the same for any n_rows (decode == full recompute); numerics id "amx-int8".
+ * too: results are the same for any n_rows (decode == full recompute); numerics id "int8-block",
+ * shared with AVX-512 VNNI, whose 16-row GEMM (gemm_s16.c) computes the same arithmetic.
  * Other types keep the AVX-512 kernels. */
 #define KVT_AMX_MIN_ROWS 16
 /* Scalar reference of the AMX kernel's arithmetic on p's AMX layout (p built while the ISA was
@@ -120,7 +121,7 @@ kvt_isa kvt_kernels_isa(void);          /* what is in use */
 bool kvt_kernels_force_isa(kvt_isa isa);
 const char *kvt_isa_name(kvt_isa isa);
 /* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
- * variant that changes results ("scalar", "avx2", "avx512-vnni", "amx-int8"). Paths are not
+ * variant that changes results ("scalar", "avx2", "int8-block" = AVX-512 VNNI or AMX). Paths are not
  * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. */
 const char *kvt_kernels_numerics_id(void);
 

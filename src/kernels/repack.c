@@ -130,7 +130,15 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     P->ngroups = (n_out + KQP_ROWS - 1) / KQP_ROWS;
     P->gbb = kind == KQP_SMALL_S ? KQP_SMALL_S_BYTES : kind == KQP_SMALL_U ? KQP_SMALL_U_BYTES : KQP_K_BYTES;
     P->W = W;
-    if (kind >= KQP_KM && kq_isa_avx512_vnni()) { /* the 16-row layout instead of the 4-row one (gemm_k16.c) */
+    /* AVX-512 VNNI (not AMX): the signed small types take the 16-row layout of gemm_s16.c instead of
+     * the 4-row groups (one copy, about the same bytes) */
+    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
+        if (kq_s16_build(P)) return P;
+        free(P);
+        return NULL;
+    }
+    /* likewise the K-quants: the 16-row layout of gemm_k16.c */
+    if (kind >= KQP_KM && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
         if (!(P->k16 = kq_k16_pack(P))) {
             free(P);
             return NULL;
@@ -197,6 +205,7 @@ bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
     free(p->amx);
+    free(p->s16);
     free(p->k16);
     free(p->data);
     free(p);
@@ -205,8 +214,9 @@ void kvt_packed_free(kvt_packed *p) {
 size_t kvt_packed_bytes(const kvt_packed *p) {
     if (!p) return 0;
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
+    const size_t data = p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
     const size_t k16 = p->k16 ? kq_k16_bytes(p) : 0;
-    return (p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0) + amx + k16;
+    return data + amx + kq_s16_bytes(p) + k16;
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
@@ -254,8 +264,9 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                            int64_t o1) {
     kvt_f16_table_init();
     if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
-    if (P->k16 && !P->data) { /* only the 16-row layout: the scalar form of its kernel (same results) */
-        kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
+    if (!P->data) { /* a 16-row VNNI layout: its own arithmetic (gemm_s16.c, gemm_k16.c; same results) */
+        if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
+        if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
         return;
     }
     const uint32_t vt = kvt_vec_dot_type(P->type);

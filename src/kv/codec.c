@@ -298,6 +298,20 @@ __attribute__((target("f16c,avx2,fma"))) static void f16_decode_f16c(const uint8
         dst[i] = kvt_f16_to_f32_fast(h);
     }
 }
+/* f32 → f16, round to nearest even: F16C gives kvt_f32_to_f16's bits for every non-NaN value
+ * (inf and overflow included); a group of 8 holding a NaN takes the scalar path (canonical NaN). */
+__attribute__((target("f16c,avx2,fma"))) static void f16_encode_f16c(const float *x, uint32_t dim, uint8_t *d) {
+    uint32_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) break;
+        _mm_storeu_si128((__m128i *)(d + 2 * (size_t)i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < dim; i++) {
+        const uint16_t h = kvt_f32_to_f16(x[i]);
+        memcpy(d + 2 * (size_t)i, &h, 2);
+    }
+}
 #endif
 
 static void bf16_decode(const uint8_t *src, uint32_t dim, float *dst) {
@@ -312,6 +326,12 @@ void kvt_codec_encode_row(kvt_codec c, const float *x, uint32_t dim, void *dst) 
     uint8_t *d = dst;
     switch (c.kind) {
     case KVT_CODEC_F16:
+#ifdef KVT_X86
+        if (g_has_avx2) {
+            f16_encode_f16c(x, dim, d);
+            return;
+        }
+#endif
         for (uint32_t i = 0; i < dim; i++) {
             uint16_t h = kvt_f32_to_f16(x[i]);
             memcpy(d + 2 * (size_t)i, &h, 2);

@@ -156,7 +156,18 @@ typedef struct gen_ctx {
     float rope_base;
     uint32_t n_rot;
     bool peaked;
+    float k_out;       /* --k-outliers factor (1 = off) */
+    uint32_t head_dim; /* of the K heads (rows of attn_k.weight are [kv_head][head_dim]) */
+    bool neox;         /* RoPE pairs (i, i + n_rot/2) instead of (2i, 2i + 1) */
 } gen_ctx;
+
+/* --k-outliers: trained models' keys carry a few channels of much larger magnitude than the rest,
+ * concentrated in the low-frequency RoPE dimensions (KIVI, KVQuant); random weights give Gaussian
+ * keys without them, the best case for per-group affine codecs and the one TurboQuant's rotation
+ * is not needed for. The rows of attn_k.weight that produce the lowest-frequency rotary pair of
+ * every KV head (dims n_rot/2 - 1 and n_rot - 1 with NeoX pairs, n_rot - 2 and n_rot - 1 with
+ * interleaved ones) are multiplied by the factor. Values keep no outliers (as in trained models). */
+static bool k_outlier_row(const gen_ctx *c, const char *name, int64_t r);
 
 /* --peaked: scale factors that make a random model's distributions look trained. Logits: the final
  * norm weight ×8 (logit std ≈ 0.5 → ≈ 4 over the vocabulary, so top-1 carries real mass). Attention:
@@ -223,6 +234,7 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
     const float a = 0.02f * 1.7320508f; /* uniform with std 0.02 */
     const float pk = c->peaked ? peak_factor(name) : 1.0f;
     for (int64_t r = 0; r < rows; r++) {
+        const float ko = k_outlier_row(c, name, r) ? c->k_out : 1.0f;
         for (int64_t i = 0; i < n0; i++) {
             switch (kind) {
             case 1: row[i] = 1.0f + 0.05f * unif(&s); break;
@@ -232,7 +244,7 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
             case 5: row[i] = 0.5f * unif(&s); break;         /* qwen35 conv taps */
             default: row[i] = a * unif(&s); break;
             }
-            row[i] *= pk;
+            row[i] *= pk * ko;
         }
         uint8_t *out = (uint8_t *)dst + (uint64_t)r * rb;
         if (type == KVT_TYPE_F32) {
@@ -253,6 +265,12 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
     }
     free(row);
     return KVT_OK;
+}
+
+static bool k_outlier_row(const gen_ctx *c, const char *name, int64_t r) {
+    if (c->k_out <= 1.0f || c->head_dim == 0 || c->n_rot < 2 || !ends_with(name, "attn_k.weight")) return false;
+    const uint32_t d = (uint32_t)(r % c->head_dim), nr = c->n_rot;
+    return c->neox ? (d == nr / 2 - 1 || d == nr - 1) : (d == nr - 2 || d == nr - 1);
 }
 
 /* Weight type for a 2-D tensor with rows of n0 elements: the requested type, or llama-quantize's
@@ -352,6 +370,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     const char *type_name = o->type ? o->type : "f16";
     int arch = -1;
     shape s;
+    if (o->k_outliers == 1 || o->k_outliers > 64)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--k-outliers %u: the factor must be 2..64", o->k_outliers);
     if (o->arch) {
         for (int i = 0; i < A_COUNT; i++)
             if (!strcmp(o->arch, k_arch_names[i])) arch = i;
@@ -383,6 +403,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         if (o->n_layers > 512) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--layers %u out of range (1..512)", o->n_layers);
         s.n_layer = o->n_layers;
     }
+    if (o->k_outliers && arch == A_DEEPSEEK2)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--k-outliers needs separate K projections (attn_k); deepseek2 has latent attention");
     const moe_shape mo = moe_extras(arch, shape_name);
     if (mo.n_dense_lead >= s.n_layer && mo.n_expert)
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "%s needs more than %u layers (its leading dense layers)",
@@ -440,8 +462,10 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     char key[160], name[128];
 #define K(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
     kvt_gguf_w_str(w, "general.architecture", an, strlen(an));
-    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu%s", an, shape_name, type_name,
-             (unsigned long long)o->seed, o->peaked ? " peaked" : "");
+    char kout[32] = "";
+    if (o->k_outliers > 1) snprintf(kout, sizeof kout, " k-outliers %u", o->k_outliers);
+    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu%s%s", an, shape_name, type_name,
+             (unsigned long long)o->seed, o->peaked ? " peaked" : "", kout);
     kvt_gguf_w_str(w, "general.name", name, strlen(name));
     kvt_gguf_w_u32(w, "general.alignment", 32);
     kvt_gguf_w_u32(w, "general.file_type", ftype);
@@ -509,7 +533,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
                      : s.llama3_rope ? k_tmpl_llama3 : k_tmpl_smol;
     kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
 
-    gen_ctx gc = {o->seed, s.rope_base, q35.n_rot, o->peaked};
+    gen_ctx gc = {o->seed, s.rope_base, q35.n_rot, o->peaked, o->k_outliers > 1 ? (float)o->k_outliers : 1.0f,
+                  s.head_dim, arch != A_LLAMA};
     kvt_status st = KVT_OK;
     const uint32_t qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
 #define T1(nm, n0) do { int64_t ne_[1] = {(n0)}; \

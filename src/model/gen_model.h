@@ -27,6 +27,9 @@ typedef struct kvt_gen_model_opts {
     bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
     bool peaked;            /* scale the final norm (x8) and Q/K (x2 each) so logits and attention are
                              * as peaked as a trained model's (gen_model.c peak_factor) */
+    uint32_t k_outliers;    /* 0 = off; else 2..64: the K projection rows of each KV head's
+                             * lowest-frequency RoPE pair are scaled by this factor, giving the key
+                             * outlier channels trained models have (gen_model.c; not for deepseek2) */
 } kvt_gen_model_opts;
 
 /* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */

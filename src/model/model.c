@@ -18,6 +18,7 @@
 
 #include "../kernels/quant.h"
 #include "../util/threadpool.h"
+#include "deltanet.h"
 #include "model_int.h"
 
 /* ------------------------------------------------------------------ model */
@@ -707,7 +708,6 @@ static void rmsnorm(float *y, const float *x, const float *w, uint32_t n, float 
     for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static inline float gelu_tanh(float x) {
     const float s = 0.79788456080286535588f; /* sqrt(2/pi) */
@@ -800,7 +800,6 @@ static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *con
 
 /* Exported to the architecture files (model_int.h). */
 void kvt_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps) { rmsnorm(y, x, w, n, eps); }
-float kvt_silu(float x) { return silu(x); }
 void kvt_rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) { rope_apply(x, cs, n_rot, neox); }
 void kvt_split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1) { split_range(n, ith, nth, r0, r1); }
 uint32_t kvt_att_row_split(uint32_t n, uint32_t pos0, uint32_t t, uint32_t nth) { return att_row_split(n, pos0, t, nth); }
@@ -842,6 +841,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
     const float eps = hp->norm_eps;
     const bool gem = hp->arch == KVT_ARCH_GEMMA3;
     const bool repl = nth > 1 && n <= KVT_REPL_ROWS;
+    const kvt_dn_impl dn_impl = kvt_dn_best_impl();
     kvt_thread_buf *tb = &c->tbuf[ith];
     float *X = repl ? tb->x : c->x, *XN = repl ? tb->xn : c->xn;
     void *const *ACT = repl ? tb->act : c->act;
@@ -995,8 +995,8 @@ static void forward_chunk(void *arg, int ith, int nth) {
                 float *g = c->gate + (size_t)r * F, *u = c->up + (size_t)r * F;
                 if (gem)
                     for (int64_t i = o0; i < o1; i++) g[i] = gelu_tanh(g[i]) * u[i];
-                else
-                    for (int64_t i = o0; i < o1; i++) g[i] = silu(g[i]) * u[i];
+                else /* the vector SiLU of deltanet.c (its exp has a scalar twin: same bits on every split) */
+                    kvt_dn_silu_mul(dn_impl, g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
             }
         }
         kvt_threadpool_barrier(tp);

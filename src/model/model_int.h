@@ -49,7 +49,6 @@ kvt_status kvt_load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint3
 
 /* ---- row math and matmul helpers (model.c) ---- */
 void kvt_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps);
-float kvt_silu(float x);
 void kvt_rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox);
 void kvt_split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1);
 uint32_t kvt_att_row_split(uint32_t n, uint32_t pos0, uint32_t t, uint32_t nth);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "../kernels/quant.h"
+#include "deltanet.h"
 #include "model_int.h"
 
 #define HKEY(buf, suffix) snprintf(buf, sizeof(buf), "%s." suffix, kvt_arch_name(hp->arch))
@@ -173,7 +174,7 @@ void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il) {
         kvt_col_range(FS, ith, nth, &o0, &o1);
         for (uint32_t r = 0; r < n; r++) {
             float *gr = xs->sg + (size_t)r * FS, *ur = xs->su + (size_t)r * FS;
-            for (int64_t i = o0; i < o1; i++) gr[i] = kvt_silu(gr[i]) * ur[i];
+            kvt_dn_silu_mul(kvt_dn_best_impl(), gr + o0, gr + o0, ur + o0, (uint32_t)(o1 - o0));
         }
     }
     kvt_threadpool_barrier(tp);
@@ -220,7 +221,7 @@ void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il) {
         kvt_matmul_group(act, gu, gu_out, 2, cnt, ith, nth);
         for (uint32_t r = a; r < a + cnt; r++) {
             float *gr = xs->hg + (size_t)r * F, *ur = xs->hu + (size_t)r * F;
-            for (int64_t i = f0; i < f1; i++) gr[i] = kvt_silu(gr[i]) * ur[i];
+            kvt_dn_silu_mul(kvt_dn_best_impl(), gr + f0, gr + f0, ur + f0, (uint32_t)(f1 - f0));
         }
     }
     if (shared) kvt_matmul_group(fw->act, shd, shd_out, 1, n, ith, nth);

@@ -1,0 +1,237 @@
+/*
+ * gemm_s16.c — AVX-512 VNNI prefill GEMM for the signed small-block types (Q8_0, Q4_0, Q5_0:
+ * kvt_packed kind KQP_SMALL_S) on a 16-row interleaved layout, with the same arithmetic as the AMX
+ * kernel (kernels_amx.c), and the scalar reference of it.
+ *
+ * Why: the 4-row packed tiles (kernels_x86_tmpl.h) keep 8 partial int32 lanes per row and block and
+ * convert, scale and fma each of them: 4 vector ops per 64 multiply-adds. Here a zmm holds 4
+ * consecutive weights of 16 output rows (the VNNI 4-byte interleave), one vpdpbusd with 4 broadcast
+ * activation bytes advances all 16 rows, and after the block's 8 steps each lane holds the EXACT
+ * int32 dot of one row's block: 8 dot instructions + 3 float ops per 512 multiply-adds and column.
+ *
+ * Layout (kvt_packed.s16, built here from the original rows): outputs in groups of KQS_N = 16 (the
+ * last padded with zero rows), per group its blocks in order, one group-block (KQS_GBB = 576 bytes) =
+ *   float d[16]; uint8 q[8][16][4]      q[k4][n][j] = (weight 4·k4+j of output n) + 128
+ * The weights are stored offset by 128 (u8) because vpdpbusd multiplies u8 by s8; the activation
+ * bytes stay signed, so the dot is Σ(w+128)·x = Σw·x + 128·Σx and each column starts from −128·Σx
+ * of its block (computed exactly when the activation rows are converted).
+ *
+ * Arithmetic (per output element, blocks in order): isum = exact int32 Σ w·x over the block;
+ * acc = fma((float)isum, dw·dx, acc). This is the AMX kernel's order, and kq_amx_mm_* (row-major,
+ * used for decode) computes the same, so every Q8_0/Q4_0/Q5_0 product has one float order on the
+ * AVX-512 VNNI and AMX paths: results do not depend on n_rows, [o0,o1), tile shapes or the thread
+ * count (decode == full recompute), and the numerics id is shared ("int8-block").
+ *
+ * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free); the kernel keeps its
+ * converted activation rows in the calling thread's scratch (kq_tls_scratch).
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+static uint16_t s16_rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The 32 weights of one Q8_0 / Q4_0 / Q5_0 block at p as signed values, and its scale. */
+static float s16_unpack(uint32_t t, const uint8_t *p, int8_t q[32]) {
+    if (t == KVT_TYPE_Q8_0) {
+        memcpy(q, p + 2, 32);
+    } else if (t == KVT_TYPE_Q4_0) {
+        for (int j = 0; j < 16; j++) q[j] = (int8_t)((p[2 + j] & 0xF) - 8), q[j + 16] = (int8_t)((p[2 + j] >> 4) - 8);
+    } else { /* Q5_0 */
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(((p[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+            q[j + 16] = (int8_t)(((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+    }
+    return kq_h2f(s16_rd16(p));
+}
+
+bool kq_s16_build(kvt_packed *P) {
+    const int64_t ng = (P->n_out + KQS_N - 1) / KQS_N;
+    uint64_t bytes;
+    if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, KQS_GBB, &bytes) || bytes > SIZE_MAX / 2) return false;
+    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes);
+    if (!L) return false;
+    const uint64_t wrb = kvt_type_row_bytes(P->type, (uint64_t)P->n_in);
+    const size_t wbb = kvt_type_block_bytes(P->type);
+    const uint8_t *W = P->W;
+    for (int64_t o = 0; o < ng * KQS_N; o++) {
+        const int n = (int)(o % KQS_N);
+        for (int64_t b = 0; b < P->nb; b++) {
+            uint8_t *dst = L + ((size_t)(o / KQS_N) * (size_t)P->nb + (size_t)b) * KQS_GBB;
+            int8_t q[32] = {0};
+            float d = 0.0f; /* padding rows: weights 0 (stored as 128), scale 0 */
+            if (o < P->n_out) d = s16_unpack(P->type, W + (size_t)o * wrb + (size_t)b * wbb, q);
+            memcpy(dst + 4 * n, &d, 4);
+            for (int k4 = 0; k4 < 8; k4++) { /* 4 weights at a time, +128 (xor of the sign bit) */
+                uint32_t v;
+                memcpy(&v, q + 4 * k4, 4);
+                v ^= 0x80808080u;
+                memcpy(dst + 64 + 64 * k4 + 4 * n, &v, 4);
+            }
+        }
+    }
+    P->s16 = L;
+    return true;
+}
+
+size_t kq_s16_bytes(const kvt_packed *P) {
+    return P->s16 ? (size_t)((P->n_out + KQS_N - 1) / KQS_N) * (size_t)P->nb * KQS_GBB : 0;
+}
+
+/* Scalar reference of the kernel's arithmetic, reading the s16 layout and the Q8_0 activation rows. */
+void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const size_t arb = (size_t)P->nb * sizeof(blk_q8_0);
+    const uint8_t *A = act;
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t o = o0; o < o1; o++) {
+            const int n = (int)(o % KQS_N);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < P->nb; b++) {
+                const uint8_t *p = P->s16 + ((size_t)(o / KQS_N) * (size_t)P->nb + (size_t)b) * KQS_GBB;
+                const uint8_t *pa = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_0);
+                float dw;
+                memcpy(&dw, p + 4 * n, 4);
+                int32_t isum = 0;
+                for (int k = 0; k < 32; k++)
+                    isum += ((int32_t)p[64 + 64 * (k / 4) + 4 * n + (k % 4)] - 128) * (int8_t)pa[2 + k];
+                acc = fmaf((float)isum, dw * kq_h2f(s16_rd16(pa)), acc);
+            }
+            y[r * ldy + o] = acc;
+        }
+}
+
+#if KVT_X86
+#include <immintrin.h>
+
+#define KQS_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define KQS_AI static inline __attribute__((always_inline)) KQS_TGT
+
+/* Converted activation block (KQS_CA = 40 bytes): int32 −128·Σx, float dx, int8 x[32]. */
+#define KQS_CA 40
+#define KQS_COLS 12 /* activation rows per register tile: 12 int32 + 12 float accumulators */
+
+static KQS_TGT void s16_convert(const uint8_t *A, size_t arb, int64_t r0, int64_t r1, int64_t nb, uint8_t *C) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *pa = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_0);
+            uint8_t *c = C + ((size_t)(r - r0) * (size_t)nb + (size_t)b) * KQS_CA;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(pa + 2));
+            /* Σx exactly: maddubs(1, x) gives 16 int16 pair sums, madd with 1 widens them */
+            const __m256i s16 = _mm256_maddubs_epi16(ones, x);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            const int32_t corr = -128 * _mm_cvtsi128_si32(t);
+            const float dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s16_rd16(pa))));
+            memcpy(c, &corr, 4);
+            memcpy(c + 4, &dx, 4);
+            _mm256_storeu_si256((__m256i *)(c + 8), x);
+        }
+}
+
+/* NC columns (converted rows at C, stride crb) × the 16 outputs of group G; results to out[c][16]. */
+KQS_AI void s16_tile(const int NC, const uint8_t *G, int64_t nb, const uint8_t *C, size_t crb, const uint8_t *pf,
+                     __m512 out[KQS_COLS]) {
+    __m512 acc[KQS_COLS];
+#pragma GCC unroll 12
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * KQS_GBB;
+        if (pf) {
+            const char *q = (const char *)(pf + (size_t)b * KQS_GBB);
+            for (int l = 0; l < KQS_GBB; l += 64) _mm_prefetch(q + l, _MM_HINT_T0);
+        }
+        const uint8_t *cb = C + (size_t)b * KQS_CA;
+        __m512i is[KQS_COLS];
+#pragma GCC unroll 12
+        for (int c = 0; c < NC; c++) is[c] = _mm512_set1_epi32(*(const int32_t *)(cb + (size_t)c * crb));
+#pragma GCC unroll 8
+        for (int k4 = 0; k4 < 8; k4++) {
+            const __m512i w = _mm512_load_si512((const void *)(p + 64 + 64 * k4));
+#pragma GCC unroll 12
+            for (int c = 0; c < NC; c++) {
+                int32_t xv;
+                memcpy(&xv, cb + (size_t)c * crb + 8 + 4 * k4, 4);
+                is[c] = _mm512_dpbusd_epi32(is[c], w, _mm512_set1_epi32(xv));
+            }
+        }
+        const __m512 dw = _mm512_load_ps((const float *)p);
+#pragma GCC unroll 12
+        for (int c = 0; c < NC; c++) {
+            float dx;
+            memcpy(&dx, cb + (size_t)c * crb + 4, 4);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[c]), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[c]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int c = 0; c < NC; c++) out[c] = acc[c];
+}
+
+/* Activation rows per row block: the converted rows stay in L2 while the weight groups stream. */
+#define KQS_ACT_BLOCK_BYTES (512u << 10)
+/* weight groups ahead for the software prefetch (first column tile of a group only) */
+#define KQS_PF_GROUPS 2
+
+KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                        int64_t o1) {
+    const int64_t nb = P->nb;
+    const size_t arb = (size_t)nb * sizeof(blk_q8_0), crb = (size_t)nb * KQS_CA, gs = (size_t)nb * KQS_GBB;
+    const int64_t ng = (P->n_out + KQS_N - 1) / KQS_N;
+    int64_t rb = (int64_t)(KQS_ACT_BLOCK_BYTES / crb) / KQS_COLS * KQS_COLS;
+    if (rb < KQS_COLS) rb = KQS_COLS;
+    if (rb > n_rows) rb = n_rows;
+    uint8_t *C = kq_tls_scratch((size_t)rb * crb);
+    if (!C) { /* no scratch memory: the row-major kernel with the same arithmetic */
+        kvt_matmul_rows(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    __m512 out[KQS_COLS];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += rb) {
+        const int64_t r1 = r0 + rb < n_rows ? r0 + rb : n_rows;
+        s16_convert(act, arb, r0, r1, nb, C);
+        for (int64_t g = o0 / KQS_N; g * KQS_N < o1; g++) {
+            const uint8_t *G = P->s16 + (size_t)g * gs;
+            const int64_t base = g * KQS_N;
+            const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + KQS_N ? o1 : base + KQS_N;
+            const __mmask16 m = (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+            const uint8_t *pf = g + KQS_PF_GROUPS < ng ? G + (size_t)KQS_PF_GROUPS * gs : NULL;
+            for (int64_t r = r0; r < r1;) {
+                const int64_t left = r1 - r;
+                const int nc = left >= KQS_COLS ? KQS_COLS : (int)left;
+                const uint8_t *Cr = C + (size_t)(r - r0) * crb;
+                switch (nc) { /* constant tile widths, so the accumulators stay in registers */
+                case 12: s16_tile(12, G, nb, Cr, crb, pf, out); break;
+                case 11: s16_tile(11, G, nb, Cr, crb, pf, out); break;
+                case 10: s16_tile(10, G, nb, Cr, crb, pf, out); break;
+                case 9: s16_tile(9, G, nb, Cr, crb, pf, out); break;
+                case 8: s16_tile(8, G, nb, Cr, crb, pf, out); break;
+                case 7: s16_tile(7, G, nb, Cr, crb, pf, out); break;
+                case 6: s16_tile(6, G, nb, Cr, crb, pf, out); break;
+                case 5: s16_tile(5, G, nb, Cr, crb, pf, out); break;
+                case 4: s16_tile(4, G, nb, Cr, crb, pf, out); break;
+                case 3: s16_tile(3, G, nb, Cr, crb, pf, out); break;
+                case 2: s16_tile(2, G, nb, Cr, crb, pf, out); break;
+                default: s16_tile(1, G, nb, Cr, crb, pf, out); break;
+                }
+                for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + (r + c) * ldy + base, m, out[c]);
+                r += nc;
+                pf = NULL;
+            }
+        }
+    }
+}
+#endif
