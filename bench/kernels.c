@@ -3,7 +3,7 @@
  * no packed layout) per weight type and ISA. Built by hand (not part of `make`):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/kernels.c src/util/common.c src/kernels/[a-z]*.c -lm -o /tmp/bench_kernels
  *   /tmp/bench_kernels
- * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); Q4_K needs n_in % 256 == 0, so it runs the
+ * Shapes: 576 in × 1536 out (SmolLM2-135M ffn_up); K-quants need n_in % 256 == 0, so they run the
  * 1536 in × 576 out ffn_down shape (same FLOPs). ISA "amx" = the AVX-512 table plus the AMX int8
  * kernels for Q8_0 (all columns; `/tmp/bench_kernels 2` runs avx512 and amx only).
  * GFLOP/s = 2·n_in·n_out·n_rows / time, matmul only (activation quantization is timed separately). */
@@ -60,12 +60,12 @@ static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows,
 int main(int argc, char **argv) {
     kvt_kernels_init();
     const int isa_from = argc > 1 ? atoi(argv[1]) : KVT_ISA_SCALAR;
-    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_Q4_1, KVT_TYPE_F32};
+    const uint32_t types[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q6_K, KVT_TYPE_Q4_1, KVT_TYPE_F32};
     for (int isa = isa_from; isa <= (int)kvt_kernels_best_isa(); isa++) {
         kvt_kernels_force_isa((kvt_isa)isa);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
             const uint32_t t = types[i];
-            const bool k = t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q6_K;
+            const bool k = t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K;
             const int64_t n_in = k ? 1536 : 576, n_out = k ? 576 : 1536;
             double au1, au64, p1, p64, p512, au512;
             const double g1 = bench_one(t, n_in, n_out, 1, &au1, &p1);

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "kernels/quant.h"
+#include "kernels/kernels_internal.h" /* kvt_packed fields: which layout was built (k16 / data) */
 
 static const uint32_t k_types[] = {KVT_TYPE_F32,  KVT_TYPE_F16,  KVT_TYPE_BF16, KVT_TYPE_Q8_0,
                                    KVT_TYPE_Q4_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_0, KVT_TYPE_Q5_1,
@@ -566,33 +567,27 @@ static void test_numerics_id(void **st) {
 /* kvt_matmul_packed must equal kvt_matmul_rows bit for bit on every ISA (the numerics id and decode
  * batch invariance rest on it), for any row count and column range; kvt_matmul_packed_ref (scalar,
  * reading the packed layout) equals the SIMD paths, and for K-quants the scalar reference. */
-static void check_packed(const mm_case *c) {
+/* One packed matrix P (made under whatever ISA): every ISA's kvt_matmul_packed equals its
+ * kvt_matmul_rows bit for bit, full range and column cuts, nothing outside [o0,o1) written. */
+static void check_packed_one(const mm_case *c, const kvt_packed *P, kvt_isa made) {
     const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
     const size_t bytes = (size_t)(no * nr) * 4;
     float *yr = malloc(bytes), *yp = malloc(bytes), *yq = malloc(bytes);
     kvt_isa isas[3];
     const int ni = isa_list(isas);
-    const int64_t cuts[][2] = {{0, no}, {0, 1}, {1, no < 6 ? no : 6}, {no < 6 ? no : 6, no}, {no / 2, no}, {no - 1, no}};
-    kvt_packed *P = NULL;
-    /* each ISA builds its own layout (16-row for the AVX-512 VNNI signed types, 4-row groups
-     * otherwise); a layout used under another ISA falls back to the row-major kernel */
-    for (int k = 0; k < 2 * ni; k++) {
-        assert_true(kvt_kernels_force_isa(isas[k % ni]));
-        if (k < ni || !P) {
-            kvt_packed_free(P);
-            P = kvt_packed_create(c->t, c->w, n, no);
-            assert_non_null(P);
-            assert_true(kvt_packed_bytes(P) >= (size_t)((no + 3) / 4) * 4 * (size_t)n);
-        }
+    const int64_t cuts[][2] = {{0, no}, {0, 1}, {1, no < 6 ? no : 6}, {no < 6 ? no : 6, no}, {no / 2, no}, {no - 1, no},
+                               {no < 16 ? 0 : 16, no}, {no < 17 ? 0 : 3, no < 17 ? no : 17}};
+    for (int k = 0; k < ni; k++) {
+        assert_true(kvt_kernels_force_isa(isas[k]));
         kvt_matmul_rows(c->t, c->w, n, c->a, nr, yr, no, 0, no);
         memset(yp, 0xff, bytes);
         for (size_t ci = 1; ci < 4; ci++) kvt_matmul_packed(P, c->a, nr, yp, no, cuts[ci][0], cuts[ci][1]);
         if (memcmp(yr, yp, bytes)) {
             for (int64_t i = 0; i < no * nr; i++)
                 if (memcmp(&yr[i], &yp[i], 4)) {
-                    fprintf(stderr, "%s isa=%s n_in=%lld rows=%lld: o=%lld r=%lld rows=%.9g packed=%.9g\n",
-                            kvt_type_name(c->t), kvt_isa_name(isas[k % ni]), (long long)n, (long long)nr,
-                            (long long)(i % no), (long long)(i / no), yr[i], yp[i]);
+                    fprintf(stderr, "%s made=%s isa=%s n_in=%lld rows=%lld: o=%lld r=%lld rows=%.9g packed=%.9g\n",
+                            kvt_type_name(c->t), kvt_isa_name(made), kvt_isa_name(isas[k]), (long long)n,
+                            (long long)nr, (long long)(i % no), (long long)(i / no), yr[i], yp[i]);
                     break;
                 }
             fail();
@@ -608,8 +603,8 @@ static void check_packed(const mm_case *c) {
                     if (o < cuts[ci][0] || o >= cuts[ci][1]) assert_true(((uint32_t *)yp)[r * no + o] == 0xffffffffu);
             }
         }
-        if (k < ni && isas[k] != KVT_ISA_SCALAR) { /* the scalar emulation of the layout's lane order
-                                                     * matches the SIMD path it was built for */
+        if (isas[k] == made && isas[k] != KVT_ISA_SCALAR) { /* the scalar emulation of the layout's lane
+                                                               * order matches the SIMD path it was built for */
             kvt_matmul_packed_ref(P, c->a, nr, yq, no, 0, no);
             assert_memory_equal(yr, yq, bytes);
         }
@@ -618,10 +613,38 @@ static void check_packed(const mm_case *c) {
         kvt_matmul_rows_ref(c->t, c->w, n, c->a, nr, yr, no, 0, no);
         kvt_matmul_packed_ref(P, c->a, nr, yq, no, 0, no);
         assert_memory_equal(yr, yq, bytes);
+        if (P->k16) { /* the 16-row layout's scalar reference (gemm_k16.c) == the kernel == the reference */
+            memset(yq, 0xff, bytes);
+            kq_k16_ref(P, c->a, nr, yq, no, 0, no);
+            assert_memory_equal(yr, yq, bytes);
+        }
+    }
+    free(yr), free(yp), free(yq);
+}
+
+/* kvt_matmul_packed must equal kvt_matmul_rows bit for bit on every ISA (the numerics id and decode
+ * batch invariance rest on it), for any row count and column range; kvt_matmul_packed_ref (scalar,
+ * reading the packed layout) equals the SIMD path it was built for, and for K-quants the scalar
+ * reference. The packed matrix is made under each ISA in turn (the layout depends on it: under
+ * AVX-512 VNNI the 16-row layouts of gemm_s16.c / gemm_k16.c, otherwise the 4-row one) and run
+ * under every ISA (a layout for another ISA falls back to the row-major kernel). */
+static void check_packed(const mm_case *c) {
+    const int64_t no = c->n_out, n = c->n_in;
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (int m = 0; m < ni; m++) {
+        assert_true(kvt_kernels_force_isa(isas[m]));
+        kvt_packed *P = kvt_packed_create(c->t, c->w, n, no);
+        assert_non_null(P);
+        assert_true(kvt_packed_bytes(P) >= (size_t)((no + 3) / 4) * 4 * (size_t)n);
+        const bool vnni512 = isas[m] == KVT_ISA_AVX512 && strcmp(kvt_kernels_numerics_id(), "avx2") != 0;
+        const bool want16 = is_kquant(c->t) && vnni512;
+        assert_true(want16 == (P->k16 != NULL));
+        if (is_kquant(c->t)) assert_true(want16 == (P->data == NULL)); /* never both layouts */
+        check_packed_one(c, P, isas[m]);
+        kvt_packed_free(P);
     }
     kvt_kernels_force_isa(kvt_kernels_best_isa());
-    kvt_packed_free(P);
-    free(yr), free(yp), free(yq);
 }
 
 static const uint32_t k_packed_types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_0,
@@ -642,6 +665,70 @@ static void test_packed_matches_rows(void **st) {
                 check_packed(&c);
                 mm_free(&c);
             }
+}
+
+/* K-quants on the 16-row layout: odd output counts (partial 16-row groups), n_in 256..2048, row
+ * counts through every register tile mix (8, 4, 2, 1 rows) and column cuts inside a group. */
+static void test_packed_k16_shapes(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+    const int64_t rows[] = {1, 2, 3, 5, 8, 13, 17, 40};
+    const int64_t outs[] = {1, 15, 17, 33};
+    const int64_t ins[] = {256, 512, 1280, 2048};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
+                mm_case c;
+                mm_setup(&c, ts[ti], ins[(ri + oi) % 4], outs[oi], rows[ri], 1000 + ti * 64 + ri * 4 + oi);
+                check_packed(&c);
+                mm_free(&c);
+            }
+}
+
+/* K-quant blocks with extreme contents: f16 max / -0 / tiny super-block scales, all 6-bit scales and
+ * mins 63, all quants at their maximum (Q6_K: scales -128 / 127), activations at ±127. */
+static void test_packed_k16_extreme(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+    for (size_t ti = 0; ti < 3; ti++) {
+        const uint32_t t = ts[ti];
+        mm_case c;
+        mm_setup(&c, t, 1024, 19, 11, 1300 + ti);
+        const size_t rb = kvt_type_row_bytes(t, 1024), bb = kvt_type_block_bytes(t);
+        for (int64_t o = 0; o < 19; o++)
+            for (int b = 0; b < 4; b++) {
+                uint8_t *blk = c.w + (size_t)o * rb + (size_t)b * bb;
+                const int sel = (int)((o + b) % 5);
+                if (t == KVT_TYPE_Q6_K) {
+                    if (sel == 0) memset(blk, 0xff, 192);                             /* ql, qh: q = 63 */
+                    if (sel == 1) memset(blk + 192, 0x80, 16);                        /* scales -128 */
+                    if (sel == 2) memset(blk + 192, 0x7f, 16), memset(blk, 0xff, 192); /* 127, q = 63 */
+                    if (sel == 3) put16(blk + 208, 0x7bff);                           /* f16 max */
+                    if (sel == 4) put16(blk + 208, 0x8000);                           /* -0 */
+                } else {
+                    if (sel == 0) memset(blk + 4, 0xff, bb - 4);      /* scales/mins 63, q at max */
+                    if (sel == 1) put16(blk, 0x7bff), put16(blk + 2, 0x7bff);
+                    if (sel == 2) put16(blk, 0x8000), put16(blk + 2, 0x0001);
+                    if (sel == 3) memset(blk + 4, 0xff, 12);         /* scales/mins 63 */
+                }
+            }
+        /* some activation rows at ±127 (bsums kept consistent) */
+        const size_t arb = kvt_act_bytes(t, 1024, 1);
+        for (int64_t r = 0; r < 11; r += 3)
+            for (int b = 0; b < 4; b++) {
+                uint8_t *blk = c.a + (size_t)r * arb + (size_t)b * 292;
+                int8_t *qs = (int8_t *)(blk + 4);
+                for (int e = 0; e < 256; e++) qs[e] = (int8_t)(((e + r) & 1) ? 127 : -127);
+                if (r % 2) memset(qs, 127, 256);
+                for (int k = 0; k < 16; k++) {
+                    int16_t sum = 0;
+                    for (int e = 0; e < 16; e++) sum = (int16_t)(sum + qs[16 * k + e]);
+                    memcpy(blk + 4 + 256 + 2 * k, &sum, 2);
+                }
+            }
+        check_packed(&c);
+        mm_free(&c);
+    }
 }
 
 /* Untrusted GGUFs may hold Q8_0 weights of -128 (the reference quantizer never writes them) and
@@ -939,6 +1026,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),
         cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
+        cmocka_unit_test(test_packed_k16_shapes),   cmocka_unit_test(test_packed_k16_extreme),
         cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),
         cmocka_unit_test(test_amx_threads),         cmocka_unit_test(test_amx_env_override),
     };

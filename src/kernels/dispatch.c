@@ -153,6 +153,11 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
+    if (p->k16 && !p->data) { /* K-quants packed 16 rows a group (gemm_k16.c); another ISA: the row-major kernel */
+        if (g_isa == KVT_ISA_AVX512 && g_vnni) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
+        else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
 #endif
     /* a layout built for another ISA (forced after creation): the row-major path, same results */
     if (g_tab.pmatmul[p->kind] && p->data) {

@@ -93,6 +93,8 @@ struct kvt_packed {
                             * (kernels_amx.c; ceil(n_out/16) * nb * KQA_GBB bytes, owned), else NULL */
     uint8_t *s16;          /* kind KQP_SMALL_S with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
+    uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
+                            * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
 };
 /* AMX layout (kernels_amx.c): groups of KQA_N outputs, per block float d[16] + int8 q[8][16][4] */
 #define KQA_N 16
@@ -140,6 +142,20 @@ void kq_amx_mm_q4_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
                     int64_t o1);
 void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                     int64_t o1);
+
+/* 16-row K-quant layout and AVX-512 VNNI GEMM (gemm_k16.c): per 16-row group and super-block
+ * float dw[16]; float dm[16]; int8 sc[16 halves][16]; int16 mv[8][16][2]; uint8 q[64 k4][16][4]. */
+#define K16_ROWS 16
+#define K16_DM 64
+#define K16_SC 128
+#define K16_MV 384
+#define K16_Q 896
+#define K16_GBB 4992
+void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2], int16_t mv[16]);
+uint8_t *kq_k16_pack(const kvt_packed *P); /* from P->W; NULL on overflow / OOM */
+size_t kq_k16_bytes(const kvt_packed *P);
+void kq_k16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+void kq_k16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 
 /* Filled by the SIMD files (x86 only). */
 void kq_fill_avx2(kq_table *t);

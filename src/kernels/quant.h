@@ -77,6 +77,8 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
  * kvt_matmul_packed gives results bit-identical to kvt_matmul_rows on the same W for the ISA in use
  * (so the numerics id and batch invariance are unchanged): the same integer dot per 4-lane group,
  * the same float operations in the same order.
+ * The layout follows the ISA in use at create time (Q4_K/Q5_K/Q6_K under AVX-512 VNNI: 16 rows per
+ * group, gemm_k16.c, instead of the 4-row one); used under another ISA it runs kvt_matmul_rows.
  * Ownership: the packed copy is owned by the handle; W is borrowed and must outlive it. */
 typedef struct kvt_packed kvt_packed;
 kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out);

@@ -79,8 +79,8 @@ static void unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, floa
 }
 
 /* One K super-block at p → q[256] (unsigned), d, dmin, half-scales sc2[8][2], mv[16]. */
-static void unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
-                     int16_t mv[16]) {
+void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
+                 int16_t mv[16]) {
     if (t == KVT_TYPE_Q6_K) {
         *d = kq_h2f(rd16(p + 208));
         *dmin = 0.0f;
@@ -137,6 +137,14 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
         free(P);
         return NULL;
     }
+    /* likewise the K-quants: the 16-row layout of gemm_k16.c */
+    if (kind >= KQP_KM && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
+        if (!(P->k16 = kq_k16_pack(P))) {
+            free(P);
+            return NULL;
+        }
+        return P;
+    }
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)P->ngroups * (uint64_t)P->nb, P->gbb, &bytes) || bytes > SIZE_MAX / 2 ||
         !(P->data = kvt_aligned_alloc(64, (size_t)bytes))) { /* zeroed: padding rows are 0 */
@@ -161,7 +169,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
                     uint8_t q[256];
                     float d, dm;
                     int16_t sc2[8][2], mv[16];
-                    unpack_k(wtype, p, q, &d, &dm, sc2, mv);
+                    kq_unpack_k(wtype, p, q, &d, &dm, sc2, mv);
                     memcpy(o + 4 * i, &d, 4);
                     memcpy(o + 16 + 4 * i, &dm, 4);
                     for (int gg = 0; gg < 8; gg++) {
@@ -198,6 +206,7 @@ void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
     free(p->amx);
     free(p->s16);
+    free(p->k16);
     free(p->data);
     free(p);
 }
@@ -206,7 +215,8 @@ size_t kvt_packed_bytes(const kvt_packed *p) {
     if (!p) return 0;
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
     const size_t data = p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
-    return data + amx + kq_s16_bytes(p);
+    const size_t k16 = p->k16 ? kq_k16_bytes(p) : 0;
+    return data + amx + kq_s16_bytes(p) + k16;
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
@@ -254,8 +264,9 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                            int64_t o1) {
     kvt_f16_table_init();
     if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
-    if (!P->data) { /* the 16-row VNNI layout: its own arithmetic (gemm_s16.c) */
+    if (!P->data) { /* a 16-row VNNI layout: its own arithmetic (gemm_s16.c, gemm_k16.c; same results) */
         if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
+        if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
         return;
     }
     const uint32_t vt = kvt_vec_dot_type(P->type);

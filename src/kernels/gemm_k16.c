@@ -1,0 +1,215 @@
+/*
+ * gemm_k16.c — 16-row interleaved layout and AVX-512 VNNI prefill GEMM for the K-quants (Q4_K,
+ * Q5_K: kvt_packed kind KQP_KM; Q6_K: KQP_K6), and the scalar reference of the kernel's arithmetic.
+ *
+ * Layout (kvt_packed.k16, built at create time when the ISA in use is AVX-512 VNNI without AMX; it
+ * replaces the 4-row `data` for these kinds): outputs in groups of K16_ROWS = 16 (the last padded
+ * with zero rows), per group its super-blocks in order, one group-block (K16_GBB bytes) =
+ *   float dw[16]; float dm[16] (0 for Q6_K);
+ *   int8 sc[16 halves][16 rows]          (the scale of each 16-weight half; Q4/5_K: both halves = the
+ *                                          6-bit sub-block scale)
+ *   int16 mv[8][16 rows][2]              (the bsums partners mv[2k], mv[2k+1] as pairs: Q4/5_K the
+ *                                          6-bit min of the half, Q6_K its scale)
+ *   uint8 q[8 sub-blocks][8 k4][16 rows][4]  (VNNI 4-byte interleave: one zmm = 4 consecutive weights
+ *                                          of each of the 16 rows; Q6_K stored unsigned, q + 32)
+ * 312 bytes per row and super-block (the 4-row layout: 328).
+ *
+ * Kernel: a tile is the 16 rows of a group × up to K16_NC activation rows. Per super-block and
+ * 16-weight half (Q6_K) or 32-weight sub-block (Q4/5_K), vpdpbusd with the activation's 4 bytes
+ * broadcast accumulates the exact int32 dot of every row (lane) from zero; vpmulld by the lane's
+ * scale and vpaddd give isum = Σ sc·q·x, vpdpwssd over the q8_K bsums gives msum = Σ mv·bsums —
+ * the same integers as ptile_k / the row-major kernels (exact, whatever the order). Then, lane-wise
+ * with separate mul/sub/add (FP contraction off: -std=c11 / the pragma), the same float expression
+ * in the same order as kvt_matmul_rows_ref:
+ *   Q4_K/Q5_K  sumf += (dw*dx)*(float)isum - (dm*dx)*(float)msum
+ *   Q6_K       sumf += (dw*dx)*(float)(isum - 32*msum)
+ * so kvt_matmul_packed equals kvt_matmul_rows bit for bit (tests/test_kernels.c).
+ *
+ * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free), 64-byte aligned.
+ */
+#include "kernels_internal.h"
+
+#include <stdlib.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+
+size_t kq_k16_bytes(const kvt_packed *P) {
+    return (size_t)((P->n_out + K16_ROWS - 1) / K16_ROWS) * (size_t)P->nb * K16_GBB;
+}
+
+uint8_t *kq_k16_pack(const kvt_packed *P) {
+    const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
+    uint64_t bytes;
+    if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, K16_GBB, &bytes) || bytes > SIZE_MAX / 2) return NULL;
+    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes); /* zeroed: padding rows are 0 */
+    if (!L) return NULL;
+    const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
+    for (int64_t o = 0; o < P->n_out; o++)
+        for (int64_t b = 0; b < P->nb; b++) {
+            uint8_t q[QK_K];
+            float d, dm;
+            int16_t sc2[8][2], mv[16];
+            kq_unpack_k(P->type, (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb, q, &d, &dm, sc2, mv);
+            uint8_t *p = L + ((size_t)(o / K16_ROWS) * (size_t)P->nb + (size_t)b) * K16_GBB;
+            const int n = (int)(o % K16_ROWS);
+            memcpy(p + 4 * n, &d, 4);
+            memcpy(p + K16_DM + 4 * n, &dm, 4);
+            for (int h = 0; h < 16; h++) p[K16_SC + 16 * h + n] = (uint8_t)(int8_t)sc2[h / 2][h % 2];
+            for (int k = 0; k < 8; k++) memcpy(p + K16_MV + 64 * k + 4 * n, mv + 2 * k, 4);
+            for (int k4 = 0; k4 < QK_K / 4; k4++) memcpy(p + K16_Q + 64 * k4 + 4 * n, q + 4 * k4, 4);
+        }
+    return L;
+}
+
+/* The kernel's arithmetic in scalar C (any CPU): the same integers, the same float expression. */
+void kq_k16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K);
+    const bool q6 = P->kind == KQP_K6;
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t o = o0; o < o1; o++) {
+            const int n = (int)(o % K16_ROWS);
+            float sumf = 0.0f;
+            for (int64_t b = 0; b < P->nb; b++) {
+                const uint8_t *p = P->k16 + ((size_t)(o / K16_ROWS) * (size_t)P->nb + (size_t)b) * K16_GBB;
+                const blk_q8_K *xa = (const blk_q8_K *)((const uint8_t *)act + (size_t)r * arb) + b;
+                int32_t isum = 0, msum = 0;
+                for (int h = 0; h < 16; h++) { /* 16-weight halves: 4 k4 steps each */
+                    int32_t dot = 0;
+                    for (int k4 = 4 * h; k4 < 4 * h + 4; k4++)
+                        for (int j = 0; j < 4; j++) dot += (int32_t)p[K16_Q + 64 * k4 + 4 * n + j] * xa->qs[4 * k4 + j];
+                    isum += dot * (int8_t)p[K16_SC + 16 * h + n];
+                }
+                for (int k = 0; k < 8; k++) {
+                    int16_t mv[2];
+                    memcpy(mv, p + K16_MV + 64 * k + 4 * n, 4);
+                    msum += (int32_t)mv[0] * xa->bsums[2 * k] + (int32_t)mv[1] * xa->bsums[2 * k + 1];
+                }
+                float dw, dm;
+                memcpy(&dw, p + 4 * n, 4);
+                memcpy(&dm, p + K16_DM + 4 * n, 4);
+                if (q6) sumf += (dw * xa->d) * (float)(isum - 32 * msum);
+                else sumf += (dw * xa->d) * (float)isum - (dm * xa->d) * (float)msum;
+            }
+            y[r * ldy + o] = sumf;
+        }
+}
+
+#if KVT_X86
+#include <immintrin.h>
+
+#define K16_TGT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define K16_AI static inline __attribute__((always_inline)) K16_TGT
+/* activation rows per register tile: an int32 dot and an int32 isum per row in registers (16 of the
+ * 32 zmm), the float sumf on the stack (updated once a super-block); 12 measured slower */
+#define K16_NC 8
+/* activation rows per row block: the block's q8_K rows stay in L2 while the weight groups of the
+ * column range stream past them once */
+#define K16_ACT_BLOCK_BYTES (1u << 20)
+
+/* acc += dot of the u8 weights w with 4 activation int8 at x broadcast to every lane (vpdpbusd with
+ * an m32bcst operand: GCC does not fold _mm512_set1_epi32 into it); likewise vpdpwssd for int16 pairs */
+typedef uint32_t k16_u32 __attribute__((may_alias, aligned(1)));
+K16_AI __m512i k16_dpbusd(__m512i acc, __m512i w, const uint8_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const k16_u32 *)x));
+    return acc;
+}
+K16_AI __m512i k16_dpwssd(__m512i acc, __m512i w, const uint8_t *x) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const k16_u32 *)x));
+    return acc;
+}
+
+/* One tile: 16 rows of the group at G × NC activation q8_K rows at A (stride arb); y rows of the tile
+ * get lanes [c0, c1) of the group (masked stores: nothing else is written). */
+K16_AI void k16_tile(const bool q6, const int NC, const uint8_t *G, const uint8_t *A, size_t arb, int64_t nb,
+                     float *y, int64_t ldy, __mmask16 keep) {
+    float sumf[K16_NC][K16_ROWS] __attribute__((aligned(64))); /* in memory: updated once a super-block */
+#pragma GCC unroll 16
+    for (int j = 0; j < NC; j++) _mm512_store_ps(sumf[j], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * K16_GBB;
+        const uint8_t *xb[K16_NC];
+        __m512i isum[K16_NC], dot[K16_NC];
+#pragma GCC unroll 16
+        for (int j = 0; j < NC; j++) {
+            xb[j] = A + (size_t)j * arb + (size_t)b * sizeof(blk_q8_K);
+            isum[j] = _mm512_setzero_si512();
+        }
+        /* q6: 16 halves of 4 k4 steps (a scale each); else 8 sub-blocks of 8 steps (scale of half 2g) */
+        const int nh = q6 ? 16 : 8, hs = q6 ? 4 : 8;
+        for (int h = 0; h < nh; h++) {
+#pragma GCC unroll 16
+            for (int j = 0; j < NC; j++) dot[j] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+            for (int k = 0; k < hs; k++) {
+                const int k4 = h * hs + k;
+                const __m512i w = _mm512_load_si512((const void *)(p + K16_Q + 64 * k4));
+#pragma GCC unroll 16
+                for (int j = 0; j < NC; j++) dot[j] = k16_dpbusd(dot[j], w, xb[j] + 4 + 4 * k4);
+            }
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + K16_SC + 16 * (q6 ? h : 2 * h))));
+#pragma GCC unroll 16
+            for (int j = 0; j < NC; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(dot[j], sc));
+        }
+#pragma GCC unroll 16
+        for (int j = 0; j < NC; j++) dot[j] = _mm512_setzero_si512(); /* msum = Σ mv·bsums */
+#pragma GCC unroll 16
+        for (int k = 0; k < 8; k++) {
+            const __m512i mv = _mm512_load_si512((const void *)(p + K16_MV + 64 * k));
+#pragma GCC unroll 16
+            for (int j = 0; j < NC; j++) dot[j] = k16_dpwssd(dot[j], mv, xb[j] + 4 + QK_K + 4 * k);
+        }
+        const __m512 dw = _mm512_load_ps((const float *)p);
+        const __m512 dm = _mm512_load_ps((const float *)(p + K16_DM));
+#pragma GCC unroll 16
+        for (int j = 0; j < NC; j++) {
+            float dxs;
+            memcpy(&dxs, xb[j], 4);
+            const __m512 dx = _mm512_set1_ps(dxs);
+            if (q6) {
+                const __m512i is = _mm512_sub_epi32(isum[j], _mm512_slli_epi32(dot[j], 5)); /* isum − 32·msum */
+                _mm512_store_ps(sumf[j], _mm512_add_ps(_mm512_load_ps(sumf[j]), _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(is))));
+            } else {
+                const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[j]));
+                const __m512 m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(dot[j]));
+                _mm512_store_ps(sumf[j], _mm512_add_ps(_mm512_load_ps(sumf[j]), _mm512_sub_ps(a, m)));
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NC; j++) _mm512_mask_storeu_ps(y + (int64_t)j * ldy, keep, _mm512_load_ps(sumf[j]));
+}
+
+K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t n_rows, float *y,
+                    int64_t ldy, int64_t o0, int64_t o1) {
+    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gs = (size_t)P->nb * K16_GBB;
+    const int64_t nb = P->nb;
+    int64_t rb = (int64_t)(K16_ACT_BLOCK_BYTES / arb) / K16_NC * K16_NC;
+    if (rb < K16_NC) rb = K16_NC;
+    const uint8_t *A = act;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += rb) {
+        const int64_t r1 = r0 + rb < n_rows ? r0 + rb : n_rows;
+        for (int64_t g = o0 / K16_ROWS; g * K16_ROWS < o1; g++) {
+            const uint8_t *G = P->k16 + (size_t)g * gs;
+            const int64_t base = g * K16_ROWS;
+            const int lo = (int)((o0 > base ? o0 : base) - base), hi = (int)((o1 < base + K16_ROWS ? o1 : base + K16_ROWS) - base);
+            const __mmask16 keep = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+            int64_t r = r0;
+#define K16_T(NC) k16_tile(q6, NC, G, A + (size_t)r * arb, arb, nb, y + r * ldy + base, ldy, keep)
+            for (; r + K16_NC <= r1; r += K16_NC) K16_T(K16_NC);
+            if (r + 4 <= r1) K16_T(4), r += 4;
+            if (r + 2 <= r1) K16_T(2), r += 2;
+            if (r < r1) K16_T(1), r += 1;
+#undef K16_T
+        }
+    }
+}
+
+K16_TGT void kq_k16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                        int64_t o1) {
+    if (P->kind == KQP_K6) k16_pmm(true, P, act, n_rows, y, ldy, o0, o1);
+    else k16_pmm(false, P, act, n_rows, y, ldy, o0, o1);
+}
+#endif
