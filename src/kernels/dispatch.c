@@ -154,7 +154,7 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         return;
     }
     if (p->k16 && !p->data) { /* K-quants packed 16 rows a group (gemm_k16.c); another ISA: the row-major kernel */
-        if (g_isa == KVT_ISA_AVX512 && g_vnni) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
+        if ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX) kq_k16_pmm(p, act, n_rows, y, ldy, o0, o1);
         else kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }

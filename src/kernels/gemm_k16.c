@@ -2,7 +2,7 @@
  * gemm_k16.c — 16-row interleaved layout and AVX-512 VNNI prefill GEMM for the K-quants (Q4_K,
  * Q5_K: kvt_packed kind KQP_KM; Q6_K: KQP_K6), and the scalar reference of the kernel's arithmetic.
  *
- * Layout (kvt_packed.k16, built at create time when the ISA in use is AVX-512 VNNI without AMX; it
+ * Layout (kvt_packed.k16, built at create time when the ISA in use is AVX-512 VNNI or AMX; it
  * replaces the 4-row `data` for these kinds): outputs in groups of K16_ROWS = 16 (the last padded
  * with zero rows), per group its super-blocks in order, one group-block (K16_GBB bytes) =
  *   float dw[16]; float dm[16] (0 for Q6_K);

@@ -137,8 +137,9 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
         free(P);
         return NULL;
     }
-    /* likewise the K-quants: the 16-row layout of gemm_k16.c */
-    if (kind >= KQP_KM && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
+    /* likewise the K-quants: the 16-row layout of gemm_k16.c, under AMX too (the AMX table keeps the
+     * AVX-512 VNNI kernels for K-quants, and this one gives their bits) */
+    if (kind >= KQP_KM && ((kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) || kvt_kernels_isa() == KVT_ISA_AMX)) {
         if (!(P->k16 = kq_k16_pack(P))) {
             free(P);
             return NULL;
