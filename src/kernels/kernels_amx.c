@@ -185,13 +185,14 @@ KQA_TGT void kq_amx_pmm_small_s(const kvt_packed *P, const void *act, int64_t n_
  * at a time, one float lane each (lane-wise fma = fmaf). */
 #define KQB_TGT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KQB_AI static inline __attribute__((always_inline)) KQB_TGT
-/* the 32 weights of a Q8_0 / Q4_0 / Q5_0 block at p as signed bytes (the values repack.c stores) */
+/* The 32 weights of a block at p: Q8_0 as signed bytes; Q4_0 / Q5_0 as their unsigned codes
+ * (weight + 8 / + 16), which kqb_dot multiplies as u8 and corrects with the activation sum. */
 KQB_AI __m256i kqb_wload(const uint32_t wt, const uint8_t *p) {
     if (wt == KVT_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(p + 2));
     const uint8_t *qs = p + (wt == KVT_TYPE_Q4_0 ? 2 : 6);
     const __m128i q = _mm_loadu_si128((const __m128i *)qs);
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-    if (wt == KVT_TYPE_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    if (wt == KVT_TYPE_Q4_0) return v;
     uint32_t h; /* Q5_0: bit k of qh is the 5th bit of weight k */
     memcpy(&h, p + 2, 4);
     const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)h),
@@ -199,11 +200,20 @@ KQB_AI __m256i kqb_wload(const uint32_t wt, const uint8_t *p) {
                                                                 0x0101010101010101LL, 0));
     const __m256i bitm = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
     const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitm), bitm), _mm256_set1_epi8(0x10));
-    return _mm256_sub_epi8(_mm256_or_si256(v, hi), _mm256_set1_epi8(16));
+    return _mm256_or_si256(v, hi);
 }
-KQB_AI __m256i kqb_dot(const uint32_t wt, const uint8_t *w, __m256i x) {
+/* 8 int32 lanes whose sum is the exact block dot Σ w·x. Q8_0: |w| (u8) · sign(w)·x. Q4_0 / Q5_0: the
+ * unsigned codes c = w + k (k = 8 / 16) times x, started from xk = −k·(per-lane Σx) (kqb_xcorr,
+ * computed once per activation block for all output rows): Σ c·x − kΣx = Σ w·x, exact integers. */
+KQB_AI __m256i kqb_dot(const uint32_t wt, const uint8_t *w, __m256i x, __m256i xk) {
     const __m256i wv = kqb_wload(wt, w);
+    if (wt != KVT_TYPE_Q8_0) return _mm256_dpbusd_epi32(xk, wv, x);
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(x, wv));
+}
+KQB_AI __m256i kqb_xcorr(const uint32_t wt, __m256i x) {
+    if (wt == KVT_TYPE_Q8_0) return _mm256_setzero_si256();
+    const __m256i xs = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), x); /* 4-byte sums */
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(xs, wt == KVT_TYPE_Q4_0 ? 3 : 4));
 }
 KQB_AI float kqb_h2f(const uint8_t *p) {
     uint16_t h;
@@ -230,9 +240,9 @@ KQB_AI void kqb_mm(const uint32_t wt, const void *W, int64_t n_in, const void *a
                     _mm_prefetch((const char *)(w2 + wo + 12 * wrb), _MM_HINT_T0);
                     _mm_prefetch((const char *)(w3 + wo + 12 * wrb), _MM_HINT_T0);
                 }
-                const __m256i x = _mm256_loadu_si256((const __m256i *)(a + off + 2));
-                const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(kqb_dot(wt, w0 + wo, x), kqb_dot(wt, w1 + wo, x)),
-                                                    _mm256_hadd_epi32(kqb_dot(wt, w2 + wo, x), kqb_dot(wt, w3 + wo, x)));
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(a + off + 2)), xk = kqb_xcorr(wt, x);
+                const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(kqb_dot(wt, w0 + wo, x, xk), kqb_dot(wt, w1 + wo, x, xk)),
+                                                    _mm256_hadd_epi32(kqb_dot(wt, w2 + wo, x, xk), kqb_dot(wt, w3 + wo, x, xk)));
                 const __m128i is = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
                 uint16_t h[4];
                 memcpy(&h[0], w0 + wo, 2), memcpy(&h[1], w1 + wo, 2), memcpy(&h[2], w2 + wo, 2), memcpy(&h[3], w3 + wo, 2);
@@ -247,7 +257,8 @@ KQB_AI void kqb_mm(const uint32_t wt, const void *W, int64_t n_in, const void *a
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const size_t off = (size_t)b * sizeof(blk_q8_0), wo = (size_t)b * wbb;
-                const __m256i d = kqb_dot(wt, w + wo, _mm256_loadu_si256((const __m256i *)(a + off + 2)));
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(a + off + 2));
+                const __m256i d = kqb_dot(wt, w + wo, x, kqb_xcorr(wt, x));
                 __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                 s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
