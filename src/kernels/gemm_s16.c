@@ -40,23 +40,6 @@ static uint16_t s16_rd16(const uint8_t *p) {
     return v;
 }
 
-/* The 32 weights of one Q8_0 / Q4_0 / Q5_0 block at p as signed values, and its scale. */
-static float s16_unpack(uint32_t t, const uint8_t *p, int8_t q[32]) {
-    if (t == KVT_TYPE_Q8_0) {
-        memcpy(q, p + 2, 32);
-    } else if (t == KVT_TYPE_Q4_0) {
-        for (int j = 0; j < 16; j++) q[j] = (int8_t)((p[2 + j] & 0xF) - 8), q[j + 16] = (int8_t)((p[2 + j] >> 4) - 8);
-    } else { /* Q5_0 */
-        uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        for (int j = 0; j < 16; j++) {
-            q[j] = (int8_t)(((p[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
-            q[j + 16] = (int8_t)(((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-        }
-    }
-    return kq_h2f(s16_rd16(p));
-}
-
 bool kq_s16_build(kvt_packed *P) {
     const int64_t ng = (P->n_out + KQS_N - 1) / KQS_N;
     uint64_t bytes;
@@ -72,7 +55,8 @@ bool kq_s16_build(kvt_packed *P) {
             uint8_t *dst = L + ((size_t)(o / KQS_N) * (size_t)P->nb + (size_t)b) * KQS_GBB;
             int8_t q[32] = {0};
             float d = 0.0f; /* padding rows: weights 0 (stored as 128), scale 0 */
-            if (o < P->n_out) d = s16_unpack(P->type, W + (size_t)o * wrb + (size_t)b * wbb, q);
+            float m;
+            if (o < P->n_out) kq_unpack_small(P->type, W + (size_t)o * wrb + (size_t)b * wbb, q, &d, &m);
             memcpy(dst + 4 * n, &d, 4);
             for (int k4 = 0; k4 < 8; k4++) { /* 4 weights at a time, +128 (xor of the sign bit) */
                 uint32_t v;

@@ -151,6 +151,9 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define K16_MV 384
 #define K16_Q 896
 #define K16_GBB 4992
+/* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
+ * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
+void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);
 void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2], int16_t mv[16]);
 uint8_t *kq_k16_pack(const kvt_packed *P); /* from P->W; NULL on overflow / OOM */
 size_t kq_k16_bytes(const kvt_packed *P);

@@ -46,7 +46,7 @@ static int pack_kind(uint32_t t) {
 }
 
 /* One small block (32 weights) of type t at p → q[32] (signed or unsigned values), d, m. */
-static void unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m) {
+void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m) {
     *d = kq_h2f(rd16(p));
     *m = 0.0f;
     switch (t) {
@@ -163,7 +163,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
                 const uint8_t *p = w8 + (size_t)row * wrb + (size_t)b * wbb;
                 if (kind <= KQP_SMALL_U) {
                     float d, m;
-                    unpack_small(wtype, p, (int8_t *)(o + (kind == KQP_SMALL_S ? 16 : 32) + 32 * i), &d, &m);
+                    kq_unpack_small(wtype, p, (int8_t *)(o + (kind == KQP_SMALL_S ? 16 : 32) + 32 * i), &d, &m);
                     memcpy(o + 4 * i, &d, 4);
                     if (kind == KQP_SMALL_U) memcpy(o + 16 + 4 * i, &m, 4);
                 } else {
