@@ -34,12 +34,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static uint16_t s16_rd16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 bool kq_s16_build(kvt_packed *P) {
     const int64_t ng = (P->n_out + KQS_N - 1) / KQS_N;
     uint64_t bytes;
@@ -90,7 +84,7 @@ void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, 
                 int32_t isum = 0;
                 for (int k = 0; k < 32; k++)
                     isum += ((int32_t)p[64 + 64 * (k / 4) + 4 * n + (k % 4)] - 128) * (int8_t)pa[2 + k];
-                acc = fmaf((float)isum, dw * kq_h2f(s16_rd16(pa)), acc);
+                acc = fmaf((float)isum, dw * kq_h2f(kq_rd16(pa)), acc);
             }
             y[r * ldy + o] = acc;
         }
@@ -120,7 +114,7 @@ static KQS_TGT void s16_convert(const uint8_t *A, size_t arb, int64_t r0, int64_
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
             const int32_t corr = -128 * _mm_cvtsi128_si32(t);
-            const float dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s16_rd16(pa))));
+            const float dx = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(kq_rd16(pa))));
             memcpy(c, &corr, 4);
             memcpy(c + 4, &dx, 4);
             _mm256_storeu_si256((__m256i *)(c + 8), x);

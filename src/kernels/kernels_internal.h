@@ -50,6 +50,12 @@ _Static_assert(sizeof(blk_q8_K) == 292, "q8_K size");
 /* f16 -> f32 through the table (kvt_f16_table_init must have run: kvt_kernels_init and the public
  * ref entry points ensure it). */
 static inline float kq_h2f(uint16_t h) { return kvt_f16_table[h]; }
+/* 16-bit little-endian field at an unaligned address (block scales) */
+static inline uint16_t kq_rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
 
 /* Unpack the 6-bit scale and min of sub-block j (0..7) from a Q4_K/Q5_K scales[12] array. */
 static inline void kq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {

@@ -24,11 +24,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static uint16_t rd16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 static uint32_t rd32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
@@ -47,7 +42,7 @@ static int pack_kind(uint32_t t) {
 
 /* One small block (32 weights) of type t at p → q[32] (signed or unsigned values), d, m. */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m) {
-    *d = kq_h2f(rd16(p));
+    *d = kq_h2f(kq_rd16(p));
     *m = 0.0f;
     switch (t) {
     case KVT_TYPE_Q8_0: memcpy(q, p + 2, 32); return;
@@ -55,7 +50,7 @@ void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m
         for (int j = 0; j < 16; j++) q[j] = (int8_t)((p[2 + j] & 0xF) - 8), q[j + 16] = (int8_t)((p[2 + j] >> 4) - 8);
         return;
     case KVT_TYPE_Q4_1:
-        *m = kq_h2f(rd16(p + 2));
+        *m = kq_h2f(kq_rd16(p + 2));
         for (int j = 0; j < 16; j++) q[j] = (int8_t)(p[4 + j] & 0xF), q[j + 16] = (int8_t)(p[4 + j] >> 4);
         return;
     case KVT_TYPE_Q5_0: {
@@ -67,7 +62,7 @@ void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m
         return;
     }
     default: { /* Q5_1 */
-        *m = kq_h2f(rd16(p + 2));
+        *m = kq_h2f(kq_rd16(p + 2));
         const uint32_t qh = rd32(p + 4);
         for (int j = 0; j < 16; j++) {
             q[j] = (int8_t)((p[8 + j] & 0xF) | (((qh >> j) & 1) << 4));
@@ -82,7 +77,7 @@ void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m
 void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin, int16_t sc2[8][2],
                  int16_t mv[16]) {
     if (t == KVT_TYPE_Q6_K) {
-        *d = kq_h2f(rd16(p + 208));
+        *d = kq_h2f(kq_rd16(p + 208));
         *dmin = 0.0f;
         for (int g = 0; g < 8; g++) {
             const int h = g / 4, k = g % 4;
@@ -97,8 +92,8 @@ void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin
         for (int k = 0; k < 16; k++) mv[k] = (int8_t)p[192 + k];
         return;
     }
-    *d = kq_h2f(rd16(p));
-    *dmin = kq_h2f(rd16(p + 2));
+    *d = kq_h2f(kq_rd16(p));
+    *dmin = kq_h2f(kq_rd16(p + 2));
     const uint8_t *qs = p + (t == KVT_TYPE_Q4_K ? 16 : 48), *qh = p + 16;
     for (int g = 0; g < 8; g++) {
         uint8_t sc, mn;
@@ -288,7 +283,7 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                     float dw, mw = 0.0f;
                     memcpy(&dw, p + 4 * i, 4);
                     if (!sgn) memcpy(&mw, p + 16 + 4 * i, 4);
-                    const float dx = kq_h2f(rd16(pa)), sx = sgn ? 0.0f : kq_h2f(rd16(pa + 2));
+                    const float dx = kq_h2f(kq_rd16(pa)), sx = sgn ? 0.0f : kq_h2f(kq_rd16(pa + 2));
                     const float s = dw * dx;
                     for (int l = 0; l < 8; l++) {
                         int32_t d = 0;
