@@ -158,6 +158,7 @@ void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il) {
     const int ith = fw->ith, nth = fw->nth;
     const uint32_t n = fw->n, E = hp->n_embd, F = mh->n_ff_exp, NE = mh->n_expert, K = mh->n_expert_used;
     const uint32_t FS = F * mh->n_expert_shared;
+    const kvt_dn_impl dn_impl = kvt_dn_best_impl(); /* once per call, not per expert */
     const bool shared = w->sh_gate.data != NULL;
     uint32_t s0, s1;
     kvt_split_range(n, ith, nth, &s0, &s1);
@@ -174,7 +175,7 @@ void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il) {
         kvt_col_range(FS, ith, nth, &o0, &o1);
         for (uint32_t r = 0; r < n; r++) {
             float *gr = xs->sg + (size_t)r * FS, *ur = xs->su + (size_t)r * FS;
-            kvt_dn_silu_mul(kvt_dn_best_impl(), gr + o0, gr + o0, ur + o0, (uint32_t)(o1 - o0));
+            kvt_dn_silu_mul(dn_impl, gr + o0, gr + o0, ur + o0, (uint32_t)(o1 - o0));
         }
     }
     kvt_threadpool_barrier(tp);
@@ -221,7 +222,7 @@ void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il) {
         kvt_matmul_group(act, gu, gu_out, 2, cnt, ith, nth);
         for (uint32_t r = a; r < a + cnt; r++) {
             float *gr = xs->hg + (size_t)r * F, *ur = xs->hu + (size_t)r * F;
-            kvt_dn_silu_mul(kvt_dn_best_impl(), gr + f0, gr + f0, ur + f0, (uint32_t)(f1 - f0));
+            kvt_dn_silu_mul(dn_impl, gr + f0, gr + f0, ur + f0, (uint32_t)(f1 - f0));
         }
     }
     if (shared) kvt_matmul_group(fw->act, shd, shd_out, 1, n, ith, nth);
