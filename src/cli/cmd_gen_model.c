@@ -7,7 +7,7 @@
 #include "cmds.h"
 
 static void usage(void) {
-    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--layers N] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] [--k-outliers F] -o OUT.gguf\n"
+    printf("usage: kvtier gen-model [--arch ARCH] [--shape SHAPE] [--type TYPE] [--layers N] [--vocab FILE.gguf | --byte-vocab] [--seed N] [--peaked] [--k-outliers F] [--f16-full] -o OUT.gguf\n"
            "\n"
            "Writes a GGUF model with deterministic random weights (same arguments give the same bytes).\n"
            "  --arch   llama | qwen2 | qwen3 | gemma3 | qwen35 | qwen3moe | deepseek2\n"
@@ -31,6 +31,9 @@ static void usage(void) {
            "  --k-outliers F  key outlier channels, as trained models have: the K projection rows of each KV\n"
            "           head's lowest-frequency RoPE pair x F (2..64); values unchanged. For KV-codec quality\n"
            "           figures on outlier-heavy keys (the case rotation-based codecs such as turbo are for)\n"
+           "  --f16-full  F16 tensors at full f16 precision. Default: the values of a bf16 checkpoint (each\n"
+           "           exactly a bf16), as an F16 file converted from a bf16 Hugging Face model holds; the\n"
+           "           bf16 kernel (AVX-512 BF16) takes only such matrices, others keep the f32 path\n"
            "  -o, --output  output path (written atomically)\n");
 }
 
@@ -55,6 +58,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--seed")) o.seed = (uint64_t)kvt_args_i64(&a, 0, INT64_MAX);
         else if (kvt_args_flag(&a, NULL, "--peaked")) o.peaked = true;
         else if (kvt_args_is(&a, NULL, "--k-outliers")) o.k_outliers = (uint32_t)kvt_args_i64(&a, 2, 64);
+        else if (kvt_args_flag(&a, NULL, "--f16-full")) o.f16_full = true;
         else if (kvt_args_is(&a, "-o", "--output")) out = kvt_args_str(&a);
         else kvt_args_unknown(&a);
     }

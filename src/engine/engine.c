@@ -355,16 +355,16 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->ssd_dir) {
         char th[32], num[96];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
-        snprintf(num, sizeof num, "%s%s", kvt_kernels_numerics_id(), mla_tag);
+        snprintf(num, sizeof num, "%s%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(e->model), mla_tag);
         st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, num, e->compat,
                                 sizeof e->compat, err, errlen);
         if (st) goto fail;
     } else {
         struct stat sb;
         if (stat(o->model_path, &sb) != 0) memset(&sb, 0, sizeof sb);
-        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s%s", o->model_path,
+        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s%s%s", o->model_path,
                  (long long)sb.st_size, (long long)sb.st_mtime, e->scheme, (unsigned long long)kvt_tokenizer_hash(e->tok),
-                 KVT_ENGINE_NUMERICS_TAG, mla_tag);
+                 KVT_ENGINE_NUMERICS_TAG, kvt_model_numerics_tag(e->model), mla_tag);
     }
 
     /* pool budget: one full context for each live row (--parallel) + the prompt cache cap */

@@ -15,6 +15,8 @@ static kq_table g_tab;          /* active table */
 static kvt_isa g_isa = KVT_ISA_SCALAR;
 static kvt_isa g_best = KVT_ISA_SCALAR;
 static bool g_vnni = false; /* AVX-512 VNNI present (selects the VNNI AVX-512 table) */
+static bool g_bf16 = false; /* AVX-512 BF16 present (the KVT_TYPE_BF16X kernel, gemm_bf16.c) */
+static bool g_bf16x_off = false; /* KVT_BF16X=0: loaders keep F16/BF16 matrices on the f32 path */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
@@ -27,12 +29,14 @@ static void detect(void) {
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl");
     g_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+    g_bf16 = g_vnni && __builtin_cpu_supports("avx512bf16");
     g_best = avx512 ? KVT_ISA_AVX512 : avx2 ? KVT_ISA_AVX2 : KVT_ISA_SCALAR;
     /* AMX only beside AVX-512 VNNI (its table is the VNNI one) and once the OS granted the tiles */
     if (g_vnni && kq_amx_request()) g_best = KVT_ISA_AMX;
 #else
     g_best = KVT_ISA_SCALAR;
     (void)g_vnni;
+    (void)g_bf16;
 #endif
 }
 
@@ -47,6 +51,10 @@ static void fill(kvt_isa isa) {
         g_tab.matmul[KVT_TYPE_Q8_0] = kq_amx_mm_q8_0;
         g_tab.matmul[KVT_TYPE_Q4_0] = kq_amx_mm_q4_0;
         g_tab.matmul[KVT_TYPE_Q5_0] = kq_amx_mm_q5_0;
+        if (g_bf16) {
+            g_tab.matmul[KVT_TYPE_BF16X] = kq_bf16x_mm;
+            g_tab.act_quant[KVT_TYPE_BF16] = kq_bf16_act_avx512;
+        }
     }
 #endif
     g_isa = isa;
@@ -55,6 +63,8 @@ static void fill(kvt_isa isa) {
 static void init_once(void) {
     kvt_f16_table_init();
     detect();
+    const char *bx = getenv("KVT_BF16X");
+    g_bf16x_off = bx && !strcmp(bx, "0");
     kvt_isa isa = g_best;
     const char *e = getenv("KVT_ISA");
     if (e && *e) {
@@ -75,6 +85,11 @@ void kvt_kernels_init(void) { pthread_once(&g_once, init_once); }
 bool kq_has_vnni(void) {
     kvt_kernels_init();
     return g_vnni;
+}
+
+bool kvt_bf16x_enabled(void) {
+    kvt_kernels_init();
+    return !g_bf16x_off && g_tab.matmul[KVT_TYPE_BF16X] != NULL;
 }
 
 kvt_isa kvt_kernels_best_isa(void) {

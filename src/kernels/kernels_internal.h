@@ -166,6 +166,19 @@ size_t kq_k16_bytes(const kvt_packed *P);
 void kq_k16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 void kq_k16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 
+/* bf16 pair-dot weights (gemm_bf16.c): groups of KBX_N outputs, per weight pair 16 dwords. */
+#define KBX_N 16
+void kq_bf16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                  int64_t o1);
+/* One reference step: s + w2.hi·x2.hi, then + w2.lo·x2.lo (each an fma, DAZ inputs, FTZ result). */
+float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2);
+#if KVT_X86
+void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                 int64_t o1);
+void kq_bf16_act_avx512(const float *x, void *dst, int64_t n);
+void kq_bf16x_dp_hw(float acc[16], const uint32_t w2[16], const uint32_t x2[16]);
+#endif
+
 /* Filled by the SIMD files (x86 only). */
 void kq_fill_avx2(kq_table *t);
 void kq_fill_avx512(kq_table *t, bool vnni);

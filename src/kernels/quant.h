@@ -30,12 +30,15 @@ typedef enum kvt_type {
     KVT_TYPE_Q5_1 = 7, KVT_TYPE_Q8_0 = 8, KVT_TYPE_Q8_1 = 9, KVT_TYPE_Q2_K = 10, KVT_TYPE_Q3_K = 11,
     KVT_TYPE_Q4_K = 12, KVT_TYPE_Q5_K = 13, KVT_TYPE_Q6_K = 14, KVT_TYPE_Q8_K = 15,
     KVT_TYPE_BF16 = 30,
-    KVT_TYPE_COUNT = 40,
+    /* Not a GGUF type: F16/BF16 weights packed at load for the bf16 pair dot (kvt_bf16x_pack). */
+    KVT_TYPE_BF16X = 40,
+    KVT_TYPE_COUNT = 41,
 } kvt_type;
 
 /* true for the weight types we load: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K */
 bool kvt_type_supported(uint32_t t);
-/* true for any id ggml defines (for "unsupported type X" vs "invalid type id X" messages) */
+/* true for any id ggml defines (for "unsupported type X" vs "invalid type id X" messages); false
+ * for the internal KVT_TYPE_BF16X */
 bool kvt_type_known(uint32_t t);
 const char *kvt_type_name(uint32_t t);          /* "q4_K", "f16"; "?" if unknown */
 int kvt_type_from_name(const char *name);       /* -1 if unknown */
@@ -109,6 +112,24 @@ void kvt_matmul_packed_amx_ref(const kvt_packed *p, const void *act, int64_t n_r
 /* Whether p carries the AMX layout (used by kvt_matmul_packed when the ISA is KVT_ISA_AMX). */
 bool kvt_packed_has_amx(const kvt_packed *p);
 
+/* ---- bf16 pair-dot weights (KVT_TYPE_BF16X, gemm_bf16.c) ----
+ * Where the CPU has AVX-512 BF16 (vdpbf16ps: 32 multiply-adds an instruction, twice an f32 FMA),
+ * the model loader packs F16 and BF16 matrices into KVT_TYPE_BF16X: groups of 16 outputs, each
+ * weight pair of the 16 in one 64-byte vector. Weights are never rounded: an F16 matrix is packed
+ * only when every value is exactly a bf16 (F16 files converted from bf16 checkpoints are); the
+ * activations are rounded to bf16 (kvt_vec_dot_type(BF16X) = BF16), and each output is one
+ * sequential vdpbf16ps chain over the pairs (exact model in gemm_bf16.c), so decode == prefill bit
+ * for bit. The packed buffer is the matrix's only storage for kvt_matmul_rows(BF16X, buf, ...):
+ * kvt_type_row_bytes(BF16X, n) = 2n, but rows are interleaved, so only whole matrices (allocated
+ * by kvt_bf16x_pack) are valid W, and o0/o1 may be any range. Without the instruction (another
+ * ISA forced after loading) the scalar reference computes the same bits, slowly. */
+/* Whether loaders should pack: the ISA in use has the bf16 kernel and KVT_BF16X is not "0". */
+bool kvt_bf16x_enabled(void);
+/* Pack W (n_out rows of n_in F16 or BF16 values). NULL when not applicable (other type, odd n_in,
+ * an F16 value that is not a bf16) or out of memory. Returns a 64-byte aligned buffer of *bytes,
+ * owned by the caller (free()). Does not consult kvt_bf16x_enabled. */
+uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes);
+
 /* ---- dispatch ---- */
 /* KVT_ISA_AMX = the AVX-512 VNNI kernels plus the AMX int8 prefill GEMM (CPUID AMX-TILE/INT8 and
  * the Linux arch_prctl XTILEDATA permission; KVT_AMX_DENY=1 simulates a refusal). */
@@ -122,7 +143,8 @@ bool kvt_kernels_force_isa(kvt_isa isa);
 const char *kvt_isa_name(kvt_isa isa);
 /* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
  * variant that changes results ("scalar", "avx2", "int8-block" = AVX-512 VNNI or AMX). Paths are not
- * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. */
+ * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. A model with
+ * KVT_TYPE_BF16X matrices adds its own tag (kvt_model_numerics_tag). */
 const char *kvt_kernels_numerics_id(void);
 
 /* Small f32 helpers used by the forward pass (dispatched). */

@@ -40,9 +40,12 @@ static const type_info g_types[KVT_TYPE_COUNT] = {
     [26] = {"i32", 1, 4},        [27] = {"i64", 1, 8},        [28] = {"f64", 1, 8},
     [29] = {"iq1_m", 256, 56},   [30] = {"bf16", 1, 2},       [34] = {"tq1_0", 256, 54},
     [35] = {"tq2_0", 256, 66},
+    [KVT_TYPE_BF16X] = {"bf16x", 2, 4}, /* internal: a pair is the unit (gemm_bf16.c) */
 };
 
-bool kvt_type_known(uint32_t t) { return t < KVT_TYPE_COUNT && g_types[t].name != NULL; }
+/* has a table entry (ggml's ids and the internal BF16X) */
+static bool type_has_info(uint32_t t) { return t < KVT_TYPE_COUNT && g_types[t].name != NULL; }
+bool kvt_type_known(uint32_t t) { return type_has_info(t) && t != KVT_TYPE_BF16X; }
 
 bool kvt_type_supported(uint32_t t) {
     switch (t) {
@@ -55,12 +58,12 @@ bool kvt_type_supported(uint32_t t) {
     }
 }
 
-const char *kvt_type_name(uint32_t t) { return kvt_type_known(t) ? g_types[t].name : "?"; }
+const char *kvt_type_name(uint32_t t) { return type_has_info(t) ? g_types[t].name : "?"; }
 
 int kvt_type_from_name(const char *name) {
     if (!name) return -1;
     for (uint32_t t = 0; t < KVT_TYPE_COUNT; t++) {
-        if (!g_types[t].name) continue;
+        if (!kvt_type_known(t)) continue;
         /* K-quant names are matched case-insensitively on the suffix ("q4_k" == "q4_K") */
         const char *a = g_types[t].name, *b = name;
         while (*a && *b) {
@@ -75,11 +78,11 @@ int kvt_type_from_name(const char *name) {
     return -1;
 }
 
-uint32_t kvt_type_block_elems(uint32_t t) { return kvt_type_known(t) ? g_types[t].blck : 0; }
-uint32_t kvt_type_block_bytes(uint32_t t) { return kvt_type_known(t) ? g_types[t].bytes : 0; }
+uint32_t kvt_type_block_elems(uint32_t t) { return type_has_info(t) ? g_types[t].blck : 0; }
+uint32_t kvt_type_block_bytes(uint32_t t) { return type_has_info(t) ? g_types[t].bytes : 0; }
 
 uint64_t kvt_type_row_bytes(uint32_t t, uint64_t n) {
-    if (!kvt_type_known(t)) return 0;
+    if (!type_has_info(t)) return 0;
     uint64_t b = g_types[t].blck;
     if (n % b) return 0;
     uint64_t out;
@@ -515,6 +518,7 @@ uint32_t kvt_vec_dot_type(uint32_t wtype) {
     case KVT_TYPE_Q4_0: case KVT_TYPE_Q5_0: case KVT_TYPE_Q8_0: return KVT_TYPE_Q8_0;
     case KVT_TYPE_Q4_1: case KVT_TYPE_Q5_1: return KVT_TYPE_Q8_1;
     case KVT_TYPE_Q4_K: case KVT_TYPE_Q5_K: case KVT_TYPE_Q6_K: return KVT_TYPE_Q8_K;
+    case KVT_TYPE_BF16X: return KVT_TYPE_BF16; /* activations rounded to bf16 (gemm_bf16.c) */
     default: return KVT_TYPE_F32; /* F32, F16 (activations stay f32), BF16 */
     }
 }
@@ -684,6 +688,10 @@ static float vdot_ref(uint32_t t, const void *w, const void *a, int64_t n) {
 void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows,
                          float *y, int64_t ldy, int64_t o0, int64_t o1) {
     kvt_f16_table_init();
+    if (wtype == KVT_TYPE_BF16X) { /* interleaved rows: not a per-row dot */
+        kq_bf16x_ref(W, n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
     const size_t wrb = (size_t)kvt_type_row_bytes(wtype, (uint64_t)n_in);
     const size_t arb = (size_t)kvt_type_row_bytes(kvt_vec_dot_type(wtype), (uint64_t)n_in);
     if (wrb == 0 || arb == 0) return;

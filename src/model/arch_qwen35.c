@@ -82,7 +82,7 @@ void kvt_q35_free(kvt_q35 *q) {
     for (uint32_t il = 0; q->layers && q->m && il < kvt_model_hparams(q->m)->n_layer; il++) {
         kvt_wmat *ws[12];
         const int nw = layer_mats(&q->layers[il], ws);
-        for (int i = 0; i < nw; i++) kvt_packed_free(ws[i]->packed);
+        for (int i = 0; i < nw; i++) kvt_wmat_release(ws[i]);
     }
     free(q->layers);
     free(q->conv_store);
@@ -218,12 +218,12 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
 #undef NM
 #undef MAT
 #undef VEC
-        /* Load-time repack for prefill GEMM, as model.c does for the dense layers: kvt_matmul_packed
-         * is bit-identical to kvt_matmul_rows (kernels/quant.h), so decode (row-major GEMV) and
-         * prefill still agree. Best effort: NULL keeps the row-major kernel. */
+        /* Load-time preparation for the GEMMs, as model.c does for the dense layers (repacked copy
+         * bit-identical to the row-major kernel, or an F16/BF16 matrix as KVT_TYPE_BF16X): decode
+         * and prefill still agree. Best effort. */
         kvt_wmat *pw[12];
         const int npw = layer_mats(w, pw);
-        for (int i = 0; i < npw; i++) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
+        for (int i = 0; i < npw; i++) kvt_wmat_prepare(m, pw[i]);
     }
     (void)HK;
     *out = q;

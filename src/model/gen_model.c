@@ -159,6 +159,7 @@ typedef struct gen_ctx {
     float k_out;       /* --k-outliers factor (1 = off) */
     uint32_t head_dim; /* of the K heads (rows of attn_k.weight are [kv_head][head_dim]) */
     bool neox;         /* RoPE pairs (i, i + n_rot/2) instead of (2i, 2i + 1) */
+    bool f16_full;     /* --f16-full: F16 values not first rounded to bf16 */
 } gen_ctx;
 
 /* --k-outliers: trained models' keys carry a few channels of much larger magnitude than the rest,
@@ -250,8 +251,10 @@ static kvt_status fill_tensor(void *vctx, const char *name, uint32_t type, uint3
         if (type == KVT_TYPE_F32) {
             memcpy(out, row, (size_t)n0 * 4);
         } else if (type == KVT_TYPE_F16) {
+            /* by default the bf16 checkpoint's values: real F16 files are mostly converted from bf16
+             * models, and every such value is exactly a bf16 (the bf16 kernel packs those losslessly) */
             for (int64_t i = 0; i < n0; i++) {
-                uint16_t h = kvt_f32_to_f16(row[i]);
+                uint16_t h = kvt_f32_to_f16(c->f16_full ? row[i] : kvt_bf16_to_f32(kvt_f32_to_bf16(row[i])));
                 memcpy(out + 2 * i, &h, 2);
             }
         } else if (type == KVT_TYPE_BF16) {
@@ -464,8 +467,8 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     kvt_gguf_w_str(w, "general.architecture", an, strlen(an));
     char kout[32] = "";
     if (o->k_outliers > 1) snprintf(kout, sizeof kout, " k-outliers %u", o->k_outliers);
-    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu%s%s", an, shape_name, type_name,
-             (unsigned long long)o->seed, o->peaked ? " peaked" : "", kout);
+    snprintf(name, sizeof name, "kvtier random %s %s %s seed %llu%s%s%s", an, shape_name, type_name,
+             (unsigned long long)o->seed, o->peaked ? " peaked" : "", kout, o->f16_full ? " f16-full" : "");
     kvt_gguf_w_str(w, "general.name", name, strlen(name));
     kvt_gguf_w_u32(w, "general.alignment", 32);
     kvt_gguf_w_u32(w, "general.file_type", ftype);
@@ -534,7 +537,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
     kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
 
     gen_ctx gc = {o->seed, s.rope_base, q35.n_rot, o->peaked, o->k_outliers > 1 ? (float)o->k_outliers : 1.0f,
-                  s.head_dim, arch != A_LLAMA};
+                  s.head_dim, arch != A_LLAMA, o->f16_full};
     kvt_status st = KVT_OK;
     const uint32_t qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
 #define T1(nm, n0) do { int64_t ne_[1] = {(n0)}; \

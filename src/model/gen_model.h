@@ -30,6 +30,9 @@ typedef struct kvt_gen_model_opts {
     uint32_t k_outliers;    /* 0 = off; else 2..64: the K projection rows of each KV head's
                              * lowest-frequency RoPE pair are scaled by this factor, giving the key
                              * outlier channels trained models have (gen_model.c; not for deepseek2) */
+    bool f16_full;          /* F16 tensors at full f16 precision; default: values of a bf16 checkpoint
+                             * (every F16 value exactly a bf16), as an F16 GGUF converted from a bf16
+                             * Hugging Face model holds */
 } kvt_gen_model_opts;
 
 /* Generates the model into out_path (atomic: tmp + rename). One-line error in err on failure. */

@@ -45,6 +45,7 @@ struct kvt_model {
     kvt_moe_w *moe;       /* [n_layer] or NULL; used by the layers kvt_moe_layer() names */
     uint64_t weight_bytes;
     kvt_q35 *q35;         /* qwen35 only: its own layer tables and forward pass (arch_qwen35.c) */
+    uint32_t n_bf16x;     /* matrices packed as KVT_TYPE_BF16X (kvt_wmat_prepare) */
 };
 
 const char *kvt_arch_name(kvt_arch a) {
@@ -422,13 +423,12 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
          * (kernels/quant.h). Best effort: without memory for the copy the row-major kernels are
          * used, with the same results. */
         kvt_wmat *pw[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
-        for (int i = 0; i < 7; i++)
-            if (pw[i]->data) pw[i]->packed = kvt_packed_create(pw[i]->type, pw[i]->data, pw[i]->n_in, pw[i]->n_out);
+        for (int i = 0; i < 7; i++) kvt_wmat_prepare(m, pw[i]);
     }
     /* The output matrix too: a batched decode step multiplies it with one row per sequence
      * (docs/batching.md). m->output may be a struct copy of tok_embd (tied); only output owns
      * this packed copy (embedding lookups read the original rows). */
-    m->output.packed = kvt_packed_create(m->output.type, m->output.data, m->output.n_in, m->output.n_out);
+    kvt_wmat_prepare(m, &m->output);
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
     return KVT_OK;
@@ -438,14 +438,40 @@ fail:
     return st;
 }
 
+void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w) {
+    if (!w->data) return;
+    if (kvt_bf16x_enabled()) {
+        size_t bytes;
+        uint8_t *b = kvt_bf16x_pack(w->type, w->data, w->n_in, w->n_out, &bytes);
+        if (b) {
+            w->own = b;
+            w->data = b;
+            w->type = KVT_TYPE_BF16X;
+            w->row_bytes = kvt_type_row_bytes(KVT_TYPE_BF16X, w->n_in);
+            m->n_bf16x++;
+            return;
+        }
+    }
+    w->packed = kvt_packed_create(w->type, w->data, w->n_in, w->n_out);
+}
+
+void kvt_wmat_release(kvt_wmat *w) {
+    kvt_packed_free(w->packed);
+    w->packed = NULL;
+    free(w->own);
+    w->own = NULL;
+}
+
+const char *kvt_model_numerics_tag(const kvt_model *m) { return m && m->n_bf16x ? "+bf16x" : ""; }
+
 void kvt_model_free(kvt_model *m) {
     if (!m) return;
     for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
         kvt_wmat *ws[7] = {&m->layers[il].wq, &m->layers[il].wk, &m->layers[il].wv, &m->layers[il].wo,
                            &m->layers[il].gate, &m->layers[il].up, &m->layers[il].down};
-        for (int i = 0; i < 7; i++) kvt_packed_free(ws[i]->packed);
+        for (int i = 0; i < 7; i++) kvt_wmat_release(ws[i]);
     }
-    kvt_packed_free(m->output.packed);
+    kvt_wmat_release(&m->output);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         if (m->mla) kvt_mla_free(&m->mla[il]);
         if (m->moe) kvt_moe_free(&m->moe[il]);

@@ -109,6 +109,10 @@ bool kvt_mla_prefill_expands(const kvt_hparams *hp, kvt_mla_prefill mode, uint32
  * and for models without MLA (existing keys unchanged), "+mla-expanded" / "+mla-auto" otherwise,
  * so caches never mix KV computed under different modes. */
 const char *kvt_mla_prefill_numerics_tag(const kvt_hparams *hp, kvt_mla_prefill mode);
+/* "+bf16x" when the model multiplies some F16/BF16 matrices with the bf16 pair dot (bf16-rounded
+ * activations, kernels/quant.h: KVT_TYPE_BF16X), else "": part of the cache compatibility key,
+ * since the same file gives other numbers where that kernel is absent or KVT_BF16X=0. Static. */
+const char *kvt_model_numerics_tag(const kvt_model *m);
 
 typedef struct kvt_ctx kvt_ctx;
 /* n_threads: 0 = cores. ubatch: max tokens per forward chunk. */

@@ -1,0 +1,251 @@
+/*
+ * gemm_bf16.c — bf16 pair-dot weights (KVT_TYPE_BF16X): the load-time pack of F16/BF16 matrices,
+ * the scalar reference of their arithmetic, the f32 → bf16 activation conversion and the AVX-512
+ * BF16 (vdpbf16ps) GEMM/GEMV.
+ *
+ * Why: an f32 FMA does 16 multiply-adds per instruction; vdpbf16ps does 32 (two bf16 products per
+ * f32 lane). The f32 GEMM of F16/BF16 weights already runs near the FMA peak, so only the bf16 dot
+ * can make their prefill faster. Its price is that the activations are rounded to bf16 (8
+ * significant bits), as llama.cpp does for BF16 weights; the weights are never rounded: an F16
+ * matrix is packed only if every value is exactly a bf16 (true of F16 files converted from bf16
+ * checkpoints, which is how current models are published), otherwise it keeps the f32 path.
+ *
+ * Layout (the BF16X "row-major" storage; n_in even): outputs in groups of KBX_N = 16, the last
+ * group padded with zero rows; group g holds, for each pair p = 0 .. n_in/2 - 1, 16 dwords:
+ *   dword l = bf16 w[16g + l][2p] | bf16 w[16g + l][2p + 1] << 16
+ * so one 64-byte load gives the next weight pair of 16 outputs (group stride n_in/2 · 64 bytes).
+ * Activation rows are plain bf16 rows (kvt_vec_dot_type(BF16X) = BF16, kvt_f32_to_bf16 rounding).
+ *
+ * Arithmetic (per output element; the definition every path computes, bit for bit): with
+ * daz(v) = v if v is normal or zero, else a zero of v's sign, and ftz() the same on results
+ * (the accumulator then never holds a denormal),
+ *   s = +0; for p ascending: s = ftz(fma(daz(w[2p+1]), daz(x[2p+1]), s));
+ *                            s = ftz(fma(daz(w[2p]),   daz(x[2p]),   s))
+ * This model is exact except where a sum comes within rounding of the underflow threshold 2^-126
+ * (≈ 1.2e-38) or a product underflows f32 altogether: there the instruction's flush-to-zero (which
+ * tests tininess before rounding, and drops products below about 2^-150) can give a zero where the
+ * model gives ±2^-126, or the other zero sign. Dots of activations and weights never get there;
+ * test_bf16x checks the model against the instruction everywhere else, DAZ inputs included.
+ * which is what vdpbf16ps does per f32 lane (Intel SDM: odd product first, then even, each added
+ * with round-to-nearest-even; denormal inputs read as zero, denormal results flushed; the product
+ * of two bf16 is exact in f32, so each add is an fma). test_kernels checks the instruction against
+ * this model on random and near-underflow operands. Each output is one sequential chain over the
+ * pairs, so results do not depend on n_rows, [o0, o1), tile shapes or the thread count: decode
+ * (n_rows = 1) equals the prefill GEMM bit for bit (batch invariance).
+ *
+ * Ownership: kvt_bf16x_pack returns a malloc'd buffer the caller owns (free()); the kernels are
+ * stateless and read caller-owned buffers.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+static inline uint32_t f_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
+    if (bytes_out) *bytes_out = 0;
+    if (!W || (wtype != KVT_TYPE_F16 && wtype != KVT_TYPE_BF16) || n_in < 2 || n_in % 2 || n_out < 1) return NULL;
+    kvt_f16_table_init();
+    const uint16_t *h = W;
+    uint64_t n_all;
+    if (!kvt_mul_ok((uint64_t)n_in, (uint64_t)n_out, &n_all)) return NULL;
+    if (wtype == KVT_TYPE_F16) /* lossless only: every value must be a bf16 (low 16 bits of its f32 zero) */
+        for (uint64_t i = 0; i < n_all; i++)
+            if (f_bits(kq_h2f(h[i])) & 0xFFFFu) return NULL;
+    const int64_t ng = (n_out + KBX_N - 1) / KBX_N, np = n_in / 2;
+    uint64_t bytes;
+    if (!kvt_mul_ok((uint64_t)ng * KBX_N, (uint64_t)np * 4, &bytes) || bytes > SIZE_MAX / 2) return NULL;
+    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes); /* zeroed: padding rows are +0 */
+    if (!L) return NULL;
+    for (int64_t o = 0; o < n_out; o++) {
+        const uint16_t *row = h + (size_t)o * (size_t)n_in;
+        uint8_t *dst = L + (size_t)(o / KBX_N) * (size_t)np * 64 + 4 * (size_t)(o % KBX_N);
+        for (int64_t p = 0; p < np; p++) {
+            uint16_t lo = row[2 * p], hi = row[2 * p + 1];
+            if (wtype == KVT_TYPE_F16) {
+                lo = (uint16_t)(f_bits(kq_h2f(lo)) >> 16);
+                hi = (uint16_t)(f_bits(kq_h2f(hi)) >> 16);
+            }
+            const uint32_t v = (uint32_t)lo | (uint32_t)hi << 16;
+            memcpy(dst + (size_t)p * 64, &v, 4);
+        }
+    }
+    if (bytes_out) *bytes_out = (size_t)bytes;
+    return L;
+}
+
+/* ---- the reference arithmetic ---- */
+
+static inline float bx_daz(uint16_t b) {
+    if ((b & 0x7F80u) == 0) b &= 0x8000u; /* zero or denormal: a zero of its sign */
+    return kvt_bf16_to_f32(b);
+}
+static inline float bx_ftz(float f) {
+    uint32_t u = f_bits(f);
+    if ((u & 0x7F800000u) == 0) u &= 0x80000000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2) {
+    s = bx_ftz(s); /* a denormal accumulator reads as zero too (never one in the kernels: they FTZ) */
+    s = bx_ftz(fmaf(bx_daz((uint16_t)(w2 >> 16)), bx_daz((uint16_t)(x2 >> 16)), s));
+    return bx_ftz(fmaf(bx_daz((uint16_t)w2), bx_daz((uint16_t)x2), s));
+}
+
+void kq_bf16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                  int64_t o1) {
+    if (n_in < 2 || n_in % 2) return;
+    const int64_t np = n_in / 2;
+    const uint8_t *L = W;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wb = L + (size_t)(o / KBX_N) * (size_t)np * 64 + 4 * (size_t)(o % KBX_N);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const uint8_t *xr = (const uint8_t *)act + (size_t)r * (size_t)n_in * 2;
+            float s = 0.0f;
+            for (int64_t p = 0; p < np; p++) {
+                uint32_t w2, x2;
+                memcpy(&w2, wb + (size_t)p * 64, 4);
+                memcpy(&x2, xr + (size_t)p * 4, 4);
+                s = kq_bf16x_step_ref(s, w2, x2);
+            }
+            y[r * ldy + o] = s;
+        }
+    }
+}
+
+#if KVT_X86
+#include <immintrin.h>
+
+#define KBX_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define KBX_AI static inline __attribute__((always_inline)) KBX_TGT
+
+/* f32 → bf16 with kvt_f32_to_bf16's rounding (round to nearest even; NaN → quiet NaN), 16 at a
+ * time in integer arithmetic, so the bytes equal kvt_quantize_ref(BF16) for every input. */
+KBX_TGT void kq_bf16_act_avx512(const float *x, void *dst, int64_t n) {
+    uint16_t *o = dst;
+    int64_t i = 0;
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), q = _mm512_set1_epi32(64);
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), q);
+        _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) o[i] = kvt_f32_to_bf16(x[i]);
+}
+
+/* One tile: NG groups of 16 outputs × NR activation rows over all pairs. acc[g][r] lane l is output
+ * 16·(g0+g)+l of row r: a single vdpbf16ps chain over the pairs (the reference order). */
+KBX_AI void bx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gstride, const uint8_t *X, size_t xrb,
+                    int64_t np, float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
+    __m512 acc[4][12];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 12
+        for (int r = 0; r < NR; r++) acc[g][r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        __m512bh w[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++)
+            w[g] = (__m512bh)_mm512_load_si512((const void *)(Wg + (size_t)g * gstride + (size_t)p * 64));
+#pragma GCC unroll 12
+        for (int r = 0; r < NR; r++) {
+            int32_t x2;
+            memcpy(&x2, X + (size_t)r * xrb + (size_t)p * 4, 4);
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32(x2);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], w[g], xb);
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const int64_t ob = obase + 16 * g; /* lanes outside [o0, o1) are not stored */
+        const int64_t lo = o0 > ob ? o0 - ob : 0, hi = o1 < ob + 16 ? o1 - ob : 16;
+        const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + ob, m, acc[g][r]);
+    }
+}
+
+/* NR rows of groups [ga, gb): GEMV-like shapes (few rows) take 4 groups at once for independent
+ * chains; the GEMM takes 2 groups × 12 rows (24 accumulators). */
+#define KBX_ROWS_CASES(NG)                                                                                      \
+    switch (nr) {                                                                                               \
+    case 1: bx_tile(NG, 1, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 2: bx_tile(NG, 2, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 3: bx_tile(NG, 3, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 4: bx_tile(NG, 4, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 5: bx_tile(NG, 5, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 6: bx_tile(NG, 6, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 7: bx_tile(NG, 7, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 8: bx_tile(NG, 8, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 9: bx_tile(NG, 9, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                      \
+    case 10: bx_tile(NG, 10, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                    \
+    case 11: bx_tile(NG, 11, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                    \
+    default: bx_tile(NG, 12, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;                                    \
+    }
+
+static KBX_TGT void bx_tile_ng(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb, int64_t np,
+                               float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    if (ng == 4) {
+        switch (nr) { /* only few-row tiles use 4 groups */
+        case 1: bx_tile(4, 1, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;
+        case 2: bx_tile(4, 2, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;
+        default: bx_tile(4, 3, Wg, gs, X, xrb, np, y, ldy, ob, o0, o1); break;
+        }
+    } else if (ng == 2) {
+        KBX_ROWS_CASES(2)
+    } else {
+        KBX_ROWS_CASES(1)
+    }
+}
+
+/* Rows are taken in blocks of KBX_RB (their bf16 activations stay in L2 while every group of this
+ * call's output range passes over them); within a block, tiles of 12 rows. */
+#define KBX_RB 60
+
+KBX_TGT void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                         int64_t o0, int64_t o1) {
+    if (n_in < 2 || n_in % 2) return;
+    const int64_t np = n_in / 2;
+    const size_t gs = (size_t)np * 64, xrb = (size_t)n_in * 2;
+    const int64_t g0 = o0 / KBX_N, g1 = (o1 + KBX_N - 1) / KBX_N;
+    const uint8_t *A = act;
+    for (int64_t rb = 0; rb < n_rows; rb += KBX_RB) {
+        const int64_t re = rb + KBX_RB < n_rows ? rb + KBX_RB : n_rows;
+        const int gstep = re - rb <= 3 ? 4 : 2;
+        for (int64_t g = g0; g < g1; g += gstep) {
+            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
+            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
+            for (int64_t r = rb; r < re; r += 12) {
+                const int nr = (int)(re - r < 12 ? re - r : 12);
+                int done = 0;
+                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
+                    const int take = ng - done >= 4 && nr <= 3 ? 4 : ng - done >= 2 ? 2 : 1;
+                    bx_tile_ng(take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * xrb, xrb, np, y + r * ldy, ldy,
+                               (g + done) * KBX_N, o0, o1);
+                    done += take;
+                }
+            }
+        }
+    }
+}
+
+/* The instruction itself on one vector, for the test that checks the reference model against it. */
+KBX_TGT void kq_bf16x_dp_hw(float acc[16], const uint32_t w2[16], const uint32_t x2[16]) {
+    __m512 a = _mm512_loadu_ps(acc);
+    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(w2), (__m512bh)_mm512_loadu_si512(x2));
+    _mm512_storeu_ps(acc, a);
+}
+#endif
