@@ -39,7 +39,10 @@
 #include "kernels_internal.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -51,33 +54,109 @@ static inline uint32_t f_bits(float f) {
     return u;
 }
 
+/* Pack groups [g0, g1): per group, each row's bf16 values go to a row-major scratch (F16: the
+ * lossless check on the way), then pair p of the 16 rows becomes one 64-byte line. false when an
+ * F16 value is not a bf16 (or another part already found one). */
+typedef struct bx_pack_job {
+    uint32_t wtype;
+    const uint16_t *W;
+    int64_t n_in, n_out, g0, g1;
+    uint8_t *L;
+    _Atomic bool *bad;
+} bx_pack_job;
+
+#if KVT_X86
+static bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n);
+static void bx_interleave_avx512(const uint32_t *rows, int64_t np, uint32_t *dst);
+static bool bx_have_avx512(void);
+#endif
+
+/* one row to bf16; F16: false unless every value is exactly a bf16 */
+static bool bx_row_bf16(uint32_t wtype, const uint16_t *src, uint16_t *dst, int64_t n) {
+    if (wtype == KVT_TYPE_BF16) {
+        memcpy(dst, src, (size_t)n * 2);
+        return true;
+    }
+#if KVT_X86
+    if (bx_have_avx512()) return bx_row_bf16_avx512(src, dst, n);
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t u = f_bits(kq_h2f(src[i]));
+        if (u & 0xFFFFu) return false;
+        dst[i] = (uint16_t)(u >> 16);
+    }
+    return true;
+}
+
+static void *bx_pack_run(void *arg) {
+    bx_pack_job *j = arg;
+    const int64_t np = j->n_in / 2;
+    uint32_t *rows = malloc((size_t)KBX_N * (size_t)j->n_in * 2); /* 16 bf16 rows = 16 x np dwords */
+    if (!rows) {
+        *j->bad = true;
+        return NULL;
+    }
+    for (int64_t g = j->g0; g < j->g1 && !*j->bad; g++) {
+        for (int l = 0; l < KBX_N; l++) {
+            const int64_t o = g * KBX_N + l;
+            uint16_t *d = (uint16_t *)(rows + (size_t)l * (size_t)np);
+            if (o >= j->n_out) memset(d, 0, (size_t)j->n_in * 2); /* padding rows are +0 */
+            else if (!bx_row_bf16(j->wtype, j->W + (size_t)o * (size_t)j->n_in, d, j->n_in)) {
+                *j->bad = true;
+                break;
+            }
+        }
+        uint32_t *dst = (uint32_t *)(j->L + (size_t)g * (size_t)np * 64);
+#if KVT_X86
+        if (bx_have_avx512() && np <= INT32_MAX / KBX_N) {
+            bx_interleave_avx512(rows, np, dst);
+            continue;
+        }
+#endif
+        for (int64_t p = 0; p < np; p++)
+            for (int l = 0; l < KBX_N; l++) dst[p * KBX_N + l] = rows[(size_t)l * (size_t)np + (size_t)p];
+    }
+    free(rows);
+    return NULL;
+}
+
 uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
     if (bytes_out) *bytes_out = 0;
     if (!W || (wtype != KVT_TYPE_F16 && wtype != KVT_TYPE_BF16) || n_in < 2 || n_in % 2 || n_out < 1) return NULL;
     kvt_f16_table_init();
-    const uint16_t *h = W;
-    uint64_t n_all;
-    if (!kvt_mul_ok((uint64_t)n_in, (uint64_t)n_out, &n_all)) return NULL;
-    if (wtype == KVT_TYPE_F16) /* lossless only: every value must be a bf16 (low 16 bits of its f32 zero) */
-        for (uint64_t i = 0; i < n_all; i++)
-            if (f_bits(kq_h2f(h[i])) & 0xFFFFu) return NULL;
     const int64_t ng = (n_out + KBX_N - 1) / KBX_N, np = n_in / 2;
-    uint64_t bytes;
-    if (!kvt_mul_ok((uint64_t)ng * KBX_N, (uint64_t)np * 4, &bytes) || bytes > SIZE_MAX / 2) return NULL;
-    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes); /* zeroed: padding rows are +0 */
-    if (!L) return NULL;
-    for (int64_t o = 0; o < n_out; o++) {
-        const uint16_t *row = h + (size_t)o * (size_t)n_in;
-        uint8_t *dst = L + (size_t)(o / KBX_N) * (size_t)np * 64 + 4 * (size_t)(o % KBX_N);
-        for (int64_t p = 0; p < np; p++) {
-            uint16_t lo = row[2 * p], hi = row[2 * p + 1];
-            if (wtype == KVT_TYPE_F16) {
-                lo = (uint16_t)(f_bits(kq_h2f(lo)) >> 16);
-                hi = (uint16_t)(f_bits(kq_h2f(hi)) >> 16);
-            }
-            const uint32_t v = (uint32_t)lo | (uint32_t)hi << 16;
-            memcpy(dst + (size_t)p * 64, &v, 4);
-        }
+    uint64_t bytes, n_all;
+    if (!kvt_mul_ok((uint64_t)ng * KBX_N, (uint64_t)np * 4, &bytes) || bytes > SIZE_MAX / 2 ||
+        !kvt_mul_ok((uint64_t)n_in, (uint64_t)n_out, &n_all))
+        return NULL;
+    /* not zeroed here: the parts write every byte (padding rows as +0), so the first touch of each
+     * page, and the kernel's clearing of it, happens in the parallel parts */
+    void *Lv = NULL;
+    if (posix_memalign(&Lv, bytes >= (1u << 21) ? (size_t)1 << 21 : 64, (size_t)bytes) != 0) return NULL;
+    uint8_t *L = Lv;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= (1u << 21)) (void)madvise(L, (size_t)bytes, MADV_HUGEPAGE); /* fewer faults; advisory */
+#endif
+    /* large matrices in parallel (a 1B-parameter F16 model is ~2 GB to convert at load) */
+    int nt = n_all >= (1u << 22) ? kvt_n_cpus() : 1;
+    if (nt > 8) nt = 8;
+    if (nt > ng) nt = (int)ng;
+    _Atomic bool bad = false;
+    bx_pack_job jobs[8];
+    pthread_t th[8];
+    bool started[8] = {false};
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (bx_pack_job){wtype, W, n_in, n_out, ng * t / nt, ng * (t + 1) / nt, L, &bad};
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, bx_pack_run, &jobs[t]) == 0;
+    }
+    for (int t = 1; t < nt; t++)
+        if (!started[t]) bx_pack_run(&jobs[t]); /* no thread: do its part here */
+    bx_pack_run(&jobs[0]);
+    for (int t = 1; t < nt; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+    if (bad) { /* an F16 value that is not a bf16, or out of memory */
+        free(L);
+        return NULL;
     }
     if (bytes_out) *bytes_out = (size_t)bytes;
     return L;
@@ -241,6 +320,32 @@ KBX_TGT void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n
         }
     }
 }
+
+/* F16 row → bf16, 16 at a time with F16C: exact, so a value is a bf16 iff the low 16 bits of its
+ * f32 are zero (the same test as the scalar loop) */
+static KBX_TGT bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    const __m512i low = _mm512_set1_epi32(0xFFFF);
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+        if (_mm512_test_epi32_mask(u, low)) return false;
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
+    for (; i < n; i++) {
+        const uint32_t u = f_bits(kq_h2f(src[i]));
+        if (u & 0xFFFFu) return false;
+        dst[i] = (uint16_t)(u >> 16);
+    }
+    return true;
+}
+/* dst line p = dword p of each of the 16 rows (one gather a line) */
+static KBX_TGT void bx_interleave_avx512(const uint32_t *rows, int64_t np, uint32_t *dst) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int32_t)np));
+    for (int64_t p = 0; p < np; p++)
+        _mm512_store_si512((void *)(dst + p * KBX_N), _mm512_i32gather_epi32(idx, (const void *)(rows + p), 4));
+}
+static bool bx_have_avx512(void) { return kvt_kernels_best_isa() >= KVT_ISA_AVX512; }
 
 /* The instruction itself on one vector, for the test that checks the reference model against it. */
 KBX_TGT void kq_bf16x_dp_hw(float acc[16], const uint32_t w2[16], const uint32_t x2[16]) {
