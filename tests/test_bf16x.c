@@ -144,6 +144,32 @@ static void test_pack(void **st) {
     assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, INT64_MAX - 1, INT64_MAX / 2, NULL)); /* overflow */
 }
 
+/* A matrix large enough to be packed by several threads: the same layout, and a non-bf16 F16
+ * value in the last group (another thread's part) still refuses the matrix. */
+static void test_pack_large(void **st) {
+    (void)st;
+    const int64_t n_in = 2048, n_out = 2050; /* 4.2M values: the threaded path; 2 padding rows */
+    uint16_t *f16 = malloc((size_t)(n_in * n_out) * 2);
+    uint64_t s = 17;
+    for (int64_t i = 0; i < n_in * n_out; i++) f16[i] = kvt_f32_to_f16(kvt_bf16_to_f32(kvt_f32_to_bf16(tu_randf(&s))));
+    size_t bytes = 0;
+    uint8_t *a = kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes);
+    assert_non_null(a);
+    assert_int_equal(bytes, (size_t)129 * 16 * 1024 * 4);
+    for (int k = 0; k < 20000; k++) {
+        const int64_t o = (int64_t)(tu_rand(&s) % 2064), i = (int64_t)(tu_rand(&s) % (uint64_t)n_in);
+        uint16_t got;
+        memcpy(&got, a + (size_t)(o / 16) * 1024 * 64 + (size_t)(i / 2) * 64 + 4 * (size_t)(o % 16) + 2 * (size_t)(i % 2), 2);
+        const uint16_t want = o < n_out ? (uint16_t)(fbits(kvt_f16_to_f32(f16[o * n_in + i])) >> 16) : 0;
+        assert_int_equal(got, want);
+    }
+    free(a);
+    f16[(n_out - 1) * n_in + 5] = kvt_f32_to_f16(1.0f + 0x1p-9f);
+    assert_null(kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes));
+    assert_int_equal(bytes, 0);
+    free(f16);
+}
+
 /* ---------------- GEMM / GEMV ---------------- */
 
 /* Random BF16 matrix packed, random f32 activations converted; specials: denormal weights and
@@ -398,7 +424,8 @@ int main(int argc, char **argv) {
     kvt_kernels_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_type),          cmocka_unit_test(test_instruction_model),
-        cmocka_unit_test(test_pack),          cmocka_unit_test(test_matmul_vs_ref),
+        cmocka_unit_test(test_pack),          cmocka_unit_test(test_pack_large),
+        cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_batch_and_isa_invariance), cmocka_unit_test(test_matmul_is_the_dot),
         cmocka_unit_test(test_act_convert),   cmocka_unit_test(test_model_loader),
         cmocka_unit_test(test_env_off),

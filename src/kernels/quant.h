@@ -10,7 +10,8 @@
  * Implementation notes (kvtier kernels):
  *  - Activations: Q8_0 (f16 d) for Q4_0/Q5_0/Q8_0, Q8_1 (f16 d, s = d·Σq) for Q4_1/Q5_1, Q8_K (f32 d,
  *    int8 qs[256], int16 bsums[16]) for K-quants. F32, F16 and BF16 weights use the f32 activations
- *    unchanged (F16 weights are widened to f32 in registers; activations are not rounded to f16).
+ *    unchanged (F16 weights are widened to f32 in registers; activations are not rounded to f16),
+ *    except where loaders packed them as KVT_TYPE_BF16X (bf16 activations; see below).
  *    kvt_act_quantize's SIMD versions write exactly the bytes of kvt_quantize_ref(vec_dot_type).
  *  - kvt_matmul_rows tiles 4 weight rows × (4 on AVX-512, 2 on AVX2) activation rows. K-quant
  *    results equal kvt_matmul_rows_ref bit for bit on every ISA; the other types differ from the
