@@ -115,8 +115,8 @@ static void test_pack(void **st) {
         b16[i] = kvt_f32_to_bf16(v);
     }
     size_t bytes = 0;
-    uint8_t *a = kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes);
-    uint8_t *b = kvt_bf16x_pack(KVT_TYPE_BF16, b16, n_in, n_out, NULL);
+    uint8_t *a = kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, false, &bytes);
+    uint8_t *b = kvt_bf16x_pack(KVT_TYPE_BF16, b16, n_in, n_out, false, NULL);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(bytes, 2 * 3 * 64); /* 2 groups x 3 pairs x 64 bytes */
@@ -132,16 +132,35 @@ static void test_pack(void **st) {
     free(a), free(b);
     /* lossless only: one F16 value that is not a bf16 refuses the whole matrix */
     f16[37] = kvt_f32_to_f16(1.0f + 0x1p-10f);
-    assert_null(kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, false, &bytes));
     assert_int_equal(bytes, 0);
+    /* KVT_BF16X=round: inexact F16 values are rounded to nearest even bf16; exact ones unchanged */
+    uint16_t wide[64 * 16];
+    for (int i = 0; i < 64 * 16; i++) wide[i] = (uint16_t)tu_rand(&s); /* any f16: inf/NaN/subnormal too */
+    wide[0] = kvt_f32_to_f16(1.0f + 0x1p-8f), wide[1] = kvt_f32_to_f16(1.0f + 3 * 0x1p-8f); /* ties */
+    uint8_t *r = kvt_bf16x_pack(KVT_TYPE_F16, wide, 64, 16, true, &bytes);
+    assert_non_null(r);
+    for (int o = 0; o < 16; o++)
+        for (int k = 0; k < 64; k++) {
+            uint16_t got;
+            memcpy(&got, r + (size_t)(k / 2) * 64 + 4 * (size_t)o + 2 * (size_t)(k % 2), 2);
+            const uint16_t want = kvt_f32_to_bf16(kvt_f16_to_f32(wide[o * 64 + k]));
+            if (isnan(kvt_f16_to_f32(wide[o * 64 + k]))) assert_true((got & 0x7FC0) == 0x7FC0);
+            else assert_int_equal(got, want);
+        }
+    uint16_t t01[2];
+    memcpy(t01, r, 4);
+    assert_int_equal(t01[0], 0x3F80); /* tie to even: down */
+    assert_int_equal(t01[1], 0x3F82); /* tie to even: up */
+    free(r);
     /* other types and shapes */
-    assert_null(kvt_bf16x_pack(KVT_TYPE_F32, f16, n_in, n_out, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_Q8_0, f16, n_in, n_out, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 5, 2, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 0, 2, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 6, 0, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, NULL, 6, 2, NULL));
-    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, INT64_MAX - 1, INT64_MAX / 2, NULL)); /* overflow */
+    assert_null(kvt_bf16x_pack(KVT_TYPE_F32, f16, n_in, n_out, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_Q8_0, f16, n_in, n_out, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 5, 2, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 0, 2, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, 6, 0, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, NULL, 6, 2, false, NULL));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_BF16, b16, INT64_MAX - 1, INT64_MAX / 2, false, NULL)); /* overflow */
 }
 
 /* A matrix large enough to be packed by several threads: the same layout, and a non-bf16 F16
@@ -153,7 +172,7 @@ static void test_pack_large(void **st) {
     uint64_t s = 17;
     for (int64_t i = 0; i < n_in * n_out; i++) f16[i] = kvt_f32_to_f16(kvt_bf16_to_f32(kvt_f32_to_bf16(tu_randf(&s))));
     size_t bytes = 0;
-    uint8_t *a = kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes);
+    uint8_t *a = kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, false, &bytes);
     assert_non_null(a);
     assert_int_equal(bytes, (size_t)129 * 16 * 1024 * 4);
     for (int k = 0; k < 20000; k++) {
@@ -165,7 +184,7 @@ static void test_pack_large(void **st) {
     }
     free(a);
     f16[(n_out - 1) * n_in + 5] = kvt_f32_to_f16(1.0f + 0x1p-9f);
-    assert_null(kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, &bytes));
+    assert_null(kvt_bf16x_pack(KVT_TYPE_F16, f16, n_in, n_out, false, &bytes));
     assert_int_equal(bytes, 0);
     free(f16);
 }
@@ -195,7 +214,7 @@ static void mm_make(mm_case *c, int64_t n_in, int64_t n_out, int64_t n_rows, uin
         for (int64_t i = 3; i < n_in * n_rows; i += 11) c->x[i] = ldexpf(tu_randf(&s), -130);          /* denormal */
         c->wrow[0] = 0x7F00, c->x[0] = 3e38f; /* inf products in the first output */
     }
-    c->W = kvt_bf16x_pack(KVT_TYPE_BF16, c->wrow, n_in, n_out, NULL);
+    c->W = kvt_bf16x_pack(KVT_TYPE_BF16, c->wrow, n_in, n_out, false, NULL);
     assert_non_null(c->W);
     kvt_act_quantize(KVT_TYPE_BF16X, c->x, n_in, 0, n_rows, c->act);
 }
@@ -394,29 +413,53 @@ static void test_model_loader(void **st) {
     free(p16), free(pfull), free(pq8), free(dir);
 }
 
-/* KVT_BF16X=0 turns the packing off (read once at kernel init: checked in a child process). */
+/* KVT_BF16X (read once at kernel init: checked in child processes): 0/off keeps the f32 path,
+ * round also packs F16 matrices that are not bf16-valued, anything else keeps the default. */
 static char g_self[512];
-static void test_env_off(void **st) {
-    (void)st;
-    if (!has_bf16_kernel()) skip();
-    char cmd[700], out[64] = "";
-    snprintf(cmd, sizeof cmd, "KVT_BF16X=0 '%s' --print-bf16x", g_self);
+/* the child's "policy output-type tag" for env value `env` and model `path` */
+static void child_says(const char *env, const char *path, char *out, size_t len) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "KVT_BF16X='%s' '%s' --print-bf16x '%s' 2>/dev/null", env, g_self, path);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
-    assert_non_null(fgets(out, sizeof out, p));
+    assert_non_null(fgets(out, (int)len, p));
     assert_int_equal(pclose(p), 0);
-    assert_string_equal(out, "0\n");
-    snprintf(cmd, sizeof cmd, "KVT_BF16X=1 '%s' --print-bf16x", g_self);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    assert_non_null(fgets(out, sizeof out, p));
-    assert_int_equal(pclose(p), 0);
-    assert_string_equal(out, "1\n");
+    out[strcspn(out, "\n")] = 0;
+}
+
+static void test_env(void **st) {
+    (void)st;
+    if (!has_bf16_kernel()) skip();
+    char *dir = tu_tmpdir("bf16xenv");
+    char *p16 = gen_tiny(dir, "f16.gguf", "f16", false), *pfull = gen_tiny(dir, "full.gguf", "f16", true);
+    char out[128];
+    child_says("0", p16, out, sizeof out);
+    assert_string_equal(out, "0 f16 -");
+    child_says("off", pfull, out, sizeof out);
+    assert_string_equal(out, "0 f16 -");
+    child_says("1", p16, out, sizeof out);
+    assert_string_equal(out, "1 bf16x +bf16x");
+    child_says("1", pfull, out, sizeof out);
+    assert_string_equal(out, "1 f16 -");
+    child_says("round", pfull, out, sizeof out); /* opt-in: full-precision F16 rounded to bf16 */
+    assert_string_equal(out, "2 bf16x +bf16x");
+    child_says("bogus", p16, out, sizeof out); /* warns, keeps the default */
+    assert_string_equal(out, "1 bf16x +bf16x");
+    unlink(p16), unlink(pfull);
+    rmdir(dir);
+    free(p16), free(pfull), free(dir);
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--print-bf16x")) {
-        printf("%d\n", kvt_bf16x_enabled() ? 1 : 0);
+    if (argc > 2 && !strcmp(argv[1], "--print-bf16x")) { /* child of test_env */
+        char err[256];
+        kvt_gguf *g = NULL;
+        kvt_model *m = NULL;
+        if (kvt_gguf_open(argv[2], &g, err, sizeof err) || kvt_model_load(g, &m, err, sizeof err)) return 1;
+        const char *tag = kvt_model_numerics_tag(m);
+        printf("%d %s %s\n", (int)kvt_bf16x_policy(), kvt_type_name(kvt_model_output(m)->type), *tag ? tag : "-");
+        kvt_model_free(m);
+        kvt_gguf_free(g);
         return 0;
     }
     ssize_t n = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
@@ -428,7 +471,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_batch_and_isa_invariance), cmocka_unit_test(test_matmul_is_the_dot),
         cmocka_unit_test(test_act_convert),   cmocka_unit_test(test_model_loader),
-        cmocka_unit_test(test_env_off),
+        cmocka_unit_test(test_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,7 @@ static kvt_isa g_isa = KVT_ISA_SCALAR;
 static kvt_isa g_best = KVT_ISA_SCALAR;
 static bool g_vnni = false; /* AVX-512 VNNI present (selects the VNNI AVX-512 table) */
 static bool g_bf16 = false; /* AVX-512 BF16 present (the KVT_TYPE_BF16X kernel, gemm_bf16.c) */
-static bool g_bf16x_off = false; /* KVT_BF16X=0: loaders keep F16/BF16 matrices on the f32 path */
+static kvt_bf16x_mode g_bf16x_env = KVT_BF16X_LOSSLESS; /* KVT_BF16X: 0 | 1 (default) | round */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
@@ -64,7 +64,11 @@ static void init_once(void) {
     kvt_f16_table_init();
     detect();
     const char *bx = getenv("KVT_BF16X");
-    g_bf16x_off = bx && !strcmp(bx, "0");
+    if (bx && *bx) {
+        if (!strcmp(bx, "0") || !strcasecmp(bx, "off")) g_bf16x_env = KVT_BF16X_OFF;
+        else if (!strcasecmp(bx, "round")) g_bf16x_env = KVT_BF16X_ROUND;
+        else if (strcmp(bx, "1") != 0) KVT_WARN("KVT_BF16X=%s not recognised (0|1|round); using 1", bx);
+    }
     kvt_isa isa = g_best;
     const char *e = getenv("KVT_ISA");
     if (e && *e) {
@@ -87,9 +91,9 @@ bool kq_has_vnni(void) {
     return g_vnni;
 }
 
-bool kvt_bf16x_enabled(void) {
+kvt_bf16x_mode kvt_bf16x_policy(void) {
     kvt_kernels_init();
-    return !g_bf16x_off && g_tab.matmul[KVT_TYPE_BF16X] != NULL;
+    return g_tab.matmul[KVT_TYPE_BF16X] != NULL ? g_bf16x_env : KVT_BF16X_OFF;
 }
 
 kvt_isa kvt_kernels_best_isa(void) {

@@ -59,6 +59,7 @@ static inline uint32_t f_bits(float f) {
  * F16 value is not a bf16 (or another part already found one). */
 typedef struct bx_pack_job {
     uint32_t wtype;
+    bool round; /* F16: round to nearest bf16 instead of refusing inexact values */
     const uint16_t *W;
     int64_t n_in, n_out, g0, g1;
     uint8_t *L;
@@ -66,22 +67,27 @@ typedef struct bx_pack_job {
 } bx_pack_job;
 
 #if KVT_X86
-static bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n);
+static bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n, bool round);
 static void bx_interleave_avx512(const uint32_t *rows, int64_t np, uint32_t *dst);
 static bool bx_have_avx512(void);
 #endif
 
-/* one row to bf16; F16: false unless every value is exactly a bf16 */
-static bool bx_row_bf16(uint32_t wtype, const uint16_t *src, uint16_t *dst, int64_t n) {
+/* one row to bf16; F16: false unless every value is exactly a bf16, or (round) rounded to nearest
+ * even with kvt_f32_to_bf16 */
+static bool bx_row_bf16(uint32_t wtype, bool round, const uint16_t *src, uint16_t *dst, int64_t n) {
     if (wtype == KVT_TYPE_BF16) {
         memcpy(dst, src, (size_t)n * 2);
         return true;
     }
 #if KVT_X86
-    if (bx_have_avx512()) return bx_row_bf16_avx512(src, dst, n);
+    if (bx_have_avx512()) return bx_row_bf16_avx512(src, dst, n, round);
 #endif
     for (int64_t i = 0; i < n; i++) {
         const uint32_t u = f_bits(kq_h2f(src[i]));
+        if (round) {
+            dst[i] = kvt_f32_to_bf16(kq_h2f(src[i]));
+            continue;
+        }
         if (u & 0xFFFFu) return false;
         dst[i] = (uint16_t)(u >> 16);
     }
@@ -101,7 +107,7 @@ static void *bx_pack_run(void *arg) {
             const int64_t o = g * KBX_N + l;
             uint16_t *d = (uint16_t *)(rows + (size_t)l * (size_t)np);
             if (o >= j->n_out) memset(d, 0, (size_t)j->n_in * 2); /* padding rows are +0 */
-            else if (!bx_row_bf16(j->wtype, j->W + (size_t)o * (size_t)j->n_in, d, j->n_in)) {
+            else if (!bx_row_bf16(j->wtype, j->round, j->W + (size_t)o * (size_t)j->n_in, d, j->n_in)) {
                 *j->bad = true;
                 break;
             }
@@ -120,7 +126,7 @@ static void *bx_pack_run(void *arg) {
     return NULL;
 }
 
-uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
+uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes_out) {
     if (bytes_out) *bytes_out = 0;
     if (!W || (wtype != KVT_TYPE_F16 && wtype != KVT_TYPE_BF16) || n_in < 2 || n_in % 2 || n_out < 1) return NULL;
     kvt_f16_table_init();
@@ -146,7 +152,7 @@ uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_o
     pthread_t th[8];
     bool started[8] = {false};
     for (int t = 0; t < nt; t++) {
-        jobs[t] = (bx_pack_job){wtype, W, n_in, n_out, ng * t / nt, ng * (t + 1) / nt, L, &bad};
+        jobs[t] = (bx_pack_job){wtype, round_f16, W, n_in, n_out, ng * t / nt, ng * (t + 1) / nt, L, &bad};
         if (t > 0) started[t] = pthread_create(&th[t], NULL, bx_pack_run, &jobs[t]) == 0;
     }
     for (int t = 1; t < nt; t++)
@@ -208,21 +214,24 @@ void kq_bf16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, 
 #define KBX_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define KBX_AI static inline __attribute__((always_inline)) KBX_TGT
 
-/* f32 → bf16 with kvt_f32_to_bf16's rounding (round to nearest even; NaN → quiet NaN), 16 at a
- * time in integer arithmetic, so the bytes equal kvt_quantize_ref(BF16) for every input. */
+/* 16 f32 (as bits) → bf16 with kvt_f32_to_bf16's rounding (round to nearest even; NaN → quiet
+ * NaN) in integer arithmetic, so the bytes equal the scalar conversion for every input. */
+KBX_AI __m256i bx_rne16(__m512i u) {
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), q = _mm512_set1_epi32(64);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), q);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* activation rows: the same bytes as kvt_quantize_ref(BF16) */
 KBX_TGT void kq_bf16_act_avx512(const float *x, void *dst, int64_t n) {
     uint16_t *o = dst;
     int64_t i = 0;
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), q = _mm512_set1_epi32(64);
-    for (; i + 16 <= n; i += 16) {
-        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
-        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
-        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), q);
-        _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtepi32_epi16(r));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(o + i), bx_rne16(_mm512_castps_si512(_mm512_loadu_ps(x + i))));
     for (; i < n; i++) o[i] = kvt_f32_to_bf16(x[i]);
 }
 
@@ -323,16 +332,24 @@ KBX_TGT void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n
 
 /* F16 row → bf16, 16 at a time with F16C: exact, so a value is a bf16 iff the low 16 bits of its
  * f32 are zero (the same test as the scalar loop) */
-static KBX_TGT bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n) {
+static KBX_TGT bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n, bool round) {
     int64_t i = 0;
     const __m512i low = _mm512_set1_epi32(0xFFFF);
     for (; i + 16 <= n; i += 16) {
         const __m512i u = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+        if (round) {
+            _mm256_storeu_si256((__m256i *)(dst + i), bx_rne16(u));
+            continue;
+        }
         if (_mm512_test_epi32_mask(u, low)) return false;
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
     }
     for (; i < n; i++) {
         const uint32_t u = f_bits(kq_h2f(src[i]));
+        if (round) {
+            dst[i] = kvt_f32_to_bf16(kq_h2f(src[i]));
+            continue;
+        }
         if (u & 0xFFFFu) return false;
         dst[i] = (uint16_t)(u >> 16);
     }

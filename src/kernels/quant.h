@@ -124,12 +124,17 @@ bool kvt_packed_has_amx(const kvt_packed *p);
  * kvt_type_row_bytes(BF16X, n) = 2n, but rows are interleaved, so only whole matrices (allocated
  * by kvt_bf16x_pack) are valid W, and o0/o1 may be any range. Without the instruction (another
  * ISA forced after loading) the scalar reference computes the same bits, slowly. */
-/* Whether loaders should pack: the ISA in use has the bf16 kernel and KVT_BF16X is not "0". */
-bool kvt_bf16x_enabled(void);
+/* What loaders should pack (env KVT_BF16X, read once at kernel init): OFF where the ISA in use has
+ * no bf16 kernel or KVT_BF16X=0; ROUND with KVT_BF16X=round: F16 matrices with values that are not
+ * bf16 values too, their weights rounded to nearest bf16 (lossy, opt-in: faster prefill for F16
+ * files made from f16 checkpoints); else LOSSLESS. */
+typedef enum kvt_bf16x_mode { KVT_BF16X_OFF = 0, KVT_BF16X_LOSSLESS = 1, KVT_BF16X_ROUND = 2 } kvt_bf16x_mode;
+kvt_bf16x_mode kvt_bf16x_policy(void);
+static inline bool kvt_bf16x_enabled(void) { return kvt_bf16x_policy() != KVT_BF16X_OFF; }
 /* Pack W (n_out rows of n_in F16 or BF16 values). NULL when not applicable (other type, odd n_in,
- * an F16 value that is not a bf16) or out of memory. Returns a 64-byte aligned buffer of *bytes,
- * owned by the caller (free()). Does not consult kvt_bf16x_enabled. */
-uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes);
+ * an F16 value that is not a bf16 unless round_f16) or out of memory. Returns a 64-byte aligned
+ * buffer of *bytes, owned by the caller (free()). Does not consult kvt_bf16x_policy. */
+uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes);
 
 /* ---- dispatch ---- */
 /* KVT_ISA_AMX = the AVX-512 VNNI kernels plus the AMX int8 prefill GEMM (CPUID AMX-TILE/INT8 and

@@ -429,6 +429,9 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
      * (docs/batching.md). m->output may be a struct copy of tok_embd (tied); only output owns
      * this packed copy (embedding lookups read the original rows). */
     kvt_wmat_prepare(m, &m->output);
+    if (m->n_bf16x)
+        KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
+                 m->n_bf16x);
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
     return KVT_OK;
@@ -440,9 +443,10 @@ fail:
 
 void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w) {
     if (!w->data) return;
-    if (kvt_bf16x_enabled()) {
+    const kvt_bf16x_mode bx = kvt_bf16x_policy();
+    if (bx != KVT_BF16X_OFF) {
         size_t bytes;
-        uint8_t *b = kvt_bf16x_pack(w->type, w->data, w->n_in, w->n_out, &bytes);
+        uint8_t *b = kvt_bf16x_pack(w->type, w->data, w->n_in, w->n_out, bx == KVT_BF16X_ROUND, &bytes);
         if (b) {
             w->own = b;
             w->data = b;
