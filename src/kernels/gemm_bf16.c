@@ -72,8 +72,23 @@ static void bx_interleave_avx512(const uint32_t *rows, int64_t np, uint32_t *dst
 static bool bx_have_avx512(void);
 #endif
 
-/* one row to bf16; F16: false unless every value is exactly a bf16, or (round) rounded to nearest
+/* F16 values to bf16: false unless every value is exactly a bf16, or (round) rounded to nearest
  * even with kvt_f32_to_bf16 */
+static bool bx_row_bf16_scalar(const uint16_t *src, uint16_t *dst, int64_t n, bool round) {
+    for (int64_t i = 0; i < n; i++) {
+        const float f = kq_h2f(src[i]);
+        if (round) {
+            dst[i] = kvt_f32_to_bf16(f);
+        } else {
+            const uint32_t u = f_bits(f);
+            if (u & 0xFFFFu) return false;
+            dst[i] = (uint16_t)(u >> 16);
+        }
+    }
+    return true;
+}
+
+/* one row to bf16 (BF16: copied; F16: bx_row_bf16_scalar's rule) */
 static bool bx_row_bf16(uint32_t wtype, bool round, const uint16_t *src, uint16_t *dst, int64_t n) {
     if (wtype == KVT_TYPE_BF16) {
         memcpy(dst, src, (size_t)n * 2);
@@ -82,16 +97,7 @@ static bool bx_row_bf16(uint32_t wtype, bool round, const uint16_t *src, uint16_
 #if KVT_X86
     if (bx_have_avx512()) return bx_row_bf16_avx512(src, dst, n, round);
 #endif
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t u = f_bits(kq_h2f(src[i]));
-        if (round) {
-            dst[i] = kvt_f32_to_bf16(kq_h2f(src[i]));
-            continue;
-        }
-        if (u & 0xFFFFu) return false;
-        dst[i] = (uint16_t)(u >> 16);
-    }
-    return true;
+    return bx_row_bf16_scalar(src, dst, n, round);
 }
 
 static void *bx_pack_run(void *arg) {
@@ -344,16 +350,7 @@ static KBX_TGT bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64
         if (_mm512_test_epi32_mask(u, low)) return false;
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
     }
-    for (; i < n; i++) {
-        const uint32_t u = f_bits(kq_h2f(src[i]));
-        if (round) {
-            dst[i] = kvt_f32_to_bf16(kq_h2f(src[i]));
-            continue;
-        }
-        if (u & 0xFFFFu) return false;
-        dst[i] = (uint16_t)(u >> 16);
-    }
-    return true;
+    return bx_row_bf16_scalar(src + i, dst + i, n - i, round);
 }
 /* dst line p = dword p of each of the 16 rows (one gather a line) */
 static KBX_TGT void bx_interleave_avx512(const uint32_t *rows, int64_t np, uint32_t *dst) {
