@@ -540,6 +540,8 @@ static void test_malformed_tensors(void **state) {
     expect_reject(&b, "unsupported tensor type 4");
     ONE_TENSOR(2, 31, 0, 256);
     expect_reject(&b, "unsupported tensor type 31");
+    ONE_TENSOR(2, KVT_TYPE_BF16X, 0, 256); /* kvtier's internal packed type is not a file type */
+    expect_reject(&b, "unsupported tensor type 40");
     ONE_TENSOR(5, KVT_TYPE_F32, 0, 256);
     expect_reject(&b, "n_dims 5");
     ONE_TENSOR(2, KVT_TYPE_F32, 16, 256);

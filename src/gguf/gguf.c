@@ -335,7 +335,7 @@ static kvt_status parse(kvt_gguf *g, const char *who, char *err, size_t errlen) 
         if (!rd(&c, &type, 4)) goto trunc_t;
         if (!rd(&c, &t->offset, 8)) goto trunc_t;
         uint32_t be = kvt_type_block_elems(type), bb = kvt_type_block_bytes(type);
-        if (be == 0 || bb == 0)
+        if (!kvt_type_known(type) || be == 0 || bb == 0) /* known: ggml's ids only, not kvtier's internal BF16X */
             FAIL(KVT_ERR_UNSUPPORTED, "%s: tensor '%s': unsupported tensor type %u", who, name, type);
         t->type = type;
         uint64_t nel = 1;
@@ -795,7 +795,7 @@ static kvt_status w_tensor_common(kvt_gguf_writer *w, const char *name, uint32_t
     if (nl == 0 || nl > GGUF_MAX_NAME) return KVT_ERR_INVALID_ARG;
     if (n_dims == 0 || n_dims > 4) return KVT_ERR_INVALID_ARG;
     uint32_t be = kvt_type_block_elems(type), bb = kvt_type_block_bytes(type);
-    if (!be || !bb) return KVT_ERR_UNSUPPORTED;
+    if (!kvt_type_known(type) || !be || !bb) return KVT_ERR_UNSUPPORTED;
     uint64_t nel = 1;
     for (uint32_t d = 0; d < n_dims; d++)
         if (ne[d] < 0 || !kvt_mul_ok(nel, (uint64_t)ne[d], &nel)) return KVT_ERR_INVALID_ARG;
