@@ -433,12 +433,60 @@ static void test_fma_levels(void **st) {
     assert_true(kvt_kv_exp(-INFINITY) == 0.0f && kvt_kv_exp(0.0f) == 1.0f && isnan(kvt_kv_exp(NAN)));
 }
 
+/* Transposed-key scores (attention pass 1 on AVX-512) equal the scalar dot bit for bit at every
+ * level, for every key count (masked tails, zero padding) and head dim (16-multiples take the SIMD
+ * path, others the scalar twin); the transpose is exact and zero-pads to 16 columns. Runs before the
+ * other level tests (forcing a level only lowers it). */
+static void test_dot_kt_levels(void **st) {
+    (void)st;
+    uint64_t rng = 7;
+    enum { N = 256, R = 37, LDK = 48 };
+    static float q[4][N], k[R * N], kt[N * LDK], kt_s[N * LDK], out[4][R], ref[4][R];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
+    k[3 * N + 5] = -0.0f, q[1][5] = 0.0f; /* a signed-zero product in one lane */
+    const int top = kvt_kv_simd_level();
+    for (int level = top; level >= 0; level--) {
+        kvt_kv_force_simd_level(level);
+        static const uint32_t dims[] = {16, 32, 48, 64, 80, 128, 256, 40, 7};
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const uint32_t n = dims[di];
+            for (uint32_t nk = 1; nk <= 32; nk += (nk < 18 ? 1 : 7)) {
+                const uint32_t r0 = nk % 5; /* keys r0..r0+nk-1 of k */
+                memset(kt, 0x7f, sizeof kt), memset(kt_s, 0x7f, sizeof kt_s);
+                kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK);
+                kvt_kv_transpose_rows_scalar(k + (size_t)r0 * N, N, nk, n, kt_s, LDK);
+                const uint32_t np = (nk + 15) & ~15u;
+                for (uint32_t d = 0; d < n; d++) {
+                    assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    for (uint32_t r = 0; r < np; r++)
+                        assert_true(kt[(size_t)d * LDK + r] == (r < nk ? k[(size_t)(r0 + r) * N + d] : 0.0f));
+                }
+                for (int rep = 0; rep < 2; rep++) { /* distinct queries, then one query repeated */
+                    const float *qq[4] = {q[0], q[rep ? 0 : 1], q[rep ? 0 : 2], q[rep ? 0 : 3]};
+                    float *oo[4] = {out[0], out[1], out[2], out[3]};
+                    for (int j = 0; j < 4; j++) out[j][nk] = 12345.0f; /* must stay: the masked tail */
+                    kvt_kv_dot_kt_q4(qq, kt, LDK, nk, n, 0.125f, oo);
+                    for (int j = 0; j < 4; j++) {
+                        kvt_kv_dot_rows_scalar(qq[j], k + (size_t)r0 * N, N, nk, n, 0.125f, ref[j]);
+                        assert_memory_equal(out[j], ref[j], nk * sizeof(float));
+                        if (nk < R) assert_true(out[j][nk] == 12345.0f);
+                    }
+                    kvt_kv_dot_kt_q4_scalar(qq, kt, LDK, nk, n, 0.125f, oo);
+                    for (int j = 0; j < 4; j++) assert_memory_equal(out[j], ref[j], nk * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
-        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
+        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_dot_kt_levels), cmocka_unit_test(test_fma_levels),
         cmocka_unit_test(test_round_f16_levels), cmocka_unit_test(test_f16_encode_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -51,6 +51,10 @@
 #define ATT_BIG_CTX 16384u
 #define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
+/* Pass 1 transposes a K chunk (AVX-512, kvt_kv_dot_kt_q4) only when at least this many pairs score
+ * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
+ * row-major kernel). Either kernel gives the same bits. */
+#define ATT_KT_MIN_PAIRS 16
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -67,7 +71,7 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
         const size_t big = (size_t)ATT_TILE_SMALL * pad16((size_t)n_ctx + 1);
         sc = big > sc ? big : sc;
     }
-    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
+    return (size_t)(ATT_TILE + 2 * ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
@@ -209,7 +213,11 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const size_t hdp = pad16(l->max_head_dim);
     float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
     float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
-    float *sc_base = tile + (size_t)ATT_KC * hdp;
+    float *tile_t = tile + (size_t)ATT_KC * hdp; /* pass 1, AVX-512: the K chunk transposed, ATT_KC columns */
+    float *sc_base = tile_t + (size_t)ATT_KC * hdp;
+    /* Pass 1 scores groups of four pairs from the transposed chunk where the CPU has AVX-512 and the
+     * head dim is a multiple of 16 (kvt_kv_dot_kt_q4: keys across the lanes, no per-dot shuffles). */
+    const bool kt = kvt_kv_simd_level() == 2 && hd_k % 16 == 0;
     float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
@@ -290,6 +298,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     /* Groups of four pairs score the whole chunk: scores outside a pair's visible
                      * range land in its own span and are never read. Short groups repeat a pair
                      * (same inputs, same bits, same destination). */
+                    const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
+                    if (use_kt) kvt_kv_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
                     for (uint32_t g0 = 0; g0 < na; g0 += 4) {
                         const float *qq[4];
                         float *oo[4];
@@ -298,7 +308,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                             qq[t] = rotq ? pr[j].qr : pr[j].q;
                             oo[t] = sc_base + j * span + (p0 - ulo);
                         }
-                        kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
+                        if (use_kt) kvt_kv_dot_kt_q4(qq, tile_t, ATT_KC, p1 - p0 + 1, hd_k, scale, oo);
+                        else kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
                     }
                 }
             }
