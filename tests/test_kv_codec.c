@@ -435,7 +435,8 @@ static void test_fma_levels(void **st) {
 
 /* Transposed-key scores (attention pass 1 on AVX-512) equal the scalar dot bit for bit at every
  * level, for every key count (masked tails, zero padding) and head dim (16-multiples take the SIMD
- * path, others the scalar twin); the transpose is exact and zero-pads to 16 columns. Runs before the
+ * path, others the scalar twin); the transposes (from f32 rows, and from f16 rows as decoded) are
+ * exact and zero-pad to 16 columns. Runs before the
  * other level tests (forcing a level only lowers it). */
 static void test_dot_kt_levels(void **st) {
     (void)st;
@@ -462,6 +463,26 @@ static void test_dot_kt_levels(void **st) {
                     assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
                     for (uint32_t r = 0; r < np; r++)
                         assert_true(kt[(size_t)d * LDK + r] == (r < nk ? k[(size_t)(r0 + r) * N + d] : 0.0f));
+                }
+                { /* from f16 rows (row stride 2n + 6 bytes): equal to decoding, then transposing */
+                    static uint8_t h16[R * (2 * N + 6)];
+                    static float dec[R * N];
+                    const size_t rb = 2 * (size_t)n + 6;
+                    for (size_t i = 0; i < sizeof h16; i += 2) {
+                        uint16_t h = (uint16_t)tu_rand(&rng);
+                        if ((h & 0x7c00) == 0x7c00) h &= 0x83ff; /* no inf/NaN: finite, subnormals kept */
+                        memcpy(h16 + i, &h, 2);
+                    }
+                    for (uint32_t r = 0; r < nk; r++)
+                        kvt_decode_row_scalar((kvt_codec){.kind = KVT_CODEC_F16}, h16 + r * rb, n, dec + (size_t)r * N);
+                    kvt_kv_transpose_rows_scalar(dec, N, nk, n, kt_s, LDK);
+                    kvt_kv_transpose_f16_rows(h16, rb, nk, n, kt, LDK);
+                    for (uint32_t d = 0; d < n; d++)
+                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    kvt_kv_transpose_f16_rows_scalar(h16, rb, nk, n, kt, LDK);
+                    for (uint32_t d = 0; d < n; d++)
+                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK); /* back to the f32 keys */
                 }
                 for (int rep = 0; rep < 2; rep++) { /* distinct queries, then one query repeated */
                     const float *qq[4] = {q[0], q[rep ? 0 : 1], q[rep ? 0 : 2], q[rep ? 0 : 3]};

@@ -49,7 +49,7 @@
 #define ATT_TILE 64
 #define ATT_TILE_SMALL 16
 #define ATT_BIG_CTX 16384u
-#define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
+#define ATT_KC 64   /* keys decoded per chunk (a 64 x head_dim f32 tile stays in L1) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 /* Pass 1 transposes a K chunk (AVX-512, kvt_kv_dot_kt_q4) only when at least this many pairs score
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
@@ -288,7 +288,14 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     for (uint32_t j = 0; j < np; j++)
                         if (KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
-                    decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, hd_k, p1 - p0 + 1, tile);
+                    const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
+                    const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+                    if (use_kt && c.kind == KVT_CODEC_F16) { /* decode straight into the transposed chunk */
+                        kvt_kv_transpose_f16_rows(src, rb, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                    } else {
+                        decode_chunk(c, src, rb, hd_k, p1 - p0 + 1, tile);
+                        if (use_kt) kvt_kv_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                    }
                     if (na == 1) {
                         const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
                         kvt_kv_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
@@ -298,8 +305,6 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     /* Groups of four pairs score the whole chunk: scores outside a pair's visible
                      * range land in its own span and are never read. Short groups repeat a pair
                      * (same inputs, same bits, same destination). */
-                    const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
-                    if (use_kt) kvt_kv_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
                     for (uint32_t g0 = 0; g0 < na; g0 += 4) {
                         const float *qq[4];
                         float *oo[4];

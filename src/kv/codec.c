@@ -791,6 +791,28 @@ __attribute__((target("avx512f,avx2,fma"))) static void transpose_rows_avx512(co
         }
 }
 
+/* The same from f16 rows (row r at src + r*rb bytes): decoded by vcvtph2ps, exact like every f16
+ * decoder here, and transposed without an f32 row-major copy. */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void transpose_f16_rows_avx512(const uint8_t *src, size_t rb,
+                                                                                      uint32_t n_rows, uint32_t n,
+                                                                                      float *kt, size_t ldk) {
+#define KT_LD16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + (size_t)(r0 + (i)) * rb + 2 * (size_t)d0)))
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16)
+        for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+            __m512 a[16];
+            if (r0 + 16 <= n_rows) {
+                _Pragma("GCC unroll 16")
+                for (uint32_t i = 0; i < 16; i++) a[i] = KT_LD16(i);
+            } else {
+                for (uint32_t i = 0; i < 16; i++) a[i] = r0 + i < n_rows ? KT_LD16(i) : _mm512_setzero_ps();
+            }
+            transpose16(a);
+            _Pragma("GCC unroll 16")
+            for (uint32_t c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(d0 + c) * ldk + r0, a[c]);
+        }
+#undef KT_LD16
+}
+
 __attribute__((target("avx512f,avx2,fma"))) static void axpy_avx512(float *y, float a, const float *x, uint32_t n) {
     const __m512 va = _mm512_set1_ps(a);
     uint32_t i = 0;
@@ -987,6 +1009,27 @@ void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint3
     }
 #endif
     kvt_kv_transpose_rows_scalar(k, stride, n_rows, n, kt, ldk);
+}
+
+void kvt_kv_transpose_f16_rows_scalar(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                      size_t ldk) {
+    const uint32_t np = (n_rows + 15) & ~15u;
+    for (uint32_t d = 0; d < n; d++)
+        for (uint32_t r = 0; r < np; r++) {
+            uint16_t h = 0;
+            if (r < n_rows) memcpy(&h, src + (size_t)r * rb + 2 * (size_t)d, 2);
+            kt[(size_t)d * ldk + r] = r < n_rows ? kvt_f16_to_f32_fast(h) : 0.0f;
+        }
+}
+
+void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+#ifdef KVT_X86
+    if (g_simd == 2 && g_has_avx2 && n % 16 == 0 && ldk % 16 == 0) {
+        transpose_f16_rows_avx512(src, rb, n_rows, n, kt, ldk);
+        return;
+    }
+#endif
+    kvt_kv_transpose_f16_rows_scalar(src, rb, n_rows, n, kt, ldk);
 }
 
 /* The scalar twin reads key r back out of kt into a row and calls the scalar dot. */

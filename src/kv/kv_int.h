@@ -164,6 +164,11 @@ void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size
 #define KVT_KT_MAX_DIM 1024
 void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
 void kvt_kv_transpose_rows_scalar(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+/* The same transpose from f16 rows (row r at src + r*rb bytes, n halves), decoded exactly as
+ * kvt_decode_row_fast does. */
+void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_kv_transpose_f16_rows_scalar(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                      size_t ldk);
 void kvt_kv_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                       float *const *out);
 void kvt_kv_dot_kt_q4_scalar(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
