@@ -353,8 +353,8 @@ static void test_rows_vs_scalar(void **st) {
 /* kvt_kv_round_f16 (attention's f16 rounding of Q and of the softmax weights): every SIMD level
  * equals the scalar definition and the kvt_f32_to_f16 round trip, for normals, subnormals, ties,
  * overflow and zeros, with and without a multiplier, in place and out of place. */
-static void test_round_f16_levels(void **st) {
-    (void)st;
+/* kvt_kv_round_f16 at the current SIMD level equals the scalar rounding and f16(x*mul). */
+static void round_f16_check(void) {
     enum { N = 77 };
     static float x[N], a[N], b[N];
     uint64_t rng = 7;
@@ -362,21 +362,28 @@ static void test_round_f16_levels(void **st) {
     x[0] = 0.0f, x[1] = -0.0f, x[2] = 65519.0f, x[3] = 70000.0f, x[4] = 1.0f + 1.0f / 2048.0f; /* tie to even */
     x[5] = 3e-8f, x[6] = -5.96046448e-8f, x[7] = 2.98023224e-8f; /* subnormal half range, tie to 0 */
     const float muls[3] = {1.0f, 0.0123f, 3.5f};
+    for (int mi = 0; mi < 3; mi++)
+        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
+            kvt_kv_round_f16(x, a, n, muls[mi]);
+            kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
+            assert_memory_equal(a, b, n * sizeof(float));
+            for (uint32_t i = 0; i < n; i++) {
+                const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
+                assert_memory_equal(&a[i], &want, sizeof(float));
+            }
+            memcpy(b, x, n * sizeof(float));
+            kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
+            assert_memory_equal(a, b, n * sizeof(float));
+        }
+}
+
+/* Every level (test_fma_levels also checks each level it visits: this test runs after it, when
+ * forcing has left the level at scalar). */
+static void test_round_f16_levels(void **st) {
+    (void)st;
     for (int level = kvt_kv_simd_level(); level >= 0; level--) {
         kvt_kv_force_simd_level(level);
-        for (int mi = 0; mi < 3; mi++)
-            for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
-                kvt_kv_round_f16(x, a, n, muls[mi]);
-                kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
-                assert_memory_equal(a, b, n * sizeof(float));
-                for (uint32_t i = 0; i < n; i++) {
-                    const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
-                    assert_memory_equal(&a[i], &want, sizeof(float));
-                }
-                memcpy(b, x, n * sizeof(float));
-                kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
-                assert_memory_equal(a, b, n * sizeof(float));
-            }
+        round_f16_check();
     }
     /* the rounding really happens: 1 + 2^-12 is not an f16 */
     float v = 1.0f + 1.0f / 4096.0f, r;
@@ -396,6 +403,7 @@ static void test_fma_levels(void **st) {
         for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
     for (int level = kvt_kv_simd_level(); level >= 0; level--) {
         kvt_kv_force_simd_level(level);
+        round_f16_check();
         for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
             for (int j = 0; j < 4; j++)
                 for (int r = 0; r < R; r++) {
