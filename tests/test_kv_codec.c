@@ -391,77 +391,23 @@ static void test_round_f16_levels(void **st) {
     assert_true(r == 1.0f);
 }
 
-static void test_fma_levels(void **st) {
-    (void)st;
-    uint64_t rng = 99;
-    enum { N = 128, R = 37 };
-    static float q[4][N], k[R * N], w[4][R], ref_s[4][R], y0[4][N], y1[4][N], e0[R + 20], e1[R + 20];
-    for (int j = 0; j < 4; j++)
-        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
-    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
-    for (int j = 0; j < 4; j++)
-        for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
-    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
-        kvt_kv_force_simd_level(level);
-        round_f16_check();
-        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
-            for (int j = 0; j < 4; j++)
-                for (int r = 0; r < R; r++) {
-                    float d = kvt_kv_dot(q[j], k + r * N, n), s = kvt_kv_dot_scalar(q[j], k + r * N, n);
-                    assert_memory_equal(&d, &s, 4);
-                }
-            const float *qq[4] = {q[0], q[1], q[2], q[3]};
-            float out[4][R], *oo[4] = {out[0], out[1], out[2], out[3]};
-            kvt_kv_dot_q4(qq, k, N, R, n, 0.125f, oo);
-            for (int j = 0; j < 4; j++) {
-                kvt_kv_dot_rows_scalar(q[j], k, N, R, n, 0.125f, ref_s[j]);
-                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
-                kvt_kv_dot_rows(q[j], k, N, R, n, 0.125f, out[j]);
-                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
-            }
-            memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
-            float *yy[4] = {y1[0], y1[1], y1[2], y1[3]};
-            const float *ww[4] = {w[0], w[1], w[2], w[3]};
-            kvt_kv_axpy_q4(yy, ww, k, N, R, n);
-            for (int j = 0; j < 4; j++) {
-                kvt_kv_axpy_rows_scalar(y0[j], w[j], k, N, R, n);
-                assert_memory_equal(y0[j], y1[j], sizeof(float) * n);
-            }
-        }
-        for (int n = 0; n < R + 20; n++) e0[n] = e1[n] = (float)(n % 11) * -3.7f + (n == 5 ? -INFINITY : 0.0f);
-        float s0 = kvt_kv_exp_sum_scalar(e0, R + 20, 0.5f), s1 = kvt_kv_exp_sum(e1, R + 20, 0.5f);
-        assert_memory_equal(&s0, &s1, 4);
-        assert_memory_equal(e0, e1, sizeof e0);
-        assert_true(e0[5] == 0.0f);
-    }
-    for (float x = -87.0f; x <= 0.0f; x += 0.37f) {
-        double ref = exp((double)x), got = kvt_kv_exp(x);
-        assert_true(fabs(got - ref) <= 4e-7 * ref);
-    }
-    assert_true(kvt_kv_exp(-INFINITY) == 0.0f && kvt_kv_exp(0.0f) == 1.0f && isnan(kvt_kv_exp(NAN)));
-}
-
 /* Transposed-key scores (attention pass 1 on AVX-512) equal the scalar dot bit for bit at every
  * level, for every key count (masked tails, zero padding) and head dim (16-multiples take the SIMD
  * path, others the scalar twin); the transposes (from f32 rows, and from f16 rows as decoded) are
- * exact and zero-pad to 16 columns. Runs before the
- * other level tests (forcing a level only lowers it). */
-static void test_dot_kt_levels(void **st) {
-    (void)st;
+ * exact and zero-pad to 16 columns. test_fma_levels runs it at each level. */
+static void dot_kt_check(void) {
     uint64_t rng = 7;
-    enum { N = 256, R = 37, LDK = 48 };
+    enum { N = 256, R = 70, LDK = 80 };
     static float q[4][N], k[R * N], kt[N * LDK], kt_s[N * LDK], out[4][R], ref[4][R];
     for (int j = 0; j < 4; j++)
         for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
     for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
     k[3 * N + 5] = -0.0f, q[1][5] = 0.0f; /* a signed-zero product in one lane */
-    const int top = kvt_kv_simd_level();
-    for (int level = top; level >= 0; level--) {
-        kvt_kv_force_simd_level(level);
+    {
         static const uint32_t dims[] = {16, 32, 48, 64, 80, 128, 256, 40, 7};
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
             const uint32_t n = dims[di];
-            for (uint32_t nk = 1; nk <= 32; nk += (nk < 18 ? 1 : 7)) {
+            for (uint32_t nk = 1; nk <= 64; nk += (nk < 18 ? 1 : 7)) {
                 const uint32_t r0 = nk % 5; /* keys r0..r0+nk-1 of k */
                 memset(kt, 0x7f, sizeof kt), memset(kt_s, 0x7f, sizeof kt_s);
                 kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK);
@@ -510,12 +456,63 @@ static void test_dot_kt_levels(void **st) {
     }
 }
 
+static void test_fma_levels(void **st) {
+    (void)st;
+    uint64_t rng = 99;
+    enum { N = 128, R = 37 };
+    static float q[4][N], k[R * N], w[4][R], ref_s[4][R], y0[4][N], y1[4][N], e0[R + 20], e1[R + 20];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
+    for (int j = 0; j < 4; j++)
+        for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
+    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
+        kvt_kv_force_simd_level(level);
+        round_f16_check();
+        dot_kt_check();
+        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
+            for (int j = 0; j < 4; j++)
+                for (int r = 0; r < R; r++) {
+                    float d = kvt_kv_dot(q[j], k + r * N, n), s = kvt_kv_dot_scalar(q[j], k + r * N, n);
+                    assert_memory_equal(&d, &s, 4);
+                }
+            const float *qq[4] = {q[0], q[1], q[2], q[3]};
+            float out[4][R], *oo[4] = {out[0], out[1], out[2], out[3]};
+            kvt_kv_dot_q4(qq, k, N, R, n, 0.125f, oo);
+            for (int j = 0; j < 4; j++) {
+                kvt_kv_dot_rows_scalar(q[j], k, N, R, n, 0.125f, ref_s[j]);
+                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
+                kvt_kv_dot_rows(q[j], k, N, R, n, 0.125f, out[j]);
+                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
+            }
+            memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
+            float *yy[4] = {y1[0], y1[1], y1[2], y1[3]};
+            const float *ww[4] = {w[0], w[1], w[2], w[3]};
+            kvt_kv_axpy_q4(yy, ww, k, N, R, n);
+            for (int j = 0; j < 4; j++) {
+                kvt_kv_axpy_rows_scalar(y0[j], w[j], k, N, R, n);
+                assert_memory_equal(y0[j], y1[j], sizeof(float) * n);
+            }
+        }
+        for (int n = 0; n < R + 20; n++) e0[n] = e1[n] = (float)(n % 11) * -3.7f + (n == 5 ? -INFINITY : 0.0f);
+        float s0 = kvt_kv_exp_sum_scalar(e0, R + 20, 0.5f), s1 = kvt_kv_exp_sum(e1, R + 20, 0.5f);
+        assert_memory_equal(&s0, &s1, 4);
+        assert_memory_equal(e0, e1, sizeof e0);
+        assert_true(e0[5] == 0.0f);
+    }
+    for (float x = -87.0f; x <= 0.0f; x += 0.37f) {
+        double ref = exp((double)x), got = kvt_kv_exp(x);
+        assert_true(fabs(got - ref) <= 4e-7 * ref);
+    }
+    assert_true(kvt_kv_exp(-INFINITY) == 0.0f && kvt_kv_exp(0.0f) == 1.0f && isnan(kvt_kv_exp(NAN)));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
-        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_dot_kt_levels), cmocka_unit_test(test_fma_levels),
+        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
         cmocka_unit_test(test_round_f16_levels), cmocka_unit_test(test_f16_encode_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
