@@ -456,6 +456,35 @@ static void dot_kt_check(void) {
     }
 }
 
+/* kvt_kv_exp_sum at the current level equals the scalar one bit for bit over a sweep of float bit
+ * patterns covering every exp argument range (below EXP_LO, the polynomial range, above EXP_HI,
+ * ±0, ±inf, NaN), for several maxima m. */
+static void exp_sum_check(void) {
+    enum { B = 4096 };
+    static float a[B], b[B];
+    const float ms[3] = {0.0f, 2.5f, -30.0f};
+    uint32_t fill = 0;
+    for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 9973) {
+        uint32_t u = (uint32_t)bits;
+        float f;
+        memcpy(&f, &u, 4);
+        if (fabsf(f) > 200.0f && f == f && !isinf(f)) f = fmodf(f, 200.0f); /* keep most in range */
+        a[fill++] = f;
+        if (fill == B || bits + 9973 > 0xffffffffull) {
+            if (fill < B) a[fill++] = NAN, a[fill++] = -INFINITY, a[fill++] = INFINITY, a[fill++] = -0.0f;
+            for (int mi = 0; mi < 3; mi++)
+                for (uint32_t n = fill; n + 16 > fill && n > 0; n -= 5) { /* full vectors and tails */
+                    static float r[B];
+                    memcpy(b, a, n * sizeof(float)), memcpy(r, a, n * sizeof(float));
+                    const float s1 = kvt_kv_exp_sum(b, n, ms[mi]), s0 = kvt_kv_exp_sum_scalar(r, n, ms[mi]);
+                    assert_memory_equal(b, r, n * sizeof(float));
+                    assert_true(memcmp(&s0, &s1, 4) == 0 || (s0 != s0 && s1 != s1));
+                }
+            fill = 0;
+        }
+    }
+}
+
 static void test_fma_levels(void **st) {
     (void)st;
     uint64_t rng = 99;
@@ -470,6 +499,7 @@ static void test_fma_levels(void **st) {
         kvt_kv_force_simd_level(level);
         round_f16_check();
         dot_kt_check();
+        exp_sum_check();
         for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
             for (int j = 0; j < 4; j++)
                 for (int r = 0; r < R; r++) {

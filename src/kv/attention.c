@@ -19,8 +19,10 @@
  * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
  * whole chunk) into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
- * come from kvt_kv_dot_rows and the weighted sum from kvt_kv_axpy_rows, which are bit-identical to
- * looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
+ * come from kvt_kv_dot_rows / kvt_kv_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
+ * kvt_kv_dot_kt_q4 over the chunk transposed so keys run across the vector lanes; f16 chunks are
+ * decoded straight into that layout) and the weighted sum from kvt_kv_axpy_rows / kvt_kv_axpy_q4,
+ * all bit-identical to looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse

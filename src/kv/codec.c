@@ -419,7 +419,8 @@ void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst
  *   acc[l] = fmaf(a[i], b[i], acc[l]); then t[l] = acc[l] + acc[l+8] (l < 8) and
  *   s = ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)); then the tail in order: s = fmaf(a[i], b[i], s).
  *   AVX-512 keeps the 16 lanes in one register, AVX2 in two (elements 0-7 and 8-15 of each step);
- *   adding the two 256-bit halves gives t, so every path produces the same bits.
+ *   adding the two 256-bit halves gives t, so every path produces the same bits. The transposed-key
+ *   form (dot_kt_q4) holds lane l of 16 keys in one register and does the tree's adds vertically.
  * axpy: y[i] = fmaf(a, x[i], y[i]) — elementwise, so any vector width gives the same bits.
  * exp (softmax): see kvt_kv_exp_sum. */
 static inline float lane_reduce(const float *t) {
@@ -908,7 +909,12 @@ __attribute__((target("avx512f,avx2,fma"))) static void axpy_q4_avx512(float *co
     }
 }
 
-/* Same operations as exp_scalar per lane, and the same 16-lane sum. */
+/* Same values as exp_scalar per lane, and the same 16-lane sum, in fewer operations:
+ * - lanes below EXP_LO are zeroed by the final masked scalef, so x is only clamped above (their
+ *   garbage, even NaN, never survives); NaN lanes are set back to x0 as in the scalar code;
+ * - r = fnmadd(k, C1, x) is fma(-k, C1, x): negation is exact, so one rounding of the same value;
+ * - y * 2^k by scalef, one rounding of the same exact product as the multiply by the 2^k built
+ *   from exponent bits (k is in [-126, 127] for x in [EXP_LO, EXP_HI], so 2^k is a normal float). */
 __attribute__((target("avx512f,avx2,fma"))) static float exp_sum_avx512(float *sc, uint32_t n, float m) {
     const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(EXP_LO), hi = _mm512_set1_ps(EXP_HI);
     __m512 acc = _mm512_setzero_ps();
@@ -916,24 +922,20 @@ __attribute__((target("avx512f,avx2,fma"))) static float exp_sum_avx512(float *s
     for (j = 0; j < n16; j += 16) {
         const __m512 x0 = _mm512_sub_ps(_mm512_loadu_ps(sc + j), vm);
         const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
-        const __mmask16 small = _mm512_cmp_ps_mask(x0, lo, _CMP_LT_OQ);
-        const __m512 x = _mm512_min_ps(_mm512_max_ps(x0, lo), hi);
+        const __mmask16 keep = _mm512_cmp_ps_mask(x0, lo, _CMP_NLT_UQ); /* not (x0 < lo): NaNs kept */
+        const __m512 x = _mm512_min_ps(x0, hi);
         const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 nk = _mm512_sub_ps(_mm512_setzero_ps(), k);
-        __m512 r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C1), x);
-        r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C2), r);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_C1), x);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_C2), r);
         __m512 p = _mm512_set1_ps(EXP_P0);
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-        __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-        const __m512i ki = _mm512_cvtps_epi32(k); /* k is integral: conversion is exact */
-        const __m512 two_k = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23));
-        y = _mm512_mul_ps(y, two_k);
-        y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+        const __m512 y0 = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        __m512 y = _mm512_maskz_scalef_ps(keep, y0, k);
         y = _mm512_mask_mov_ps(y, nan, x0);
         _mm512_storeu_ps(sc + j, y);
         acc = _mm512_add_ps(acc, y);
