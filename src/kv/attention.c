@@ -16,7 +16,7 @@
  * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
  * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
  * context: per KV head it streams that head's rows (contiguous within a block: sections are ordered
- * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
+ * [kv_head][token]) in chunks of up to ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
  * whole chunk) into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
  * come from kvt_kv_dot_rows / kvt_kv_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
@@ -51,7 +51,7 @@
 #define ATT_TILE 64
 #define ATT_TILE_SMALL 16
 #define ATT_BIG_CTX 16384u
-#define ATT_KC 64   /* keys decoded per chunk (a 64 x head_dim f32 tile stays in L1) */
+#define ATT_KC 64   /* keys decoded per chunk, at most (see chunk_keys) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 /* Pass 1 transposes a K chunk (AVX-512, kvt_kv_dot_kt_q4) only when at least this many pairs score
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
@@ -59,6 +59,11 @@
 #define ATT_KT_MIN_PAIRS 16
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Keys per chunk: the decoded f32 tile (keys x head dim) stays at 16 KiB, half of L1, so 64 keys up
+ * to head dim 64 and 32 above (a 32 KiB tile for head dim 128 evicts the scores and queries it
+ * works with). Chunking never changes results. */
+static uint32_t chunk_keys(uint32_t dim) { return dim <= 64 ? ATT_KC : ATT_KC / 2; }
 
 /* Pairs per tile for a call whose keys end before position n (pos0 + n_q). */
 static uint32_t tile_pairs(uint64_t n) { return n < ATT_BIG_CTX ? ATT_TILE : ATT_TILE_SMALL; }
@@ -214,8 +219,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint64_t held = (uint64_t)s->n_slots * bt;
     const size_t hdp = pad16(l->max_head_dim);
     float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
-    float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
-    float *tile_t = tile + (size_t)ATT_KC * hdp; /* pass 1, AVX-512: the K chunk transposed, ATT_KC columns */
+    float *tile = scratch + ATT_TILE * hdp;     /* kc decoded rows, row r at tile + r*hd */
+    float *tile_t = tile + (size_t)ATT_KC * hdp; /* pass 1, AVX-512: the K chunk transposed, stride ATT_KC */
+    const uint32_t kc = chunk_keys(KVT_MAX(hd_k, vdim));
     float *sc_base = tile_t + (size_t)ATT_KC * hdp;
     /* Pass 1 scores groups of four pairs from the transposed chunk where the CPU has AVX-512 and the
      * head dim is a multiple of 16 (kvt_kv_dot_kt_q4: keys across the lanes, no per-dot shuffles). */
@@ -268,7 +274,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
             const size_t span = (size_t)uhi - ulo + 1;
             /* scores of pair j at key position p: sc_base[j*span + (p - ulo)] */
 
-            /* Pass 1: K rows -> scores, ATT_KC keys at a time. */
+            /* Pass 1: K rows -> scores, kc keys at a time. */
             for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const kvt_block *b = slots[bi];
@@ -284,8 +290,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const size_t rb = li->row_bytes[var][0];
                 /* rows of this KV head: contiguous, token t at base + t*rb */
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
-                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
-                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
                     for (uint32_t j = 0; j < np; j++)
                         if (KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
@@ -346,8 +352,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #define OUT(j) (rotv ? pr[j].orot : pr[j].o)
                 const size_t rb = li->row_bytes[var][vs];
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
-                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
-                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
                     for (uint32_t j = 0; j < np; j++)
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
