@@ -353,8 +353,8 @@ static void test_rows_vs_scalar(void **st) {
 /* kvt_kv_round_f16 (attention's f16 rounding of Q and of the softmax weights): every SIMD level
  * equals the scalar definition and the kvt_f32_to_f16 round trip, for normals, subnormals, ties,
  * overflow and zeros, with and without a multiplier, in place and out of place. */
-static void test_round_f16_levels(void **st) {
-    (void)st;
+/* kvt_kv_round_f16 at the current SIMD level equals the scalar rounding and f16(x*mul). */
+static void round_f16_check(void) {
     enum { N = 77 };
     static float x[N], a[N], b[N];
     uint64_t rng = 7;
@@ -362,26 +362,127 @@ static void test_round_f16_levels(void **st) {
     x[0] = 0.0f, x[1] = -0.0f, x[2] = 65519.0f, x[3] = 70000.0f, x[4] = 1.0f + 1.0f / 2048.0f; /* tie to even */
     x[5] = 3e-8f, x[6] = -5.96046448e-8f, x[7] = 2.98023224e-8f; /* subnormal half range, tie to 0 */
     const float muls[3] = {1.0f, 0.0123f, 3.5f};
+    for (int mi = 0; mi < 3; mi++)
+        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
+            kvt_kv_round_f16(x, a, n, muls[mi]);
+            kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
+            assert_memory_equal(a, b, n * sizeof(float));
+            for (uint32_t i = 0; i < n; i++) {
+                const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
+                assert_memory_equal(&a[i], &want, sizeof(float));
+            }
+            memcpy(b, x, n * sizeof(float));
+            kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
+            assert_memory_equal(a, b, n * sizeof(float));
+        }
+}
+
+/* Every level (test_fma_levels also checks each level it visits: this test runs after it, when
+ * forcing has left the level at scalar). */
+static void test_round_f16_levels(void **st) {
+    (void)st;
     for (int level = kvt_kv_simd_level(); level >= 0; level--) {
         kvt_kv_force_simd_level(level);
-        for (int mi = 0; mi < 3; mi++)
-            for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
-                kvt_kv_round_f16(x, a, n, muls[mi]);
-                kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
-                assert_memory_equal(a, b, n * sizeof(float));
-                for (uint32_t i = 0; i < n; i++) {
-                    const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
-                    assert_memory_equal(&a[i], &want, sizeof(float));
-                }
-                memcpy(b, x, n * sizeof(float));
-                kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
-                assert_memory_equal(a, b, n * sizeof(float));
-            }
+        round_f16_check();
     }
     /* the rounding really happens: 1 + 2^-12 is not an f16 */
     float v = 1.0f + 1.0f / 4096.0f, r;
     kvt_kv_round_f16(&v, &r, 1, 1.0f);
     assert_true(r == 1.0f);
+}
+
+/* Transposed-key scores (attention pass 1 on AVX-512) equal the scalar dot bit for bit at every
+ * level, for every key count (masked tails, zero padding) and head dim (16-multiples take the SIMD
+ * path, others the scalar twin); the transposes (from f32 rows, and from f16 rows as decoded) are
+ * exact and zero-pad to 16 columns. test_fma_levels runs it at each level. */
+static void dot_kt_check(void) {
+    uint64_t rng = 7;
+    enum { N = 256, R = 70, LDK = 80 };
+    static float q[4][N], k[R * N], kt[N * LDK], kt_s[N * LDK], out[4][R], ref[4][R];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
+    k[3 * N + 5] = -0.0f, q[1][5] = 0.0f; /* a signed-zero product in one lane */
+    {
+        static const uint32_t dims[] = {16, 32, 48, 64, 80, 128, 256, 40, 7};
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const uint32_t n = dims[di];
+            for (uint32_t nk = 1; nk <= 64; nk += (nk < 18 ? 1 : 7)) {
+                const uint32_t r0 = nk % 5; /* keys r0..r0+nk-1 of k */
+                memset(kt, 0x7f, sizeof kt), memset(kt_s, 0x7f, sizeof kt_s);
+                kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK);
+                kvt_kv_transpose_rows_scalar(k + (size_t)r0 * N, N, nk, n, kt_s, LDK);
+                const uint32_t np = (nk + 15) & ~15u;
+                for (uint32_t d = 0; d < n; d++) {
+                    assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    for (uint32_t r = 0; r < np; r++)
+                        assert_true(kt[(size_t)d * LDK + r] == (r < nk ? k[(size_t)(r0 + r) * N + d] : 0.0f));
+                }
+                { /* from f16 rows (row stride 2n + 6 bytes): equal to decoding, then transposing */
+                    static uint8_t h16[R * (2 * N + 6)];
+                    static float dec[R * N];
+                    const size_t rb = 2 * (size_t)n + 6;
+                    for (size_t i = 0; i < sizeof h16; i += 2) {
+                        uint16_t h = (uint16_t)tu_rand(&rng);
+                        if ((h & 0x7c00) == 0x7c00) h &= 0x83ff; /* no inf/NaN: finite, subnormals kept */
+                        memcpy(h16 + i, &h, 2);
+                    }
+                    for (uint32_t r = 0; r < nk; r++)
+                        kvt_decode_row_scalar((kvt_codec){.kind = KVT_CODEC_F16}, h16 + r * rb, n, dec + (size_t)r * N);
+                    kvt_kv_transpose_rows_scalar(dec, N, nk, n, kt_s, LDK);
+                    kvt_kv_transpose_f16_rows(h16, rb, nk, n, kt, LDK);
+                    for (uint32_t d = 0; d < n; d++)
+                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    kvt_kv_transpose_f16_rows_scalar(h16, rb, nk, n, kt, LDK);
+                    for (uint32_t d = 0; d < n; d++)
+                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
+                    kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK); /* back to the f32 keys */
+                }
+                for (int rep = 0; rep < 2; rep++) { /* distinct queries, then one query repeated */
+                    const float *qq[4] = {q[0], q[rep ? 0 : 1], q[rep ? 0 : 2], q[rep ? 0 : 3]};
+                    float *oo[4] = {out[0], out[1], out[2], out[3]};
+                    for (int j = 0; j < 4; j++) out[j][nk] = 12345.0f; /* must stay: the masked tail */
+                    kvt_kv_dot_kt_q4(qq, kt, LDK, nk, n, 0.125f, oo);
+                    for (int j = 0; j < 4; j++) {
+                        kvt_kv_dot_rows_scalar(qq[j], k + (size_t)r0 * N, N, nk, n, 0.125f, ref[j]);
+                        assert_memory_equal(out[j], ref[j], nk * sizeof(float));
+                        if (nk < R) assert_true(out[j][nk] == 12345.0f);
+                    }
+                    kvt_kv_dot_kt_q4_scalar(qq, kt, LDK, nk, n, 0.125f, oo);
+                    for (int j = 0; j < 4; j++) assert_memory_equal(out[j], ref[j], nk * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* kvt_kv_exp_sum at the current level equals the scalar one bit for bit over a sweep of float bit
+ * patterns covering every exp argument range (below EXP_LO, the polynomial range, above EXP_HI,
+ * ±0, ±inf, NaN), for several maxima m. */
+static void exp_sum_check(void) {
+    enum { B = 4096 };
+    static float a[B], b[B];
+    const float ms[3] = {0.0f, 2.5f, -30.0f};
+    uint32_t fill = 0;
+    for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 9973) {
+        uint32_t u = (uint32_t)bits;
+        float f;
+        memcpy(&f, &u, 4);
+        if (fabsf(f) > 200.0f && f == f && !isinf(f)) f = fmodf(f, 200.0f); /* keep most in range */
+        a[fill++] = f;
+        if (fill == B || bits + 9973 > 0xffffffffull) {
+            if (fill < B) a[fill++] = NAN, a[fill++] = -INFINITY, a[fill++] = INFINITY, a[fill++] = -0.0f;
+            for (int mi = 0; mi < 3; mi++)
+                for (uint32_t n = fill; n + 16 > fill && n > 0; n -= 5) { /* full vectors and tails */
+                    static float r[B];
+                    memcpy(b, a, n * sizeof(float)), memcpy(r, a, n * sizeof(float));
+                    const float s1 = kvt_kv_exp_sum(b, n, ms[mi]), s0 = kvt_kv_exp_sum_scalar(r, n, ms[mi]);
+                    assert_memory_equal(b, r, n * sizeof(float));
+                    assert_true(memcmp(&s0, &s1, 4) == 0 || (s0 != s0 && s1 != s1));
+                }
+            fill = 0;
+        }
+    }
 }
 
 static void test_fma_levels(void **st) {
@@ -396,6 +497,9 @@ static void test_fma_levels(void **st) {
         for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
     for (int level = kvt_kv_simd_level(); level >= 0; level--) {
         kvt_kv_force_simd_level(level);
+        round_f16_check();
+        dot_kt_check();
+        exp_sum_check();
         for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
             for (int j = 0; j < 4; j++)
                 for (int r = 0; r < R; r++) {

@@ -16,11 +16,13 @@
  * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
  * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
  * context: per KV head it streams that head's rows (contiguous within a block: sections are ordered
- * [kv_head][token]) in chunks of ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
+ * [kv_head][token]) in chunks of up to ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
  * whole chunk) into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
- * come from kvt_kv_dot_rows and the weighted sum from kvt_kv_axpy_rows, which are bit-identical to
- * looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
+ * come from kvt_kv_dot_rows / kvt_kv_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
+ * kvt_kv_dot_kt_q4 over the chunk transposed so keys run across the vector lanes; f16 chunks are
+ * decoded straight into that layout) and the weighted sum from kvt_kv_axpy_rows / kvt_kv_axpy_q4,
+ * all bit-identical to looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
@@ -49,10 +51,19 @@
 #define ATT_TILE 64
 #define ATT_TILE_SMALL 16
 #define ATT_BIG_CTX 16384u
-#define ATT_KC 32   /* keys decoded per chunk (a 32 x head_dim f32 tile stays in L1) */
+#define ATT_KC 64   /* keys decoded per chunk, at most (see chunk_keys) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
+/* Pass 1 transposes a K chunk (AVX-512, kvt_kv_dot_kt_q4) only when at least this many pairs score
+ * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
+ * row-major kernel). Either kernel gives the same bits. */
+#define ATT_KT_MIN_PAIRS 16
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Keys per chunk: the decoded f32 tile (keys x head dim) stays at 16 KiB, half of L1, so 64 keys up
+ * to head dim 64 and 32 above (a 32 KiB tile for head dim 128 evicts the scores and queries it
+ * works with). Chunking never changes results. */
+static uint32_t chunk_keys(uint32_t dim) { return dim <= 64 ? ATT_KC : ATT_KC / 2; }
 
 /* Pairs per tile for a call whose keys end before position n (pos0 + n_q). */
 static uint32_t tile_pairs(uint64_t n) { return n < ATT_BIG_CTX ? ATT_TILE : ATT_TILE_SMALL; }
@@ -67,7 +78,7 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
         const size_t big = (size_t)ATT_TILE_SMALL * pad16((size_t)n_ctx + 1);
         sc = big > sc ? big : sc;
     }
-    return (size_t)(ATT_TILE + ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
+    return (size_t)(ATT_TILE + 2 * ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
@@ -208,8 +219,13 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint64_t held = (uint64_t)s->n_slots * bt;
     const size_t hdp = pad16(l->max_head_dim);
     float *q16 = scratch;                       /* ATT_TILE rounded queries, pair j at q16 + j*hdp */
-    float *tile = scratch + ATT_TILE * hdp;     /* ATT_KC decoded rows, row r at tile + r*hd */
-    float *sc_base = tile + (size_t)ATT_KC * hdp;
+    float *tile = scratch + ATT_TILE * hdp;     /* kc decoded rows, row r at tile + r*hd */
+    float *tile_t = tile + (size_t)ATT_KC * hdp; /* pass 1, AVX-512: the K chunk transposed, stride ATT_KC */
+    const uint32_t kc = chunk_keys(KVT_MAX(hd_k, vdim));
+    float *sc_base = tile_t + (size_t)ATT_KC * hdp;
+    /* Pass 1 scores groups of four pairs from the transposed chunk where the CPU has AVX-512 and the
+     * head dim is a multiple of 16 (kvt_kv_dot_kt_q4: keys across the lanes, no per-dot shuffles). */
+    const bool kt = kvt_kv_simd_level() == 2 && hd_k % 16 == 0;
     float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
@@ -258,7 +274,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
             const size_t span = (size_t)uhi - ulo + 1;
             /* scores of pair j at key position p: sc_base[j*span + (p - ulo)] */
 
-            /* Pass 1: K rows -> scores, ATT_KC keys at a time. */
+            /* Pass 1: K rows -> scores, kc keys at a time. */
             for (uint32_t bi = ulo / bt; bi <= uhi / bt; bi++) {
                 const uint32_t pa = KVT_MAX(ulo, bi * bt), pb = KVT_MIN(uhi, bi * bt + bt - 1);
                 const kvt_block *b = slots[bi];
@@ -274,13 +290,20 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const size_t rb = li->row_bytes[var][0];
                 /* rows of this KV head: contiguous, token t at base + t*rb */
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
-                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
-                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
                     for (uint32_t j = 0; j < np; j++)
                         if (KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
-                    decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, hd_k, p1 - p0 + 1, tile);
+                    const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
+                    const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+                    if (use_kt && c.kind == KVT_CODEC_F16) { /* decode straight into the transposed chunk */
+                        kvt_kv_transpose_f16_rows(src, rb, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                    } else {
+                        decode_chunk(c, src, rb, hd_k, p1 - p0 + 1, tile);
+                        if (use_kt) kvt_kv_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                    }
                     if (na == 1) {
                         const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
                         kvt_kv_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
@@ -298,7 +321,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                             qq[t] = rotq ? pr[j].qr : pr[j].q;
                             oo[t] = sc_base + j * span + (p0 - ulo);
                         }
-                        kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
+                        if (use_kt) kvt_kv_dot_kt_q4(qq, tile_t, ATT_KC, p1 - p0 + 1, hd_k, scale, oo);
+                        else kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
                     }
                 }
             }
@@ -328,8 +352,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #define OUT(j) (rotv ? pr[j].orot : pr[j].o)
                 const size_t rb = li->row_bytes[var][vs];
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
-                for (uint32_t p0 = pa; p0 <= pb; p0 += ATT_KC) {
-                    const uint32_t p1 = KVT_MIN(pb, p0 + ATT_KC - 1);
+                for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
                     for (uint32_t j = 0; j < np; j++)
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;

@@ -10,6 +10,7 @@
  * Affine row layout: D*bits/32 little-endian u32 words (LSB-first bit stream, element j at bits
  * [j*bits, j*bits+bits)), then D/G scales (u16), then D/G biases (u16).
  */
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -418,7 +419,8 @@ void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst
  *   acc[l] = fmaf(a[i], b[i], acc[l]); then t[l] = acc[l] + acc[l+8] (l < 8) and
  *   s = ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)); then the tail in order: s = fmaf(a[i], b[i], s).
  *   AVX-512 keeps the 16 lanes in one register, AVX2 in two (elements 0-7 and 8-15 of each step);
- *   adding the two 256-bit halves gives t, so every path produces the same bits.
+ *   adding the two 256-bit halves gives t, so every path produces the same bits. The transposed-key
+ *   form (dot_kt_q4) holds lane l of 16 keys in one register and does the tree's adds vertically.
  * axpy: y[i] = fmaf(a, x[i], y[i]) — elementwise, so any vector width gives the same bits.
  * exp (softmax): see kvt_kv_exp_sum. */
 static inline float lane_reduce(const float *t) {
@@ -663,6 +665,155 @@ __attribute__((target("avx512f,avx2,fma"))) static void dot_q4_avx512(const floa
         for (int j = 0; j < 4; j++) out[j][r] = dot_avx512(q[j], k + r * stride, n) * scale;
 }
 
+/* ---- transposed keys (attention's pass 1): kt[d*ldk + r] = element d of key r.
+ * Sixteen keys sit in the lanes of one register, so a query's 16 per-lane sums of the dot (lane l:
+ * elements d ≡ l mod 16, fmaf in ascending d) are 16 registers acc_l, each built from broadcasts of
+ * q[d] times the key row d of kt, and the dot's fixed tree t_l = acc_l + acc_{l+8},
+ * ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)) becomes 15 vertical adds: no shuffles, one result per lane.
+ * Four queries share every loaded key row. Requires n % 16 == 0 (no tail) and ldk % 16 == 0. */
+#define KT_FMA4(d)                                                                                  \
+    do {                                                                                            \
+        const __m512 x_ = _mm512_loadu_ps(kt + (size_t)(d) * ldk);                                  \
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), x_, a0);                                        \
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), x_, a1);                                        \
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), x_, a2);                                        \
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), x_, a3);                                        \
+    } while (0)
+
+/* t_l = acc_l + acc_{l+8} of four queries over the 16 keys at kt (n % 16 == 0). */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+kt_t4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, size_t ldk,
+      uint32_t n, uint32_t l, __m512 *t) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    _Pragma("GCC unroll 16")
+    for (uint32_t d = l; d < n; d += 16) KT_FMA4(d);
+    const __m512 b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+    a0 = a1 = a2 = a3 = _mm512_setzero_ps();
+    _Pragma("GCC unroll 16")
+    for (uint32_t d = l + 8; d < n; d += 16) KT_FMA4(d);
+    t[0] = _mm512_add_ps(b0, a0), t[1] = _mm512_add_ps(b1, a1);
+    t[2] = _mm512_add_ps(b2, a2), t[3] = _mm512_add_ps(b3, a3);
+}
+
+/* u = t_l + t_{l+4} of four queries. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+kt_u4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, size_t ldk,
+      uint32_t n, uint32_t l, __m512 *u) {
+    __m512 t[4], s[4];
+    kt_t4(q0, q1, q2, q3, kt, ldk, n, l, t);
+    kt_t4(q0, q1, q2, q3, kt, ldk, n, l + 4, s);
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < 4; j++) u[j] = _mm512_add_ps(t[j], s[j]);
+}
+#undef KT_FMA4
+
+/* Inlined with a constant n for the common head dims, so the lane loops unroll completely. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+dot_kt_q4_body(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+               float *const *out) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    for (uint32_t r = 0; r < n_keys; r += 16) {
+        const float *k = kt + r;
+        __m512 u0[4], u1[4], u2[4], u3[4];
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 0, u0);
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 1, u1);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < 4; j++) u0[j] = _mm512_add_ps(u0[j], u1[j]); /* (t0+t4)+(t1+t5) */
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 2, u2);
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 3, u3);
+        const __mmask16 m = n_keys - r >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_keys - r)) - 1u);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < 4; j++) {
+            const __m512 s = _mm512_add_ps(u0[j], _mm512_add_ps(u2[j], u3[j])); /* + ((t2+t6)+(t3+t7)) */
+            _mm512_mask_storeu_ps(out[j] + r, m, _mm512_mul_ps(s, vscale));
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void dot_kt_q4_avx512(const float *const *q, const float *kt,
+                                                                        size_t ldk, uint32_t n_keys, uint32_t n,
+                                                                        float scale, float *const *out) {
+    if (n == 64) dot_kt_q4_body(q, kt, ldk, n_keys, 64, scale, out);
+    else if (n == 128) dot_kt_q4_body(q, kt, ldk, n_keys, 128, scale, out);
+    else dot_kt_q4_body(q, kt, ldk, n_keys, n, scale, out);
+}
+
+/* In-register 16x16 transpose: on return r[c] holds column c of the input rows (lane i = row i).
+ * Pure data movement, so exact. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void transpose16(__m512 *r) {
+    __m512 t[16];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i += 4) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        t[i + 2] = _mm512_unpacklo_ps(r[i + 2], r[i + 3]);
+        t[i + 3] = _mm512_unpackhi_ps(r[i + 2], r[i + 3]);
+    }
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    _Pragma("GCC unroll 16")
+    for (int h = 0; h < 16; h += 8)
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < 4; c++) {
+            t[h + c] = _mm512_shuffle_f32x4(r[h + c], r[h + 4 + c], 0x88);
+            t[h + 4 + c] = _mm512_shuffle_f32x4(r[h + c], r[h + 4 + c], 0xdd);
+        }
+    _Pragma("GCC unroll 16")
+    for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+    }
+}
+
+/* kt[d*ldk + r] = k[r*stride + d] for d < n, r < n_rows; columns n_rows..pad16(n_rows)-1 are zero.
+ * n % 16 == 0. */
+__attribute__((target("avx512f,avx2,fma"))) static void transpose_rows_avx512(const float *k, size_t stride,
+                                                                             uint32_t n_rows, uint32_t n, float *kt,
+                                                                             size_t ldk) {
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16)
+        for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+            __m512 a[16];
+            if (r0 + 16 <= n_rows) {
+                _Pragma("GCC unroll 16")
+                for (uint32_t i = 0; i < 16; i++) a[i] = _mm512_loadu_ps(k + (size_t)(r0 + i) * stride + d0);
+            } else {
+                for (uint32_t i = 0; i < 16; i++)
+                    a[i] = r0 + i < n_rows ? _mm512_loadu_ps(k + (size_t)(r0 + i) * stride + d0) : _mm512_setzero_ps();
+            }
+            transpose16(a);
+            _Pragma("GCC unroll 16")
+            for (uint32_t c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(d0 + c) * ldk + r0, a[c]);
+        }
+}
+
+/* The same from f16 rows (row r at src + r*rb bytes): decoded by vcvtph2ps, exact like every f16
+ * decoder here, and transposed without an f32 row-major copy. */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void transpose_f16_rows_avx512(const uint8_t *src, size_t rb,
+                                                                                      uint32_t n_rows, uint32_t n,
+                                                                                      float *kt, size_t ldk) {
+#define KT_LD16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + (size_t)(r0 + (i)) * rb + 2 * (size_t)d0)))
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16)
+        for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+            __m512 a[16];
+            if (r0 + 16 <= n_rows) {
+                _Pragma("GCC unroll 16")
+                for (uint32_t i = 0; i < 16; i++) a[i] = KT_LD16(i);
+            } else {
+                for (uint32_t i = 0; i < 16; i++) a[i] = r0 + i < n_rows ? KT_LD16(i) : _mm512_setzero_ps();
+            }
+            transpose16(a);
+            _Pragma("GCC unroll 16")
+            for (uint32_t c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(d0 + c) * ldk + r0, a[c]);
+        }
+#undef KT_LD16
+}
+
 __attribute__((target("avx512f,avx2,fma"))) static void axpy_avx512(float *y, float a, const float *x, uint32_t n) {
     const __m512 va = _mm512_set1_ps(a);
     uint32_t i = 0;
@@ -758,7 +909,12 @@ __attribute__((target("avx512f,avx2,fma"))) static void axpy_q4_avx512(float *co
     }
 }
 
-/* Same operations as exp_scalar per lane, and the same 16-lane sum. */
+/* Same values as exp_scalar per lane, and the same 16-lane sum, in fewer operations:
+ * - lanes below EXP_LO are zeroed by the final masked scalef, so x is only clamped above (their
+ *   garbage, even NaN, never survives); NaN lanes are set back to x0 as in the scalar code;
+ * - r = fnmadd(k, C1, x) is fma(-k, C1, x): negation is exact, so one rounding of the same value;
+ * - y * 2^k by scalef, one rounding of the same exact product as the multiply by the 2^k built
+ *   from exponent bits (k is in [-126, 127] for x in [EXP_LO, EXP_HI], so 2^k is a normal float). */
 __attribute__((target("avx512f,avx2,fma"))) static float exp_sum_avx512(float *sc, uint32_t n, float m) {
     const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(EXP_LO), hi = _mm512_set1_ps(EXP_HI);
     __m512 acc = _mm512_setzero_ps();
@@ -766,24 +922,20 @@ __attribute__((target("avx512f,avx2,fma"))) static float exp_sum_avx512(float *s
     for (j = 0; j < n16; j += 16) {
         const __m512 x0 = _mm512_sub_ps(_mm512_loadu_ps(sc + j), vm);
         const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
-        const __mmask16 small = _mm512_cmp_ps_mask(x0, lo, _CMP_LT_OQ);
-        const __m512 x = _mm512_min_ps(_mm512_max_ps(x0, lo), hi);
+        const __mmask16 keep = _mm512_cmp_ps_mask(x0, lo, _CMP_NLT_UQ); /* not (x0 < lo): NaNs kept */
+        const __m512 x = _mm512_min_ps(x0, hi);
         const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 nk = _mm512_sub_ps(_mm512_setzero_ps(), k);
-        __m512 r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C1), x);
-        r = _mm512_fmadd_ps(nk, _mm512_set1_ps(EXP_C2), r);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_C1), x);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_C2), r);
         __m512 p = _mm512_set1_ps(EXP_P0);
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-        __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-        const __m512i ki = _mm512_cvtps_epi32(k); /* k is integral: conversion is exact */
-        const __m512 two_k = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23));
-        y = _mm512_mul_ps(y, two_k);
-        y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+        const __m512 y0 = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+        __m512 y = _mm512_maskz_scalef_ps(keep, y0, k);
         y = _mm512_mask_mov_ps(y, nan, x0);
         _mm512_storeu_ps(sc + j, y);
         acc = _mm512_add_ps(acc, y);
@@ -845,6 +997,65 @@ void kvt_kv_dot_q4(const float *const *q, const float *k, size_t stride, uint32_
     for (int j = 0; j < 4; j++) kvt_kv_dot_rows(q[j], k, stride, n_rows, n, scale, out[j]);
 }
 
+void kvt_kv_transpose_rows_scalar(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+    const uint32_t np = (n_rows + 15) & ~15u;
+    for (uint32_t d = 0; d < n; d++)
+        for (uint32_t r = 0; r < np; r++) kt[(size_t)d * ldk + r] = r < n_rows ? k[(size_t)r * stride + d] : 0.0f;
+}
+
+void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+#ifdef KVT_X86
+    if (g_simd == 2 && n % 16 == 0 && ldk % 16 == 0) {
+        transpose_rows_avx512(k, stride, n_rows, n, kt, ldk);
+        return;
+    }
+#endif
+    kvt_kv_transpose_rows_scalar(k, stride, n_rows, n, kt, ldk);
+}
+
+void kvt_kv_transpose_f16_rows_scalar(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                      size_t ldk) {
+    const uint32_t np = (n_rows + 15) & ~15u;
+    for (uint32_t d = 0; d < n; d++)
+        for (uint32_t r = 0; r < np; r++) {
+            uint16_t h = 0;
+            if (r < n_rows) memcpy(&h, src + (size_t)r * rb + 2 * (size_t)d, 2);
+            kt[(size_t)d * ldk + r] = r < n_rows ? kvt_f16_to_f32_fast(h) : 0.0f;
+        }
+}
+
+void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+#ifdef KVT_X86
+    if (g_simd == 2 && g_has_avx2 && n % 16 == 0 && ldk % 16 == 0) {
+        transpose_f16_rows_avx512(src, rb, n_rows, n, kt, ldk);
+        return;
+    }
+#endif
+    kvt_kv_transpose_f16_rows_scalar(src, rb, n_rows, n, kt, ldk);
+}
+
+/* The scalar twin reads key r back out of kt into a row and calls the scalar dot. */
+void kvt_kv_dot_kt_q4_scalar(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
+                             float scale, float *const *out) {
+    float row[KVT_KT_MAX_DIM];
+    assert(n <= KVT_KT_MAX_DIM);
+    for (uint32_t r = 0; r < n_keys; r++) {
+        for (uint32_t d = 0; d < n; d++) row[d] = kt[(size_t)d * ldk + r];
+        for (int j = 0; j < 4; j++) out[j][r] = kvt_kv_dot_scalar(q[j], row, n) * scale;
+    }
+}
+
+void kvt_kv_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+                      float *const *out) {
+#ifdef KVT_X86
+    if (g_simd == 2 && n % 16 == 0 && ldk % 16 == 0) {
+        dot_kt_q4_avx512(q, kt, ldk, n_keys, n, scale, out);
+        return;
+    }
+#endif
+    kvt_kv_dot_kt_q4_scalar(q, kt, ldk, n_keys, n, scale, out);
+}
+
 void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
                     uint32_t n) {
 #ifdef KVT_X86
@@ -875,8 +1086,26 @@ __attribute__((target("f16c,avx2"))) static void round_f16_f16c(const float *src
 }
 #endif
 
+#ifdef KVT_X86
+/* 16 at a time (the same conversions, 512 bits wide); the tail goes to the F16C version. */
+__attribute__((target("avx512f,f16c,avx2"))) static void round_f16_avx512(const float *src, float *dst, uint32_t n,
+                                                                           float mul) {
+    const __m512 vm = _mm512_set1_ps(mul);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(src + i), vm), _MM_FROUND_TO_NEAREST_INT);
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+    }
+    if (i < n) round_f16_f16c(src + i, dst + i, n - i, mul);
+}
+#endif
+
 void kvt_kv_round_f16(const float *src, float *dst, uint32_t n, float mul) {
 #ifdef KVT_X86
+    if (g_simd == 2) {
+        round_f16_avx512(src, dst, n, mul);
+        return;
+    }
     if (g_simd >= 1) {
         round_f16_f16c(src, dst, n, mul);
         return;

@@ -155,6 +155,24 @@ void kvt_kv_dot_q4(const float *const *q, const float *k, size_t stride, uint32_
                    float *const *out);
 void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
                     uint32_t n);
+/* Transposed keys (attention's pass 1 on AVX-512): kt holds keys as columns, element d of key r at
+ * kt[d*ldk + r]. transpose_rows fills it from n_rows rows (row r at k + r*stride, n elements) and
+ * zeroes columns n_rows..pad16(n_rows)-1 (kt needs that many columns; ldk >= them). dot_kt_q4:
+ * out[j][r] = kvt_kv_dot(q[j], key r, n) * scale for j < 4, r < n_keys, bit-identical (the 16 lanes
+ * and tree of the dot, computed with keys across the vector lanes); n <= KVT_KT_MAX_DIM. The SIMD
+ * path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys). */
+#define KVT_KT_MAX_DIM 1024
+void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_kv_transpose_rows_scalar(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+/* The same transpose from f16 rows (row r at src + r*rb bytes, n halves), decoded exactly as
+ * kvt_decode_row_fast does. */
+void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_kv_transpose_f16_rows_scalar(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                      size_t ldk);
+void kvt_kv_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+                      float *const *out);
+void kvt_kv_dot_kt_q4_scalar(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
+                             float scale, float *const *out);
 /* Softmax exponentials: sc[j] = kvt_kv_exp(sc[j] - m) for j < n; returns their sum in the dot's
  * 16-lane order. kvt_kv_exp is the scalar definition every path reproduces. */
 float kvt_kv_exp(float x);
