@@ -10,7 +10,6 @@
  * Affine row layout: D*bits/32 little-endian u32 words (LSB-first bit stream, element j at bits
  * [j*bits, j*bits+bits)), then D/G scales (u16), then D/G biases (u16).
  */
-#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1034,15 +1033,22 @@ void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, u
     kvt_kv_transpose_f16_rows_scalar(src, rb, n_rows, n, kt, ldk);
 }
 
-/* The scalar twin reads key r back out of kt into a row and calls the scalar dot. */
+/* The scalar twin reads key r back out of kt into a row and calls the scalar dot (a row longer than
+ * the stack buffer goes to the heap; without memory the scores are NaN, never a crash). */
 void kvt_kv_dot_kt_q4_scalar(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
                              float scale, float *const *out) {
-    float row[KVT_KT_MAX_DIM];
-    assert(n <= KVT_KT_MAX_DIM);
+    float stack_row[KVT_KT_MAX_DIM];
+    float *row = n <= KVT_KT_MAX_DIM ? stack_row : malloc((size_t)n * sizeof(float));
+    if (!row) {
+        for (uint32_t r = 0; r < n_keys; r++)
+            for (int j = 0; j < 4; j++) out[j][r] = NAN;
+        return;
+    }
     for (uint32_t r = 0; r < n_keys; r++) {
         for (uint32_t d = 0; d < n; d++) row[d] = kt[(size_t)d * ldk + r];
         for (int j = 0; j < 4; j++) out[j][r] = kvt_kv_dot_scalar(q[j], row, n) * scale;
     }
+    if (row != stack_row) free(row);
 }
 
 void kvt_kv_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,

@@ -159,7 +159,7 @@ void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size
  * kt[d*ldk + r]. transpose_rows fills it from n_rows rows (row r at k + r*stride, n elements) and
  * zeroes columns n_rows..pad16(n_rows)-1 (kt needs that many columns; ldk >= them). dot_kt_q4:
  * out[j][r] = kvt_kv_dot(q[j], key r, n) * scale for j < 4, r < n_keys, bit-identical (the 16 lanes
- * and tree of the dot, computed with keys across the vector lanes); n <= KVT_KT_MAX_DIM. The SIMD
+ * and tree of the dot, computed with keys across the vector lanes); any n (the scalar twin copies rows of up to KVT_KT_MAX_DIM on the stack, longer ones on the heap). The SIMD
  * path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys). */
 #define KVT_KT_MAX_DIM 1024
 void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
