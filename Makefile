@@ -1,6 +1,6 @@
 # kvtier — build, test and run. See README.md.
 #   make            build build/kvtier and build/libkvtier.a
-#   make run        build, make the demo model if missing, start the main job
+#   make run        build, serve the trained demo model (data/models/, docs/models.md) as the main job
 #   make test       build and run every test (unit, CLI, end-to-end)
 #   make sanitize   build with ASan+UBSan into build-san/; unit tests and every e2e script there
 #   make fuzz       libFuzzer targets (tests/fuzz/fuzz_*.c) in build-fuzz/, each run FUZZ_SECONDS
@@ -22,8 +22,15 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 DEPS_OK  := $(BUILD)/.deps-ok
+# the web pages (docs/web.md): web/src bundled with the npm packages of web/package-lock.json by
+# web/build.mjs (esbuild) into $(BUILD)/web/, then made C data by scripts/embed-web
+WEB_IN   := web/package-lock.json web/build.mjs web/THIRD_PARTY_LICENSES.md $(wildcard web/src/*)
+WEB_OBJ  := $(BUILD)/gen/web_assets.o
+LIB_OBJ  += $(WEB_OBJ)
+NEED_NODE = @command -v node >/dev/null && command -v npm >/dev/null || \
+	{ echo "make: node and npm are needed to bundle the web pages in web/ (scripts/install-deps installs them)"; exit 1; }
 
-DEMO_MODEL ?= models/demo.gguf
+DEMO_MODEL ?= data/models/kjv-target-q8_0.gguf
 RUN_ARGS   ?=
 
 .PHONY: all run test unit-test e2e-test sanitize tsan fuzz fuzz-build clean deps bench
@@ -40,6 +47,22 @@ $(BUILD)/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+web/node_modules/.package-lock.json: web/package-lock.json | $(DEPS_OK)
+	$(NEED_NODE)
+	cd web && npm ci --no-audit --no-fund --silent
+
+$(BUILD)/web.stamp: $(WEB_IN) web/node_modules/.package-lock.json
+	$(NEED_NODE)
+	node web/build.mjs $(BUILD)/web
+	@touch $@
+
+$(BUILD)/gen/web_assets.c: $(BUILD)/web.stamp scripts/embed-web
+	@mkdir -p $(dir $@)
+	scripts/embed-web $(BUILD)/web $@
+
+$(WEB_OBJ): $(BUILD)/gen/web_assets.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/libkvtier.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -51,11 +74,14 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libkvtier.a tests/testutil.h tests/fixture_
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libkvtier.a $(TESTLIBS) $(LDLIBS)
 
-$(DEMO_MODEL): $(BUILD)/kvtier
+# stand-alone benchmark programs bench/NAME.c that need only the library (e.g. build/bench/membw)
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libkvtier.a | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(BUILD)/kvtier gen-model --arch llama --shape smol-135m --type q8_0 -o $@
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libkvtier.a $(LDLIBS)
 
-run: $(BUILD)/kvtier $(DEMO_MODEL)
+# the demo model is committed (scripts/train-models made it); gen-model files are for shapes only
+run: $(BUILD)/kvtier
+	@test -f $(DEMO_MODEL) || { echo "make run: $(DEMO_MODEL) is missing (git checkout data/models, or scripts/train-models)"; exit 1; }
 	$(BUILD)/kvtier demo -m $(DEMO_MODEL) $(RUN_ARGS)
 
 unit-test: $(TEST_BIN) $(BUILD)/kvtier

@@ -1,7 +1,7 @@
 // bench/attn.c — single-thread benchmark of block-reading attention (kvt_attention).
-// Built by hand (not part of `make`):
-//   gcc -std=c11 -O2 -D_GNU_SOURCE -pthread -Isrc bench/attn.c src/util/common.c src/kv/*.c -lxxhash -lm -o /tmp/bench_attn
-//   /tmp/bench_attn [SHAPE [CODEC]]   (optional: a shape name, smol-135m or qwen3-0.6b, and a codec name
+// Built on demand (not part of `make all`): `make build/bench/attn` (links build/libkvtier.a; the KV
+// code runs on the kernels' vector ops, kernels/vec.h):
+//   build/bench/attn [SHAPE [CODEC]]   (optional: a shape name, smol-135m or qwen3-0.6b, and a codec name
 //                                      as printed, e.g. f16, to run only those)
 // Reports, per model shape (one layer, block_tokens 256) and codec:
 //   - decode: ms per call, one query over a context of 1k/4k/8k tokens, all heads (h0=0, h1=n_head);

@@ -59,6 +59,21 @@ typedef struct measure {
     double ms;
 } measure;
 
+/* The RAM tier's lookup (plan, take) over the prompt's chain. */
+static kvt_status take_prompt(kvt_prompt_cache *pc, kvt_block_pool *pool, const int32_t *prompt, uint32_t n, uint64_t root,
+                              kvt_seq **out, uint32_t *n_reused) {
+    kvt_chain *c = NULL;
+    kvt_prompt_cache_plan *p = NULL;
+    *out = NULL;
+    *n_reused = 0;
+    kvt_status st = kvt_chain_create(root, prompt, n, kvt_kv_layout_block_tokens(kvt_block_pool_layout(pool)), &c);
+    if (st == KVT_OK) st = kvt_prompt_cache_plan_create(pc, c, &p, NULL);
+    if (st == KVT_OK) st = kvt_prompt_cache_take_plan(pc, p, out, n_reused);
+    kvt_prompt_cache_plan_free(p);
+    kvt_chain_release(c);
+    return st;
+}
+
 /* Take k clones of the donor prompt, decode n_dec tokens on each (round-robin), measure, free. */
 static kvt_status run_clones(kvt_prompt_cache *pc, kvt_ctx *ctx, kvt_block_pool *pool, const int32_t *prompt, uint32_t d,
                              uint64_t root, uint32_t k, uint32_t n_dec, uint32_t n_vocab, measure *m) {
@@ -68,7 +83,7 @@ static kvt_status run_clones(kvt_prompt_cache *pc, kvt_ctx *ctx, kvt_block_pool 
     double t0 = kvt_now_ms();
     for (uint32_t i = 0; i < k && st == KVT_OK; i++) {
         uint32_t reused = 0;
-        st = kvt_prompt_cache_take(pc, prompt, d, root, &seqs[i], &reused);
+        st = take_prompt(pc, pool, prompt, d, root, &seqs[i], &reused);
         if (st == KVT_OK && !seqs[i]) st = KVT_ERR_NOT_FOUND;
         if (st) break;
         /* the rest of the prompt (take caps the reuse at d - 1) */

@@ -108,6 +108,16 @@ if x:
         t["final_tokens"], mib(x["turns_disk_bytes"]), mib(fin), x["turns_disk_bytes"] / fin))
     out.append("")
 
+x = load("ttft-ctx.json")
+if x:
+    out.append("## 5. TTFT against prompt length (bench/ttft_ctx.sh, median of %d)\n" % x["rounds"])
+    out.append("| prompt | cold | RAM hit | SSD restore | shared fetch |")
+    out.append("|---|---|---|---|---|")
+    for p in x["points"]:
+        out.append("| %d | %.0f ms | %.1f ms | %.1f ms | %.1f ms |" % (p["n_prompt"], p["cold_ms"], p["ram_ms"], p["ssd_ms"],
+                                                                     p["shared_ms"]))
+    out.append("")
+
 st = []
 try:
     with open(os.path.join(d, "status.jsonl")) as f:

@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
     kvt_seq *s; kvt_seq_create(pool, root, &s);
     kvt_seq_prepare(s, N); kvt_seq_commit(s, toks, N);
     kvt_tiers_put(t, s);
-    kvt_ssd_flush_result fr; kvt_tiers_flush(t, 60000, &fr);
+    kvt_tiers_flush_result fr; kvt_tiers_flush(t, 60000, &fr);
     kvt_seq_free(s);
     for (int half = 0; half < 2; half++) {
         for (int rep = 0; rep < 3; rep++) {

@@ -33,7 +33,7 @@ static int teardown_all(void **state) {
     return 0;
 }
 
-#define M(r, c) {r, c, sizeof(c) - 1}
+#define M(r, c) {.role = (r), .content = (c), .content_len = sizeof(c) - 1}
 
 static kvt_chat_template *mk(const char *tmpl, const kvt_tokenizer *t, const char *over) {
     kvt_chat_template *c = NULL;
@@ -315,7 +315,7 @@ static void test_prefix_property(void **s) {
 /* A llama3-style vocabulary built from the gpt2 one: its tokens and merges, plus the Llama 3 markers
  * as CONTROL tokens and tokenizer.ggml.pre = llama3. Checks the pre-type resolution (llama3 regex,
  * forced add_bos) and that the Llama 3 prefix property holds once the markers are real tokens. */
-static kvt_tokenizer *make_llama3_like(kvt_gguf **gout, const char *pre, char **path_out) {
+static kvt_tokenizer *make_llama3_like_t(kvt_gguf **gout, const char *pre, char **path_out, const char *tmpl) {
     static const char *extra[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
     uint64_t n0 = kvt_tokenizer_n_vocab(g_t[0]);
     uint64_t n = n0 + 4;
@@ -336,6 +336,7 @@ static kvt_tokenizer *make_llama3_like(kvt_gguf **gout, const char *pre, char **
     assert_true(kvt_gguf_w_copy_kv(w, g_g[0], "tokenizer.ggml.merges"));
     kvt_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)n0);
     kvt_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)n0 + 3);
+    if (tmpl) kvt_gguf_w_str(w, "tokenizer.chat_template", tmpl, strlen(tmpl));
     char *dir = tu_tmpdir("chat");
     char *path = malloc(strlen(dir) + 32);
     sprintf(path, "%s/v.gguf", dir);
@@ -351,6 +352,55 @@ static kvt_tokenizer *make_llama3_like(kvt_gguf **gout, const char *pre, char **
     assert_int_equal(kvt_tokenizer_create(*gout, &t, err, sizeof err), KVT_OK);
     *path_out = path;
     return t;
+}
+
+static kvt_tokenizer *make_llama3_like(kvt_gguf **gout, const char *pre, char **path_out) {
+    return make_llama3_like_t(gout, pre, path_out, NULL);
+}
+
+/* A GGUF's own template renders through the Jinja interpreter (bos_token / eos_token from the
+ * vocabulary); --chat-template NAME still picks a built-in renderer; a template that does not
+ * parse is a clear creation error naming tokenizer.chat_template and the line. */
+static void test_gguf_template_is_jinja(void **st) {
+    (void)st;
+    const char *tmpl = "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + "
+                       "'<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+                       "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+                       "{{- eos_token if false }}";
+    kvt_gguf *g = NULL;
+    char *path = NULL, err[512];
+    kvt_tokenizer *t = make_llama3_like_t(&g, "llama-bpe", &path, tmpl);
+    kvt_chat_template *c = NULL;
+    assert_int_equal(kvt_chat_template_create(g, t, NULL, &c, err, sizeof err), KVT_OK);
+    assert_true(kvt_chat_is_jinja(c));
+    assert_int_equal(kvt_chat_family_of(c), KVT_CHAT_LLAMA3);
+    assert_string_equal(kvt_chat_end_of_turn(c), "<|eot_id|>");
+    kvt_chat_msg m[2] = {{.role = "user", .content = " Hi ", .content_len = 4}, {.role = "tool", .content = "x", .content_len = 1}};
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(kvt_chat_render(c, m, 2, true, &out, &len, err, sizeof err), KVT_OK);
+    assert_string_equal(out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                             "<|start_header_id|>tool<|end_header_id|>\n\nx<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(out);
+    assert_true(prefix_holds(c, t, "llama3 jinja/llama3-like vocab"));
+    kvt_chat_template_free(c);
+    assert_int_equal(kvt_chat_template_create(g, t, "chatml", &c, err, sizeof err), KVT_OK);
+    assert_false(kvt_chat_is_jinja(c));
+    kvt_chat_template_free(c);
+    kvt_tokenizer_free(t);
+    kvt_gguf_free(g);
+    unlink(path);
+    free(path);
+    t = make_llama3_like_t(&g, "llama-bpe", &path, "ok\n{% for m in messages %}{{ m.content }");
+    assert_int_not_equal(kvt_chat_template_create(g, t, NULL, &c, err, sizeof err), KVT_OK);
+    assert_null(c);
+    assert_non_null(strstr(err, "tokenizer.chat_template"));
+    assert_non_null(strstr(err, "line 2"));
+    kvt_tokenizer_free(t);
+    kvt_gguf_free(g);
+    unlink(path);
+    free(path);
 }
 
 static void expect_same(const kvt_tokenizer *a, const char *ta, const kvt_tokenizer *b, const char *const *parts,
@@ -401,6 +451,7 @@ int main(void) {
         cmocka_unit_test(test_detect),       cmocka_unit_test(test_render_text),
         cmocka_unit_test(test_render_errors), cmocka_unit_test(test_bos_by_vocab),
         cmocka_unit_test(test_prefix_property), cmocka_unit_test(test_llama3_vocab),
+        cmocka_unit_test(test_gguf_template_is_jinja),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -75,10 +75,11 @@ static void test_ram_restore_eq_cold(void **st) {
     int32_t p[600];
     fill(p, 600, 1);
     run_out cold, hot, first;
-    gen(e, p, 300, 8, false, &first); /* snapshots at 128, 256, 300 (prompt), 307 (end) */
-    /* same prompt: 300 itself is not usable (one token must be computed), the last snapshot is 256 */
+    gen(e, p, 300, 8, false, &first); /* snapshots at 128, 256, 299 (n-1), 300 (prompt), 307 (end) */
+    /* same prompt: 300 itself is not usable (one token must be computed); the prefill took a
+     * snapshot at n-1 for exactly this retry */
     gen(e, p, 300, 8, false, &hot);
-    assert_int_equal(hot.reused, 256);
+    assert_int_equal(hot.reused, 299);
     assert_int_equal(hot.tier, KVT_TIER_RAM);
     assert_memory_equal(hot.tok, first.tok, sizeof(int32_t) * 8);
     /* the next turn: prompt + reply + new text reuses the end-of-generation snapshot at 307 */
@@ -222,7 +223,8 @@ static void test_qwen35_template(void **st) {
     char err[256];
     assert_int_equal(kvt_chat_template_create_text(tmpl, strlen(tmpl), NULL, NULL, &c, err, sizeof err), KVT_OK);
     const char *a1 = "<think>\nplan</think>\n\nHello!", *a2 = "<think>\nmore</think>\n\nBye";
-    kvt_chat_msg m[4] = {{"user", "Hi", 2}, {"assistant", a1, strlen(a1)}, {"user", "Go", 2}, {"assistant", a2, strlen(a2)}};
+    kvt_chat_msg m[4] = {{.role = "user", .content = "Hi", .content_len = 2}, {.role = "assistant", .content = a1, .content_len = strlen(a1)},
+                         {.role = "user", .content = "Go", .content_len = 2}, {.role = "assistant", .content = a2, .content_len = strlen(a2)}};
     char *out = NULL;
     size_t len = 0;
     assert_int_equal(kvt_chat_render(c, m, 4, false, &out, &len, err, sizeof err), KVT_OK);
@@ -256,7 +258,7 @@ static void test_chat_thinking_falls_back_to_boundary(void **st) {
     char sys[2048];
     snprintf(sys, sizeof sys, "You are a careful agent.");
     for (int i = 0; i < 40; i++) strcat(sys, " Think before you act, then answer briefly.");
-    kvt_chat_msg m[4] = {{"system", sys, strlen(sys)}, {"user", "What is the plan for today?", 27}};
+    kvt_chat_msg m[4] = {{.role = "system", .content = sys, .content_len = strlen(sys)}, {.role = "user", .content = "What is the plan for today?", .content_len = 27}};
     uint32_t n1, n2;
     int32_t *p1 = chat_ids(e, m, 2, &n1);
     run_out r1, hot, cold;
@@ -267,8 +269,8 @@ static void test_chat_thinking_falls_back_to_boundary(void **st) {
     char reply[4096];
     snprintf(reply, sizeof reply, "%s</think>\n\nThe plan is ready.", think);
     free(think);
-    m[2] = (kvt_chat_msg){"assistant", reply, strlen(reply)};
-    m[3] = (kvt_chat_msg){"user", "Good, go ahead.", 15};
+    m[2] = (kvt_chat_msg){.role = "assistant", .content = reply, .content_len = strlen(reply)};
+    m[3] = (kvt_chat_msg){.role = "user", .content = "Good, go ahead.", .content_len = 15};
     int32_t *p2 = chat_ids(e, m, 4, &n2);
     assert_true(n2 > n1 && !memcmp(p1, p2, n1 * sizeof(int32_t))); /* turn-1 prompt is a prefix */
     assert_true(memcmp(p2 + n1, r1.tok, 4 * sizeof(int32_t)) != 0);  /* but the reply is not */

@@ -505,6 +505,46 @@ static void test_matmul_batch_invariance(void **st) {
         mm_free(&c);
     }
 }
+/* Single-row K-quant products (decode GEMV: the AVX-512 4-row kernel with 512-bit integer vectors,
+ * gemv_k4 in kernels_x86_tmpl.h) equal the scalar reference bit for bit over many super-blocks, for
+ * column ranges that start and end off the 4-row tiles (the remainder rows take the 4x1 tile), and
+ * with extreme super-block scales (f16 max and tiny d / dmin: the float expression must be the
+ * reference's, not merely close to it). */
+static void test_gemv_kquant_vs_ref(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K};
+    const int64_t ranges[][2] = {{0, 37}, {3, 30}, {1, 2}, {8, 24}, {33, 37}};
+    for (size_t ti = 0; ti < 3; ti++) {
+        mm_case c;
+        mm_setup(&c, ts[ti], 2048, 37, 1, 900 + ti);
+        /* rows 5 and 6: extreme d (f16 max 0x7bff, smallest normal 0x0400) in every super-block */
+        const size_t rb = kvt_type_row_bytes(ts[ti], 2048), bb = kvt_type_block_bytes(ts[ti]);
+        const size_t doff = ts[ti] == KVT_TYPE_Q6_K ? 208 : 0;
+        for (int64_t b = 0; b < 8; b++) {
+            const uint16_t big = 0x7bff, tiny = 0x0400;
+            memcpy(c.w + 5 * rb + (size_t)b * bb + doff, &big, 2);
+            memcpy(c.w + 6 * rb + (size_t)b * bb + doff, &tiny, 2);
+            if (ts[ti] != KVT_TYPE_Q6_K) memcpy(c.w + 6 * rb + (size_t)b * bb + 2, &big, 2); /* dmin */
+        }
+        float *yr = malloc(37 * 4), *ys = malloc(37 * 4);
+        kvt_matmul_rows_ref(c.t, c.w, c.n_in, c.a, 1, yr, 37, 0, 37);
+        kvt_isa isas[3];
+        const int ni = isa_list(isas);
+        for (int k = 0; k < ni; k++) {
+            assert_true(kvt_kernels_force_isa(isas[k]));
+            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                const int64_t o0 = ranges[ri][0], o1 = ranges[ri][1];
+                memset(ys, 0xff, 37 * 4);
+                kvt_matmul_rows(c.t, c.w, c.n_in, c.a, 1, ys, 37, o0, o1);
+                assert_memory_equal(yr + o0, ys + o0, (size_t)(o1 - o0) * 4);
+            }
+        }
+        kvt_kernels_force_isa(kvt_kernels_best_isa());
+        free(yr), free(ys);
+        mm_free(&c);
+    }
+}
+
 static void test_matmul_odd_shapes(void **st) {
     (void)st;
     const uint32_t ts[] = {KVT_TYPE_Q8_0, KVT_TYPE_F16, KVT_TYPE_Q4_K, KVT_TYPE_F32};
@@ -1023,7 +1063,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_isa_force),        cmocka_unit_test(test_numerics_id),
         cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
-        cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_f32_helpers),
+        cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_gemv_kquant_vs_ref), cmocka_unit_test(test_f32_helpers),
         cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
         cmocka_unit_test(test_packed_k16_shapes),   cmocka_unit_test(test_packed_k16_extreme),

@@ -423,10 +423,10 @@ static void test_max_scores(void **st) {
 static void test_prefill_simd_levels(void **st) {
     (void)st;
     uint64_t h[3];
-    const int top = kvt_kv_simd_level();
+    const int top = kvt_vec_level();
     for (int lv = top; lv >= 0; lv--) {
-        kvt_kv_force_simd_level(lv);
-        assert_int_equal(kvt_kv_simd_level(), lv);
+        kvt_vec_force_level(lv);
+        assert_int_equal(kvt_vec_level(), lv);
         g_out_hash = 1469598103934665603ull;
         for (size_t i = 0; i < KVT_ARRAY_LEN(PSHAPES); i++) prefill_shape(&PSHAPES[i]);
         h[lv] = g_out_hash;

@@ -1,4 +1,5 @@
-/* test_kv_codec.c — f16/bf16/MLX-affine row codecs (kv-codecs.md §1.2–1.5) and the SIMD helpers. */
+/* test_kv_codec.c — f16/bf16/MLX-affine row codecs (kv-codecs.md §1.2–1.5) and their SIMD decoders
+ * (the f32 vector ops attention runs on are tested in test_vec.c). */
 #include <float.h>
 #include <math.h>
 
@@ -282,12 +283,12 @@ static void test_simd_vs_scalar(void **st) {
     float x[80], y[80], y1[80], y2[80];
     for (uint32_t len = 1; len <= 80; len++) {
         for (uint32_t i = 0; i < len; i++) x[i] = tu_randf(&rng), y[i] = tu_randf(&rng) * 3;
-        float d1 = kvt_kv_dot(x, y, len), d2 = kvt_kv_dot_scalar(x, y, len);
+        float d1 = kvt_vec_dot(x, y, len), d2 = kvt_vec_dot_ref(x, y, len);
         assert_memory_equal(&d1, &d2, 4);
         memcpy(y1, y, sizeof y);
         memcpy(y2, y, sizeof y);
-        kvt_kv_axpy(y1, 0.37f, x, len);
-        kvt_kv_axpy_scalar(y2, 0.37f, x, len);
+        kvt_vec_axpy(y1, 0.37f, x, len);
+        kvt_vec_axpy_ref(y2, 0.37f, x, len);
         assert_memory_equal(y1, y2, len * sizeof(float));
     }
     /* affine fast path == scalar */
@@ -314,236 +315,12 @@ static void test_simd_vs_scalar(void **st) {
     assert_memory_equal(o1, o2, 253 * sizeof(float));
 }
 
-/* Multi-row dot / axpy used by attention == looping the scalar single-row helpers, bit for bit,
- * for row counts around the 8-row block and dims with and without an 8-multiple. */
-static void test_rows_vs_scalar(void **st) {
-    (void)st;
-    kvt_kv_cpu_init();
-    uint64_t rng = 11;
-    static float k[40 * 136], q[136], s1[40], s2[40], y1[136], y2[136], w[40];
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) k[i] = tu_randf(&rng) * 2;
-    for (int i = 0; i < 136; i++) q[i] = tu_randf(&rng);
-    for (int i = 0; i < 40; i++) w[i] = tu_randf(&rng) + 0.5f;
-    const uint32_t dims[] = {8, 32, 64, 128, 136, 20, 3};
-    for (int di = 0; di < 7; di++) {
-        const uint32_t n = dims[di];
-        for (uint32_t nr = 0; nr <= 40; nr++) {
-            kvt_kv_dot_rows(q, k, n, nr, n, 0.125f, s1);
-            kvt_kv_dot_rows_scalar(q, k, n, nr, n, 0.125f, s2);
-            assert_memory_equal(s1, s2, nr * sizeof(float));
-            for (uint32_t r = 0; r < nr; r++) { /* and each equals the single-row helper */
-                float one = kvt_kv_dot(q, k + (size_t)r * n, n) * 0.125f;
-                assert_memory_equal(&one, &s1[r], 4);
-            }
-            for (uint32_t i = 0; i < n; i++) y1[i] = y2[i] = tu_randf(&rng);
-            kvt_kv_axpy_rows(y1, w, k, n, nr, n);
-            kvt_kv_axpy_rows_scalar(y2, w, k, n, nr, n);
-            assert_memory_equal(y1, y2, n * sizeof(float));
-        }
-    }
-    /* the scalar forms are not trivially equal to something else: a different order differs */
-    float a = kvt_kv_dot_scalar(q, k, 128), b = 0.0f;
-    for (int i = 0; i < 128; i++) b += q[i] * k[i];
-    assert_true(fabsf(a - b) < 1e-3f);
-}
-
-/* dot/axpy/exp numerics v2: every SIMD level (AVX-512, AVX2+FMA, scalar) and the 4-query kernels give
- * the bits of the scalar definitions; exp is accurate and maps -inf to 0 and NaN to NaN. Runs last:
- * it lowers the process-wide SIMD level. */
-/* kvt_kv_round_f16 (attention's f16 rounding of Q and of the softmax weights): every SIMD level
- * equals the scalar definition and the kvt_f32_to_f16 round trip, for normals, subnormals, ties,
- * overflow and zeros, with and without a multiplier, in place and out of place. */
-/* kvt_kv_round_f16 at the current SIMD level equals the scalar rounding and f16(x*mul). */
-static void round_f16_check(void) {
-    enum { N = 77 };
-    static float x[N], a[N], b[N];
-    uint64_t rng = 7;
-    for (int i = 0; i < N; i++) x[i] = ((float)(tu_rand(&rng) % 200001) / 1000.0f - 100.0f) * (i % 3 ? 1.0f : 1e-6f);
-    x[0] = 0.0f, x[1] = -0.0f, x[2] = 65519.0f, x[3] = 70000.0f, x[4] = 1.0f + 1.0f / 2048.0f; /* tie to even */
-    x[5] = 3e-8f, x[6] = -5.96046448e-8f, x[7] = 2.98023224e-8f; /* subnormal half range, tie to 0 */
-    const float muls[3] = {1.0f, 0.0123f, 3.5f};
-    for (int mi = 0; mi < 3; mi++)
-        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 11)) {
-            kvt_kv_round_f16(x, a, n, muls[mi]);
-            kvt_kv_round_f16_scalar(x, b, n, muls[mi]);
-            assert_memory_equal(a, b, n * sizeof(float));
-            for (uint32_t i = 0; i < n; i++) {
-                const float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i] * muls[mi]));
-                assert_memory_equal(&a[i], &want, sizeof(float));
-            }
-            memcpy(b, x, n * sizeof(float));
-            kvt_kv_round_f16(b, b, n, muls[mi]); /* in place */
-            assert_memory_equal(a, b, n * sizeof(float));
-        }
-}
-
-/* Every level (test_fma_levels also checks each level it visits: this test runs after it, when
- * forcing has left the level at scalar). */
-static void test_round_f16_levels(void **st) {
-    (void)st;
-    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
-        kvt_kv_force_simd_level(level);
-        round_f16_check();
-    }
-    /* the rounding really happens: 1 + 2^-12 is not an f16 */
-    float v = 1.0f + 1.0f / 4096.0f, r;
-    kvt_kv_round_f16(&v, &r, 1, 1.0f);
-    assert_true(r == 1.0f);
-}
-
-/* Transposed-key scores (attention pass 1 on AVX-512) equal the scalar dot bit for bit at every
- * level, for every key count (masked tails, zero padding) and head dim (16-multiples take the SIMD
- * path, others the scalar twin); the transposes (from f32 rows, and from f16 rows as decoded) are
- * exact and zero-pad to 16 columns. test_fma_levels runs it at each level. */
-static void dot_kt_check(void) {
-    uint64_t rng = 7;
-    enum { N = 256, R = 70, LDK = 80 };
-    static float q[4][N], k[R * N], kt[N * LDK], kt_s[N * LDK], out[4][R], ref[4][R];
-    for (int j = 0; j < 4; j++)
-        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
-    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
-    k[3 * N + 5] = -0.0f, q[1][5] = 0.0f; /* a signed-zero product in one lane */
-    {
-        static const uint32_t dims[] = {16, 32, 48, 64, 80, 128, 256, 40, 7};
-        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-            const uint32_t n = dims[di];
-            for (uint32_t nk = 1; nk <= 64; nk += (nk < 18 ? 1 : 7)) {
-                const uint32_t r0 = nk % 5; /* keys r0..r0+nk-1 of k */
-                memset(kt, 0x7f, sizeof kt), memset(kt_s, 0x7f, sizeof kt_s);
-                kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK);
-                kvt_kv_transpose_rows_scalar(k + (size_t)r0 * N, N, nk, n, kt_s, LDK);
-                const uint32_t np = (nk + 15) & ~15u;
-                for (uint32_t d = 0; d < n; d++) {
-                    assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
-                    for (uint32_t r = 0; r < np; r++)
-                        assert_true(kt[(size_t)d * LDK + r] == (r < nk ? k[(size_t)(r0 + r) * N + d] : 0.0f));
-                }
-                { /* from f16 rows (row stride 2n + 6 bytes): equal to decoding, then transposing */
-                    static uint8_t h16[R * (2 * N + 6)];
-                    static float dec[R * N];
-                    const size_t rb = 2 * (size_t)n + 6;
-                    for (size_t i = 0; i < sizeof h16; i += 2) {
-                        uint16_t h = (uint16_t)tu_rand(&rng);
-                        if ((h & 0x7c00) == 0x7c00) h &= 0x83ff; /* no inf/NaN: finite, subnormals kept */
-                        memcpy(h16 + i, &h, 2);
-                    }
-                    for (uint32_t r = 0; r < nk; r++)
-                        kvt_decode_row_scalar((kvt_codec){.kind = KVT_CODEC_F16}, h16 + r * rb, n, dec + (size_t)r * N);
-                    kvt_kv_transpose_rows_scalar(dec, N, nk, n, kt_s, LDK);
-                    kvt_kv_transpose_f16_rows(h16, rb, nk, n, kt, LDK);
-                    for (uint32_t d = 0; d < n; d++)
-                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
-                    kvt_kv_transpose_f16_rows_scalar(h16, rb, nk, n, kt, LDK);
-                    for (uint32_t d = 0; d < n; d++)
-                        assert_memory_equal(kt + (size_t)d * LDK, kt_s + (size_t)d * LDK, np * sizeof(float));
-                    kvt_kv_transpose_rows(k + (size_t)r0 * N, N, nk, n, kt, LDK); /* back to the f32 keys */
-                }
-                for (int rep = 0; rep < 2; rep++) { /* distinct queries, then one query repeated */
-                    const float *qq[4] = {q[0], q[rep ? 0 : 1], q[rep ? 0 : 2], q[rep ? 0 : 3]};
-                    float *oo[4] = {out[0], out[1], out[2], out[3]};
-                    for (int j = 0; j < 4; j++) out[j][nk] = 12345.0f; /* must stay: the masked tail */
-                    kvt_kv_dot_kt_q4(qq, kt, LDK, nk, n, 0.125f, oo);
-                    for (int j = 0; j < 4; j++) {
-                        kvt_kv_dot_rows_scalar(qq[j], k + (size_t)r0 * N, N, nk, n, 0.125f, ref[j]);
-                        assert_memory_equal(out[j], ref[j], nk * sizeof(float));
-                        if (nk < R) assert_true(out[j][nk] == 12345.0f);
-                    }
-                    kvt_kv_dot_kt_q4_scalar(qq, kt, LDK, nk, n, 0.125f, oo);
-                    for (int j = 0; j < 4; j++) assert_memory_equal(out[j], ref[j], nk * sizeof(float));
-                }
-            }
-        }
-    }
-}
-
-/* kvt_kv_exp_sum at the current level equals the scalar one bit for bit over a sweep of float bit
- * patterns covering every exp argument range (below EXP_LO, the polynomial range, above EXP_HI,
- * ±0, ±inf, NaN), for several maxima m. */
-static void exp_sum_check(void) {
-    enum { B = 4096 };
-    static float a[B], b[B];
-    const float ms[3] = {0.0f, 2.5f, -30.0f};
-    uint32_t fill = 0;
-    for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 9973) {
-        uint32_t u = (uint32_t)bits;
-        float f;
-        memcpy(&f, &u, 4);
-        if (fabsf(f) > 200.0f && f == f && !isinf(f)) f = fmodf(f, 200.0f); /* keep most in range */
-        a[fill++] = f;
-        if (fill == B || bits + 9973 > 0xffffffffull) {
-            if (fill < B) a[fill++] = NAN, a[fill++] = -INFINITY, a[fill++] = INFINITY, a[fill++] = -0.0f;
-            for (int mi = 0; mi < 3; mi++)
-                for (uint32_t n = fill; n + 16 > fill && n > 0; n -= 5) { /* full vectors and tails */
-                    static float r[B];
-                    memcpy(b, a, n * sizeof(float)), memcpy(r, a, n * sizeof(float));
-                    const float s1 = kvt_kv_exp_sum(b, n, ms[mi]), s0 = kvt_kv_exp_sum_scalar(r, n, ms[mi]);
-                    assert_memory_equal(b, r, n * sizeof(float));
-                    assert_true(memcmp(&s0, &s1, 4) == 0 || (s0 != s0 && s1 != s1));
-                }
-            fill = 0;
-        }
-    }
-}
-
-static void test_fma_levels(void **st) {
-    (void)st;
-    uint64_t rng = 99;
-    enum { N = 128, R = 37 };
-    static float q[4][N], k[R * N], w[4][R], ref_s[4][R], y0[4][N], y1[4][N], e0[R + 20], e1[R + 20];
-    for (int j = 0; j < 4; j++)
-        for (int i = 0; i < N; i++) q[j][i] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
-    for (int i = 0; i < R * N; i++) k[i] = (float)(tu_rand(&rng) % 2001) / 700.0f - 1.4f;
-    for (int j = 0; j < 4; j++)
-        for (int r = 0; r < R; r++) w[j][r] = (float)(tu_rand(&rng) % 1000) / 999.0f;
-    for (int level = kvt_kv_simd_level(); level >= 0; level--) {
-        kvt_kv_force_simd_level(level);
-        round_f16_check();
-        dot_kt_check();
-        exp_sum_check();
-        for (uint32_t n = 1; n <= N; n += (n < 20 ? 1 : 13)) {
-            for (int j = 0; j < 4; j++)
-                for (int r = 0; r < R; r++) {
-                    float d = kvt_kv_dot(q[j], k + r * N, n), s = kvt_kv_dot_scalar(q[j], k + r * N, n);
-                    assert_memory_equal(&d, &s, 4);
-                }
-            const float *qq[4] = {q[0], q[1], q[2], q[3]};
-            float out[4][R], *oo[4] = {out[0], out[1], out[2], out[3]};
-            kvt_kv_dot_q4(qq, k, N, R, n, 0.125f, oo);
-            for (int j = 0; j < 4; j++) {
-                kvt_kv_dot_rows_scalar(q[j], k, N, R, n, 0.125f, ref_s[j]);
-                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
-                kvt_kv_dot_rows(q[j], k, N, R, n, 0.125f, out[j]);
-                assert_memory_equal(out[j], ref_s[j], sizeof(float) * R);
-            }
-            memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
-            float *yy[4] = {y1[0], y1[1], y1[2], y1[3]};
-            const float *ww[4] = {w[0], w[1], w[2], w[3]};
-            kvt_kv_axpy_q4(yy, ww, k, N, R, n);
-            for (int j = 0; j < 4; j++) {
-                kvt_kv_axpy_rows_scalar(y0[j], w[j], k, N, R, n);
-                assert_memory_equal(y0[j], y1[j], sizeof(float) * n);
-            }
-        }
-        for (int n = 0; n < R + 20; n++) e0[n] = e1[n] = (float)(n % 11) * -3.7f + (n == 5 ? -INFINITY : 0.0f);
-        float s0 = kvt_kv_exp_sum_scalar(e0, R + 20, 0.5f), s1 = kvt_kv_exp_sum(e1, R + 20, 0.5f);
-        assert_memory_equal(&s0, &s1, 4);
-        assert_memory_equal(e0, e1, sizeof e0);
-        assert_true(e0[5] == 0.0f);
-    }
-    for (float x = -87.0f; x <= 0.0f; x += 0.37f) {
-        double ref = exp((double)x), got = kvt_kv_exp(x);
-        assert_true(fabs(got - ref) <= 4e-7 * ref);
-    }
-    assert_true(kvt_kv_exp(-INFINITY) == 0.0f && kvt_kv_exp(0.0f) == 1.0f && isnan(kvt_kv_exp(NAN)));
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
-        cmocka_unit_test(test_rows_vs_scalar), cmocka_unit_test(test_fma_levels),
-        cmocka_unit_test(test_round_f16_levels), cmocka_unit_test(test_f16_encode_matches),
+        cmocka_unit_test(test_f16_encode_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -383,7 +383,7 @@ static void test_attention_k8v3(void **st) { (void)st; check_turbo_attention("tu
 static void test_attention_k4v2_window(void **st) { (void)st; check_turbo_attention("turbo:k4v2", 24); }
 static void test_attention_k5v5_simd_off(void **st) {
     (void)st;
-    kvt_kv_force_simd_level(0);
+    kvt_vec_force_level(0);
     check_turbo_attention("turbo:k5v5", 0);
 }
 

@@ -26,10 +26,22 @@ typedef struct spec {
     /* fault injection */
     const char *omit;   /* tensor name to leave out */
     const char *bad;    /* tensor name to write with a wrong ne[1] */
+    /* gemma3 attention.sliding_window_pattern: a period (swa_period > 0), or swa_n_bools booleans
+     * (swa_bools[il]: window layer); neither: the key is absent */
+    uint32_t swa_period, swa_n_bools;
+    const uint8_t *swa_bools;
 } spec;
 
+/* Whether the spec's layer il is a sliding-window layer (as gemma3 reads the key; period 6 without it). */
+static bool spec_layer_swa(const spec *s, uint32_t il) {
+    if (strcmp(s->arch, "gemma3")) return false;
+    if (s->swa_bools) return s->swa_bools[il];
+    const uint32_t p = s->swa_period ? s->swa_period : 6;
+    return il % p < p - 1;
+}
+
 static spec tiny(const char *arch) {
-    spec s = {arch, 384, 64, 2, 4, 2, 32, 128, 0, KVT_TYPE_F32, false, false, 0.0f, 42, NULL, NULL};
+    spec s = {arch, 384, 64, 2, 4, 2, 32, 128, 0, KVT_TYPE_F32, false, false, 0.0f, 42, NULL, NULL, 0, 0, NULL};
     if (!strcmp(arch, "qwen3")) s.head_dim = 24; /* head_dim != n_embd/n_head */
     if (!strcmp(arch, "gemma3")) {
         s.n_layer = 6; /* 5 local layers + 1 global */
@@ -89,6 +101,8 @@ static void write_model(const spec *s, const char *path) {
     kvt_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), !strcmp(a, "llama") ? 1e-5f : 1e-6f);
     if (s->rope_factor > 0) kvt_gguf_w_f32(w, K("rope.scaling.factor"), s->rope_factor);
     if (s->n_swa) kvt_gguf_w_u32(w, K("attention.sliding_window"), s->n_swa);
+    if (s->swa_period) kvt_gguf_w_u32(w, K("attention.sliding_window_pattern"), s->swa_period);
+    if (s->swa_bools) kvt_gguf_w_arr(w, K("attention.sliding_window_pattern"), KVT_GGUF_BOOL, s->swa_bools, s->swa_n_bools);
 #undef K
     uint64_t rng = s->seed;
     const uint32_t E = s->n_embd, QD = s->n_head * s->head_dim, KD = s->n_kv * s->head_dim, t = s->type;
@@ -650,7 +664,7 @@ static float *ref_forward(const kvt_gguf *g, const spec *s, const int32_t *tok, 
         for (uint32_t i = 0; i < E; i++) x[i] = emb.data[(size_t)tok[p] * E + i] * (gem ? sqrtf((float)E) : 1.0f);
         for (uint32_t il = 0; il < L; il++) {
             refw *w = lw[il];
-            bool swa = gem && il % 6 < 5;
+            bool swa = spec_layer_swa(s, il);
             memcpy(xn, x, E * 4);
             ref_norm(xn, w[0].data, E, eps);
             ref_mv(&w[1], xn, q);
@@ -768,6 +782,44 @@ static void test_reference_gemma3(void **st) {
     spec s = tiny("gemma3");
     check_reference(&s, 50, 1e-3f); /* > window 32: masking exercised */
 }
+/* The window layers come from the file's sliding_window_pattern where it has one (a period, or one
+ * boolean per layer): the cache declares them, and the forward pass masks and rotates by them, as
+ * the independent reference does. */
+static void test_reference_gemma3_swa_pattern(void **st) {
+    (void)st;
+    static const uint8_t bools[6] = {1, 0, 1, 1, 0, 0};
+    spec by_period = tiny("gemma3"), by_bools = tiny("gemma3");
+    by_period.swa_period = 3;
+    by_bools.swa_bools = bools;
+    by_bools.swa_n_bools = 6;
+    const spec *cases[2] = {&by_period, &by_bools};
+    for (int ci = 0; ci < 2; ci++) {
+        fx f;
+        fx_open(&f, cases[ci], 16);
+        kvt_codec cod[6];
+        kvt_layer_desc d[6];
+        for (int i = 0; i < 6; i++) cod[i] = (kvt_codec){.kind = KVT_CODEC_F16};
+        kvt_model_layer_descs(f.m, cod, d);
+        for (uint32_t i = 0; i < 6; i++) {
+            const bool swa = spec_layer_swa(cases[ci], i);
+            assert_int_equal(kvt_model_layer_is_swa(f.m, i), swa);
+            assert_int_equal(d[i].kind, swa ? KVT_KIND_WINDOW : KVT_KIND_FULL);
+        }
+        fx_close(&f);
+        check_reference(cases[ci], 50, 1e-3f); /* > window 32: masking exercised */
+    }
+    /* malformed patterns are refused */
+    static const uint8_t short_bools[5] = {1, 1, 1, 1, 1};
+    char err[256];
+    spec empty = tiny("gemma3"), wrong_len = tiny("gemma3");
+    empty.swa_bools = short_bools;
+    empty.swa_n_bools = 0;
+    assert_int_equal(load_spec(&empty, err, sizeof(err)), KVT_ERR_FORMAT);
+    wrong_len.swa_bools = short_bools;
+    wrong_len.swa_n_bools = 5;
+    assert_int_equal(load_spec(&wrong_len, err, sizeof(err)), KVT_ERR_FORMAT);
+}
+
 static void test_reference_llama_q8_0(void **st) {
     (void)st;
     spec s = tiny_quant(KVT_TYPE_Q8_0);
@@ -839,6 +891,7 @@ int main(void) {
         cmocka_unit_test(test_reference_qwen2),
         cmocka_unit_test(test_reference_qwen3),
         cmocka_unit_test(test_reference_gemma3),
+        cmocka_unit_test(test_reference_gemma3_swa_pattern),
         cmocka_unit_test(test_reference_llama_q8_0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

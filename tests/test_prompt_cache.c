@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "cache/prompt_cache.h"
+#include "cache/ram_int.h"
 
 /* ------------------------------------------------------------------ fixtures */
 
@@ -14,6 +15,33 @@ enum { LAY_FULL, LAY_WINDOW, LAY_RECURRENT };
 #define HEADS 2
 #define HD 8
 #define STATE_BYTES 48
+
+/* The RAM tier's one lookup flavour over a prompt's chain: plan, then take the plan (or just read
+ * the plan's usable length: no side effects). */
+static kvt_status take_toks(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root, kvt_seq **out,
+                            uint32_t *n_reused) {
+    kvt_chain *c = NULL;
+    kvt_prompt_cache_plan *p = NULL;
+    *out = NULL;
+    *n_reused = 0;
+    kvt_status st = kvt_chain_create(root, prompt, n, BT, &c);
+    if (st == KVT_OK) st = kvt_prompt_cache_plan_create(pc, c, &p, NULL);
+    if (st == KVT_OK) st = kvt_prompt_cache_take_plan(pc, p, out, n_reused);
+    kvt_prompt_cache_plan_free(p);
+    kvt_chain_release(c);
+    assert_true(kvt_prompt_cache_check(pc));
+    return st;
+}
+
+static uint32_t peek_toks(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root) {
+    kvt_chain *c = NULL;
+    kvt_prompt_cache_plan *p = NULL;
+    kvt_prompt_cache_peek_info pi = {0};
+    if (kvt_chain_create(root, prompt, n, BT, &c) == KVT_OK && kvt_prompt_cache_plan_create(pc, c, &p, &pi) == KVT_OK)
+        kvt_prompt_cache_plan_free(p);
+    kvt_chain_release(c);
+    return pi.usable;
+}
 
 typedef struct fx {
     kvt_kv_layout *layout;
@@ -54,6 +82,7 @@ static void fx_init(fx *f, int kind, uint64_t max_bytes) {
 }
 
 static void fx_free(fx *f) {
+    assert_true(kvt_prompt_cache_check(f->pc)); /* ram_index.c R1-R4, R8 */
     kvt_prompt_cache_free(f->pc);
     assert_int_equal(kvt_block_pool_used_bytes(f->pool), 0); /* every block released exactly once */
     kvt_block_pool_free(f->pool);
@@ -153,8 +182,8 @@ static void check_seq(fx *f, kvt_seq *s, const int32_t *toks, uint32_t L) {
 static uint32_t take_check(fx *f, uint64_t root, const int32_t *prompt, uint32_t n) {
     kvt_seq *s = NULL;
     uint32_t L = 99999;
-    assert_int_equal(kvt_prompt_cache_take(f->pc, prompt, n, root, &s, &L), KVT_OK);
-    assert_int_equal(L, kvt_prompt_cache_peek(f->pc, prompt, n, root));
+    assert_int_equal(take_toks(f->pc, prompt, n, root, &s, &L), KVT_OK);
+    assert_int_equal(L, peek_toks(f->pc, prompt, n, root));
     if (L == 0) {
         assert_null(s);
         return 0;
@@ -274,7 +303,7 @@ static void test_divergent_cut_donor_intact(void **st) {
     }
     kvt_seq *s = NULL;
     uint32_t L = 0;
-    assert_int_equal(kvt_prompt_cache_take(f.pc, p, 8, f.root, &s, &L), KVT_OK);
+    assert_int_equal(take_toks(f.pc, p, 8, f.root, &s, &L), KVT_OK);
     assert_int_equal(L, 6);
     check_seq(&f, s, p, 6);
     seq_feed(&f, s, ext, 5, 1); /* extend the clone token by token: copy-on-write of the shared block */
@@ -358,16 +387,16 @@ static void test_byte_cap_lru(void **st) {
     assert_int_equal(s.bytes, bb * 4);
     assert_int_equal(s.blocks, 4);
     assert_int_equal(s.evictions, 2);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 0);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 9, f.root), 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, c, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 0);
+    assert_int_equal(peek_toks(f.pc, b, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, c, 9, f.root), 8);
     /* cap smaller than two entries: the fresh one still stays */
     fx_free(&f);
     fx_init(&f, LAY_FULL, bb * 2 + bb / 2);
     put_seq(&f, f.root, a, 8);
     put_seq(&f, f.root, b, 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 9, f.root), 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 0);
+    assert_int_equal(peek_toks(f.pc, b, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 0);
     assert_true(stats(&f).bytes <= bb * 2 + bb / 2);
     fx_free(&f);
 }
@@ -410,9 +439,9 @@ static void test_recency_bump_on_take(void **st) {
     put_seq(&f, f.root, b, 8);
     assert_int_equal(take_check(&f, f.root, a, 9), 8); /* a is now the most recent */
     put_seq(&f, f.root, c, 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 9, f.root), 0);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, c, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, b, 9, f.root), 0);
+    assert_int_equal(peek_toks(f.pc, c, 9, f.root), 8);
     fx_free(&f);
 }
 
@@ -431,8 +460,8 @@ static void test_leaf_first(void **st) {
     put_seq(&f, f.root, a, 8); /* node0 (older), node1 (leaf) */
     put_seq(&f, f.root, b, 4); /* over the cap by one block */
     assert_int_equal(stats(&f).evictions, 1);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 4); /* node0 kept */
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 5, f.root), 4);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 4); /* node0 kept */
+    assert_int_equal(peek_toks(f.pc, b, 5, f.root), 4);
     fx_free(&f);
 }
 
@@ -481,7 +510,7 @@ static void test_namespaces(void **st) {
     assert_int_equal(take_check(&f, ra, a, 12), 8);
     put_seq(&f, rb, a, 6);
     put_seq(&f, ra, a, 10); /* must not supersede B's [1..6] */
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 7, rb), 6);
+    assert_int_equal(peek_toks(f.pc, a, 7, rb), 6);
     kvt_prompt_cache_stats s = stats(&f);
     assert_int_equal(s.blocks, 3 + 2);
     assert_int_equal(s.reuse_impossible[KVT_REUSE_IMPOSSIBLE_NAMESPACE], 1);
@@ -489,6 +518,29 @@ static void test_namespaces(void **st) {
     assert_int_equal(take_check(&f, rb, other, 6), 0); /* plain miss: no NAMESPACE */
     assert_int_equal(stats(&f).reuse_impossible[KVT_REUSE_IMPOSSIBLE_NAMESPACE], 1);
     fx_free(&f);
+}
+
+/* The NAMESPACE diagnostic tries only the 16 most recently created other roots: clients choose
+ * namespaces (cache_salt), so a miss must not hash once per namespace ever seen. */
+static void test_namespace_diag_bounded(void **st) {
+    (void)st;
+    for (int newer = 15; newer <= 16; newer++) {
+        fx f;
+        fx_init(&f, LAY_FULL, UINT64_MAX);
+        int32_t a[12], o[12];
+        seq_range(a, 12, 1);
+        seq_range(o, 12, 100);
+        put_seq(&f, kvt_root_hash("test-compat", "A"), a, 8);
+        for (int i = 0; i < newer; i++) { /* roots created after A's, holding another prompt */
+            char ns[16];
+            snprintf(ns, sizeof ns, "salt-%d", i);
+            put_seq(&f, kvt_root_hash("test-compat", ns), o, 8);
+        }
+        assert_int_equal(take_check(&f, kvt_root_hash("test-compat", "B"), a, 12), 0);
+        /* A is among the 16 most recent other roots with 15 newer ones, not with 16 */
+        assert_int_equal(stats(&f).reuse_impossible[KVT_REUSE_IMPOSSIBLE_NAMESPACE], newer == 15 ? 1 : 0);
+        fx_free(&f);
+    }
 }
 
 /* [M]11: one donor serves many takes concurrently; refcounts return to cache-only afterwards. */
@@ -508,7 +560,7 @@ static void *take_thread(void *p) {
         prompt[18] = 3;
         kvt_seq *s = NULL;
         uint32_t L = 0;
-        if (kvt_prompt_cache_take(a->f->pc, prompt, 19, a->f->root, &s, &L) != KVT_OK || !s) continue;
+        if (take_toks(a->f->pc, prompt, 19, a->f->root, &s, &L) != KVT_OK || !s) continue;
         if (L == 16 && kvt_seq_len(s) == 16 && memcmp(kvt_seq_tokens(s), prompt, 16 * 4) == 0) {
             /* extend privately: must never disturb the donor or other threads */
             if (kvt_seq_prepare(s, 1) == KVT_OK && kvt_seq_commit(s, prompt + 16, 1) == KVT_OK) a->ok++;
@@ -543,7 +595,7 @@ static void test_concurrent_takes(void **st) {
     uint32_t L = 0;
     int32_t p[17];
     seq_range(p, 17, 1);
-    assert_int_equal(kvt_prompt_cache_take(f.pc, p, 17, f.root, &d, &L), KVT_OK);
+    assert_int_equal(take_toks(f.pc, p, 17, f.root, &d, &L), KVT_OK);
     for (uint32_t i = 0; i < 4; i++) assert_int_equal(kvt_block_refcount(kvt_seq_block(d, 0, i)), 2);
     kvt_seq_free(d);
     fx_free(&f);
@@ -564,7 +616,7 @@ static void test_refcounted_release(void **st) {
     assert_int_equal(kvt_block_pool_used_bytes(f.pool), used); /* shared, not copied */
     kvt_seq *c = NULL;
     uint32_t L = 0;
-    assert_int_equal(kvt_prompt_cache_take(f.pc, a, 12, f.root, &c, &L), KVT_OK);
+    assert_int_equal(take_toks(f.pc, a, 12, f.root, &c, &L), KVT_OK);
     assert_int_equal(L, 8);
     seq_feed(&f, c, a + 8, 3, 3);
     assert_int_equal(kvt_prompt_cache_put(f.pc, c), KVT_OK); /* extended clone */
@@ -632,8 +684,8 @@ static void test_demote_idle(void **st) {
     assert_int_equal(kvt_prompt_cache_demote_idle(f.pc, 60), 2);  /* only a */
     assert_int_equal(sk.n_blocks, 2);
     assert_int_equal(stats(&f).spills, 2);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 0);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 0);
+    assert_int_equal(peek_toks(f.pc, b, 9, f.root), 8);
     assert_int_equal(kvt_prompt_cache_demote_idle(f.pc, 0), 4); /* drain: everything */
     assert_int_equal(stats(&f).blocks, 0);
     assert_int_equal(sk.n_blocks, 6);
@@ -673,7 +725,7 @@ static void test_eviction_spills(void **st) {
     assert_int_equal(stats(&f).spills, 2);
     assert_int_equal(stats(&f).evictions, 4);
     assert_int_equal(kvt_block_pool_used_bytes(f.pool), bb * 2);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 8);
     sink_release(&sk);
     fx_free(&f);
 }
@@ -698,7 +750,7 @@ static void test_evict_bytes(void **st) {
     assert_int_equal(kvt_prompt_cache_evict_bytes(f.pc, UINT64_MAX), bb * 3);
     assert_int_equal(kvt_block_pool_used_bytes(f.pool), bb * 2);
     assert_int_equal(stats(&f).blocks, 2); /* the live sequence's blocks stay indexed */
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, c, 9, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, c, 9, f.root), 8);
     assert_int_equal(kvt_prompt_cache_evict_bytes(f.pc, UINT64_MAX), 0);
     kvt_seq_free(live);
     fx_free(&f);
@@ -715,8 +767,8 @@ static void test_evict_bytes(void **st) {
     assert_int_equal(kvt_block_pool_used_bytes(f.pool), bb * 4);
     kvt_seq *s = mk_seq(&f, f.root, c, 8); /* needs 2 blocks: the cache gives them up */
     assert_int_equal(kvt_block_pool_used_bytes(f.pool), bb * 4);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, b, 9, f.root), 8); /* LRU (a) went first */
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 9, f.root), 0);
+    assert_int_equal(peek_toks(f.pc, b, 9, f.root), 8); /* LRU (a) went first */
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 0);
     kvt_seq_free(s);
     fx_free(&f);
 }
@@ -761,12 +813,12 @@ static void test_peek_and_dedup(void **st) {
     int32_t a[14];
     seq_range(a, 14, 1);
     put_seq(&f, f.root, a, 8);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 14, f.root), 8);
+    assert_int_equal(peek_toks(f.pc, a, 14, f.root), 8);
     kvt_prompt_cache_stats s = stats(&f);
     assert_int_equal(s.hits + s.misses, 0);
     kvt_seq *c = NULL;
     uint32_t L = 0;
-    assert_int_equal(kvt_prompt_cache_take(f.pc, a, 14, f.root, &c, &L), KVT_OK);
+    assert_int_equal(take_toks(f.pc, a, 14, f.root, &c, &L), KVT_OK);
     seq_feed(&f, c, a + 8, 5, 2);
     assert_int_equal(kvt_prompt_cache_put(f.pc, c), KVT_OK);
     assert_int_equal(stats(&f).blocks, 4); /* 2 shared + node [9..12] + tail [13] */
@@ -776,9 +828,215 @@ static void test_peek_and_dedup(void **st) {
     fx_free(&f);
 }
 
+/* The index checker (ram_index.c R1-R4, R8) is not vacuous: it notices a count, a map entry, a
+ * child list or a pin count that disagrees with the forest. */
+static void test_index_check_detects(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, LAY_FULL, 1u << 30);
+    int32_t p[12];
+    for (int i = 0; i < 12; i++) p[i] = 100 + i;
+    kvt_seq *s = mk_seq(&f, f.root, p, 10);
+    assert_int_equal(kvt_prompt_cache_put(f.pc, s), KVT_OK);
+    kvt_seq_free(s);
+    kvt_prompt_cache *pc = f.pc;
+    assert_true(kvt_prompt_cache_check(pc));
+    pc->n_units++; /* R4 */
+    assert_false(kvt_prompt_cache_check(pc));
+    pc->n_units--;
+    pc->bytes += 1; /* R4 */
+    assert_false(kvt_prompt_cache_check(pc));
+    pc->bytes -= 1;
+    pc->roots->n_children++; /* R1 */
+    assert_false(kvt_prompt_cache_check(pc));
+    pc->roots->n_children--;
+    pc_unit *node = pc->roots->first_child;
+    while (node && node->kind != U_NODE) node = node->sib_next;
+    assert_non_null(node);
+    node->key ^= 1; /* R2: no longer found in the map under its key */
+    assert_false(kvt_prompt_cache_check(pc));
+    node->key ^= 1;
+    assert_true(kvt_prompt_cache_check(pc));
+    node->pins++; /* R8: a count no pin record explains, and bytes not in pinned_bytes */
+    assert_false(kvt_prompt_cache_check(pc));
+    pc->pinned_bytes += node->bytes; /* the bytes agree now, the records still do not */
+    assert_false(kvt_prompt_cache_check(pc));
+    node->pins--;
+    pc->pinned_bytes -= node->bytes;
+    assert_true(kvt_prompt_cache_check(pc));
+    fx_free(&f);
+}
+
+/* ---- pins (ram_index.c R8) ---- */
+
+static kvt_status pin_toks(fx *f, const int32_t *toks, uint32_t n, uint64_t *h, kvt_prompt_cache_pin_info *info) {
+    kvt_chain *c = NULL;
+    assert_int_equal(kvt_chain_create(f->root, toks, n, BT, &c), KVT_OK);
+    kvt_status st = kvt_prompt_cache_pin(f->pc, c, h, info);
+    kvt_chain_release(c);
+    assert_true(kvt_prompt_cache_check(f->pc));
+    return st;
+}
+
+/* A pinned prefix survives the byte cap (LRU), idle demotion / drain and memory pressure while
+ * distinct prompts churn through; unpinned it is the LRU victim again. */
+static void test_pin_never_evicted(void **st) {
+    (void)st;
+    fx f;
+    fx_init(&f, LAY_FULL, 0);
+    uint64_t bb = block_bytes(&f);
+    fx_free(&f);
+    fx_init(&f, LAY_FULL, bb * 4 + bb / 2); /* two 2-block entries fit */
+    kvt_prompt_cache_set_pin_budget(f.pc, bb * 3);
+    int32_t a[10], o[10];
+    seq_range(a, 10, 100);
+    put_seq(&f, f.root, a, 10); /* 2 full blocks + a 2-token tail */
+    uint64_t h = 0;
+    kvt_prompt_cache_pin_info pi;
+    assert_int_equal(pin_toks(&f, a, 10, &h, &pi), KVT_OK);
+    assert_int_equal(pi.tokens, 10);
+    assert_int_equal(pi.bytes, 3 * bb);
+    assert_int_equal(pi.new_bytes, 3 * bb);
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 3 * bb);
+    /* the byte cap: 20 distinct prompts, each would push the LRU entry (a) out */
+    for (int32_t i = 0; i < 20; i++) {
+        seq_range(o, 10, 1000 + 50 * i);
+        put_seq(&f, f.root, o, 8);
+    }
+    assert_true(stats(&f).evictions >= 19);
+    assert_int_equal(peek_toks(f.pc, a, 10, f.root), 9); /* the whole prompt but the n-1 cap */
+    /* idle demotion and a drain (idle >= 0 s) leave it; pressure does too */
+    sink sk;
+    sink_init(&sk, false);
+    kvt_prompt_cache_set_spill(f.pc, sink_block, sink_snap, &sk);
+    assert_true(kvt_prompt_cache_demote_idle(f.pc, 0) > 0);
+    assert_int_equal(stats(&f).blocks, 3);
+    assert_int_equal(kvt_prompt_cache_evict_bytes(f.pc, UINT64_MAX), 0);
+    assert_int_equal(take_check(&f, f.root, a, 10), 9);
+    /* supersession: a longer put at the tail's position keeps the pinned tail */
+    put_seq(&f, f.root, a, 10);
+    int32_t longer[13];
+    seq_range(longer, 13, 100);
+    put_seq(&f, f.root, longer, 12); /* node [9..12] would supersede the pinned tail [9,10] */
+    assert_int_equal(kvt_prompt_cache_demote_idle(f.pc, 0), 1); /* the new node goes, the tail stays */
+    assert_int_equal(take_check(&f, f.root, a, 10), 9);
+    /* unpinned: evictable again */
+    assert_true(kvt_prompt_cache_unpin(f.pc, h));
+    assert_false(kvt_prompt_cache_unpin(f.pc, h));
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 0);
+    assert_true(kvt_prompt_cache_check(f.pc));
+    assert_int_equal(kvt_prompt_cache_demote_idle(f.pc, 0), 3);
+    assert_int_equal(peek_toks(f.pc, a, 10, f.root), 0);
+    sink_release(&sk);
+    fx_free(&f);
+}
+
+/* The budget: a pin that would push the pinned bytes past it is refused and pins nothing; overlapping
+ * pins charge shared units once; a prefix the tier does not hold is NOT_FOUND; clear drops pins. */
+static void test_pin_budget(void **st) {
+    (void)st;
+    fx f;
+    fx_init(&f, LAY_FULL, UINT64_MAX);
+    uint64_t bb = block_bytes(&f);
+    int32_t a[13], b[9];
+    seq_range(a, 13, 100);
+    seq_range(b, 9, 500);
+    put_seq(&f, f.root, a, 12); /* 3 blocks */
+    put_seq(&f, f.root, b, 8);  /* 2 blocks */
+    uint64_t h1 = 0, h2 = 0, h3 = 0;
+    kvt_prompt_cache_pin_info pi;
+    assert_int_equal(pin_toks(&f, a, 12, &h1, &pi), KVT_ERR_RANGE); /* default budget 0 */
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 0);
+    kvt_prompt_cache_set_pin_budget(f.pc, bb * 4);
+    assert_int_equal(pin_toks(&f, a, 8, &h1, &pi), KVT_OK); /* 2 blocks */
+    assert_int_equal(pin_toks(&f, a, 12, &h2, &pi), KVT_OK); /* overlaps: adds 1 block */
+    assert_int_equal(pi.new_bytes, bb);
+    assert_int_equal(pi.pinned_bytes, 3 * bb);
+    assert_int_equal(pin_toks(&f, b, 8, &h3, &pi), KVT_ERR_RANGE); /* 3 + 2 > 4 blocks */
+    assert_int_equal(pi.pinned_bytes, 3 * bb);
+    assert_int_equal(pi.budget, 4 * bb);
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 3 * bb);
+    int32_t z[8];
+    seq_range(z, 8, 9000);
+    assert_int_equal(pin_toks(&f, z, 8, &h3, &pi), KVT_ERR_NOT_FOUND);
+    assert_true(kvt_prompt_cache_unpin(f.pc, h2)); /* the shared blocks stay pinned by h1 */
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 2 * bb);
+    assert_int_equal(kvt_prompt_cache_evict_bytes(f.pc, UINT64_MAX), 3 * bb); /* a's third block and b */
+    assert_int_equal(peek_toks(f.pc, a, 9, f.root), 8);
+    kvt_prompt_cache_clear(f.pc); /* pins go with everything */
+    assert_int_equal(kvt_prompt_cache_pinned_bytes(f.pc), 0);
+    assert_false(kvt_prompt_cache_unpin(f.pc, h1));
+    fx_free(&f);
+}
+
+/* Recurrent layouts: the pin holds the snapshots inside the prefix, so the pinned prompt still
+ * resumes after everything else went. */
+static void test_pin_recurrent(void **st) {
+    (void)st;
+    fx f;
+    fx_init(&f, LAY_RECURRENT, UINT64_MAX);
+    kvt_prompt_cache_set_pin_budget(f.pc, UINT64_MAX);
+    int32_t a[11];
+    seq_range(a, 11, 1);
+    put_seq(&f, f.root, a, 6);
+    put_seq(&f, f.root, a, 10);
+    uint64_t h = 0;
+    assert_int_equal(pin_toks(&f, a, 10, &h, NULL), KVT_OK);
+    sink sk;
+    sink_init(&sk, false);
+    kvt_prompt_cache_set_spill(f.pc, sink_block, sink_snap, &sk);
+    kvt_prompt_cache_demote_idle(f.pc, 0);
+    assert_int_equal(take_check(&f, f.root, a, 11), 10);
+    sink_release(&sk);
+    fx_free(&f);
+}
+
+/* The admin listing: one entry per leaf (a supersession leaves one), longest first, the path's
+ * units and bytes, the first unit's tokens, the root, and a top-N that keeps only the longest. */
+static void test_prefixes_listing(void **st) {
+    (void)st;
+    fx f;
+    fx_init(&f, LAY_FULL, UINT64_MAX);
+    int32_t a[10], c[3] = {9, 9, 9}, d[6] = {5, 5, 5, 5, 5, 5};
+    seq_range(a, 10, 1);
+    const uint64_t other = kvt_root_hash("test-compat", "tenant-b");
+    put_seq(&f, f.root, a, 5);  /* [1..5]: node + tail */
+    put_seq(&f, f.root, a, 10); /* supersedes it: 2 nodes + tail [9,10] */
+    put_seq(&f, f.root, c, 3);  /* a tail under the root */
+    put_seq(&f, other, d, 6);   /* node + tail under another root */
+    kvt_cached_prefix p[4];
+    uint64_t total = 0;
+    assert_int_equal(kvt_prompt_cache_prefixes(f.pc, p, 4, &total), 3);
+    assert_int_equal(total, 3);
+    assert_int_equal(p[0].tokens, 10);
+    assert_int_equal(p[0].units, 3);
+    assert_int_equal(p[0].root, f.root);
+    assert_int_equal(p[0].n_head, BT);
+    assert_memory_equal(p[0].head, a, BT * sizeof(int32_t));
+    assert_int_equal(p[1].tokens, 6);
+    assert_int_equal(p[1].root, other);
+    assert_int_equal(p[2].tokens, 3);
+    assert_int_equal(p[2].units, 1);
+    assert_int_equal(p[2].n_head, 3);
+    assert_true(p[0].bytes > p[1].bytes && p[1].bytes > p[2].bytes && p[2].bytes > 0);
+    assert_true(p[0].idle_s >= 0);
+    /* top 2 of 3: the shortest goes, however the LRU orders them */
+    assert_int_equal(kvt_prompt_cache_prefixes(f.pc, p, 2, &total), 2);
+    assert_int_equal(total, 3);
+    assert_int_equal(p[0].tokens, 10);
+    assert_int_equal(p[1].tokens, 6);
+    assert_int_equal(kvt_prompt_cache_prefixes(f.pc, p, 0, &total), 0);
+    assert_int_equal(total, 3);
+    assert_int_equal(kvt_prompt_cache_prefixes(NULL, p, 4, &total), 0);
+    assert_int_equal(total, 0);
+    fx_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_index_check_detects),
         cmocka_unit_test(test_longest_prefix_wins),
+        cmocka_unit_test(test_prefixes_listing),
         cmocka_unit_test(test_divergent_cut_donor_intact),
         cmocka_unit_test(test_exact_repeat),
         cmocka_unit_test(test_untrimmable_recurrent),
@@ -787,7 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_recency_bump_on_take),
         cmocka_unit_test(test_leaf_first),
         cmocka_unit_test(test_supersession),
-        cmocka_unit_test(test_namespaces),
+        cmocka_unit_test(test_namespaces), cmocka_unit_test(test_namespace_diag_bounded),
         cmocka_unit_test(test_concurrent_takes),
         cmocka_unit_test(test_refcounted_release),
         cmocka_unit_test(test_clear_never_spills),
@@ -796,6 +1054,9 @@ int main(void) {
         cmocka_unit_test(test_evict_bytes),
         cmocka_unit_test(test_window),
         cmocka_unit_test(test_peek_and_dedup),
+        cmocka_unit_test(test_pin_never_evicted),
+        cmocka_unit_test(test_pin_budget),
+        cmocka_unit_test(test_pin_recurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "gguf/gguf.h"
+#include "kernels/vec.h"
 #include "kv/kv.h"
 #include "model/deltanet.h"
 #include "model/gen_model.h"
@@ -267,14 +268,14 @@ static void test_dn_conv(void **st) {
     free(s2);
 }
 
-/* kvt_dn_exp against libm's double exp (relative error, 0 below the range), and the vector gates
+/* kvt_vec_exp_clamped against libm's double exp (relative error, 0 below the range), and the vector gates
  * against the scalar reference bit for bit, lengths with tails. */
 static void test_dn_exp_and_gates(void **st) {
     (void)st;
     double worst = 0.0;
     for (int i = -880000; i <= 880000; i++) {
         const float x = (float)i * 1e-4f;
-        const float y = kvt_dn_exp(x);
+        const float y = kvt_vec_exp_clamped(x);
         if (x < -87.33654f) {
             assert_true(y == 0.0f);
             continue;
@@ -282,9 +283,9 @@ static void test_dn_exp_and_gates(void **st) {
         const double want = exp((double)x), e = fabs((double)y - want) / want;
         if (e > worst) worst = e;
     }
-    printf("kvt_dn_exp: max relative error %.2e on [-87.3, 88]\n", worst);
+    printf("kvt_vec_exp_clamped: max relative error %.2e on [-87.3, 88]\n", worst);
     assert_true(worst < 3e-7);
-    assert_true(kvt_dn_exp(-1000.0f) == 0.0f && isfinite(kvt_dn_exp(1000.0f)));
+    assert_true(kvt_vec_exp_clamped(-1000.0f) == 0.0f && isfinite(kvt_vec_exp_clamped(1000.0f)));
     enum { N = 203 };
     float g[N], u[N], y0[N], y1[N];
     uint64_t seed = 17;
@@ -306,7 +307,7 @@ static void test_dn_exp_and_gates(void **st) {
     for (int i = 0; i < N; i++) assert_true(fabs(y0[i] - g[i] / (1.0 + exp(-(double)g[i])) * u[i]) < 1e-5 * (1 + fabs(g[i])));
     /* NaN (e.g. from a GGUF's weights): the scalar exp clamps it like the vector min(x, 88), so
      * every implementation still gives the same bits (and no NaN reaches a float -> int cast) */
-    assert_true(kvt_dn_exp(NAN) == kvt_dn_exp(88.0f));
+    assert_true(kvt_vec_exp_clamped(NAN) == kvt_vec_exp_clamped(88.0f));
     for (int i = 0; i < 20; i++) g[i] = (i % 3) ? NAN : -NAN;
     for (int impl = 1; impl <= (int)kvt_dn_best_impl(); impl++) {
         kvt_dn_sigmoid_mul(KVT_DN_SCALAR, y0, g, u, 20);

@@ -184,10 +184,118 @@ static void test_distribution(void **st) {
     kvt_sampler_free(s);
 }
 
+
+/* logprobs: log-softmax of the logits drawn from (after penalties and bias), the drawn token's
+ * value and the best n_top in descending order; they sum (as probabilities) to at most 1. */
+static void test_logprobs(void **st) {
+    kvt_sampler *s = kvt_sampler_create(NV);
+    kvt_sampling p;
+    kvt_sampling_default(&p);
+    kvt_sampler_reset(s, &p);
+    float l[NV], ref[NV];
+    make_logits(l, 9);
+    memcpy(ref, l, sizeof l);
+    kvt_token_logprobs lp;
+    int32_t id = kvt_sampler_sample_lp(s, l, 5, &lp);
+    assert_int_equal(id, argmax(ref));
+    double m = ref[0];
+    for (int i = 1; i < NV; i++) m = fmax(m, ref[i]);
+    double sum = 0;
+    for (int i = 0; i < NV; i++) sum += exp(ref[i] - m);
+    double lse = m + log(sum);
+    assert_int_equal(lp.id, id);
+    assert_true(fabs(lp.logprob - (ref[id] - lse)) < 1e-5);
+    assert_int_equal(lp.n_top, 5);
+    assert_int_equal(lp.top_ids[0], id);
+    double psum = 0;
+    for (uint32_t k = 0; k < lp.n_top; k++) {
+        assert_true(fabs(lp.top_lps[k] - (ref[lp.top_ids[k]] - lse)) < 1e-5);
+        if (k) assert_true(lp.top_lps[k] <= lp.top_lps[k - 1]);
+        psum += exp(lp.top_lps[k]);
+    }
+    assert_true(psum <= 1.0 + 1e-6);
+    /* more than KVT_MAX_TOP_LOGPROBS asked: capped */
+    make_logits(l, 9);
+    kvt_sampler_sample_lp(s, l, 1000, &lp);
+    assert_int_equal(lp.n_top, KVT_MAX_TOP_LOGPROBS);
+    /* masked (-inf) tokens never appear among the top ones; a uniform row gives -log(n) */
+    for (int i = 0; i < NV; i++) l[i] = i < 4 ? 0.0f : -INFINITY;
+    id = kvt_sampler_sample_lp(s, l, 10, &lp);
+    assert_true(id < 4);
+    assert_int_equal(lp.n_top, 4);
+    assert_true(fabs(lp.logprob - (float)-log(4.0)) < 1e-6);
+    kvt_sampler_free(s);
+}
+
+/* logit_bias shifts the named ids after the penalties: +100 forces a token, -100 bans one; the
+ * logprobs describe the biased distribution; out-of-range ids are ignored. */
+static void test_logit_bias(void **st) {
+    kvt_sampler *s = kvt_sampler_create(NV);
+    kvt_sampling p;
+    kvt_sampling_default(&p);
+    p.temperature = 1.0f;
+    p.seed = 3;
+    int32_t ids[3] = {17, -5, NV + 3};
+    float vals[3] = {100.0f, 100.0f, 100.0f};
+    p.bias_ids = ids;
+    p.bias_vals = vals;
+    p.n_bias = 3;
+    kvt_sampler_reset(s, &p);
+    float l[NV];
+    for (int t = 0; t < 50; t++) {
+        make_logits(l, 300 + t);
+        kvt_token_logprobs lp;
+        assert_int_equal(kvt_sampler_sample_lp(s, l, 1, &lp), 17);
+        assert_true(lp.logprob > -1e-3f);
+    }
+    /* a ban: the greedy choice moves to the second best */
+    make_logits(l, 5);
+    int32_t best = argmax(l);
+    float l2[NV];
+    memcpy(l2, l, sizeof l);
+    l2[best] = -1e30f;
+    int32_t second = argmax(l2);
+    kvt_sampling_default(&p);
+    int32_t ban = best;
+    float minus = -100.0f;
+    p.bias_ids = &ban;
+    p.bias_vals = &minus;
+    p.n_bias = 1;
+    kvt_sampler_reset(s, &p);
+    assert_int_equal(kvt_sampler_sample(s, l), second);
+    kvt_sampler_free(s);
+}
+
+/* presence / frequency penalties as OpenAI defines them: logit - count * frequency - presence for
+ * every token in the window (seen once: both; seen twice: frequency twice). */
+static void test_presence_frequency(void **st) {
+    kvt_sampler *s = kvt_sampler_create(NV);
+    kvt_sampling p;
+    kvt_sampling_default(&p);
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    kvt_sampler_reset(s, &p);
+    kvt_sampler_accept(s, 3);
+    kvt_sampler_accept(s, 3);
+    kvt_sampler_accept(s, 9);
+    float l[NV];
+    for (int i = 0; i < NV; i++) l[i] = 0.0f;
+    l[3] = 2.0f;
+    l[9] = 2.0f;
+    kvt_token_logprobs lp;
+    kvt_sampler_sample_lp(s, l, 0, &lp);
+    assert_true(fabsf(l[3] - (2.0f - 2 * 0.25f - 0.5f)) < 1e-6f);
+    assert_true(fabsf(l[9] - (2.0f - 0.25f - 0.5f)) < 1e-6f);
+    assert_true(fabsf(l[4]) < 1e-6f);
+    assert_int_equal(lp.id, 9); /* 1.25 beats 1.0 */
+    kvt_sampler_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),     cmocka_unit_test(test_seeded_reproducible), cmocka_unit_test(test_top_k_top_p_min_p),
-        cmocka_unit_test(test_penalties),  cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_penalties),  cmocka_unit_test(test_distribution), cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_presence_frequency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * concurrent requests (distinct prompts, shared prefixes, cancelling ones) each produce exactly the
  * tokens they produce alone; a shared-prefix row reuses the sealed blocks of a row still running;
  * a pool too small for all rows queues them and serves every one, in order; a full wait queue is
- * refused with "out of KV memory"; nothing leaks (the pool holds only what the RAM tier holds). */
+ * refused with "out of KV memory"; nothing leaks (the pool holds only what the RAM tier holds); the
+ * same holds for requests submitted without a waiting thread (kvt_engine_submit). */
 #include <pthread.h>
 #include <time.h>
 
@@ -472,6 +473,111 @@ static int teardown(void **st) {
     return 0;
 }
 
+/* kvt_engine_submit (the server's path: no thread waits for a row), at --parallel 1 and 3: every
+ * request produces the tokens it produces alone; one cancelled before it was submitted ends
+ * cancelled before its lookup; done runs once per request; a follow-up row is served ahead of the
+ * rows already waiting (the first row is held in its first token callback while the others are
+ * queued, so the order is deterministic at --parallel 1). */
+typedef struct sub {
+    kvt_gen_request rq;
+    kvt_gen_result res;
+    char err[256];
+    kvt_status st;
+    int done_calls, cancel, order;
+    uint32_t seen;
+    bool hold; /* wait in the first token callback until g_release */
+} sub;
+static pthread_mutex_t g_sub_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_sub_cv = PTHREAD_COND_INITIALIZER;
+static int g_sub_done, g_sub_order, g_release;
+
+static bool sub_tok(void *ctx, int32_t id, const char *t, size_t l) {
+    (void)t, (void)l;
+    sub *b = ctx;
+    if (id < 0) return true;
+    if (__atomic_fetch_add(&b->seen, 1, __ATOMIC_SEQ_CST) == 0) {
+        pthread_mutex_lock(&g_sub_mu);
+        b->order = g_sub_order++;
+        while (b->hold && !g_release) pthread_cond_wait(&g_sub_cv, &g_sub_mu);
+        pthread_mutex_unlock(&g_sub_mu);
+    }
+    return true;
+}
+static void sub_done(void *ctx, kvt_status st) {
+    sub *b = ctx;
+    pthread_mutex_lock(&g_sub_mu);
+    b->st = st;
+    b->done_calls++;
+    g_sub_done++;
+    pthread_cond_broadcast(&g_sub_cv);
+    pthread_mutex_unlock(&g_sub_mu);
+}
+
+static void check_submit(uint32_t parallel) {
+    enum { N = 6, CANCELLED = 2, FOLLOW = 5 };
+    static job jobs[N], ref[N];
+    static sub subs[N];
+    kvt_engine *e = open_engine(parallel, 0, 0.5, 0);
+    const uint32_t nv = kvt_engine_n_vocab(e);
+    for (uint32_t i = 0; i < N; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].n_prompt = 20 + 7 * i;
+        fill(jobs[i].prompt, jobs[i].n_prompt, nv, 900 + i);
+        jobs[i].max_tokens = 6 + i;
+    }
+    reference(jobs, N, ref);
+    g_sub_done = g_sub_order = g_release = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        sub *b = &subs[i];
+        memset(b, 0, sizeof *b);
+        b->order = -1;
+        b->hold = i == 0 && parallel == 1;
+        b->rq = (kvt_gen_request){.prompt = jobs[i].prompt, .n_prompt = jobs[i].n_prompt, .max_tokens = jobs[i].max_tokens,
+                                  .ignore_eog = true, .on_token = sub_tok, .cb_ctx = b, .cancel = &b->cancel};
+        kvt_sampling_default(&b->rq.sampling);
+        if (i == CANCELLED) __atomic_store_n(&b->cancel, 1, __ATOMIC_RELAXED);
+        if (i == 1 && parallel == 1) /* row 0 holds the only slot: 1..4 wait */
+            while (__atomic_load_n(&subs[0].seen, __ATOMIC_SEQ_CST) < 1) sleep_ms(1);
+        assert_int_equal(kvt_engine_submit(e, &b->rq, &b->res, b->err, sizeof b->err, i == FOLLOW, sub_done, b), KVT_OK);
+    }
+    pthread_mutex_lock(&g_sub_mu);
+    g_release = 1;
+    pthread_cond_broadcast(&g_sub_cv);
+    while (g_sub_done < N) pthread_cond_wait(&g_sub_cv, &g_sub_mu);
+    pthread_mutex_unlock(&g_sub_mu);
+    for (uint32_t i = 0; i < N; i++) {
+        sub *b = &subs[i];
+        assert_int_equal(b->done_calls, 1);
+        if (i == CANCELLED) {
+            assert_int_equal(b->st, KVT_ERR_CANCELLED);
+            assert_int_equal(b->res.finish, KVT_FINISH_CANCELLED);
+            assert_int_equal(b->res.n_gen, 0);
+            assert_non_null(strstr(b->err, "before it started"));
+            continue;
+        }
+        if (b->st) fail_msg("submit %u (parallel %u): %s", i, parallel, b->err);
+        assert_int_equal(b->res.n_gen, ref[i].n_gen);
+        if (memcmp(b->res.tokens, ref[i].tok, sizeof(int32_t) * b->res.n_gen))
+            fail_msg("submit %u (parallel %u): tokens differ from the request alone", i, parallel);
+        free(b->res.tokens);
+    }
+    if (parallel == 1) { /* 0 ran first; the follow-up went ahead of 1, 3, 4 (2 never started) */
+        assert_int_equal(subs[0].order, 0);
+        assert_int_equal(subs[FOLLOW].order, 1);
+        assert_int_equal(subs[1].order, 2);
+        assert_int_equal(subs[3].order, 3);
+        assert_int_equal(subs[4].order, 4);
+    }
+    check_pool_is_cache(e);
+    kvt_engine_free(e);
+}
+
+static void test_submit(void **st) {
+    (void)st;
+    check_submit(1);
+    check_submit(3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_identical),
@@ -481,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_short_beside_long_prefill),
         cmocka_unit_test(test_ssd_restore_rows),
         cmocka_unit_test(test_fallback_archs),
+        cmocka_unit_test(test_submit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include "server/server.h"
+#include "util/strbuf.h"
 
 static bool parse(kvt_api_kind k, const char *body, kvt_api_req *r, kvt_api_err *e, cJSON **root) {
     memset(e, 0, sizeof *e);
@@ -144,7 +145,7 @@ static void test_parse_errors(void **st) {
     expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", "stream");
     expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", "stop");
     expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":7}", "model");
-    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", "n = 1");
+    expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":17}", "'n'");
     expect_400(KVT_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", "UTF-8");
     expect_400(KVT_API_COMPLETION, "{}", "prompt");
     expect_400(KVT_API_COMPLETION, "{\"prompt\":\"\"}", "empty");
@@ -191,11 +192,41 @@ static void test_model_match(void **st) {
     assert_false(kvt_api_model_matches("x", NULL, "tiny", "/x/m.gguf"));
 }
 
+/* the response body of one choice through kvt_api_out (non-streaming) */
+static char *out_body(const kvt_api_resp_info *ri, const char *text, size_t len, kvt_finish fin) {
+    kvt_api_out_opts oo = {.kind = ri->kind, .n_choices = 1};
+    kvt_api_out *o = NULL;
+    assert_int_equal(kvt_api_out_create(&oo, &o), KVT_OK);
+    kvt_strbuf sb = {0};
+    kvt_api_out_text(o, ri, 0, text, len, &sb);
+    kvt_api_out_end(o, ri, 0, fin, &sb);
+    assert_int_equal(sb.n, 0); /* not streaming: nothing to send before the body */
+    kvt_strbuf_free(&sb);
+    char *s = kvt_api_out_response(o, ri);
+    kvt_api_out_free(o);
+    return s;
+}
+/* the next SSE event of sb from *at as JSON ("data: {json}\n\n") */
+static cJSON *next_event(kvt_strbuf *sb, size_t *at) {
+    assert_true(*at + 6 < sb->n);
+    assert_memory_equal(sb->p + *at, "data: ", 6);
+    char *end = strstr(sb->p + *at, "\n\n");
+    assert_non_null(end);
+    *end = '\0';
+    cJSON *j = cJSON_Parse(sb->p + *at + 6);
+    assert_non_null(j);
+    *at = (size_t)(end - sb->p) + 2;
+    assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+    return j;
+}
+static cJSON *delta_of(cJSON *j) { return cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta"); }
+static cJSON *finish_of(cJSON *j) { return cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "finish_reason"); }
+
 static void test_responses(void **st) {
     (void)st;
     kvt_api_resp_info ri = {.kind = KVT_API_CHAT, .id = "chatcmpl-1", .created = 5, .model = "tiny",
                             .n_prompt = 10, .n_gen = 3, .n_cached = 9, .finish = KVT_FINISH_STOP};
-    char *s = kvt_api_response_json(&ri, "a\"b\n", 4);
+    char *s = out_body(&ri, "a\"b\n", 4, KVT_FINISH_STOP);
     cJSON *j = cJSON_Parse(s);
     assert_non_null(j);
     assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion");
@@ -210,7 +241,7 @@ static void test_responses(void **st) {
 
     ri.kind = KVT_API_COMPLETION;
     ri.finish = KVT_FINISH_LENGTH;
-    s = kvt_api_response_json(&ri, "xyz", 2);
+    s = out_body(&ri, "xyz", 2, KVT_FINISH_LENGTH);
     j = cJSON_Parse(s);
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "xy");
@@ -219,37 +250,38 @@ static void test_responses(void **st) {
     cJSON_Delete(j);
     free(s);
 
-    /* SSE chunks: "data: {json}\n\n" */
+    /* streaming chat: the role chunk, a content chunk, the finish chunk, the usage chunk */
     ri.kind = KVT_API_CHAT;
     ri.finish = KVT_FINISH_STOP;
-    const struct { const char *t; bool first, final, usage; } cases[] = {
-        {NULL, true, false, false}, {"tok", false, false, false}, {NULL, false, true, false}, {NULL, false, false, true}};
-    for (size_t i = 0; i < 4; i++) {
-        s = kvt_api_chunk_sse(&ri, cases[i].t, cases[i].t ? 3 : 0, cases[i].first, cases[i].final, cases[i].usage);
-        assert_non_null(s);
-        size_t n = strlen(s);
-        assert_memory_equal(s, "data: ", 6);
-        assert_string_equal(s + n - 2, "\n\n");
-        s[n - 2] = '\0';
-        j = cJSON_Parse(s + 6);
-        assert_non_null(j);
-        assert_string_equal(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
-        cJSON *ch = cJSON_GetObjectItem(j, "choices");
-        if (cases[i].usage) {
-            assert_int_equal(cJSON_GetArraySize(ch), 0);
-            assert_non_null(cJSON_GetObjectItem(j, "usage"));
-        } else {
-            cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "delta");
-            if (cases[i].first) assert_string_equal(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
-            if (cases[i].t) assert_string_equal(cJSON_GetObjectItem(d, "content")->valuestring, "tok");
-            cJSON *fr = cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "finish_reason");
-            if (cases[i].final) assert_string_equal(fr->valuestring, "stop");
-            else assert_true(cJSON_IsNull(fr));
-            assert_null(cJSON_GetObjectItem(j, "usage"));
-        }
-        cJSON_Delete(j);
-        free(s);
-    }
+    kvt_api_out_opts oo = {.kind = KVT_API_CHAT, .stream = true, .n_choices = 1};
+    kvt_api_out *o = NULL;
+    assert_int_equal(kvt_api_out_create(&oo, &o), KVT_OK);
+    kvt_strbuf sb = {0};
+    kvt_api_out_begin(o, &ri, 0, &sb);
+    kvt_api_out_text(o, &ri, 0, "tok", 3, &sb);
+    kvt_api_out_end(o, &ri, 0, KVT_FINISH_STOP, &sb);
+    kvt_api_out_usage(&ri, &sb);
+    kvt_api_out_free(o);
+    assert_false(sb.oom);
+    size_t at = 0;
+    j = next_event(&sb, &at);
+    assert_string_equal(cJSON_GetObjectItem(delta_of(j), "role")->valuestring, "assistant");
+    assert_true(cJSON_IsNull(finish_of(j)));
+    assert_null(cJSON_GetObjectItem(j, "usage"));
+    cJSON_Delete(j);
+    j = next_event(&sb, &at);
+    assert_string_equal(cJSON_GetObjectItem(delta_of(j), "content")->valuestring, "tok");
+    assert_true(cJSON_IsNull(finish_of(j)));
+    cJSON_Delete(j);
+    j = next_event(&sb, &at);
+    assert_string_equal(finish_of(j)->valuestring, "stop");
+    cJSON_Delete(j);
+    j = next_event(&sb, &at);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    assert_non_null(cJSON_GetObjectItem(j, "usage"));
+    cJSON_Delete(j);
+    assert_int_equal(at, sb.n);
+    kvt_strbuf_free(&sb);
 
     kvt_api_err e;
     kvt_api_set_err(&e, 400, "invalid_request_error", "prompt", "context_length_exceeded", "too %s", "long");
@@ -261,6 +293,108 @@ static void test_responses(void **st) {
     assert_string_equal(cJSON_GetObjectItem(eo, "code")->valuestring, "context_length_exceeded");
     cJSON_Delete(j);
     free(s);
+}
+
+/* every field of kvt_engine_stats and kvt_server_counters set to a distinct value */
+static void fill_stats(kvt_engine_stats *s, kvt_server_counters *c) {
+    memset(s, 0, sizeof *s);
+    double v = 1;
+#define U(f) s->f = (uint64_t)(v += 1)
+#define D(f) s->f = (v += 1) + 0.25
+    snprintf(s->model_path, sizeof s->model_path, "/m/model.gguf");
+    s->model_changed = true;
+    snprintf(s->model_change, sizeof s->model_change, "size 1 -> 2");
+    U(model_stale_dropped);
+    s->pc_enabled = true;
+    U(pc_entries); U(pc_blocks); U(pc_bytes); U(pc_max_bytes); U(pc_hits); U(pc_misses); U(pc_reused_tokens);
+    U(pc_evictions); U(pc_reuse_impossible_untrimmable); U(pc_reuse_impossible_namespace); U(pc_reuse_impossible_budget);
+    s->ssd_enabled = true;
+    snprintf(s->ssd_dir, sizeof s->ssd_dir, "/ssd/dir");
+    U(ssd_entries); U(ssd_bytes); U(ssd_max_bytes); U(ssd_restores); U(ssd_spills); U(ssd_demotions);
+    U(ssd_pending_blocks); U(ssd_pending_bytes); U(ssd_dropped); U(ssd_failed); U(ssd_longest_durable_prefix_tokens);
+    U(ssd_dirty_records); U(ssd_shed); U(ssd_skipped_nonregular); U(ssd_lost_entries); U(ssd_dir_recreated);
+    D(ssd_restore_ms_last);
+    s->ckpt_enabled = true;
+    U(ckpt_written); U(ckpt_resumed); U(ckpt_invalidated); U(ckpt_failed); U(ckpt_dropped); U(ckpt_corrupt);
+    U(ckpt_pending); U(ckpt_retried); U(ckpt_resume_reused_tokens);
+    s->shared_enabled = true;
+    U(shared_lookups); U(shared_hits); U(shared_fetched_blocks); U(shared_fetched_bytes); U(shared_fetched_tokens);
+    U(shared_published_blocks); U(shared_published_bytes); U(shared_publish_existing); U(shared_dropped);
+    U(shared_errors); U(shared_oom_errors); U(shared_corrupt); U(shared_skipped); U(shared_queue_blocks);
+    U(shared_breaker_opens);
+    s->shared_fetch_breaker = 1; s->shared_publish_breaker = 2;
+    U(shared_fetched_snapshots); U(shared_published_snapshots);
+    snprintf(s->shared_last_error, sizeof s->shared_last_error, "connection refused");
+    U(pool_used_bytes); U(pool_peak_bytes); U(pool_budget_bytes);
+    snprintf(s->scheme, sizeof s->scheme, "k:f16,v:\"q8\"\\x");
+    U(requests); U(prompt_tokens); U(generated_tokens); U(cached_tokens);
+    U(parallel); U(rows_active); U(rows_queued); U(batch_queue_max); U(batch_steps); U(batch_memory_waits);
+    U(batch_queue_full);
+    D(batch_tokens_per_step_last); D(batch_tokens_per_step_avg); D(batch_prefill_tps_1m); D(batch_decode_tps_1m);
+    D(queue_wait_ms_last); D(queue_wait_ms_avg); D(queue_wait_ms_max); D(max_decode_stall_ms); D(max_decode_step_ms);
+    U(mem_budget_bytes); U(mem_weights_bytes); U(mem_weight_copies_bytes); U(mem_compute_bytes); U(mem_spill_queue_bytes);
+    U(mem_spill_queue_used_bytes); U(mem_text_bytes); U(mem_kv_pool_bytes); U(mem_kv_pool_used_bytes);
+    U(mem_live_rows_bytes); U(mem_rows_reserved_bytes); U(mem_ram_tier_bytes); U(mem_ram_tier_used_bytes);
+    U(mem_rss_bytes); U(mem_rss_peak_bytes); U(mem_pressure_events); U(mem_pressure_freed_bytes); U(mem_pressure_failed);
+    U(ssd_staged); /* last: the values above stay those of the golden files before it */
+#undef U
+#undef D
+    memset(c, 0, sizeof *c);
+    c->total = 901; c->ok = 902; c->client_errors = 903; c->server_errors = 904; c->cancelled = 905;
+    c->rejected_shutdown = 906; c->in_flight = 907; c->queued = 908; c->streamed = 909;
+    c->conn_open = 910; c->conn_refused = 911; c->conn_evicted = 912; c->conn_timed_out = 913;
+}
+
+static char *slurp_fixture(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/stats/%s", name);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strdup(buf);
+}
+static int cmp_line(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+/* the lines of text, sorted (text is modified) */
+static size_t sorted_lines(char *text, char **lines, size_t cap) {
+    size_t n = 0;
+    for (char *l = strtok(text, "\n"); l && n < cap; l = strtok(NULL, "\n")) lines[n++] = l;
+    qsort(lines, n, sizeof *lines, cmp_line);
+    return n;
+}
+
+/* The counter tables (engine/stats_table.h, KVT_SERVER_COUNTERS) emit the same /stats keys and
+ * /metrics names, with the same values, as the code before them (tests/fixtures/stats/). */
+static void test_stats_names_golden(void **unused) {
+    (void)unused;
+    for (int off = 0; off < 2; off++) {
+        kvt_engine_stats es;
+        kvt_server_counters c;
+        fill_stats(&es, &c);
+        if (off) es.pc_enabled = es.ssd_enabled = es.ckpt_enabled = es.shared_enabled = false;
+        char *got = kvt_api_stats_json(&es, &c, "tiny", NULL);
+        char *want = slurp_fixture(off ? "off.json" : "all.json");
+        cJSON *g = cJSON_Parse(got), *w = cJSON_Parse(want);
+        assert_non_null(g);
+        assert_non_null(w);
+        if (!cJSON_Compare(g, w, true)) fail_msg("/stats differs from the golden file:\n%s\n%s", got, want);
+        cJSON_Delete(g);
+        cJSON_Delete(w);
+        free(got);
+        free(want);
+
+        got = kvt_api_metrics_text(&es, &c);
+        want = slurp_fixture(off ? "off.prom" : "all.prom");
+        static char *gl[1024], *wl[1024];
+        size_t ng = sorted_lines(got, gl, 1024), nw = sorted_lines(want, wl, 1024);
+        assert_int_equal(ng, nw);
+        for (size_t i = 0; i < ng; i++)
+            if (strcmp(gl[i], wl[i])) fail_msg("/metrics line differs: got '%s', golden '%s'", gl[i], wl[i]);
+        free(got);
+        free(want);
+    }
 }
 
 static void test_stats_metrics(void **st) {
@@ -281,7 +415,7 @@ static void test_stats_metrics(void **st) {
     free(m0);
     kvt_server_counters c = {.total = 9, .ok = 7, .client_errors = 2, .conn_open = 3, .conn_refused = 4,
                              .conn_evicted = 5, .conn_timed_out = 6};
-    char *s = kvt_api_stats_json(&es, &c, "tiny");
+    char *s = kvt_api_stats_json(&es, &c, "tiny", NULL);
     cJSON *j = cJSON_Parse(s);
     assert_non_null(j);
     cJSON *cn = cJSON_GetObjectItem(j, "connections");
@@ -302,7 +436,7 @@ static void test_stats_metrics(void **st) {
     es.ssd_enabled = true;
     snprintf(es.ssd_dir, sizeof es.ssd_dir, "/tmp/x");
     es.ssd_pending_blocks = 4;
-    s = kvt_api_stats_json(&es, &c, "tiny");
+    s = kvt_api_stats_json(&es, &c, "tiny", NULL);
     j = cJSON_Parse(s);
     cJSON *sc = cJSON_GetObjectItem(j, "ssd_cache");
     assert_true(cJSON_IsObject(sc));
@@ -353,10 +487,10 @@ static void test_numeric_ranges(void **st) {
         {"top_p", "1.01"},         {"top_p", "-1"},           {"top_k", "-1"},
         {"top_k", "1e7"},          {"top_k", "2.5"},          {"min_p", "2"},
         {"presence_penalty", "3"}, {"frequency_penalty", "-2.5"}, {"repeat_penalty", "0"},
-        {"repeat_penalty", "11"},  {"n", "0"},                {"n", "2"},
-        {"n", "1e30"},             {"best_of", "2"},          {"top_logprobs", "21"},
-        {"top_logprobs", "3"},     {"logprobs", "5"},         {"logprobs", "30"},
-        {"logit_bias", "{\"5\": 101}"}, {"logit_bias", "{\"5\": 1}"}, {"logit_bias", "[1]"},
+        {"repeat_penalty", "11"},  {"n", "0"},                {"logit_bias", "{\"1000\": 1}"},
+        {"n", "1e30"},             {"best_of", "2"},          {"logprobs", "21"},
+        {"n", "17"},               {"logprobs", "true"},      {"logprobs", "30"},
+        {"logit_bias", "{\"5\": 101}"}, {"logit_bias", "{\"x\": 1}"}, {"logit_bias", "[1]"},
         {"echo", "true"},
     };
     char body[256];
@@ -454,6 +588,106 @@ static void test_json_strict(void **st) {
     cJSON_Delete(root);
 }
 
+/* Issue 31: cJSON reads a number too small for a double as 0 ("seed": -1e-400 became seed 0 while
+ * 1e999 was refused). The checker refuses any nonzero number a double rounds to zero, names the
+ * enclosing key, and still accepts zeros and the subnormal range. */
+static void test_json_underflow(void **st) {
+    (void)st;
+    static const char *under[] = {
+        "[1e-400]", "[-1e-400]", "[2e-324]", "[100e-326]", "[0.0000000001e-320]", "[1e-99999999999999999999]",
+        "[2.4703282292062327e-324]",
+    };
+    static const char *fine[] = {
+        "[0]", "[-0]", "[0e-999]", "[0.000e-400]", "[1e-323]", "[3e-324]", "[4.9406564584124654e-324]",
+        "[1e-300]", "[1e999]", /* overflow stays the fields' business (a 400 naming the field) */
+        "[123456789012345678901234567890e-350]",
+    };
+    kvt_json_scan_result r;
+    for (size_t i = 0; i < sizeof under / sizeof under[0]; i++) {
+        if (kvt_json_scan(under[i], strlen(under[i]), 0, &r)) fail_msg("accepted %s", under[i]);
+        assert_int_equal(r.fail, KVT_JSON_UNDERFLOW);
+        assert_int_equal(r.off, 1);
+        assert_null(r.key);
+    }
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++)
+        if (!kvt_json_scan(fine[i], strlen(fine[i]), 0, &r)) fail_msg("refused %s: %s", fine[i], r.why);
+    /* random numbers around the boundary: refused exactly when strtod reads a nonzero literal as 0 */
+    uint64_t seed = 31;
+    char num[96];
+    int n_under = 0, n_fine = 0;
+    for (int it = 0; it < 20000; it++) {
+        int ni = 1 + (int)(tu_rand(&seed) % 3), nf = (int)(tu_rand(&seed) % 25), m = 0;
+        bool nonzero = false;
+        if (tu_rand(&seed) & 1) num[m++] = '-';
+        for (int k = 0; k < ni; k++) {
+            char d = (char)('0' + (k == 0 && ni > 1 ? 1 + tu_rand(&seed) % 9 : tu_rand(&seed) % 10));
+            if (tu_rand(&seed) % 4 == 0) d = '0';
+            if (k == 0 && ni > 1 && d == '0') d = '1';
+            nonzero |= d != '0';
+            num[m++] = d;
+        }
+        if (nf) {
+            num[m++] = '.';
+            for (int k = 0; k < nf; k++) {
+                char d = (char)('0' + tu_rand(&seed) % 10);
+                nonzero |= d != '0';
+                num[m++] = d;
+            }
+        }
+        m += snprintf(num + m, sizeof num - (size_t)m, "e-%d", 300 + (int)(tu_rand(&seed) % 60));
+        double v = strtod(num, NULL);
+        bool ok = kvt_json_scan(num, (size_t)m, 0, &r);
+        if (ok != !(nonzero && v == 0.0)) fail_msg("%s: strtod %g, scan %s", num, v, ok ? "accepted" : r.why);
+        if (ok) n_fine++;
+        else n_under++;
+    }
+    assert_true(n_under > 1000 && n_fine > 1000);
+    const char *nested = "{\"a\":1,\"b\":{\"c\":[true,{\"d\":0}],\"e\":[1,-5e-999]}}";
+    assert_false(kvt_json_scan(nested, strlen(nested), 0, &r));
+    assert_int_equal(r.fail, KVT_JSON_UNDERFLOW);
+    assert_int_equal(r.key_len, 1);
+    assert_memory_equal(r.key, "e", 1);
+    /* through the request parser (api.c): a 400 naming the field */
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":\"x\",\"seed\":-1e-400}", "'seed'");
+    expect_400(KVT_API_COMPLETION, "{\"prompt\":\"x\",\"temperature\":1e-400}", "'temperature'");
+    char label[8];
+    assert_true(kvt_json_key_label("seed", 4, label, sizeof label));
+    assert_string_equal(label, "seed");
+    assert_false(kvt_json_key_label("se\\\"d", 5, label, sizeof label));
+    assert_false(kvt_json_key_label("longer_than_8", 13, label, sizeof label));
+    assert_false(kvt_json_key_label("", 0, label, sizeof label));
+}
+
+/* The value count cJSON will allocate nodes for, and its cap (the server's 413 before cJSON). */
+static void test_json_value_cap(void **st) {
+    (void)st;
+    kvt_json_scan_result r;
+    const char *doc = "{\"a\":[1,2,{\"b\":null}],\"c\":\"s\",\"d\":{}}"; /* 8 values */
+    assert_true(kvt_json_scan(doc, strlen(doc), 0, &r));
+    assert_int_equal(r.nodes, 8);
+    assert_true(kvt_json_scan(doc, strlen(doc), 8, &r));
+    assert_false(kvt_json_scan(doc, strlen(doc), 7, &r));
+    assert_int_equal(r.fail, KVT_JSON_TOO_MANY);
+    assert_int_equal(r.nodes, 7);
+    /* the issue's junk: 5 values per 10 bytes, refused at the cap without walking the rest */
+    size_t n = 10 * 100000 + 2;
+    char *junk = malloc(n + 1);
+    assert_non_null(junk);
+    junk[0] = '[';
+    for (size_t i = 0; i < 100000; i++) memcpy(junk + 1 + 10 * i, "[[[[0]]]],", 10);
+    junk[n - 2] = ']'; /* over the last comma */
+    junk[n - 1] = '\0';
+    assert_true(kvt_json_scan(junk, n - 1, 0, &r));
+    assert_int_equal(r.nodes, 1 + 5 * 100000);
+    assert_false(kvt_json_scan(junk, n - 1, 4096, &r));
+    assert_int_equal(r.fail, KVT_JSON_TOO_MANY);
+    assert_true(r.off < 10 * 1000);
+    free(junk);
+    /* syntax errors are reported as such, whatever the cap */
+    assert_false(kvt_json_scan("[1,]", 4, 100, &r));
+    assert_int_equal(r.fail, KVT_JSON_SYNTAX);
+}
+
 /* Random bodies: whatever the strict checker accepts, cJSON parses (the checker is never looser). */
 static void test_json_strict_vs_cjson(void **st) {
     (void)st;
@@ -544,9 +778,10 @@ int main(void) {
         cmocka_unit_test(test_utf8),          cmocka_unit_test(test_auth),
         cmocka_unit_test(test_parse_chat_ok), cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_parse_completion_ok), cmocka_unit_test(test_model_match),
-        cmocka_unit_test(test_responses),     cmocka_unit_test(test_stats_metrics),
+        cmocka_unit_test(test_responses),     cmocka_unit_test(test_stats_metrics), cmocka_unit_test(test_stats_names_golden),
         cmocka_unit_test(test_parse_fuzz),    cmocka_unit_test(test_numeric_ranges),
         cmocka_unit_test(test_json_strict),   cmocka_unit_test(test_json_strict_vs_cjson),
+        cmocka_unit_test(test_json_underflow), cmocka_unit_test(test_json_value_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

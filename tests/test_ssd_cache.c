@@ -13,6 +13,7 @@
 
 #include "testutil.h"
 #include "cache/ssd_cache.h"
+#include "cache/ssd_ckpt.h"
 #include "cache/ssd_io.h"
 #include "cache/ssd_int.h" /* white-box: the record invariants (ssd_records_check) */
 
@@ -640,15 +641,13 @@ static void test_queue_bound(void **state) {
     assert_int_equal(fr.records_written, 4);
     assert_int_equal(fr.longest_durable_prefix_tokens, 16);
     assert_int_equal(kvt_ssd_find(s, t1, 16, root), 15);
-    /* writeback off: enqueue is a no-op, spills still persist */
-    kvt_ssd_free(s);
-    o.writeback = false;
-    assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof(err)), KVT_OK);
+    /* an enqueue of a block already on disk writes nothing (the write-behind switch itself is the
+     * tier manager's: tests/test_tiers.c, test_writeback_off) */
     assert_true(kvt_ssd_enqueue_block(s, kvt_seq_block(s1, 0, 2), root));
     flush_ok(s);
     kvt_ssd_stats_get(s, &st);
     assert_int_equal(st.entries, 4);
-    assert_int_equal(st.published, 0); /* already on disk: nothing written */
+    assert_int_equal(st.published, 4); /* the four above, nothing more */
     assert_int_equal(kvt_ssd_find(s, t1, 16, root), 15);
     kvt_ssd_free(s);
     kvt_seq_free(s1);
@@ -688,7 +687,7 @@ static void test_fsync_dir_failure(void **state) {
 /* Invariant (8) of ssd_writer.c, checked from outside under the tier's lock. */
 static bool records_ok(kvt_ssd *s) {
     pthread_mutex_lock(&s->mu);
-    bool ok = ssd_records_check(s);
+    bool ok = kvt_ssd_records_check(s);
     pthread_mutex_unlock(&s->mu);
     return ok;
 }
@@ -745,7 +744,7 @@ static void test_flush_property(void **state) {
         /* the checker can fail: a miscounted queue is caught */
         pthread_mutex_lock(&s->mu);
         s->q_count++;
-        bool caught = !ssd_records_check(s);
+        bool caught = !kvt_ssd_records_check(s);
         s->q_count--;
         pthread_mutex_unlock(&s->mu);
         assert_true(caught);
@@ -761,39 +760,286 @@ static void test_flush_property(void **state) {
     }
 }
 
-/* Memory pressure: records whose blocks nothing else holds are freed at once; held ones are kept. */
+/* Memory pressure stages, never drops, a record that can still be written: the blocks that only
+ * their records hold are copied to the heap as the exact file image and released (the pool bytes
+ * come back at once), records whose block is still held are kept; a flush is durable only once the
+ * staged images are written, the files are the images byte for byte, and a reopened tier restores
+ * them. */
 static void test_shed(void **state) {
     (void)state;
     fx f;
     fx_init(&f, 4, 0, "ssd-shed");
     uint64_t root = kvt_root_hash(COMPAT_A, "");
-    int32_t t1[8], t2[8];
-    gen_tokens(t1, 8, 31);
+    int32_t t1[10], t2[8];
+    gen_tokens(t1, 10, 31);
     gen_tokens(t2, 8, 32);
-    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    kvt_seq *s1 = build_seq(&f, root, t1, 10), *s2 = build_seq(&f, root, t2, 8); /* s1: 2 blocks + a tail */
     kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    /* what the writer would write for s1's blocks, and where */
+    uint8_t *img[3];
+    size_t img_len[3];
+    char path[3][PATH_MAX];
+    uint64_t s1_bytes = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        kvt_block *b = kvt_seq_block(s1, 0, i);
+        assert_int_equal(kvt_ssd_record_encode(s, b, root, &img[i], &img_len[i]), KVT_OK);
+        block_path(s, b, path[i], sizeof path[i]);
+        s1_bytes += kvt_block_data_bytes(b);
+    }
     kvt_ssd_pause_writer(s, true);
     kvt_ssd_enqueue_seq(s, s1, NULL);
     kvt_ssd_enqueue_seq(s, s2, NULL);
     kvt_ssd_enqueue_seq(s, s2, NULL); /* still owed: one record per block, no duplicate */
     kvt_ssd_stats st0;
     kvt_ssd_stats_get(s, &st0);
-    assert_int_equal(st0.pending_blocks, 4);
-    uint64_t bb = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0));
+    assert_int_equal(st0.pending_blocks, 5);
     kvt_seq_free(s1); /* its blocks are now held only by their records */
     uint64_t used = kvt_block_pool_used_bytes(f.pool);
-    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 2 * bb);
-    assert_int_equal(kvt_block_pool_used_bytes(f.pool), used - 2 * bb);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), s1_bytes);
+    assert_int_equal(kvt_block_pool_used_bytes(f.pool), used - s1_bytes); /* freed at once */
     kvt_ssd_stats st;
     kvt_ssd_stats_get(s, &st);
-    assert_int_equal(st.shed, 2);
-    assert_int_equal(st.pending_blocks, 2); /* s2's records: still held by s2, kept */
+    assert_int_equal(st.shed, 0); /* nothing dropped */
+    assert_int_equal(st.staged, 3);
+    assert_int_equal(st.pending_blocks, 5); /* 3 staged, s2's 2 still held by s2 */
+    assert_int_equal(st.pending_bytes, img_len[0] + img_len[1] + img_len[2] + 2 * kvt_block_data_bytes(kvt_seq_block(s2, 0, 0)));
+    assert_true(records_ok(s));
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 0); /* nothing more to free: s2 holds its blocks */
+    /* the staged records are owed: a flush is not durable before they are written */
+    kvt_ssd_flush_result fr;
+    kvt_ssd_flush(s, 50, &fr);
+    assert_false(fr.durable);
+    assert_int_equal(fr.pending_blocks, 5);
+    assert_int_equal(fr.dropped, 0);
     kvt_ssd_pause_writer(s, false);
-    flush_ok(s);
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_true(fr.durable);
+    assert_int_equal(fr.records_written, 5);
+    assert_true(records_ok(s));
+    pthread_mutex_lock(&s->mu);
+    assert_int_equal(s->g_count, 0);
+    assert_int_equal(s->g_bytes, 0);
+    pthread_mutex_unlock(&s->mu);
+    /* the files are the images, byte for byte */
+    for (uint32_t i = 0; i < 3; i++) {
+        int fd = open(path[i], O_RDONLY);
+        assert_true(fd >= 0);
+        struct stat sb;
+        assert_int_equal(fstat(fd, &sb), 0);
+        assert_int_equal((uint64_t)sb.st_size, img_len[i]);
+        uint8_t *got = malloc(img_len[i]);
+        assert_int_equal(pread(fd, got, img_len[i], 0), (ssize_t)img_len[i]);
+        close(fd);
+        assert_memory_equal(got, img[i], img_len[i]);
+        free(got);
+        free(img[i]);
+    }
+    /* a restart finds them: the restored blocks carry the right rows */
+    kvt_ssd_free(s);
+    s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_equal(kvt_ssd_find(s, t1, 10, root), 9);
     assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
-    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, t1, 10, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 9);
+    assert_memory_equal(kvt_seq_tokens(r), t1, 9 * 4);
+    assert_true(check_seq(&f, r));
+    kvt_seq_free(r);
     kvt_ssd_free(s);
     kvt_seq_free(s2);
+    fx_done(&f);
+}
+
+/* Fails every write attempt of the records on the dirty list until each has failed at least n
+ * times (each flush retries each owed record at once). */
+static void fail_until(kvt_ssd *s, uint32_t n) {
+    for (int tries = 0; tries < 100; tries++) {
+        pthread_mutex_lock(&s->mu);
+        bool all = s->d_head != NULL && !s->q_head && !s->inflight;
+        for (ssd_item *it = s->d_head; it; it = it->next)
+            if (it->attempts < n) all = false;
+        pthread_mutex_unlock(&s->mu);
+        if (all) return;
+        kvt_ssd_flush_result fr;
+        kvt_ssd_flush(s, 2000, &fr);
+        assert_false(fr.durable);
+    }
+    fail_msg("records did not fail %u times", n);
+}
+
+/* Pauses the writer and waits until it has no record in flight. */
+static void quiesce(kvt_ssd *s) {
+    kvt_ssd_pause_writer(s, true);
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        bool idle = !s->inflight;
+        pthread_mutex_unlock(&s->mu);
+        if (idle) return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A failing disk: staged records stay owed and are retried; only under pressure, and only once
+ * their last SSD_SHED_FAILED_ATTEMPTS writes failed, are they dropped (counted in shed; the next
+ * flush reports them, the one after is durable again). Intermittent faults lose nothing. */
+static void test_shed_failing_disk(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-shed-fail");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8], t3[12];
+    gen_tokens(t1, 8, 41);
+    gen_tokens(t2, 8, 42);
+    gen_tokens(t3, 12, 43);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8);
+    const uint64_t bb = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0));
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_pause_writer(s, true);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    kvt_seq_free(s1);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 2 * bb); /* s1's two records: staged */
+    kvt_ssd_set_fault_rate(s, 7, 1000);                      /* every write fails from now on */
+    kvt_ssd_pause_writer(s, false);
+    fail_until(s, 1);
+    quiesce(s);
+    /* one failure is not a failing disk: pressure keeps them (staged), drops nothing */
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 0);
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.shed, 0);
+    assert_int_equal(st.dirty_records, 4);
+    assert_true(records_ok(s));
+    kvt_ssd_pause_writer(s, false);
+    fail_until(s, 3);
+    quiesce(s);
+    kvt_seq_free(s2); /* s2's failing records now hold their blocks alone (not staged) */
+    uint64_t used = kvt_block_pool_used_bytes(f.pool);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 2 * bb); /* s2's blocks dropped, freed */
+    assert_int_equal(kvt_block_pool_used_bytes(f.pool), used - 2 * bb);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.shed, 4); /* all four dropped unwritten, counted */
+    assert_int_equal(st.staged, 2);
+    assert_int_equal(st.dirty_records, 0);
+    assert_true(records_ok(s));
+    kvt_ssd_set_fault_rate(s, 0, 0);
+    kvt_ssd_pause_writer(s, false);
+    kvt_ssd_flush_result fr;
+    kvt_ssd_flush(s, 2000, &fr); /* the next flush reports the loss ... */
+    assert_false(fr.durable);
+    assert_int_equal(fr.dropped, 4);
+    assert_non_null(strstr(fr.reason, "memory pressure"));
+    flush_ok(s); /* ... once */
+    assert_int_equal(kvt_ssd_find(s, t1, 8, root), 0);
+
+    /* intermittent faults: staged records are retried until written, nothing is dropped */
+    kvt_seq *s3 = build_seq(&f, root, t3, 12);
+    kvt_ssd_pause_writer(s, true);
+    kvt_ssd_enqueue_seq(s, s3, NULL);
+    kvt_seq_free(s3);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 3 * bb);
+    const uint64_t failed0 = st.failed;
+    kvt_ssd_set_fault_rate(s, 99, 700);
+    kvt_ssd_pause_writer(s, false);
+    bool durable = false;
+    for (int i = 0; i < 1000 && !durable; i++) {
+        kvt_ssd_flush(s, 2000, &fr);
+        durable = fr.durable;
+    }
+    assert_true(durable);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.shed, 4);
+    assert_true(st.failed > failed0); /* some attempts failed and were retried */
+    kvt_ssd_set_fault_rate(s, 0, 0);
+    kvt_ssd_free(s);
+    s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_equal(kvt_ssd_find(s, t3, 12, root), 11);
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, t3, 12, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 11);
+    assert_true(check_seq(&f, r));
+    kvt_seq_free(r);
+    kvt_ssd_free(s);
+    fx_done(&f);
+}
+
+/* No memory for an image: that record is dropped (counted; the next flush reports it), the next
+ * one is staged. The staged images stay within the queue cap: past it a record keeps its block
+ * (nothing dropped) and is written from it. The checker catches a miscounted staged total. */
+static void test_shed_nomem_and_cap(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-shed-cap");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[12];
+    gen_tokens(t1, 8, 51);
+    gen_tokens(t2, 12, 52);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8);
+    const uint64_t bb = kvt_block_data_bytes(kvt_seq_block(s1, 0, 0));
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_pause_writer(s, true);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    kvt_seq_free(s1);
+    pthread_mutex_lock(&s->mu);
+    s->stage_nomem = 1; /* the first image allocation fails */
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), 2 * bb); /* both blocks freed: one dropped, one staged */
+    kvt_ssd_stats st;
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.shed, 1);
+    assert_int_equal(st.staged, 1);
+    assert_int_equal(st.pending_blocks, 1);
+    assert_true(records_ok(s));
+    /* the checker can fail: a miscounted staged total is caught */
+    pthread_mutex_lock(&s->mu);
+    s->g_bytes++;
+    bool caught = !kvt_ssd_records_check(s);
+    s->g_bytes--;
+    pthread_mutex_unlock(&s->mu);
+    assert_true(caught);
+    kvt_ssd_pause_writer(s, false);
+    kvt_ssd_flush_result fr;
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_false(fr.durable); /* the dropped one is a hole */
+    assert_int_equal(fr.dropped, 1);
+    assert_int_equal(fr.pending_blocks, 0);
+    flush_ok(s);
+    kvt_ssd_free(s);
+
+    /* the cap: room for one image only */
+    kvt_ssd_opts o;
+    kvt_ssd_opts_default(&o);
+    o.dir = f.dir;
+    o.compat_key = COMPAT_A;
+    s = open_ssd(&f, COMPAT_A, 0);
+    const uint64_t max_image = kvt_ssd_record_max_bytes(s, KVT_SSD_KIND_BLOCK);
+    kvt_ssd_free(s);
+    o.queue_max_bytes = max_image + max_image / 2;
+    char err[256];
+    assert_int_equal(kvt_ssd_open(&o, f.l, f.pool, &s, err, sizeof err), KVT_OK);
+    kvt_seq *s2 = build_seq(&f, root, t2, 12);
+    kvt_ssd_pause_writer(s, true);
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    kvt_seq_free(s2);
+    uint64_t used = kvt_block_pool_used_bytes(f.pool);
+    assert_int_equal(kvt_ssd_shed(s, UINT64_MAX), bb); /* one staged; the others keep their blocks */
+    assert_int_equal(kvt_block_pool_used_bytes(f.pool), used - bb);
+    kvt_ssd_stats_get(s, &st);
+    assert_int_equal(st.shed, 0);
+    assert_int_equal(st.staged, 1);
+    pthread_mutex_lock(&s->mu);
+    assert_true(s->g_bytes <= o.queue_max_bytes);
+    assert_int_equal(s->g_count, 1);
+    pthread_mutex_unlock(&s->mu);
+    assert_true(records_ok(s));
+    kvt_ssd_pause_writer(s, false);
+    flush_ok(s);
+    assert_int_equal(kvt_ssd_find(s, t2, 12, root), 11);
+    kvt_ssd_free(s);
+    assert_int_equal(kvt_block_pool_used_bytes(f.pool), 0); /* every record released its block */
     fx_done(&f);
 }
 
@@ -998,6 +1244,140 @@ static void test_dir_deleted(void **state) {
     kvt_seq_free(s1);
     kvt_seq_free(s2);
     fx_done(&f);
+}
+
+/* Issue 31 item 2: the compat directory is moved away and a symlink to another directory put in its
+ * place while the tier runs. Nothing may appear at the symlink's target, nothing is written into
+ * the moved-away directory either, and the flush reports the failure; restoring the directory
+ * makes the owed records durable. Then the directory check itself fails (fault injection): the same
+ * honest refusal. */
+static void test_dir_swapped_for_symlink(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, 4, 0, "ssd-swap");
+    uint64_t root = kvt_root_hash(COMPAT_A, "");
+    int32_t t1[8], t2[8], t3[8];
+    gen_tokens(t1, 8, 71);
+    gen_tokens(t2, 8, 72);
+    gen_tokens(t3, 8, 73);
+    kvt_seq *s1 = build_seq(&f, root, t1, 8), *s2 = build_seq(&f, root, t2, 8), *s3 = build_seq(&f, root, t3, 8);
+    kvt_ssd *s = open_ssd(&f, COMPAT_A, 0);
+    kvt_ssd_enqueue_seq(s, s1, NULL);
+    flush_ok(s);
+    char cdir[1024], moved[1100], target[1100];
+    snprintf(cdir, sizeof cdir, "%s", kvt_ssd_dir(s));
+    snprintf(moved, sizeof moved, "%s.moved", cdir);
+    snprintf(target, sizeof target, "%s/elsewhere", f.dir);
+    assert_int_equal(mkdir(target, 0700), 0);
+    assert_int_equal(rename(cdir, moved), 0);
+    assert_int_equal(symlink(target, cdir), 0);
+    const int moved_before = count_files(moved, NULL);
+    kvt_ssd_enqueue_seq(s, s2, NULL);
+    kvt_ssd_flush_result fr;
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_int_equal(count_files(target, NULL), 0);       /* nothing through the symlink */
+    assert_int_equal(count_files(moved, NULL), moved_before); /* nor into the moved directory */
+    assert_false(fr.durable);
+    assert_int_equal(fr.pending_blocks, 0);
+    assert_int_equal(fr.failed, 2);
+    assert_non_null(strstr(fr.reason, "replaced"));
+    /* restores read the held directory's own files (checksummed), never the target's */
+    kvt_seq *r = NULL;
+    uint32_t nr = 0;
+    assert_int_equal(kvt_ssd_restore(s, t1, 8, root, &r, &nr), KVT_OK);
+    assert_int_equal(nr, 7);
+    kvt_seq_free(r);
+    /* a swap after everything was written: the flush still says the records are not where a
+     * restart looks */
+    assert_int_equal(unlink(cdir), 0);
+    assert_int_equal(rename(moved, cdir), 0);
+    flush_ok(s); /* the dirty records are rewritten into the restored directory */
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    assert_int_equal(rename(cdir, moved), 0);
+    assert_int_equal(symlink(target, cdir), 0);
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_false(fr.durable);
+    assert_non_null(strstr(fr.reason, "replaced"));
+    /* another (trusted, empty) real directory in its place: refused the same way */
+    assert_int_equal(unlink(cdir), 0);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    kvt_ssd_enqueue_seq(s, s3, NULL);
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_false(fr.durable);
+    assert_int_equal(count_files(cdir, NULL), 0);
+    assert_int_equal(count_files(target, NULL), 0);
+    assert_int_equal(rmdir(cdir), 0);
+    assert_int_equal(rename(moved, cdir), 0);
+    flush_ok(s);
+    assert_int_equal(kvt_ssd_find(s, t3, 8, root), 7);
+    /* fault injection: the directory check fails: nothing written, flush not durable */
+    kvt_ssd_set_fault(s, KVT_SSD_FAULT_DIR_CHECK);
+    const int in_dir = count_files(cdir, NULL);
+    kvt_seq *s4 = build_seq(&f, root, t1, 6); /* a new tail of t1 */
+    kvt_ssd_enqueue_seq(s, s4, NULL);
+    kvt_ssd_flush(s, 10000, &fr);
+    assert_false(fr.durable);
+    assert_non_null(strstr(fr.reason, "could not be checked"));
+    assert_int_equal(count_files(cdir, NULL), in_dir);
+    kvt_ssd_set_fault(s, KVT_SSD_FAULT_NONE);
+    flush_ok(s);
+    kvt_ssd_free(s);
+    /* a restart finds every record in the restored directory */
+    s = open_ssd(&f, COMPAT_A, 0);
+    assert_int_equal(kvt_ssd_find(s, t2, 8, root), 7);
+    assert_int_equal(kvt_ssd_find(s, t3, 8, root), 7);
+    kvt_ssd_free(s);
+    kvt_seq_free(s1);
+    kvt_seq_free(s2);
+    kvt_seq_free(s3);
+    kvt_seq_free(s4);
+    fx_done(&f);
+}
+
+/* The checkpoint store (<compat-dir>/ckpt, same rule): the compat dir swapped for a symlink after
+ * open; a save writes nothing at the target and the flush reports failure; a removal deletes
+ * nothing there either. */
+static void test_ckpt_dir_swapped(void **state) {
+    (void)state;
+    char *root = tu_tmpdir("ckpt-swap");
+    assert_non_null(root);
+    char cdir[600], moved[600], target[600], tfile[700];
+    snprintf(cdir, sizeof cdir, "%s/c", root);
+    snprintf(moved, sizeof moved, "%s/c.moved", root);
+    snprintf(target, sizeof target, "%s/elsewhere", root);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    assert_int_equal(mkdir(target, 0700), 0);
+    snprintf(tfile, sizeof tfile, "%s/ckpt", target);
+    assert_int_equal(mkdir(tfile, 0700), 0);
+    kvt_ckpt_store *st = NULL;
+    char err[256];
+    assert_int_equal(kvt_ckpt_store_open(cdir, "compat-A", &st, err, sizeof err), KVT_OK);
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kvt_ckpt_rec r = {.n_prompt = 4, .n_emitted = 8, .pending = 9, .rng = 1, .emitted = ids};
+    memset(r.key, 0x11, 32);
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
+    assert_true(kvt_ckpt_store_flush(st, 5000));
+    /* a decoy at the target under the first record's name: a removal must not delete it */
+    char name[40];
+    kvt_ckpt_file_name(r.key, name);
+    snprintf(tfile, sizeof tfile, "%s/ckpt/%s", target, name);
+    FILE *fp = fopen(tfile, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(rename(cdir, moved), 0);
+    assert_int_equal(symlink(target, cdir), 0);
+    memset(r.key, 0x22, 32);
+    assert_true(kvt_ckpt_store_save(st, &r, NULL));
+    memset(r.key, 0x11, 32);
+    kvt_ckpt_store_invalidate(st, r.key);
+    assert_false(kvt_ckpt_store_flush(st, 5000));
+    snprintf(tfile, sizeof tfile, "%s/ckpt", target);
+    assert_int_equal(count_files(tfile, NULL), 1); /* only the decoy, untouched */
+    kvt_ckpt_store_free(st);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    assert_int_equal(system(cmd), 0);
+    free(root);
 }
 
 /* A model rewritten in place with the same inode, size and mtime gets a new identity. */
@@ -1811,10 +2191,14 @@ int main(void) {
         cmocka_unit_test(test_fsync_dir_failure),
         cmocka_unit_test(test_flush_property),
         cmocka_unit_test(test_shed),
+        cmocka_unit_test(test_shed_failing_disk),
+        cmocka_unit_test(test_shed_nomem_and_cap),
         cmocka_unit_test(test_tmp_stale_rule),
         cmocka_unit_test(test_perms_regardless_of_umask),
         cmocka_unit_test(test_planted_files),
         cmocka_unit_test(test_dir_deleted),
+        cmocka_unit_test(test_dir_swapped_for_symlink),
+        cmocka_unit_test(test_ckpt_dir_swapped),
         cmocka_unit_test(test_model_id_rewrite),
         cmocka_unit_test(test_startup_verify),
         cmocka_unit_test(test_recurrent_snapshot),

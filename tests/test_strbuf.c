@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 
+#include "util/common.h"
 #include "util/strbuf.h"
 
 /* Checks the invariants every non-failed buffer keeps after an append. */
@@ -192,10 +193,25 @@ static void test_oom_sticky(void **state) {
     kvt_strbuf_free(&b);
 }
 
+/* kvt_fmt_bytes (util/common.h): decimal units, 3 significant digits, never "0 MB" for a small size */
+static void test_fmt_bytes(void **state) {
+    (void)state;
+    char b[24];
+    static const struct { double v; const char *want; } cases[] = {
+        {0, "0 B"},           {999, "999 B"},          {1000, "1.00 kB"},     {1790, "1.79 kB"},
+        {99940, "99.9 kB"},   {999400, "999 kB"},      {999600, "1.00 MB"},   {12.6e6, "12.6 MB"},
+        {1.5e9, "1.50 GB"},   {2.5e12, "2.50 TB"},     {3e15, "3000 TB"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_string_equal(kvt_fmt_bytes(cases[i].v, b, sizeof b), cases[i].want);
+    char tiny[4];
+    assert_string_equal(kvt_fmt_bytes(1.5e9, tiny, sizeof tiny), "1.5"); /* truncated, terminated */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty),        cmocka_unit_test(test_add_growth),  cmocka_unit_test(test_printf),
-        cmocka_unit_test(test_embedded_nul), cmocka_unit_test(test_take_resets), cmocka_unit_test(test_oom_sticky),
+        cmocka_unit_test(test_embedded_nul), cmocka_unit_test(test_take_resets), cmocka_unit_test(test_oom_sticky), cmocka_unit_test(test_fmt_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

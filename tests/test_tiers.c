@@ -37,7 +37,6 @@ static void open_tiers(fx *f) {
     kvt_ssd_opts_default(&o);
     o.dir = f->dir;
     o.compat_key = "test-tiers";
-    o.writeback = f->writeback;
     char err[256];
     assert_int_equal(kvt_ssd_open(&o, f->layout, f->pool, &f->ssd, err, sizeof err), KVT_OK);
     kvt_tiers_opts to = {.pool = f->pool, .ram = f->pc, .ssd = f->ssd, .writeback = f->writeback};
@@ -89,6 +88,7 @@ static void fx_init(fx *f, int kind, uint64_t budget_blocks, bool writeback) {
 
 static void fx_free(fx *f) {
     close_tiers(f);
+    assert_true(kvt_prompt_cache_check(f->pc)); /* ram_index.c R1-R5 */
     kvt_prompt_cache_free(f->pc);
     assert_int_equal(kvt_block_pool_used_bytes(f->pool), 0); /* every block released exactly once */
     kvt_block_pool_free(f->pool);
@@ -192,7 +192,7 @@ static kvt_chain *chain_of(fx *f, const int32_t *toks, uint32_t n) {
 }
 
 static void flush_ok(fx *f) {
-    kvt_ssd_flush_result r;
+    kvt_tiers_flush_result r;
     kvt_tiers_flush(f->t, 10000, &r);
     assert_true(r.durable);
 }
@@ -257,12 +257,12 @@ static void mixed_case(int kind, uint32_t in_ram) {
     const uint32_t k = in_ram / BT;
     assert_non_null(hit.seq);
     assert_int_equal(hit.n_reused, 32);
-    assert_int_equal(hit.from, KVT_TIERS_SSD);
+    assert_int_equal(hit.from, KVT_TIER_SSD);
     assert_int_equal(hit.n_blocks, 8);
     assert_int_equal(hit.ram_blocks, k);
     assert_int_equal(hit.ssd_blocks, 8 - k);
-    for (uint32_t i = 0; i < 8; i++) assert_int_equal(kvt_tiers_block_source(&hit, i), i < k ? KVT_TIERS_RAM : KVT_TIERS_SSD);
-    assert_int_equal(kvt_tiers_block_source(&hit, 8), KVT_TIERS_NONE);
+    for (uint32_t i = 0; i < 8; i++) assert_int_equal(kvt_tiers_block_source(&hit, i), i < k ? KVT_TIER_RAM : KVT_TIER_SSD);
+    assert_int_equal(kvt_tiers_block_source(&hit, 8), KVT_TIER_NONE);
     /* the RAM half is RAM's very blocks (shared, not read) */
     for (uint32_t i = 0; i < k; i++) assert_ptr_equal(kvt_seq_block(hit.seq, 0, i), kvt_seq_block(r, 0, i));
     /* only the SSD half was read from disk (plus the snapshot of recurrent layouts) */
@@ -271,20 +271,25 @@ static void mixed_case(int kind, uint32_t in_ram) {
     assert_int_equal(hit.ssd_bytes_read, want);
     assert_int_equal(s1.read_bytes - s0.read_bytes, want);
     assert_int_equal(hit.ssd_files_read, files + (kind == LAY_RECURRENT));
-    if (kind == LAY_RECURRENT) assert_int_equal(hit.state_from, KVT_TIERS_SSD);
+    if (kind == LAY_RECURRENT) assert_int_equal(hit.state_from, KVT_TIER_SSD);
     assert_int_equal(s1.restores, s0.restores + 1);
-    /* RAM served blocks [0, k): one hit of k*BT tokens */
+    /* RAM served blocks [0, k): one hit of k*BT tokens, or (k = 0) one RAM miss */
     assert_int_equal(p1.hits, p0.hits + (k ? 1 : 0));
+    assert_int_equal(p1.misses, p0.misses + (k ? 0 : 1));
     assert_int_equal(p1.reused_tokens, p0.reused_tokens + k * BT);
     check_seq(&f, hit.seq, toks, 32);
     kvt_seq_free(hit.seq);
     kvt_seq_free(r);
 
-    /* the same lookup with RAM empty reads everything from disk */
+    /* the same lookup with RAM empty reads everything from disk: a RAM miss, counted */
     kvt_prompt_cache_clear(f.pc);
     s0 = ssd_stats(&f);
+    p0 = ram_stats(&f);
     assert_int_equal(kvt_tiers_lookup(f.t, c, &hit), KVT_OK);
     s1 = ssd_stats(&f);
+    p1 = ram_stats(&f);
+    assert_int_equal(p1.misses, p0.misses + 1);
+    assert_int_equal(p1.hits, p0.hits);
     assert_int_equal(hit.n_reused, 32);
     assert_int_equal(hit.ram_blocks, 0);
     assert_int_equal(s1.read_bytes - s0.read_bytes, ssd_need(&f, 0, 8, 32, &files) + (kind == LAY_RECURRENT ? STATE_BYTES : 0));
@@ -324,7 +329,7 @@ static void test_ram_wins_ties(void **st) {
     kvt_tiers_hit hit;
     assert_int_equal(kvt_tiers_lookup(f.t, c, &hit), KVT_OK);
     kvt_ssd_stats s1 = ssd_stats(&f);
-    assert_int_equal(hit.from, KVT_TIERS_RAM);
+    assert_int_equal(hit.from, KVT_TIER_RAM);
     assert_int_equal(hit.n_reused, 32);
     assert_int_equal(hit.ram_blocks, 8);
     assert_int_equal(hit.ssd_blocks, 0);
@@ -359,7 +364,7 @@ static void test_honest_counters(void **st) {
     assert_int_equal(kvt_tiers_lookup(f.t, c, &hit), KVT_OK);
     kvt_prompt_cache_stats p1 = ram_stats(&f);
     kvt_ssd_stats s1 = ssd_stats(&f);
-    assert_int_equal(hit.from, KVT_TIERS_RAM);
+    assert_int_equal(hit.from, KVT_TIER_RAM);
     assert_int_equal(hit.n_reused, 16);
     assert_int_equal(hit.ssd_blocks, 0);
     assert_int_equal(p1.hits, p0.hits + 1);
@@ -464,7 +469,7 @@ static void test_window_and_snapshot_write_behind(void **st) {
     kvt_chain *c = chain_of(&f, div, N + 1);
     kvt_tiers_hit hit;
     assert_int_equal(kvt_tiers_lookup(f.t, c, &hit), KVT_OK);
-    assert_int_equal(hit.from, KVT_TIERS_SSD);
+    assert_int_equal(hit.from, KVT_TIER_SSD);
     assert_int_equal(hit.n_reused, 10);
     check_seq(&f, hit.seq, div, 10);
     kvt_seq_free(hit.seq);
@@ -481,9 +486,9 @@ static void test_window_and_snapshot_write_behind(void **st) {
     open_tiers(&f);
     c = chain_of(&f, toks, 30);
     assert_int_equal(kvt_tiers_lookup(f.t, c, &hit), KVT_OK);
-    assert_int_equal(hit.from, KVT_TIERS_SSD);
+    assert_int_equal(hit.from, KVT_TIER_SSD);
     assert_int_equal(hit.n_reused, 22); /* only at the snapshot: the state was written behind */
-    assert_int_equal(hit.state_from, KVT_TIERS_SSD);
+    assert_int_equal(hit.state_from, KVT_TIER_SSD);
     check_seq(&f, hit.seq, toks, 22);
     kvt_seq_free(hit.seq);
     kvt_chain_release(c);
@@ -492,9 +497,10 @@ static void test_window_and_snapshot_write_behind(void **st) {
 
 /* Memory pressure with an SSD tier attached: an 8-block pool, write-behind off, spill sink on. The
  * RAM tier holds 8 cache-only blocks; a new 8-block sequence evicts them (spilled into SSD records
- * that retain them) and the pressure path frees those records at once, so every allocation
- * succeeds. Without the tier's SSD shedding the spilled blocks stay referenced and the allocation
- * fails (checked with the RAM tier's own pressure callback). */
+ * that retain them) and the pressure path stages those records at once (their images to the heap,
+ * the blocks released), so every allocation succeeds, and the writer then persists every evicted
+ * block: nothing is dropped. Without the tier's SSD staging the spilled blocks stay referenced and
+ * the allocation fails (checked with the RAM tier's own pressure callback). */
 static void test_pressure_8_blocks(void **st) {
     (void)st;
     for (int with_tiers = 1; with_tiers >= 0; with_tiers--) {
@@ -523,12 +529,19 @@ static void test_pressure_8_blocks(void **st) {
             assert_int_equal(kvt_seq_len(s), 32);
             assert_true(ram_stats(&f).evictions >= 8);
             assert_true(ss.spills >= 8); /* spilled to the SSD tier ... */
-            assert_true(ss.shed >= 8);   /* ... and freed at once under pressure */
+            assert_true(ss.staged >= 8); /* ... and their pool blocks freed at once under pressure */
+            assert_int_equal(ss.shed, 0); /* nothing dropped unwritten */
         } else {
             assert_int_equal(ps, KVT_ERR_POOL_EXHAUSTED); /* spilled blocks stay held by the records */
         }
         kvt_seq_free(s);
         kvt_ssd_pause_writer(f.ssd, false);
+        if (with_tiers) { /* the evicted prompt is persisted: a flush is durable and the disk serves it */
+            kvt_ssd_flush_result fr;
+            kvt_ssd_flush(f.ssd, 10000, &fr);
+            assert_true(fr.durable);
+            assert_int_equal(kvt_ssd_find(f.ssd, a, 33, f.root), 32);
+        }
         fx_free(&f);
     }
 }
@@ -627,13 +640,88 @@ static void test_engine_hashes_prompt_once(void **st) {
     free(dir);
 }
 
+/* The write-behind switch is the tier manager's alone: with it off, a put queues nothing for the
+ * SSD tier (the SSD tier's own flush finds nothing owed and writes nothing), and the manager's
+ * flush writes what the RAM tier holds. (Moved from test_ssd_cache.c when the switch left the SSD
+ * tier.) */
+static void test_writeback_off(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, LAY_FULL, 256, false);
+    int32_t toks[16];
+    toks_range(toks, 16, 3);
+    kvt_seq *s = mk_seq(&f, toks, 16, 16);
+    assert_int_equal(kvt_tiers_put(f.t, s), KVT_OK);
+    kvt_seq_free(s);
+    kvt_ssd_flush_result sr;
+    kvt_ssd_flush(f.ssd, 10000, &sr);
+    assert_true(sr.durable);
+    assert_int_equal(sr.entries, 0);
+    assert_int_equal(ssd_stats(&f).published, 0);
+    kvt_tiers_flush_result r;
+    kvt_tiers_flush(f.t, 10000, &r);
+    assert_true(r.durable);
+    assert_true(r.checkpoints_durable);
+    assert_int_equal(r.shared_pending, 0);
+    assert_true(r.blocks.entries >= 4); /* 4 full blocks per group */
+    assert_true(ssd_stats(&f).published >= 4);
+    fx_free(&f);
+}
+
+/* One lookup plans each tier exactly once and carries the plan into the take / restore
+ * (kvt_prompt_cache_plan_calls, kvt_ssd_plan_calls): a RAM hit, an SSD hit and a mixed RAM+SSD
+ * hit, for every layout kind. */
+static uint32_t lookup_plans(fx *f, const kvt_chain *c, uint32_t want_reused, kvt_tier want_from, uint64_t *ssd_plans) {
+    const uint64_t r0 = kvt_prompt_cache_plan_calls(), s0 = kvt_ssd_plan_calls();
+    kvt_tiers_hit hit;
+    assert_int_equal(kvt_tiers_lookup(f->t, c, &hit), KVT_OK);
+    const uint64_t r1 = kvt_prompt_cache_plan_calls(), s1 = kvt_ssd_plan_calls();
+    assert_non_null(hit.seq);
+    assert_int_equal(hit.n_reused, want_reused);
+    assert_int_equal(hit.from, want_from);
+    kvt_seq_free(hit.seq);
+    *ssd_plans = s1 - s0;
+    return (uint32_t)(r1 - r0);
+}
+
+static void test_lookup_plans_each_tier_once(void **state) {
+    (void)state;
+    const int kinds[] = {LAY_FULL, LAY_WINDOW, LAY_RECURRENT};
+    for (size_t ki = 0; ki < 3; ki++) {
+        fx f;
+        fx_init(&f, kinds[ki], 0, true);
+        int32_t toks[33];
+        toks_range(toks, 33, 11);
+        put_flush(&f, toks, 32);
+        kvt_chain *c = chain_of(&f, toks, 33);
+        uint64_t sp = 0;
+        /* RAM hit: RAM holds all 32 tokens, the SSD tier ties (ties go to RAM) */
+        assert_int_equal(lookup_plans(&f, c, 32, KVT_TIER_RAM, &sp), 1);
+        assert_int_equal(sp, 1);
+        /* SSD hit: RAM empty */
+        kvt_prompt_cache_clear(f.pc);
+        assert_int_equal(lookup_plans(&f, c, 32, KVT_TIER_SSD, &sp), 1);
+        assert_int_equal(sp, 1);
+        /* mixed: RAM holds the first 16 tokens, the SSD tier the rest */
+        kvt_prompt_cache_clear(f.pc);
+        kvt_seq *r = mk_seq(&f, toks, 16, 16);
+        assert_int_equal(kvt_prompt_cache_put(f.pc, r), KVT_OK);
+        assert_int_equal(lookup_plans(&f, c, 32, KVT_TIER_SSD, &sp), 1);
+        assert_int_equal(sp, 1);
+        kvt_seq_free(r);
+        kvt_chain_release(c);
+        fx_free(&f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixed_full),        cmocka_unit_test(test_mixed_window),
         cmocka_unit_test(test_mixed_recurrent),   cmocka_unit_test(test_ram_wins_ties),
         cmocka_unit_test(test_honest_counters),   cmocka_unit_test(test_chain_hashed_once),
         cmocka_unit_test(test_window_and_snapshot_write_behind), cmocka_unit_test(test_pressure_8_blocks),
-        cmocka_unit_test(test_restore_from_base_checked), cmocka_unit_test(test_engine_hashes_prompt_once),
+        cmocka_unit_test(test_restore_from_base_checked), cmocka_unit_test(test_engine_hashes_prompt_once), cmocka_unit_test(test_writeback_off),
+        cmocka_unit_test(test_lookup_plans_each_tier_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,417 +1,18 @@
 /*
- * prompt_cache.c — the RAM tier (see prompt_cache.h and docs/ram-tier.md).
+ * prompt_cache.c — the RAM tier (see prompt_cache.h and docs/ram-tier.md): its plan adapter (the
+ * index as the shared planner of plan.h sees it), take (a plan executed into a sequence), put
+ * (registering a sequence's blocks, tail and snapshot), eviction, demotion and visits. The index it
+ * works on (units, map, LRU) and its invariants R1-R7 are in ram_index.c.
  *
- * Structure
- * ---------
- * The cache is a forest of "units", one tree per root (= compatibility key + namespace):
- *   ROOT  a pseudo-node per root hash; holds nothing, lives while it has children.
- *   NODE  one full block position of a chain: key = chain hash of the tokens up to the block's end.
- *         Holds a copy of the block's tokens and one block reference per group (a WINDOW group's
- *         entry may be NULL when every sequence that registered it had dropped that block).
- *   TAIL  a frozen partial block (n_tok < block_tokens) under its parent NODE/ROOT; one block per
- *         group.
- *   SNAP  a recurrent snapshot at position index*block_tokens + n_tok under its parent NODE/ROOT
- *         (n_tok tokens of the partial block it ends in are copied for verification).
- * NODEs are found through a hash map keyed by chain hash (lookups also compare the parent unit and
- * the tokens, so a 64-bit collision can never alias KV); TAIL/SNAP units are found through their
- * parent's child list. Every non-ROOT unit sits on one LRU list; eviction takes the least recently
- * used *leaf* (a unit without children), so a NODE always outlives its descendants.
- *
- * Locking: one mutex guards everything above. Pool allocations (which may call back into
+ * Locking: one mutex guards the index. Pool allocations (which may call back into
  * kvt_prompt_cache_evict_bytes through the pool pressure hook), spill callbacks and block releases
- * happen with the mutex released: take() retains what it needs under the lock and builds the
+ * happen with the mutex released (R7): take() retains what it needs under the lock and builds the
  * sequence afterwards; evictions detach units under the lock and dispose of them afterwards.
+ * Pins (R8) mark the units of a prefix so that no eviction, demotion or supersession detaches them.
  */
-#include "prompt_cache.h"
+#include "ram_int.h"
 
-#include "plan.h"
-
-#include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
-
-enum { U_ROOT = 0, U_NODE = 1, U_TAIL = 2, U_SNAP = 3 };
-
-typedef struct pc_unit pc_unit;
-struct pc_unit {
-    uint8_t kind;
-    pc_unit *parent;                  /* NODE/TAIL/SNAP: parent NODE or ROOT */
-    pc_unit *first_child;             /* NODE/ROOT: children (any kind) */
-    pc_unit *sib_prev, *sib_next;     /* sibling list (for ROOTs: the cache's root list) */
-    uint32_t n_children;
-    pc_unit *hnext;                   /* NODE: hash bucket chain */
-    pc_unit *lru_prev, *lru_next;     /* non-ROOT: LRU list (next = older) */
-    uint64_t key;                     /* NODE: chain hash; ROOT: root hash; TAIL/SNAP: chain at end */
-    uint32_t index;                   /* block index where this unit's tokens start */
-    uint32_t n_tok;                   /* NODE: block_tokens; TAIL: < block_tokens; SNAP: pos % bt */
-    int32_t *tokens;                  /* [n_tok] */
-    kvt_block *blocks[KVT_MAX_GROUPS];
-    kvt_snapshot *snap;
-    uint64_t bytes;                   /* bytes this unit accounts for */
-    uint32_t n_blocks;
-    uint64_t used_ns;                 /* last take/put (clock of the cache) */
-    uint64_t put_gen;                 /* last put that touched it (protects the fresh entry) */
-};
-
-struct kvt_prompt_cache {
-    kvt_block_pool *pool;
-    const kvt_kv_layout *layout;
-    uint32_t bt, n_groups;
-    uint32_t window[KVT_MAX_GROUPS]; /* 0 = FULL group */
-    bool recurrent;
-    bool has_window;
-    kvt_plan_geom geom; /* what the shared planner and supersession rule need (plan.h) */
-    size_t state_bytes;
-    uint64_t max_bytes;
-
-    pthread_mutex_t mu;
-    pc_unit **buckets;
-    size_t n_buckets, n_nodes;
-    pc_unit *roots;
-    pc_unit lru; /* sentinel: lru.lru_next = most recent, lru.lru_prev = least recent */
-    uint64_t n_units;
-    uint64_t bytes, n_blocks;
-    uint64_t put_gen;
-    kvt_prompt_cache_stats st; /* counters only; sizes are filled in by stats_get */
-
-    kvt_spill_block_fn spill_block;
-    kvt_spill_snapshot_fn spill_snap;
-    void *spill_ctx;
-    uint64_t (*now_fn)(void *);
-    void *now_ctx;
-};
-
-/* A growable list of detached units waiting to be disposed outside the lock. */
-typedef struct unit_vec {
-    pc_unit **v;
-    size_t n, cap;
-} unit_vec;
-
-static bool uv_push(unit_vec *uv, pc_unit *u) {
-    if (uv->n == uv->cap) {
-        size_t nc = uv->cap ? uv->cap * 2 : 16;
-        pc_unit **nv = realloc(uv->v, nc * sizeof(*nv));
-        if (!nv) return false;
-        uv->v = nv;
-        uv->cap = nc;
-    }
-    uv->v[uv->n++] = u;
-    return true;
-}
-
-static uint64_t pc_now(kvt_prompt_cache *pc) { return pc->now_fn ? pc->now_fn(pc->now_ctx) : kvt_now_ns(); }
-
-/* ------------------------------------------------------------------ lists */
-
-static void lru_unlink(pc_unit *u) {
-    u->lru_prev->lru_next = u->lru_next;
-    u->lru_next->lru_prev = u->lru_prev;
-    u->lru_prev = u->lru_next = NULL;
-}
-
-static void lru_push_front(kvt_prompt_cache *pc, pc_unit *u) {
-    u->lru_next = pc->lru.lru_next;
-    u->lru_prev = &pc->lru;
-    pc->lru.lru_next->lru_prev = u;
-    pc->lru.lru_next = u;
-}
-
-/* Most-recently-used bump (logical order + idle stamp). */
-static void touch(kvt_prompt_cache *pc, pc_unit *u, uint64_t now) {
-    if (u->kind == U_ROOT) return;
-    lru_unlink(u);
-    lru_push_front(pc, u);
-    u->used_ns = now;
-    for (uint32_t g = 0; g < pc->n_groups; g++)
-        if (u->blocks[g]) kvt_block_touch(u->blocks[g]);
-}
-
-static void child_link(pc_unit *parent, pc_unit *c) {
-    c->parent = parent;
-    c->sib_prev = NULL;
-    c->sib_next = parent->first_child;
-    if (parent->first_child) parent->first_child->sib_prev = c;
-    parent->first_child = c;
-    parent->n_children++;
-}
-
-static void child_unlink(pc_unit *c) {
-    pc_unit *p = c->parent;
-    if (c->sib_prev) c->sib_prev->sib_next = c->sib_next;
-    else p->first_child = c->sib_next;
-    if (c->sib_next) c->sib_next->sib_prev = c->sib_prev;
-    c->sib_prev = c->sib_next = NULL;
-    p->n_children--;
-}
-
-/* ------------------------------------------------------------------ node hash map */
-
-static size_t bucket_of(const kvt_prompt_cache *pc, uint64_t key) {
-    return (size_t)((key ^ (key >> 29)) & (pc->n_buckets - 1));
-}
-
-static bool map_grow(kvt_prompt_cache *pc) {
-    size_t nb = pc->n_buckets * 2;
-    pc_unit **b = calloc(nb, sizeof(*b));
-    if (!b) return false;
-    size_t old_n = pc->n_buckets;
-    pc_unit **old = pc->buckets;
-    pc->buckets = b;
-    pc->n_buckets = nb;
-    for (size_t i = 0; i < old_n; i++) {
-        pc_unit *u = old[i];
-        while (u) {
-            pc_unit *nx = u->hnext;
-            size_t k = bucket_of(pc, u->key);
-            u->hnext = b[k];
-            b[k] = u;
-            u = nx;
-        }
-    }
-    free(old);
-    return true;
-}
-
-static void map_insert(kvt_prompt_cache *pc, pc_unit *u) {
-    if (pc->n_nodes + 1 > pc->n_buckets) (void)map_grow(pc); /* a full map only gets slower */
-    size_t k = bucket_of(pc, u->key);
-    u->hnext = pc->buckets[k];
-    pc->buckets[k] = u;
-    pc->n_nodes++;
-}
-
-static void map_remove(kvt_prompt_cache *pc, pc_unit *u) {
-    pc_unit **pp = &pc->buckets[bucket_of(pc, u->key)];
-    while (*pp && *pp != u) pp = &(*pp)->hnext;
-    if (*pp) {
-        *pp = u->hnext;
-        pc->n_nodes--;
-    }
-    u->hnext = NULL;
-}
-
-/* The NODE with this chain hash, parent and tokens, or NULL. */
-static pc_unit *map_find(const kvt_prompt_cache *pc, uint64_t key, const pc_unit *parent, const int32_t *toks) {
-    for (pc_unit *u = pc->buckets[bucket_of(pc, key)]; u; u = u->hnext)
-        if (u->key == key && u->parent == parent && memcmp(u->tokens, toks, (size_t)pc->bt * sizeof(int32_t)) == 0)
-            return u;
-    return NULL;
-}
-
-static pc_unit *root_find(const kvt_prompt_cache *pc, uint64_t root) {
-    for (pc_unit *r = pc->roots; r; r = r->sib_next)
-        if (r->key == root) return r;
-    return NULL;
-}
-
-static pc_unit *root_get(kvt_prompt_cache *pc, uint64_t root) {
-    pc_unit *r = root_find(pc, root);
-    if (r) return r;
-    r = calloc(1, sizeof(*r));
-    if (!r) return NULL;
-    r->kind = U_ROOT;
-    r->key = root;
-    r->sib_next = pc->roots;
-    if (pc->roots) pc->roots->sib_prev = r;
-    pc->roots = r;
-    return r;
-}
-
-static void root_drop_if_empty(kvt_prompt_cache *pc, pc_unit *r) {
-    if (r->kind != U_ROOT || r->n_children) return;
-    if (r->sib_prev) r->sib_prev->sib_next = r->sib_next;
-    else pc->roots = r->sib_next;
-    if (r->sib_next) r->sib_next->sib_prev = r->sib_prev;
-    free(r);
-}
-
-/* ------------------------------------------------------------------ units */
-
-static pc_unit *unit_new(kvt_prompt_cache *pc, uint8_t kind, pc_unit *parent, uint32_t index,
-                         const int32_t *toks, uint32_t n_tok, uint64_t key) {
-    pc_unit *u = calloc(1, sizeof(*u));
-    if (!u) return NULL;
-    if (n_tok) {
-        u->tokens = malloc((size_t)n_tok * sizeof(int32_t));
-        if (!u->tokens) {
-            free(u);
-            return NULL;
-        }
-        memcpy(u->tokens, toks, (size_t)n_tok * sizeof(int32_t));
-    }
-    u->kind = kind;
-    u->index = index;
-    u->n_tok = n_tok;
-    u->key = key;
-    child_link(parent, u);
-    lru_push_front(pc, u);
-    if (kind == U_NODE) map_insert(pc, u);
-    pc->n_units++;
-    return u;
-}
-
-static void unit_add_block(kvt_prompt_cache *pc, pc_unit *u, uint32_t g, kvt_block *b) {
-    kvt_block_retain(b);
-    u->blocks[g] = b;
-    uint64_t nb = kvt_block_data_bytes(b);
-    u->bytes += nb;
-    u->n_blocks++;
-    pc->bytes += nb;
-    pc->n_blocks++;
-}
-
-/* Removes a leaf unit from every structure (not its references: see dispose). */
-static void unit_detach(kvt_prompt_cache *pc, pc_unit *u) {
-    pc_unit *parent = u->parent;
-    child_unlink(u);
-    lru_unlink(u);
-    if (u->kind == U_NODE) map_remove(pc, u);
-    pc->bytes -= u->bytes;
-    pc->n_blocks -= u->n_blocks;
-    pc->n_units--;
-    u->parent = NULL;
-    root_drop_if_empty(pc, parent);
-}
-
-static bool unit_cache_only(const kvt_prompt_cache *pc, const pc_unit *u) {
-    for (uint32_t g = 0; g < pc->n_groups; g++)
-        if (u->blocks[g] && kvt_block_refcount(u->blocks[g]) != 1) return false;
-    return true; /* snapshots are not pool memory and never shared with live sequences */
-}
-
-typedef struct dispose_result {
-    uint64_t spilled, freed_bytes, items;
-} dispose_result;
-
-/* Spills (optionally) and releases detached units; called WITHOUT the lock. */
-static void dispose_units(const unit_vec *uv, uint32_t n_groups, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs,
-                          void *ctx, bool spill, dispose_result *res) {
-    for (size_t i = 0; i < uv->n; i++) {
-        pc_unit *u = uv->v[i];
-        for (uint32_t g = 0; g < n_groups; g++) {
-            kvt_block *b = u->blocks[g];
-            if (!b) continue;
-            if (spill && fb && fb(ctx, b)) res->spilled++;
-            if (kvt_block_refcount(b) == 1) res->freed_bytes += kvt_block_data_bytes(b);
-            kvt_block_release(b);
-            res->items++;
-        }
-        if (u->snap) {
-            if (spill && fs && fs(ctx, u->snap)) res->spilled++;
-            kvt_snapshot_release(u->snap);
-            res->items++;
-        }
-        free(u->tokens);
-        free(u);
-    }
-}
-
-/* Eviction candidates: the least recently used leaf satisfying the mode. */
-enum { PICK_CAP_CLEAN, PICK_CAP_ANY, PICK_PRESSURE, PICK_IDLE };
-
-static pc_unit *pick_victim(kvt_prompt_cache *pc, int mode, uint64_t gen, uint64_t idle_cutoff) {
-    for (pc_unit *u = pc->lru.lru_prev; u != &pc->lru; u = u->lru_prev) {
-        if (u->n_children) continue; /* leaf-first */
-        switch (mode) {
-        case PICK_CAP_CLEAN:
-            if (u->put_gen == gen || !unit_cache_only(pc, u)) continue;
-            return u;
-        case PICK_CAP_ANY:
-            if (u->put_gen == gen) continue;
-            return u;
-        case PICK_PRESSURE:
-            if (!unit_cache_only(pc, u)) continue;
-            return u;
-        case PICK_IDLE:
-            if (u->used_ns > idle_cutoff) continue;
-            return u;
-        }
-    }
-    return NULL;
-}
-
-/* ------------------------------------------------------------------ lookup */
-
-static uint32_t lcp(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
-    uint32_t n = KVT_MIN(na, nb), i = 0;
-    while (i < n && a[i] == b[i]) i++;
-    return i;
-}
-
-static bool unit_has_all_groups(const kvt_prompt_cache *pc, const pc_unit *u) {
-    for (uint32_t g = 0; g < pc->n_groups; g++)
-        if (!u->blocks[g]) return false;
-    return true;
-}
-
-static uint32_t unit_groups(const kvt_prompt_cache *pc, const pc_unit *u) {
-    uint32_t m = 0;
-    for (uint32_t g = 0; g < pc->n_groups; g++)
-        if (u->blocks[g]) m |= 1u << g;
-    return m;
-}
-
-/* A NODE/TAIL child of `parent` whose first m tokens equal toks[0..m) and that holds a block for
- * every group (it supplies the last, possibly partial, block). `prefer` is tried first. */
-static pc_unit *rows_unit(const kvt_prompt_cache *pc, pc_unit *parent, const int32_t *toks, uint32_t m,
-                          pc_unit *prefer) {
-    if (prefer && prefer->n_tok >= m && unit_has_all_groups(pc, prefer) &&
-        memcmp(prefer->tokens, toks, (size_t)m * sizeof(int32_t)) == 0)
-        return prefer;
-    pc_unit *best = NULL;
-    for (pc_unit *c = parent->first_child; c; c = c->sib_next) {
-        if ((c->kind != U_NODE && c->kind != U_TAIL) || c->n_tok < m) continue;
-        if (!unit_has_all_groups(pc, c) || memcmp(c->tokens, toks, (size_t)m * sizeof(int32_t)) != 0) continue;
-        /* prefer an exact-length tail (no copy, no trim), else the shortest covering unit */
-        if (!best || (c->n_tok == m && best->n_tok != m) || (best->n_tok != m && c->n_tok < best->n_tok)) best = c;
-    }
-    return best;
-}
-
-/* Walks the prompt's full blocks from R along the request chain (no hashing: the chain holds the
- * hashes); fills P (capacity n/bt) and returns k = matched nodes. */
-static uint32_t walk_path(const kvt_prompt_cache *pc, pc_unit *R, const kvt_chain *c, pc_unit **P) {
-    const uint32_t bt = pc->bt, nf = kvt_chain_n_full(c);
-    const int32_t *prompt = kvt_chain_tokens(c);
-    uint32_t k = 0;
-    pc_unit *cur = R;
-    while (k < nf) {
-        const int32_t *t = prompt + (size_t)k * bt;
-        pc_unit *node = map_find(pc, kvt_chain_at(c, k + 1), cur, t);
-        if (!node) break;
-        P[k++] = node;
-        cur = node;
-    }
-    return k;
-}
-
-/* The same under another root (namespace diagnostics only: those hashes are not the request's). */
-static uint32_t walk_path_hashing(const kvt_prompt_cache *pc, pc_unit *R, const int32_t *prompt, uint32_t n, pc_unit **P) {
-    uint32_t bt = pc->bt, k = 0;
-    pc_unit *cur = R;
-    while ((uint64_t)(k + 1) * bt <= n) {
-        const int32_t *t = prompt + (size_t)k * bt;
-        uint64_t h = kvt_chain_hash(cur->key, t, bt);
-        pc_unit *node = map_find(pc, h, cur, t);
-        if (!node) break;
-        P[k++] = node;
-        cur = node;
-    }
-    return k;
-}
-
-/* Token match length under R (full-block path + best partial child), without usability checks. */
-static uint32_t token_match(const kvt_prompt_cache *pc, pc_unit *R, pc_unit *const *P, uint32_t k,
-                            const int32_t *prompt, uint32_t n) {
-    uint32_t base = k * pc->bt, best = 0;
-    pc_unit *cur = k ? P[k - 1] : R;
-    for (pc_unit *c = cur->first_child; c; c = c->sib_next) {
-        if (c->kind != U_NODE && c->kind != U_TAIL) continue;
-        uint32_t l = lcp(c->tokens, c->n_tok, prompt + base, n - base);
-        if (l > best) best = l;
-    }
-    return base + best;
-}
+#include "block_rows.h"
 
 typedef struct take_plan {
     uint32_t L;           /* usable length (0 = miss) */
@@ -433,26 +34,31 @@ typedef struct ram_ix {
 
 static uint32_t ram_held(void *ctx, uint32_t i) {
     const ram_ix *x = ctx;
-    return unit_groups(x->pc, x->P[i]);
+    return kvt_ram_unit_groups(x->pc, x->P[i]);
 }
 
 static const void *ram_rows(void *ctx, uint32_t j, uint32_t m) {
     const ram_ix *x = ctx;
     pc_unit *parent = j ? x->P[j - 1] : x->R;
-    return rows_unit(x->pc, parent, x->prompt + (size_t)j * x->pc->bt, m, j < x->k ? x->P[j] : NULL);
+    return kvt_ram_rows_unit(x->pc, parent, x->prompt + (size_t)j * x->pc->bt, m, j < x->k ? x->P[j] : NULL);
 }
 
 /* Under the lock: the longest usable prefix of the chain's prompt (kvt_plan_usable_prefix over this
  * tier's index). P must hold n/bt entries. False only when out of memory. */
+static _Atomic uint64_t g_plans; /* plan_take calls (kvt_prompt_cache_plan_calls) */
+
+uint64_t kvt_prompt_cache_plan_calls(void) { return g_plans; }
+
 static bool plan_take(const kvt_prompt_cache *pc, pc_unit *R, const kvt_chain *c, pc_unit **P, take_plan *pl) {
     memset(pl, 0, sizeof(*pl));
+    g_plans++;
     const uint32_t n = kvt_chain_len(c), bt = pc->bt;
     const int32_t *prompt = kvt_chain_tokens(c);
     if (!R || n < 2) return true;
-    uint32_t k = walk_path(pc, R, c, P);
+    uint32_t k = kvt_ram_walk_path(pc, R, c, P);
     pl->k = k;
     ram_ix x = {pc, R, P, k, prompt};
-    kvt_plan_index ix = {.ctx = &x, .k = k, .match = token_match(pc, R, P, k, prompt, n), .held = ram_held, .rows = ram_rows};
+    kvt_plan_index ix = {.ctx = &x, .k = k, .match = kvt_ram_token_match(pc, R, P, k, prompt, n), .held = ram_held, .rows = ram_rows};
     uint32_t *pos = NULL;
     const void **snaps = NULL;
     if (pc->recurrent) {
@@ -500,7 +106,77 @@ static bool plan_take(const kvt_prompt_cache *pc, pc_unit *R, const kvt_chain *c
     return true;
 }
 
+/* One plan of this tier for one lookup's chain, carried from the peek into the take (the tier
+ * manager plans each tier once per lookup). Its unit pointers stay valid while no unit was detached
+ * since (pc->epoch unchanged); a plan whose epoch moved is planned again at the take. */
+struct kvt_prompt_cache_plan {
+    const kvt_chain *c; /* borrowed: the lookup's chain */
+    pc_unit **P;        /* [n/bt + 1] the matched full-block path */
+    take_plan pl;
+    uint64_t epoch;
+    bool valid;         /* pl/P describe the index at epoch */
+    kvt_prompt_cache_peek_info info;
+};
+
+/* Under the lock: (re)plans p against the index now and fills its peek info. False: out of memory. */
+static bool plan_locked(kvt_prompt_cache *pc, kvt_prompt_cache_plan *p) {
+    const uint32_t n = kvt_chain_len(p->c);
+    p->valid = plan_take(pc, kvt_ram_root_find(pc, kvt_chain_root(p->c)), p->c, p->P, &p->pl);
+    p->epoch = pc->epoch;
+    memset(&p->info, 0, sizeof(p->info));
+    if (!p->valid) return false;
+    p->info.usable = p->pl.L;
+    /* leading full blocks held in every FULL group, below the n-1 cap (a mixed plan's RAM part;
+     * take_blocks checks the WINDOW groups once the final length is known) */
+    uint32_t lim = n ? KVT_MIN(p->pl.k, (n - 1) / pc->bt) : 0, kb = 0;
+    while (kb < lim) {
+        uint32_t h = kvt_ram_unit_groups(pc, p->P[kb]);
+        if (!h || (h & pc->full_mask) != pc->full_mask) break;
+        kb++;
+    }
+    p->info.full_blocks = kb;
+    return true;
+}
+
+/* Under the lock: p as it was planned if the index lost no unit since, else planned again. */
+static bool plan_fresh(kvt_prompt_cache *pc, kvt_prompt_cache_plan *p) {
+    if (p->valid && p->epoch == pc->epoch) return true;
+    return plan_locked(pc, p);
+}
+
+kvt_status kvt_prompt_cache_plan_create(kvt_prompt_cache *pc, const kvt_chain *c, kvt_prompt_cache_plan **out,
+                                 kvt_prompt_cache_peek_info *info) {
+    *out = NULL;
+    if (info) memset(info, 0, sizeof(*info));
+    if (!pc || !c || kvt_chain_block_tokens(c) != pc->bt) return KVT_ERR_INVALID_ARG;
+    kvt_prompt_cache_plan *p = calloc(1, sizeof(*p));
+    if (p) p->P = malloc(((size_t)kvt_chain_len(c) / pc->bt + 1) * sizeof(*p->P));
+    if (!p || !p->P) {
+        free(p);
+        return KVT_ERR_NOMEM;
+    }
+    p->c = c;
+    pthread_mutex_lock(&pc->mu);
+    bool ok = plan_locked(pc, p);
+    pthread_mutex_unlock(&pc->mu);
+    if (!ok) {
+        kvt_prompt_cache_plan_free(p);
+        return KVT_ERR_NOMEM;
+    }
+    if (info) *info = p->info;
+    *out = p;
+    return KVT_OK;
+}
+
+void kvt_prompt_cache_plan_free(kvt_prompt_cache_plan *p) {
+    if (!p) return;
+    free(p->P);
+    free(p);
+}
+
 /* ------------------------------------------------------------------ public API */
+
+bool kvt_prompt_cache_check(kvt_prompt_cache *pc) { return pc && kvt_ram_check(pc); }
 
 kvt_prompt_cache *kvt_prompt_cache_create(kvt_block_pool *pool, uint64_t max_bytes) {
     if (!pool) return NULL;
@@ -518,6 +194,8 @@ kvt_prompt_cache *kvt_prompt_cache_create(kvt_block_pool *pool, uint64_t max_byt
         if (kvt_kv_layout_layer(pc->layout, l)->kind == KVT_KIND_RECURRENT) pc->recurrent = true;
     pc->state_bytes = kvt_kv_layout_state_bytes(pc->layout);
     kvt_plan_geom_init(&pc->geom, pc->layout);
+    for (uint32_t g = 0; g < pc->n_groups; g++)
+        if (!pc->geom.window[g]) pc->full_mask |= 1u << g;
     pc->max_bytes = max_bytes;
     pc->n_buckets = 64;
     pc->buckets = calloc(pc->n_buckets, sizeof(*pc->buckets));
@@ -530,17 +208,30 @@ kvt_prompt_cache *kvt_prompt_cache_create(kvt_block_pool *pool, uint64_t max_byt
     return pc;
 }
 
-/* Detaches every unit (leaves first) into uv. Under the lock. */
+/* Drops one pin record: its units' counts and, for those left unpinned, their bytes (R8). Under the lock. */
+static void pin_drop(kvt_prompt_cache *pc, pc_pin *p) {
+    for (uint32_t i = 0; i < p->n_units; i++)
+        if (--p->units[i]->pins == 0) pc->pinned_bytes -= p->units[i]->bytes;
+    free(p->units);
+    free(p);
+}
+
+/* Detaches every unit (leaves first) into uv, pins first dropped (R8). Under the lock. */
 static void detach_all(kvt_prompt_cache *pc, unit_vec *uv) {
+    while (pc->pins) {
+        pc_pin *p = pc->pins;
+        pc->pins = p->next;
+        pin_drop(pc, p);
+    }
     for (;;) {
-        pc_unit *v = pick_victim(pc, PICK_CAP_ANY, UINT64_MAX, 0);
+        pc_unit *v = kvt_ram_pick_victim(pc, PICK_CAP_ANY, UINT64_MAX, 0);
         if (!v) break;
-        unit_detach(pc, v);
-        if (!uv_push(uv, v)) {
+        kvt_ram_unit_detach(pc, v);
+        if (!kvt_ram_uv_push(uv, v)) {
             /* out of memory for the list: release right here (no spill on clear/free anyway) */
             unit_vec one = {&v, 1, 1};
             dispose_result r = {0};
-            dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
+            kvt_ram_dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
         }
     }
 }
@@ -575,20 +266,7 @@ static kvt_status copy_partial(kvt_prompt_cache *pc, kvt_block *src, uint32_t g,
     kvt_block *b = NULL;
     kvt_status st = kvt_block_alloc(pc->pool, g, index, &b);
     if (st != KVT_OK) return st;
-    const uint8_t *s = kvt_block_data(src);
-    uint8_t *d = kvt_block_data_mut(b);
-    for (uint32_t i = 0; i < kvt_kv_layout_group_n_layers(pc->layout, g); i++) {
-        uint32_t layer = kvt_kv_layout_group_layer(pc->layout, g, i);
-        uint32_t heads = kvt_kv_layout_layer(pc->layout, layer)->n_kv_heads;
-        for (int kv = 0; kv < 2; kv++) {
-            /* sections are [kv_head][token]: tokens [0, m) are one byte range per head */
-            size_t rb = kvt_kv_layout_row_bytes(pc->layout, layer, index, kv);
-            for (uint32_t h = 0; h < heads; h++) {
-                size_t off = kvt_kv_layout_row_offset(pc->layout, layer, index, kv, 0, h);
-                memcpy(d + off, s + off, rb * m);
-            }
-        }
-    }
+    kvt_block_rows_copy(pc->layout, g, index, m, kvt_block_data(src), kvt_block_data_mut(b));
     st = kvt_block_seal(b, parent, toks, m, 0);
     if (st != KVT_OK) {
         kvt_block_release(b);
@@ -639,43 +317,46 @@ static kvt_status build_seq(kvt_prompt_cache *pc, uint64_t root, const int32_t *
     return KVT_OK;
 }
 
-/* Would another root give a real match (>= one block, or the whole capped prompt)? Under the lock. */
+/* Would another root give a real match (>= one block, or the whole capped prompt)? Under the lock.
+ * Only the KVT_PC_NS_DIAG_ROOTS most recently created other roots are tried: clients choose
+ * namespaces (cache_salt), and a miss must not cost a chain hash per namespace ever seen. */
+#define KVT_PC_NS_DIAG_ROOTS 16
 static bool other_namespace_match(const kvt_prompt_cache *pc, uint64_t root, const int32_t *prompt, uint32_t n,
                                   pc_unit **P) {
-    uint32_t cap = n - 1, need = KVT_MIN(pc->bt, cap);
-    for (pc_unit *r = pc->roots; r; r = r->sib_next) {
+    uint32_t cap = n - 1, need = KVT_MIN(pc->bt, cap), tried = 0;
+    for (pc_unit *r = pc->roots; r && tried < KVT_PC_NS_DIAG_ROOTS; r = r->sib_next) {
         if (r->key == root) continue;
-        uint32_t k = walk_path_hashing(pc, r, prompt, n, P);
-        if (KVT_MIN(token_match(pc, r, P, k, prompt, n), cap) >= need) return true;
+        tried++;
+        uint32_t k = kvt_ram_walk_path_hashing(pc, r, prompt, n, P);
+        if (KVT_MIN(kvt_ram_token_match(pc, r, P, k, prompt, n), cap) >= need) return true;
     }
     return false;
 }
 
-kvt_status kvt_prompt_cache_take_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_seq **out, uint32_t *n_reused) {
-    if (!pc || !c || !out || !n_reused || kvt_chain_block_tokens(c) != pc->bt) return KVT_ERR_INVALID_ARG;
+kvt_status kvt_prompt_cache_take_plan(kvt_prompt_cache *pc, kvt_prompt_cache_plan *plan, kvt_seq **out,
+                                      uint32_t *n_reused) {
+    if (!pc || !plan || !out || !n_reused) return KVT_ERR_INVALID_ARG;
     *out = NULL;
     *n_reused = 0;
-    const uint32_t G = pc->n_groups, bt = pc->bt, n = kvt_chain_len(c);
+    const kvt_chain *c = plan->c;
+    const uint32_t G = pc->n_groups, n = kvt_chain_len(c);
     const uint64_t root = kvt_chain_root(c);
     const int32_t *prompt = kvt_chain_tokens(c);
-    pc_unit **P = malloc(((size_t)n / bt + 1) * sizeof(*P));
-    if (!P) return KVT_ERR_NOMEM;
+    pc_unit **P = plan->P;
 
     pthread_mutex_lock(&pc->mu);
-    pc_unit *R = root_find(pc, root);
-    take_plan pl;
-    if (!plan_take(pc, R, c, P, &pl)) {
+    if (!plan_fresh(pc, plan)) {
         pthread_mutex_unlock(&pc->mu);
-        free(P);
         return KVT_ERR_NOMEM;
     }
+    const take_plan pl = plan->pl;
     if (pl.L < pl.match) pc->st.reuse_impossible[KVT_REUSE_IMPOSSIBLE_UNTRIMMABLE]++;
     if (pl.L == 0) {
+        plan->valid = false; /* P is the diagnostics' scratch from here */
         if (n >= 2 && other_namespace_match(pc, root, prompt, n, P))
             pc->st.reuse_impossible[KVT_REUSE_IMPOSSIBLE_NAMESPACE]++;
         pc->st.misses++;
         pthread_mutex_unlock(&pc->mu);
-        free(P);
         return KVT_OK;
     }
     /* retain what the build needs, bump recency root-first so the leaf ends up most recent */
@@ -683,35 +364,33 @@ kvt_status kvt_prompt_cache_take_chain(kvt_prompt_cache *pc, const kvt_chain *c,
     kvt_block **blocks = calloc((size_t)nb * (G ? G : 1), sizeof(*blocks));
     if (!blocks) {
         pthread_mutex_unlock(&pc->mu);
-        free(P);
         return KVT_ERR_NOMEM;
     }
-    uint64_t now = pc_now(pc);
+    uint64_t now = kvt_ram_now(pc);
     for (uint32_t i = 0; i < pl.n_full; i++) {
         /* a WINDOW block outside the window of L is not needed: leave it out (plan.h) */
-        uint32_t need = kvt_plan_need_mask(&pc->geom, pl.L, i, unit_groups(pc, P[i]));
+        uint32_t need = kvt_plan_need_mask(&pc->geom, pl.L, i, kvt_ram_unit_groups(pc, P[i]));
         for (uint32_t g = 0; g < G; g++) {
             kvt_block *b = (need >> g) & 1u ? P[i]->blocks[g] : NULL;
             if (b) kvt_block_retain(b);
             blocks[(size_t)i * G + g] = b;
         }
-        touch(pc, P[i], now);
+        kvt_ram_touch(pc, P[i], now);
     }
     for (uint32_t g = 0; g < G; g++) {
         blocks[(size_t)pl.n_full * G + g] = pl.last_u->blocks[g];
         kvt_block_retain(pl.last_u->blocks[g]);
     }
-    touch(pc, pl.last_u, now);
+    kvt_ram_touch(pc, pl.last_u, now);
     uint32_t last_n_tok = pl.last_u->n_tok;
     uint64_t last_parent = pl.n_full ? P[pl.n_full - 1]->key : root;
     kvt_snapshot *snap = NULL;
     if (pl.snap_u) {
         snap = pl.snap_u->snap;
         kvt_snapshot_retain(snap);
-        touch(pc, pl.snap_u, now);
+        kvt_ram_touch(pc, pl.snap_u, now);
     }
     pthread_mutex_unlock(&pc->mu);
-    free(P);
 
     kvt_seq *s = NULL;
     kvt_status st = build_seq(pc, root, prompt, pl.L, pl.n_full, blocks, last_n_tok, last_parent, snap, &s);
@@ -734,79 +413,45 @@ kvt_status kvt_prompt_cache_take_chain(kvt_prompt_cache *pc, const kvt_chain *c,
     return KVT_OK;
 }
 
-void kvt_prompt_cache_peek_chain(kvt_prompt_cache *pc, const kvt_chain *c, kvt_prompt_cache_peek_info *out) {
-    memset(out, 0, sizeof(*out));
-    if (!pc || !c || kvt_chain_block_tokens(c) != pc->bt) return;
-    const uint32_t n = kvt_chain_len(c);
-    pc_unit **P = malloc(((size_t)n / pc->bt + 1) * sizeof(*P));
-    if (!P) return;
-    pthread_mutex_lock(&pc->mu);
-    take_plan pl;
-    if (plan_take(pc, root_find(pc, kvt_chain_root(c)), c, P, &pl)) {
-        out->usable = pl.L;
-        /* leading full blocks held in every FULL group, below the n-1 cap (a mixed plan's RAM
-         * part; take_blocks checks the WINDOW groups once the final length is known) */
-        uint32_t full_mask = 0;
-        for (uint32_t g = 0; g < pc->n_groups; g++)
-            if (!pc->geom.window[g]) full_mask |= 1u << g;
-        uint32_t lim = n ? KVT_MIN(pl.k, (n - 1) / pc->bt) : 0, kb = 0;
-        while (kb < lim) {
-            uint32_t h = unit_groups(pc, P[kb]);
-            if (!h || (h & full_mask) != full_mask) break;
-            kb++;
-        }
-        out->full_blocks = kb;
-    }
-    pthread_mutex_unlock(&pc->mu);
-    free(P);
-}
-
-kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, const kvt_chain *c, uint32_t k, uint32_t final_len,
+kvt_status kvt_prompt_cache_take_blocks(kvt_prompt_cache *pc, kvt_prompt_cache_plan *plan, uint32_t k, uint32_t final_len,
                                         kvt_seq **out) {
-    if (!pc || !c || !out || kvt_chain_block_tokens(c) != pc->bt || k > kvt_chain_n_full(c)) return KVT_ERR_INVALID_ARG;
+    if (!pc || !plan || !out || k > kvt_chain_n_full(plan->c)) return KVT_ERR_INVALID_ARG;
     *out = NULL;
     const uint32_t G = pc->n_groups;
     if (G == 0) return KVT_ERR_INVALID_ARG; /* a recurrent-only layout has no blocks to take */
     if (final_len < k * pc->bt) k = final_len / pc->bt;
-    pc_unit **P = malloc(((size_t)k + 1) * sizeof(*P));
     kvt_block **blocks = calloc((size_t)k * G + 1, sizeof(*blocks));
-    if (!P || !blocks) {
-        free(P);
+    if (!blocks) return KVT_ERR_NOMEM;
+    pthread_mutex_lock(&pc->mu);
+    if (!plan_fresh(pc, plan)) {
+        pthread_mutex_unlock(&pc->mu);
         free(blocks);
         return KVT_ERR_NOMEM;
     }
-    pthread_mutex_lock(&pc->mu);
-    pc_unit *R = root_find(pc, kvt_chain_root(c));
     uint32_t got = 0;
-    if (R) {
-        const int32_t *prompt = kvt_chain_tokens(c);
-        pc_unit *cur = R;
-        uint64_t now = pc_now(pc);
-        while (got < k) {
-            pc_unit *node = map_find(pc, kvt_chain_at(c, got + 1), cur, prompt + (size_t)got * pc->bt);
-            if (!node) break;
-            /* every group the final length needs here (FULL always, WINDOW inside its window) */
-            uint32_t held = unit_groups(pc, node);
-            uint32_t need = kvt_plan_need_mask(&pc->geom, final_len, got, held);
-            uint32_t want = 0; /* the groups needed here, held or not */
-            for (uint32_t g = 0; g < G; g++)
-                if (!pc->geom.window[g] || got >= kvt_plan_window_lo(final_len, pc->geom.window[g], pc->bt))
-                    want |= 1u << g;
-            if (!need || (want & ~held)) break;
-            for (uint32_t g = 0; g < G; g++)
-                if ((need >> g) & 1u) {
-                    blocks[(size_t)got * G + g] = node->blocks[g];
-                    kvt_block_retain(node->blocks[g]);
-                }
-            touch(pc, node, now);
-            P[got++] = node;
-            cur = node;
-        }
+    const uint32_t lim = KVT_MIN(k, plan->pl.k);
+    uint64_t now = kvt_ram_now(pc);
+    while (got < lim) {
+        pc_unit *node = plan->P[got];
+        /* every group the final length needs here (FULL always, WINDOW inside its window) */
+        uint32_t held = kvt_ram_unit_groups(pc, node);
+        uint32_t need = kvt_plan_need_mask(&pc->geom, final_len, got, held);
+        uint32_t want = 0; /* the groups needed here, held or not */
+        for (uint32_t g = 0; g < G; g++)
+            if (!pc->geom.window[g] || got >= kvt_plan_window_lo(final_len, pc->geom.window[g], pc->bt))
+                want |= 1u << g;
+        if (!need || (want & ~held)) break;
+        for (uint32_t g = 0; g < G; g++)
+            if ((need >> g) & 1u) {
+                blocks[(size_t)got * G + g] = node->blocks[g];
+                kvt_block_retain(node->blocks[g]);
+            }
+        kvt_ram_touch(pc, node, now);
+        got++;
     }
     pthread_mutex_unlock(&pc->mu);
-    free(P);
     kvt_seq *s = NULL;
-    kvt_status st = kvt_seq_create(pc->pool, kvt_chain_root(c), &s);
+    kvt_status st = kvt_seq_create(pc->pool, kvt_chain_root(plan->c), &s);
     for (uint32_t i = 0; i < got && st == KVT_OK; i++) st = kvt_seq_append_blocks(s, blocks + (size_t)i * G);
     for (size_t i = 0; i < (size_t)got * G; i++)
         if (blocks[i]) kvt_block_release(blocks[i]);
@@ -831,41 +476,18 @@ void kvt_prompt_cache_count_take(kvt_prompt_cache *pc, uint32_t tokens) {
     pthread_mutex_unlock(&pc->mu);
 }
 
-kvt_status kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root,
-                                 kvt_seq **out, uint32_t *n_reused) {
-    if (!pc || !out || !n_reused || (!prompt && n)) return KVT_ERR_INVALID_ARG;
-    *out = NULL;
-    *n_reused = 0;
-    kvt_chain *c = NULL;
-    kvt_status st = kvt_chain_create(root, prompt, n, pc->bt, &c);
-    if (st != KVT_OK) return st;
-    st = kvt_prompt_cache_take_chain(pc, c, out, n_reused);
-    kvt_chain_release(c);
-    return st;
-}
-
-uint32_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, uint32_t n, uint64_t root) {
-    if (!pc || (!prompt && n)) return 0;
-    kvt_chain *c = NULL;
-    if (kvt_chain_create(root, prompt, n, pc->bt, &c) != KVT_OK) return 0;
-    kvt_prompt_cache_peek_info pi;
-    kvt_prompt_cache_peek_chain(pc, c, &pi);
-    kvt_chain_release(c);
-    return pi.usable;
-}
-
 /* Evicts down to the cap, skipping units touched by put `gen`. Under the lock. */
 static void evict_to_cap(kvt_prompt_cache *pc, uint64_t gen, unit_vec *uv) {
     while (pc->bytes > pc->max_bytes) {
-        pc_unit *v = pick_victim(pc, PICK_CAP_CLEAN, gen, 0);
-        if (!v) v = pick_victim(pc, PICK_CAP_ANY, gen, 0);
+        pc_unit *v = kvt_ram_pick_victim(pc, PICK_CAP_CLEAN, gen, 0);
+        if (!v) v = kvt_ram_pick_victim(pc, PICK_CAP_ANY, gen, 0);
         if (!v) break;
-        unit_detach(pc, v);
+        kvt_ram_unit_detach(pc, v);
         pc->st.evictions++;
-        if (!uv_push(uv, v)) { /* cannot queue for spilling: release without spill */
+        if (!kvt_ram_uv_push(uv, v)) { /* cannot queue for spilling: release without spill */
             unit_vec one = {&v, 1, 1};
             dispose_result r = {0};
-            dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
+            kvt_ram_dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
         }
     }
 }
@@ -877,7 +499,7 @@ static void finish_dispose(kvt_prompt_cache *pc, unit_vec *uv, bool spill, dispo
     kvt_spill_snapshot_fn fs = pc->spill_snap;
     void *ctx = pc->spill_ctx;
     pthread_mutex_unlock(&pc->mu);
-    dispose_units(uv, pc->n_groups, fb, fs, ctx, spill, res);
+    kvt_ram_dispose_units(uv, pc->n_groups, fb, fs, ctx, spill, res);
     if (res->spilled) {
         pthread_mutex_lock(&pc->mu);
         pc->st.spills += res->spilled;
@@ -946,9 +568,9 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
     }
     pthread_mutex_lock(&pc->mu);
     uint64_t gen = ++pc->put_gen;
-    uint64_t now = pc_now(pc);
+    uint64_t now = kvt_ram_now(pc);
     st = KVT_OK;
-    pc_unit *R = root_get(pc, root);
+    pc_unit *R = kvt_ram_root_get(pc, root);
     pc_unit *cur = R;
     uint32_t k = 0;
     if (!R) st = KVT_ERR_NOMEM;
@@ -956,17 +578,17 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
     for (uint32_t i = 0; i < n_full && st == KVT_OK; i++) {
         const int32_t *t = toks + (size_t)i * bt;
         uint64_t h = kvt_seq_block_chain(seq, i); /* computed when the block was sealed */
-        pc_unit *node = map_find(pc, h, cur, t);
-        if (!node) node = unit_new(pc, U_NODE, cur, i, t, bt, h);
+        pc_unit *node = kvt_ram_map_find(pc, h, cur, t);
+        if (!node) node = kvt_ram_unit_new(pc, U_NODE, cur, i, t, bt, h);
         if (!node) {
             st = KVT_ERR_NOMEM;
             break;
         }
         for (uint32_t g = 0; g < G; g++) {
             kvt_block *b = kvt_seq_block(seq, g, i);
-            if (b && !node->blocks[g] && kvt_block_sealed(b)) unit_add_block(pc, node, g, b);
+            if (b && !node->blocks[g] && kvt_block_sealed(b)) kvt_ram_unit_add_block(pc, node, g, b);
         }
-        touch(pc, node, now);
+        kvt_ram_touch(pc, node, now);
         node->put_gen = gen;
         P[k++] = node;
         cur = node;
@@ -984,16 +606,16 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
             /* the frozen tail's blocks carry its chain hash (sealed by freeze_tail) */
             kvt_block *tb = G ? kvt_seq_block(seq, 0, n_full) : NULL;
             uint64_t th = tb && kvt_block_sealed(tb) ? kvt_block_hash(tb) : kvt_chain_hash(cur->key, t, m);
-            tail = unit_new(pc, U_TAIL, cur, n_full, t, m, th);
+            tail = kvt_ram_unit_new(pc, U_TAIL, cur, n_full, t, m, th);
         }
         if (!tail) {
             st = KVT_ERR_NOMEM;
         } else {
             for (uint32_t g = 0; g < G; g++) {
                 kvt_block *b = kvt_seq_block(seq, g, n_full);
-                if (b && !tail->blocks[g] && kvt_block_sealed(b)) unit_add_block(pc, tail, g, b);
+                if (b && !tail->blocks[g] && kvt_block_sealed(b)) kvt_ram_unit_add_block(pc, tail, g, b);
             }
-            touch(pc, tail, now);
+            kvt_ram_touch(pc, tail, now);
             tail->put_gen = gen;
         }
     }
@@ -1007,7 +629,7 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
                 break;
             }
         if (!su) {
-            su = unit_new(pc, U_SNAP, cur, n_full, t, m, kvt_snapshot_chain(snap));
+            su = kvt_ram_unit_new(pc, U_SNAP, cur, n_full, t, m, kvt_snapshot_chain(snap));
             if (su) {
                 su->snap = snap;
                 su->bytes = pc->state_bytes;
@@ -1018,7 +640,7 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
             }
         }
         if (su) {
-            touch(pc, su, now);
+            kvt_ram_touch(pc, su, now);
             su->put_gen = gen;
         }
     }
@@ -1031,24 +653,24 @@ static kvt_status put_impl(kvt_prompt_cache *pc, kvt_seq *seq, bool full_only) {
             pc_unit *parent = j ? P[j - 1] : R;
             pc_unit *nu = j < k ? P[j] : tail;
             if (!nu) continue;
-            kvt_plan_unit nw = {parent->key, j, nu->n_tok, nu->tokens, unit_groups(pc, nu), nu->kind == U_TAIL, false};
+            kvt_plan_unit nw = {parent->key, j, nu->n_tok, nu->tokens, kvt_ram_unit_groups(pc, nu), nu->kind == U_TAIL, false};
             pc_unit *c = parent->first_child;
             while (c) {
                 pc_unit *nx = c->sib_next;
-                kvt_plan_unit od = {parent->key, j, c->n_tok, c->tokens, unit_groups(pc, c), c->kind == U_TAIL, false};
-                if (c != nu && c->put_gen != gen && !c->n_children && kvt_plan_supersedes(&od, &nw)) {
-                    unit_detach(pc, c);
-                    if (!uv_push(&dropped, c)) {
+                kvt_plan_unit od = {parent->key, j, c->n_tok, c->tokens, kvt_ram_unit_groups(pc, c), c->kind == U_TAIL, false};
+                if (c != nu && c->put_gen != gen && kvt_ram_detachable(c) && kvt_plan_supersedes(&od, &nw)) {
+                    kvt_ram_unit_detach(pc, c);
+                    if (!kvt_ram_uv_push(&dropped, c)) {
                         unit_vec one = {&c, 1, 1};
                         dispose_result r = {0};
-                        dispose_units(&one, G, NULL, NULL, NULL, false, &r);
+                        kvt_ram_dispose_units(&one, G, NULL, NULL, NULL, false, &r);
                     }
                 }
                 c = nx;
             }
         }
     }
-    if (R) root_drop_if_empty(pc, R); /* only when nothing could be registered */
+    if (R) kvt_ram_root_drop_if_empty(pc, R); /* only when nothing could be registered */
     evict_to_cap(pc, gen, &victims);
     pthread_mutex_unlock(&pc->mu);
     free(P);
@@ -1074,15 +696,15 @@ uint64_t kvt_prompt_cache_evict_bytes(kvt_prompt_cache *pc, uint64_t bytes) {
         pthread_mutex_lock(&pc->mu);
         uint64_t expect = freed;
         while (expect < bytes) {
-            pc_unit *v = pick_victim(pc, PICK_PRESSURE, 0, 0);
+            pc_unit *v = kvt_ram_pick_victim(pc, PICK_PRESSURE, 0, 0);
             if (!v) break;
-            unit_detach(pc, v);
+            kvt_ram_unit_detach(pc, v);
             pc->st.evictions++;
             if (!v->snap) expect += v->bytes; /* snapshots are not pool memory */
-            if (!uv_push(&uv, v)) {
+            if (!kvt_ram_uv_push(&uv, v)) {
                 unit_vec one = {&v, 1, 1};
                 dispose_result r = {0};
-                dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
+                kvt_ram_dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
                 freed += r.freed_bytes;
             }
         }
@@ -1108,17 +730,17 @@ uint64_t kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, double seconds) {
         pthread_mutex_unlock(&pc->mu);
         return 0;
     }
-    uint64_t now = pc_now(pc);
+    uint64_t now = kvt_ram_now(pc);
     double ns = seconds > 0 ? seconds * 1e9 : 0;
     /* idle means now - used_ns >= ns; nothing can be idle longer than the clock has run */
     while (ns <= (double)now) {
-        pc_unit *v = pick_victim(pc, PICK_IDLE, 0, now - (uint64_t)ns);
+        pc_unit *v = kvt_ram_pick_victim(pc, PICK_IDLE, 0, now - (uint64_t)ns);
         if (!v) break;
-        unit_detach(pc, v);
-        if (!uv_push(&uv, v)) {
+        kvt_ram_unit_detach(pc, v);
+        if (!kvt_ram_uv_push(&uv, v)) {
             unit_vec one = {&v, 1, 1};
             dispose_result r = {0};
-            dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
+            kvt_ram_dispose_units(&one, pc->n_groups, NULL, NULL, NULL, false, &r);
         }
     }
     pthread_mutex_unlock(&pc->mu);
@@ -1128,42 +750,66 @@ uint64_t kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, double seconds) {
     return res.items;
 }
 
+/* What a visit hands out: references taken under the lock (visit_take), callbacks run after it
+ * (visit_run), so a callback may re-enter the cache or allocate pool blocks (R7). */
+typedef struct visit_set {
+    kvt_block **bl;
+    kvt_snapshot **sn;
+    size_t nb, ns, cap;
+} visit_set;
+
+static bool visit_alloc(visit_set *v, size_t cap) {
+    memset(v, 0, sizeof *v);
+    v->cap = cap;
+    if (!cap) return true;
+    v->bl = malloc(cap * sizeof(*v->bl));
+    v->sn = malloc(cap * sizeof(*v->sn));
+    if (v->bl && v->sn) return true;
+    free(v->bl);
+    free(v->sn);
+    return false;
+}
+
+/* Under the lock: one reference to each block and the snapshot of u (as room allows). */
+static void visit_take(kvt_prompt_cache *pc, visit_set *v, pc_unit *u) {
+    for (uint32_t g = 0; g < pc->n_groups && v->nb < v->cap; g++)
+        if (u->blocks[g]) {
+            kvt_block_retain(u->blocks[g]);
+            v->bl[v->nb++] = u->blocks[g];
+        }
+    if (u->snap && v->ns < v->cap) {
+        kvt_snapshot_retain(u->snap);
+        v->sn[v->ns++] = u->snap;
+    }
+}
+
+/* Without the lock: the callbacks, then the references go. Returns the objects visited. */
+static int64_t visit_run(visit_set *v, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx) {
+    for (size_t i = 0; i < v->nb; i++) {
+        if (fb) fb(ctx, v->bl[i]);
+        kvt_block_release(v->bl[i]);
+    }
+    for (size_t i = 0; i < v->ns; i++) {
+        if (fs) fs(ctx, v->sn[i]);
+        kvt_snapshot_release(v->sn[i]);
+    }
+    free(v->bl);
+    free(v->sn);
+    return (int64_t)(v->nb + v->ns);
+}
+
 int64_t kvt_prompt_cache_visit(kvt_prompt_cache *pc, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs, void *ctx) {
     if (!pc) return 0;
     pthread_mutex_lock(&pc->mu);
-    size_t cap = (size_t)pc->n_blocks + (size_t)pc->n_units + 1, nb = 0, ns = 0;
-    kvt_block **bl = malloc(cap * sizeof(*bl));
-    kvt_snapshot **sn = malloc(cap * sizeof(*sn));
-    if (!bl || !sn) {
+    visit_set v;
+    if (!visit_alloc(&v, (size_t)pc->n_blocks + (size_t)pc->n_units + 1)) {
         pthread_mutex_unlock(&pc->mu);
-        free(bl);
-        free(sn);
         return -1;
     }
     /* oldest first: parents before children is not needed (files are independent) */
-    for (pc_unit *u = pc->lru.lru_prev; u && u != &pc->lru; u = u->lru_prev) {
-        for (uint32_t g = 0; g < pc->n_groups && nb < cap; g++)
-            if (u->blocks[g]) {
-                kvt_block_retain(u->blocks[g]);
-                bl[nb++] = u->blocks[g];
-            }
-        if (u->snap && ns < cap) {
-            kvt_snapshot_retain(u->snap);
-            sn[ns++] = u->snap;
-        }
-    }
+    for (pc_unit *u = pc->lru.lru_prev; u && u != &pc->lru; u = u->lru_prev) visit_take(pc, &v, u);
     pthread_mutex_unlock(&pc->mu);
-    for (size_t i = 0; i < nb; i++) {
-        if (fb) fb(ctx, bl[i]);
-        kvt_block_release(bl[i]);
-    }
-    for (size_t i = 0; i < ns; i++) {
-        if (fs) fs(ctx, sn[i]);
-        kvt_snapshot_release(sn[i]);
-    }
-    free(bl);
-    free(sn);
-    return (int64_t)(nb + ns);
+    return visit_run(&v, fb, fs, ctx);
 }
 
 void kvt_prompt_cache_clear(kvt_prompt_cache *pc) {
@@ -1173,15 +819,8 @@ void kvt_prompt_cache_clear(kvt_prompt_cache *pc) {
     detach_all(pc, &uv);
     pthread_mutex_unlock(&pc->mu);
     dispose_result res = {0};
-    dispose_units(&uv, pc->n_groups, NULL, NULL, NULL, false, &res); /* clear never spills */
+    kvt_ram_dispose_units(&uv, pc->n_groups, NULL, NULL, NULL, false, &res); /* clear never spills */
     free(uv.v);
-}
-
-void kvt_prompt_cache_note_impossible(kvt_prompt_cache *pc, kvt_reuse_reason r) {
-    if (!pc || (unsigned)r >= KVT_REUSE_IMPOSSIBLE_N) return;
-    pthread_mutex_lock(&pc->mu);
-    pc->st.reuse_impossible[r]++;
-    pthread_mutex_unlock(&pc->mu);
 }
 
 void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out) {
@@ -1198,4 +837,177 @@ void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *ou
     out->bytes = pc->bytes;
     out->max_bytes = pc->max_bytes;
     pthread_mutex_unlock(&pc->mu);
+}
+
+/* A leaf's prefix: its length is where its tokens end; its path is every unit up to the ROOT. */
+uint32_t kvt_prompt_cache_prefixes(kvt_prompt_cache *pc, kvt_cached_prefix *out, uint32_t max, uint64_t *n_prefixes) {
+    uint32_t n = 0;
+    uint64_t leaves = 0;
+    if (!pc) goto done;
+    pthread_mutex_lock(&pc->mu);
+    const uint64_t now = kvt_ram_now(pc);
+    for (pc_unit *u = pc->lru.lru_next; u != &pc->lru; u = u->lru_next) {
+        if (u->n_children) continue;
+        leaves++;
+        const uint32_t tokens = u->index * pc->bt + u->n_tok;
+        if (!max || (n == max && out[n - 1].tokens >= tokens)) continue;
+        kvt_cached_prefix p = {.tokens = tokens, .root = 0};
+        p.idle_s = now > u->used_ns ? (double)(now - u->used_ns) / 1e9 : 0.0;
+        const pc_unit *first = u;
+        for (const pc_unit *a = u; a && a->kind != U_ROOT; a = a->parent) {
+            p.units++;
+            p.bytes += a->bytes;
+            first = a;
+        }
+        if (first->parent) p.root = first->parent->key;
+        p.n_head = KVT_MIN(first->n_tok, (uint32_t)KVT_PREFIX_HEAD);
+        if (first->tokens) memcpy(p.head, first->tokens, p.n_head * sizeof *p.head);
+        /* insertion into the sorted top-max (longest first; ties keep LRU order: most recent first) */
+        uint32_t i = n < max ? n++ : max - 1;
+        while (i > 0 && out[i - 1].tokens < tokens) {
+            out[i] = out[i - 1];
+            i--;
+        }
+        out[i] = p;
+    }
+    pthread_mutex_unlock(&pc->mu);
+done:
+    if (n_prefixes) *n_prefixes = leaves;
+    return n;
+}
+
+/* ------------------------------------------------------------------ pins (R8) */
+
+void kvt_prompt_cache_set_pin_budget(kvt_prompt_cache *pc, uint64_t bytes) {
+    if (!pc) return;
+    pthread_mutex_lock(&pc->mu);
+    pc->pin_budget = bytes;
+    pthread_mutex_unlock(&pc->mu);
+}
+
+/* Under the lock: the units holding the chain's prompt, in path order: the full-block NODEs along
+ * the chain, the longest TAIL under the last of them whose tokens continue the prompt, and every
+ * SNAP along the path inside the prompt (recurrent layouts resume only at a snapshot). Fills u
+ * (NULL: only counts) and returns the count; *tokens = the prefix the NODEs and the TAIL cover. */
+static uint32_t pin_units(kvt_prompt_cache *pc, const kvt_chain *c, pc_unit **P, pc_unit **u, uint32_t *tokens) {
+    const uint32_t n = kvt_chain_len(c), bt = pc->bt;
+    const int32_t *prompt = kvt_chain_tokens(c);
+    *tokens = 0;
+    pc_unit *R = kvt_ram_root_find(pc, kvt_chain_root(c));
+    if (!R) return 0;
+    uint32_t k = kvt_ram_walk_path(pc, R, c, P), m = 0;
+    for (uint32_t i = 0; i < k; i++, m++)
+        if (u) u[m] = P[i];
+    pc_unit *tail = NULL, *last = k ? P[k - 1] : R;
+    const uint32_t rest = n - k * bt;
+    for (pc_unit *ch = last->first_child; ch; ch = ch->sib_next)
+        if (ch->kind == U_TAIL && ch->n_tok <= rest && (!tail || ch->n_tok > tail->n_tok) &&
+            memcmp(ch->tokens, prompt + (size_t)k * bt, (size_t)ch->n_tok * sizeof(int32_t)) == 0)
+            tail = ch;
+    if (tail) {
+        if (u) u[m] = tail;
+        m++;
+    }
+    *tokens = k * bt + (tail ? tail->n_tok : 0);
+    for (uint32_t j = 0; j <= k && pc->recurrent; j++) {
+        pc_unit *parent = j ? P[j - 1] : R;
+        for (pc_unit *ch = parent->first_child; ch; ch = ch->sib_next)
+            if (ch->kind == U_SNAP && (uint64_t)j * bt + ch->n_tok <= n &&
+                (!ch->n_tok || memcmp(ch->tokens, prompt + (size_t)j * bt, (size_t)ch->n_tok * sizeof(int32_t)) == 0)) {
+                if (u) u[m] = ch;
+                m++;
+            }
+    }
+    return m;
+}
+
+kvt_status kvt_prompt_cache_pin(kvt_prompt_cache *pc, const kvt_chain *c, uint64_t *handle, kvt_prompt_cache_pin_info *info) {
+    if (info) memset(info, 0, sizeof(*info));
+    if (!pc || !c || !handle || kvt_chain_block_tokens(c) != pc->bt) return KVT_ERR_INVALID_ARG;
+    const uint32_t n = kvt_chain_len(c);
+    pc_unit **P = malloc(((size_t)n / pc->bt + 1) * sizeof(*P));
+    pc_pin *p = calloc(1, sizeof(*p));
+    if (!P || !p) {
+        free(P);
+        free(p);
+        return KVT_ERR_NOMEM;
+    }
+    pthread_mutex_lock(&pc->mu);
+    const uint32_t cap = pin_units(pc, c, P, NULL, &p->tokens); /* count, then fill (malloc is no pool allocation: R7) */
+    p->units = malloc(((size_t)cap + 1) * sizeof(*p->units));
+    if (!p->units) {
+        pthread_mutex_unlock(&pc->mu);
+        free(P);
+        free(p);
+        return KVT_ERR_NOMEM;
+    }
+    p->n_units = pin_units(pc, c, P, p->units, &p->tokens);
+    uint64_t add = 0, total = 0;
+    for (uint32_t i = 0; i < p->n_units; i++) {
+        total += p->units[i]->bytes;
+        if (!p->units[i]->pins) add += p->units[i]->bytes;
+    }
+    kvt_status st = KVT_OK;
+    if (!p->n_units) st = KVT_ERR_NOT_FOUND;
+    else if (pc->pinned_bytes + add > pc->pin_budget) st = KVT_ERR_RANGE;
+    if (info) {
+        info->tokens = p->tokens;
+        info->bytes = total;
+        info->new_bytes = add;
+        info->pinned_bytes = pc->pinned_bytes + (st == KVT_OK ? add : 0);
+        info->budget = pc->pin_budget;
+    }
+    if (st == KVT_OK) {
+        for (uint32_t i = 0; i < p->n_units; i++)
+            if (p->units[i]->pins++ == 0) pc->pinned_bytes += p->units[i]->bytes;
+        p->handle = ++pc->next_pin;
+        p->next = pc->pins;
+        pc->pins = p;
+        *handle = p->handle;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    free(P);
+    if (st != KVT_OK) {
+        free(p->units);
+        free(p);
+    }
+    return st;
+}
+
+bool kvt_prompt_cache_unpin(kvt_prompt_cache *pc, uint64_t handle) {
+    if (!pc || !handle) return false;
+    pthread_mutex_lock(&pc->mu);
+    pc_pin **pp = &pc->pins;
+    while (*pp && (*pp)->handle != handle) pp = &(*pp)->next;
+    pc_pin *p = *pp;
+    if (p) {
+        *pp = p->next;
+        pin_drop(pc, p);
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return p != NULL;
+}
+
+int64_t kvt_prompt_cache_pin_visit(kvt_prompt_cache *pc, uint64_t handle, kvt_spill_block_fn fb, kvt_spill_snapshot_fn fs,
+                                   void *ctx) {
+    if (!pc) return 0;
+    pthread_mutex_lock(&pc->mu);
+    pc_pin *p = pc->pins;
+    while (p && p->handle != handle) p = p->next;
+    visit_set v;
+    if (!visit_alloc(&v, p ? (size_t)p->n_units * (pc->n_groups + 1) : 0)) {
+        pthread_mutex_unlock(&pc->mu);
+        return -1;
+    }
+    for (uint32_t i = 0; p && i < p->n_units; i++) visit_take(pc, &v, p->units[i]);
+    pthread_mutex_unlock(&pc->mu);
+    return visit_run(&v, fb, fs, ctx);
+}
+
+uint64_t kvt_prompt_cache_pinned_bytes(kvt_prompt_cache *pc) {
+    if (!pc) return 0;
+    pthread_mutex_lock(&pc->mu);
+    uint64_t b = pc->pinned_bytes;
+    pthread_mutex_unlock(&pc->mu);
+    return b;
 }

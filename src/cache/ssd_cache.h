@@ -18,14 +18,16 @@
  * Ownership / threading: kvt_ssd borrows the layout and the pool (both must outlive it) and owns a
  * background writer thread. Every function is thread-safe (one internal mutex; file I/O of the
  * writer and of restore runs without it). Enqueue/spill functions create a record that retains the
- * block/snapshot until it is published, shed under memory pressure or the tier is freed, so the data
- * stays alive even if RAM lets go; a dropped or failed record stays dirty and is retried. No
- * function but kvt_ssd_flush waits for the writer.
+ * block/snapshot until it is published, staged or shed under memory pressure, or the tier is freed,
+ * so the data stays alive even if RAM lets go (a staged record keeps the file image instead); a
+ * dropped or failed record stays dirty and is retried. No function but kvt_ssd_flush waits for the
+ * writer.
  */
 #ifndef KVT_SSD_CACHE_H
 #define KVT_SSD_CACHE_H
 
 #include "../kv/kv.h"
+#include "record.h"
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
@@ -33,8 +35,8 @@
                                   * FMA-chain numerics, transposed S/k state layout (deltanet.h); 5: the
                                   * SwiGLU of dense and MoE FFNs uses deltanet.c's vector SiLU */
 /* On-disk format version (docs/cache-format.md). */
-#define KVT_SSD_FORMAT_VERSION 2 /* 2: tails store only their rows (compact) */
-#define KVT_SSD_COMPAT_KEY_MAX 512
+#define KVT_SSD_FORMAT_VERSION KVT_RECORD_FORMAT_VERSION
+#define KVT_SSD_COMPAT_KEY_MAX KVT_RECORD_COMPAT_KEY_MAX
 
 typedef struct kvt_ssd kvt_ssd;
 
@@ -42,7 +44,6 @@ typedef struct kvt_ssd_opts {
     const char *dir;            /* cache root; created if missing */
     const char *compat_key;     /* from kvt_ssd_compat_key (any non-empty string for tests) */
     uint64_t max_bytes;         /* on-disk cap over this compat dir; 0 = unlimited */
-    bool writeback;             /* true: kvt_ssd_enqueue_* persist; false: only spills persist */
     uint64_t queue_max_bytes;   /* write-behind queue bound in payload bytes; 0 = 256 MiB. When
                                    full, a record is not queued but stays dirty and is retried
                                    later (counted as dropped); enqueue never waits. */
@@ -51,7 +52,7 @@ typedef struct kvt_ssd_opts {
     struct kvt_ssd_io *io;      /* file-mutation layer (cache/ssd_io.h), borrowed; NULL = real
                                    syscalls (tests pass a recording one for crash-state replay) */
 } kvt_ssd_opts;
-void kvt_ssd_opts_default(kvt_ssd_opts *o); /* writeback on, queue 256 MiB */
+void kvt_ssd_opts_default(kvt_ssd_opts *o); /* queue 256 MiB */
 
 /* ---- identity ---- */
 /* SHA-256 (lowercase hex, 64 chars + NUL) of the file at model_path, memoized in
@@ -87,6 +88,14 @@ void kvt_ssd_free(kvt_ssd *ssd);
 const char *kvt_ssd_dir(const kvt_ssd *ssd);        /* <dir>/<compat-dir> */
 const char *kvt_ssd_compat(const kvt_ssd *ssd);     /* the compat key string */
 const kvt_kv_layout *kvt_ssd_layout(const kvt_ssd *ssd); /* the borrowed layout */
+/* Small metadata files in the compat directory (the pin list, pin_file.h), relative to the held
+ * directory fd. write: atomic replace (exclusive temporary, write, fsync, close, rename, directory
+ * fsync; an orphaned temporary is reaped by the next startup scan); any thread. read: a regular
+ * file (never through a symlink) of at most max bytes into *out (malloc'd); KVT_ERR_NOT_FOUND when
+ * absent, KVT_ERR_FORMAT when larger. Names are one path component. */
+kvt_status kvt_ssd_meta_write(kvt_ssd *ssd, const char *name, const void *data, size_t len, char *err, size_t errlen);
+kvt_status kvt_ssd_meta_read(kvt_ssd *ssd, const char *name, size_t max, uint8_t **out, size_t *len, char *err,
+                             size_t errlen);
 
 /* ---- lookup / restore ---- */
 /* Longest usable prefix (tokens) of prompt[0..n) under root that the on-disk index can serve, capped
@@ -119,38 +128,62 @@ typedef struct kvt_ssd_restore_info {
 uint32_t kvt_ssd_find_from(kvt_ssd *ssd, const kvt_chain *c, uint32_t base_blocks);
 kvt_status kvt_ssd_restore_from(kvt_ssd *ssd, const kvt_chain *c, kvt_seq *base, kvt_seq **out, uint32_t *n_restored,
                                 kvt_ssd_restore_info *info);
+/* Plan once, restore with that plan (the tier manager's lookup: each tier is planned once per
+ * lookup). kvt_ssd_plan_from is find_from that keeps its plan (*out, caller frees with
+ * kvt_ssd_plan_free; NULL when out of memory). kvt_ssd_restore_plan is restore_from that executes
+ * *pl (consuming it) when it was planned for base's length; it plans again only when it cannot use
+ * *pl (planned for another base, or a file went bad during the restore). pl may be NULL. */
+typedef struct kvt_ssd_plan kvt_ssd_plan;
+uint32_t kvt_ssd_plan_from(kvt_ssd *ssd, const kvt_chain *c, uint32_t base_blocks, kvt_ssd_plan **out);
+void kvt_ssd_plan_free(kvt_ssd_plan *pl); /* NULL is a no-op */
+/* Plans built by this process (both tiers' lookups count them: tests check one plan per lookup). */
+uint64_t kvt_ssd_plan_calls(void);
+kvt_status kvt_ssd_restore_plan(kvt_ssd *ssd, const kvt_chain *c, kvt_seq *base, kvt_ssd_plan *pl, kvt_seq **out,
+                                uint32_t *n_restored, kvt_ssd_restore_info *info);
 
 /* ---- writes ---- */
-/* Write-behind of one sealed block (full or frozen tail) / one snapshot. root may be 0 (unknown).
- * No-op returning true when writeback is off or the file already exists (idempotent). Never waits.
- * Returns false if not queued: the queue was full (the record stays dirty, retried later) or the
- * tier is closing. Every record retains its object until it is published, shed or the tier freed
- * (the state machine is at the top of the writer section in ssd_cache.c). */
+/* Write-behind of one sealed block (full or frozen tail). root may be 0 (unknown). Whether
+ * write-behind is on is the tier manager's switch (tier.h): the SSD tier persists what it is handed.
+ * No-op returning true when the file already exists (idempotent). Never waits. Returns false if not
+ * queued: the queue was full (the record stays dirty, retried later) or the tier is closing. Every
+ * record retains its object until it is published, staged, shed or the tier freed (the state
+ * machine and its invariants are at the top of ssd_writer.c). */
 bool kvt_ssd_enqueue_block(kvt_ssd *ssd, kvt_block *b, uint64_t root);
-bool kvt_ssd_enqueue_snapshot(kvt_ssd *ssd, kvt_snapshot *s);
 /* Write-behind of every sealed block of a sequence (frozen tails included; an unfrozen tail is
  * skipped) plus snap if non-NULL. Returns the number of items newly queued. */
 uint32_t kvt_ssd_enqueue_seq(kvt_ssd *ssd, const kvt_seq *seq, kvt_snapshot *snap);
 /* Spill sinks with the kvt_spill_block_fn / kvt_spill_snapshot_fn signatures (ctx = kvt_ssd*):
- * persist regardless of `writeback`, count `spills`, retain the object until written. */
+ * persist, count `spills`, retain the object until written. */
 bool kvt_ssd_spill_block(void *ctx, kvt_block *b);
 bool kvt_ssd_spill_snapshot(void *ctx, kvt_snapshot *s);
-/* Persist regardless of `writeback` (no spill counted): what a flush with write-behind off uses
+/* Persist (no spill counted): what a flush with write-behind off uses
  * to write what the RAM tier holds. */
 bool kvt_ssd_persist_block(void *ctx, kvt_block *b);
 bool kvt_ssd_persist_snapshot(void *ctx, kvt_snapshot *s);
-/* Memory pressure: releases records (dirty first, then queued; never the one being written) whose
- * block nothing else references, until `bytes` pool bytes were freed. Those records are given up
- * (counted in stats.shed): the pressure path frees at once rather than waiting for the disk, and
- * no tier holds the block any more, so no flush owes it. Returns pool bytes freed. */
+/* Memory pressure: walks the records (dirty first, then queued; never the one being written) until
+ * `bytes` pool bytes were freed. A record whose block nothing else references is STAGED: the exact
+ * bytes of its file are encoded into a heap buffer the record owns and the block is released at
+ * once; the record stays owed (a flush is durable only once it is written) and the writer writes
+ * the image later (counted in stats.staged). Staged images stay within the queue cap
+ * (opts.queue_max_bytes); past it a record keeps its block. Dropped unwritten (counted in
+ * stats.shed, and reported by the next flush as not durable) is only a record whose last 3 writes
+ * failed (a failing disk), staged or holding its block alone, or one whose image could not be
+ * allocated. Memory copies only: never waits for the disk. Snapshots are kept as they are.
+ * Returns pool bytes freed. */
 uint64_t kvt_ssd_shed(kvt_ssd *ssd, uint64_t bytes);
 /* The engine counts idle demotions (spills caused by demotion) here, for stats. */
 void kvt_ssd_note_demotions(kvt_ssd *ssd, uint64_t n);
 
 /* ---- record buffers (the shared tier's values; same bytes as a cache file) ---- */
+/* This tier's record model (record.h): its layout, pool and compat key (valid while the tier is). */
+void kvt_ssd_record_fmt(const kvt_ssd *ssd, kvt_record_fmt *out);
 /* Encodes a sealed block (full, or frozen tail in compact form) exactly as its cache file: header
  * with checksums, page-aligned payload. *out is malloc'd (caller frees). root as for enqueue. */
 kvt_status kvt_ssd_record_encode(const kvt_ssd *ssd, kvt_block *b, uint64_t root, uint8_t **out, size_t *out_len);
+/* The largest record of a kind (KVT_SSD_KIND_BLOCK or _TAIL: any block or tail of any group;
+ * KVT_SSD_KIND_SNAPSHOT) this tier can encode: the shared tier refuses a value longer than this
+ * before reading it. */
+uint64_t kvt_ssd_record_max_bytes(const kvt_ssd *ssd, uint32_t kind);
 /* Decodes and verifies a record of `kind` (KVT_SSD_KIND_BLOCK: expect = its chain hash;
  * KVT_SSD_KIND_TAIL: expect = its parent chain hash) for (group, block_index): header checksum,
  * compat key, geometry, chain hash of the tokens, payload checksum. On success *out is a new sealed
@@ -174,7 +207,8 @@ typedef struct kvt_ssd_flush_result {
     bool durable;            /* no record created before the call is still owed (see below) */
     uint64_t entries;        /* files in the index after the flush */
     uint64_t pending_blocks; /* records of the flush's range still queued or in flight */
-    uint64_t dropped;        /* records of the range dropped from a full queue, not yet rewritten */
+    uint64_t dropped;        /* records of the range dropped from a full queue, not yet rewritten, plus
+                                records dropped unwritten under memory pressure since the last flush */
     uint64_t failed;         /* records of the range whose last write attempt failed */
     uint64_t records_written; /* records published while the flush waited */
     uint64_t longest_durable_prefix_tokens;
@@ -185,8 +219,10 @@ typedef struct kvt_ssd_flush_result {
  * and waits (up to timeout_ms) until none of them is queued, in flight or dirty — or until every
  * remaining one has failed again during this call (then it answers at once instead of at the
  * timeout). durable = none of them is owed any more: each was published (tmp + fsync + rename +
- * dir fsync) or shed under memory pressure (nothing holds its block). A failed record is reported
- * by every flush until a retry publishes it, so a flush is never durable over a hole. */
+ * dir fsync), a staged one included (its image written), and no record was dropped unwritten
+ * under memory pressure since the previous flush (that flush reports them in `dropped`). A failed
+ * record is reported by every flush until a retry publishes it, so a flush is never durable over
+ * a hole. */
 void kvt_ssd_flush(kvt_ssd *ssd, uint32_t timeout_ms, kvt_ssd_flush_result *out);
 
 /* ---- stats ---- */
@@ -201,7 +237,10 @@ typedef struct kvt_ssd_stats {
     uint64_t superseded;                  /* tail files removed because a longer file at the same
                                              position (same parent, extending tokens) was published */
     uint64_t dirty_records, dirty_bytes;  /* dropped/failed records awaiting a retry */
-    uint64_t shed;                        /* records given up under memory pressure */
+    uint64_t shed;                        /* records dropped unwritten under memory pressure (a
+                                             failing disk, or no memory to stage them) */
+    uint64_t staged;                      /* records staged under memory pressure: the image copied
+                                             to the heap, the pool block released (cumulative) */
     uint64_t published;                   /* records published since open */
     uint64_t skipped_nonregular;          /* scan: cache-file names that were not regular files
                                              (symlinks, FIFOs, devices): never opened through */
@@ -220,9 +259,10 @@ typedef enum kvt_ssd_fault {
     KVT_SSD_FAULT_EIO_READ = 3,    /* payload reads during restore fail with EIO */
     KVT_SSD_FAULT_EIO_WRITE = 4,   /* every write fails with EIO (read-only dir as root) */
     KVT_SSD_FAULT_FSYNC_DIR = 5,   /* the directory fsync after rename fails (EIO) */
+    KVT_SSD_FAULT_DIR_CHECK = 6,   /* the check that the directory path still names the held directory fails (EIO) */
 } kvt_ssd_fault;
 /* Overrides the process-wide fault, which defaults to env KVT_SSD_FAULT=
- * enospc|short-write|eio-read|eio-write|fsync-dir (read at open). */
+ * enospc|short-write|eio-read|eio-write|fsync-dir|dir-check (read at open). */
 void kvt_ssd_set_fault(kvt_ssd *ssd, kvt_ssd_fault f);
 /* Scheduled faults (tests): each write attempt fails with EIO with probability permille/1000,
  * drawn from a generator seeded with seed. 0 turns it off. */
@@ -240,22 +280,17 @@ void kvt_ssd_set_progress(kvt_ssd *ssd, kvt_ssd_progress_fn fn, void *ctx);
 void kvt_ssd_pause_writer(kvt_ssd *ssd, bool paused);
 
 /* ---- offline helpers (kvtier cache ls|inspect|verify) ---- */
-typedef struct kvt_ssd_file_info {
-    uint32_t version;
-    uint32_t kind;          /* 1 block, 2 tail, 3 snapshot */
-    uint32_t group, block_index, n_tokens, block_tokens, n_layers, n_sections;
-    uint64_t parent, chain, root, compat_hash;
-    char compat_key[KVT_SSD_COMPAT_KEY_MAX];
-    uint64_t payload_bytes; /* sum of section lengths */
-    uint64_t file_bytes;
-} kvt_ssd_file_info;
-#define KVT_SSD_KIND_BLOCK 1u
-#define KVT_SSD_KIND_TAIL 2u
-#define KVT_SSD_KIND_SNAPSHOT 3u
+typedef kvt_record_info kvt_ssd_file_info; /* record.h: the header of any cache file */
+#define KVT_SSD_KIND_BLOCK KVT_RECORD_BLOCK
+#define KVT_SSD_KIND_TAIL KVT_RECORD_TAIL
+#define KVT_SSD_KIND_SNAPSHOT KVT_RECORD_SNAPSHOT
 /* Reads and validates the header (magic, version, header checksum, internal consistency) of any
  * cache file. If verify_payload, also checks every section checksum (KVT_ERR_CORRUPT on mismatch).
  * tokens (may be NULL): receives up to max_tokens token ids. */
 kvt_status kvt_ssd_read_file_info(const char *path, bool verify_payload, kvt_ssd_file_info *info,
                                   int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen);
+/* The same for path relative to the open directory dfd (never following a symlink at path). */
+kvt_status kvt_ssd_read_file_info_at(int dfd, const char *path, bool verify_payload, kvt_ssd_file_info *info,
+                                     int32_t *tokens, uint32_t max_tokens, char *err, size_t errlen);
 
 #endif

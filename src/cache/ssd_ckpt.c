@@ -59,6 +59,12 @@ typedef struct ck_item {
 
 struct kvt_ckpt_store {
     char dir[PATH_MAX];
+    /* <cdir>/ckpt held open from open on: every create, rename, unlink, fsync, scan and read is
+     * relative to dfd, and a publish first checks that dir still names it (dev/ino): a directory
+     * swapped for a symlink cannot redirect a write (see ssd_int.h, kvt_ssd.dfd). */
+    int dfd;
+    dev_t dev;
+    ino_t ino;
     char compat[CKPT_COMPAT_MAX];
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
@@ -152,9 +158,9 @@ static kvt_status decode(const uint8_t *b, uint64_t n, kvt_ckpt_rec *out, char *
 
 /* Reads a whole checkpoint file: never follows a symlink, never blocks on a FIFO, regular files
  * of bounded size only. *buf malloc'd. */
-static kvt_status read_file(const char *path, uint8_t **buf, uint64_t *len, char *err, size_t errlen) {
+static kvt_status read_file(int dfd, const char *path, uint8_t **buf, uint64_t *len, char *err, size_t errlen) {
     *buf = NULL;
-    int fd = open_cache_file(path, O_RDONLY); /* O_NOFOLLOW|O_NONBLOCK, regular files only */
+    int fd = kvt_ssd_open_cache_file_at(dfd, path, O_RDONLY); /* O_NOFOLLOW|O_NONBLOCK, regular files only */
     if (fd < 0) return kvt_errf(err, errlen, errno == ENOENT ? KVT_ERR_NOT_FOUND : KVT_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -201,7 +207,7 @@ kvt_status kvt_ckpt_file_check(const char *path, kvt_ckpt_rec *info, char *compa
                                size_t errlen) {
     uint8_t *b;
     uint64_t n;
-    kvt_status st = read_file(path, &b, &n, err, errlen);
+    kvt_status st = read_file(AT_FDCWD, path, &b, &n, err, errlen);
     if (st) return st;
     st = decode(b, n, info, compat_out, compat_len, err, errlen);
     free(b);
@@ -220,26 +226,33 @@ kvt_status kvt_ckpt_file_check(const char *path, kvt_ckpt_rec *info, char *compa
 }
 
 /* ------------------------------------------------------------------ directory and temporaries */
-static bool fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return false;
-    bool ok = fsync(fd) == 0;
-    close(fd);
-    return ok;
+/* Does s->dir still name the held directory? False (errno = ENOTDIR) when it was replaced. */
+static bool dir_same(const kvt_ckpt_store *s) {
+    struct stat sb;
+    if (lstat(s->dir, &sb) != 0) return false;
+    if (!S_ISDIR(sb.st_mode) || sb.st_dev != s->dev || sb.st_ino != s->ino) {
+        errno = ENOTDIR;
+        return false;
+    }
+    return true;
 }
 
 /* Temporary names, the orphan rule and the trust rule are the SSD tier's (ssd_int.h): one
  * implementation of each. */
 static void reap_tmps(kvt_ckpt_store *s) {
-    DIR *d = opendir(s->dir);
-    if (!d) return;
+    int fd = fcntl(s->dfd, F_DUPFD_CLOEXEC, 0); /* fdopendir owns the duplicate */
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
     struct dirent *de;
     while ((de = readdir(d))) {
         const char *nm = de->d_name;
         size_t len = strlen(nm);
         if (len <= 4 || strcmp(nm + len - 4, ".tmp")) continue;
         struct stat ts;
-        if (fstatat(dirfd(d), nm, &ts, AT_SYMLINK_NOFOLLOW) == 0 && tmp_is_stale(nm, &ts)) unlinkat(dirfd(d), nm, 0);
+        if (fstatat(dirfd(d), nm, &ts, AT_SYMLINK_NOFOLLOW) == 0 && kvt_ssd_tmp_is_stale(nm, &ts)) unlinkat(dirfd(d), nm, 0);
     }
     closedir(d);
 }
@@ -249,14 +262,17 @@ static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r, bool inject) {
     size_t len;
     uint8_t *b = encode(s->compat, r, &len);
     if (!b) return false;
-    char name[40], path[PATH_MAX + 48], tmp[PATH_MAX + 96];
+    char name[40], tmp[128];
     kvt_ckpt_file_name(r->key, name);
-    snprintf(path, sizeof path, "%s/%s", s->dir, name);
-    tmp_name(tmp, sizeof tmp, path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    kvt_ssd_tmp_name(tmp, sizeof tmp, name);
+    if (!dir_same(s)) { /* moved away or swapped: a restart would not find the record */
+        free(b);
+        return false;
+    }
+    int fd = openat(s->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 && errno == EEXIST) { /* our own leftover of a failed attempt (never a neighbour's) */
-        unlink(tmp);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        unlinkat(s->dfd, tmp, 0);
+        fd = openat(s->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     }
     bool ok = fd >= 0 && fchmod(fd, 0600) == 0;
     if (ok && inject) {
@@ -275,19 +291,22 @@ static bool publish(kvt_ckpt_store *s, const kvt_ckpt_rec *r, bool inject) {
     if (fd >= 0) close(fd);
     errno = saved;
     free(b);
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) unlink(tmp);
-    if (ok) ok = fsync_dir(s->dir);
+    if (ok) ok = renameat(s->dfd, tmp, s->dfd, name) == 0;
+    if (!ok) {
+        const int e = errno;
+        unlinkat(s->dfd, tmp, 0);
+        errno = e;
+    }
+    if (ok) ok = fsync(s->dfd) == 0;
     return ok;
 }
 
 /* 1 removed, 0 there was none, -1 failed. */
 static int remove_file(kvt_ckpt_store *s, const uint8_t key[32]) {
-    char name[40], path[PATH_MAX + 48];
+    char name[40];
     kvt_ckpt_file_name(key, name);
-    snprintf(path, sizeof path, "%s/%s", s->dir, name);
-    if (unlink(path) != 0) return errno == ENOENT ? 0 : -1;
-    return fsync_dir(s->dir) ? 1 : -1;
+    if (unlinkat(s->dfd, name, 0) != 0) return errno == ENOENT ? 0 : -1;
+    return fsync(s->dfd) == 0 ? 1 : -1;
 }
 
 /* ------------------------------------------------------------------ queue */
@@ -361,21 +380,28 @@ kvt_status kvt_ckpt_store_open(const char *cdir, const char *compat, kvt_ckpt_st
     if (!s) return KVT_ERR_NOMEM;
     snprintf(s->dir, sizeof s->dir, "%s/ckpt", cdir);
     snprintf(s->compat, sizeof s->compat, "%s", compat);
-    if (mkdir(s->dir, 0700) == 0) {
-        if (chmod(s->dir, 0700) != 0 || !fsync_dir(cdir)) {
-            kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: cannot create %s: %s", s->dir, strerror(errno));
-            free(s);
-            return KVT_ERR_IO;
-        }
-    } else if (errno != EEXIST) {
+    /* created and opened relative to the compat directory, neither through a symlink */
+    int cfd = open(cdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    bool created = cfd >= 0 && mkdirat(cfd, "ckpt", 0700) == 0;
+    if (cfd < 0 || (!created && errno != EEXIST)) {
         kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: cannot create %s: %s", s->dir, strerror(errno));
+        if (cfd >= 0) close(cfd);
         free(s);
         return KVT_ERR_IO;
     }
-    if (!dir_trusted(s->dir, false, err, errlen)) {
+    s->dfd = openat(cfd, "ckpt", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat sb;
+    bool ok = s->dfd >= 0 && fstat(s->dfd, &sb) == 0;
+    if (ok && created && (fchmod(s->dfd, 0700) != 0 || fsync(cfd) != 0 || fstat(s->dfd, &sb) != 0)) ok = false;
+    if (!ok) kvt_errf(err, errlen, KVT_ERR_IO, "checkpoints: cannot open %s: %s", s->dir, strerror(errno));
+    close(cfd);
+    if (!ok || !kvt_ssd_stat_trusted(&sb, s->dir, false, err, errlen)) {
+        if (s->dfd >= 0) close(s->dfd);
         free(s);
         return KVT_ERR_IO;
     }
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
     reap_tmps(s);
     const char *fw = getenv("KVT_CKPT_FAIL_WRITES"); /* fault injection (tests) */
     if (fw && *fw) s->fail_writes = (uint32_t)strtoul(fw, NULL, 10);
@@ -407,7 +433,7 @@ bool kvt_ckpt_store_flush(kvt_ckpt_store *s, uint32_t timeout_ms) {
     }
     bool ok = !s->head && !s->inflight;
     pthread_mutex_unlock(&s->mu);
-    return ok;
+    return ok && dir_same(s); /* published where a restart looks */
 }
 
 void kvt_ckpt_store_free(kvt_ckpt_store *s) {
@@ -433,6 +459,7 @@ void kvt_ckpt_store_free(kvt_ckpt_store *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->done_cv);
+    close(s->dfd);
     free(s);
 }
 
@@ -559,7 +586,7 @@ bool kvt_ckpt_store_load(kvt_ckpt_store *s, const uint8_t key[32], uint32_t n_pr
     snprintf(path, sizeof path, "%s/%s", s->dir, name);
     uint8_t *b;
     uint64_t n;
-    kvt_status st = read_file(path, &b, &n, err, sizeof err);
+    kvt_status st = read_file(s->dfd, name, &b, &n, err, sizeof err);
     if (st == KVT_ERR_NOT_FOUND) return false;
     if (st == KVT_OK) {
         st = decode(b, n, out, compat, sizeof compat, err, sizeof err);
@@ -582,7 +609,7 @@ bool kvt_ckpt_store_load(kvt_ckpt_store *s, const uint8_t key[32], uint32_t n_pr
     pthread_mutex_lock(&s->mu);
     s->corrupt++;
     /* removed only if no newer write of this key raced in meanwhile (it would replace the file) */
-    if (!queued_of(s, key) && !(s->inflight && !memcmp(s->inflight->rec.key, key, 32))) unlink(path);
+    if (!queued_of(s, key) && !(s->inflight && !memcmp(s->inflight->rec.key, key, 32))) unlinkat(s->dfd, name, 0);
     pthread_mutex_unlock(&s->mu);
     return false;
 }

@@ -58,7 +58,7 @@ static bool model_quick_hash(const char *path, uint64_t size, uint64_t *out) {
     for (int i = 0; i < 2 && ok; i++)
         for (uint64_t o = spans[i][0]; o < spans[i][1] && ok;) {
             uint64_t n = KVT_MIN(spans[i][1] - o, (uint64_t)1 << 20);
-            ok = read_full(fd, buf, n, o) == KVT_OK;
+            ok = kvt_ssd_read_full(fd, buf, n, o) == KVT_OK;
             if (ok) XXH3_64bits_update(xs, buf, n);
             o += n;
         }
@@ -96,10 +96,10 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
     FILE *f = NULL;
     if (cache_dir) {
         snprintf(memo, sizeof(memo), "%s/.model-ids", cache_dir);
-        int mfd = open_cache_file(memo, O_RDONLY);
+        int mfd = kvt_ssd_open_cache_file(memo, O_RDONLY);
         if (mfd >= 0 && !(f = fdopen(mfd, "r"))) close(mfd);
     }
-    /* memo line: "<sha256 hex> <ino> <size> <mtime> <realpath>\n" */
+    /* memo line: "<sha256 hex> <memo key>\n" (model_memo_key: dev ino size mtime ctime quick-hash realpath) */
     char *line = NULL;
     size_t cap = 0;
     char *old = NULL;
@@ -136,9 +136,9 @@ kvt_status kvt_ssd_model_id(const char *cache_dir, const char *model_path, char 
     if (s == KVT_OK && cache_dir) {
         /* Best effort memo update: tmp + rename so a crash never leaves a half line. */
         kvt_ssd_io *io = kvt_ssd_io_plain();
-        mkdir_p(io, cache_dir);
+        kvt_ssd_mkdir_p(io, cache_dir);
         char tmp[PATH_MAX + 48];
-        tmp_name(tmp, sizeof(tmp), memo);
+        kvt_ssd_tmp_name(tmp, sizeof(tmp), memo);
         int wfd = kvt_ssd_io_create_excl(io, tmp);
         if (wfd >= 0) {
             size_t ll = strlen(out_hex) + 1 + strlen(key) + 1;

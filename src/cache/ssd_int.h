@@ -3,7 +3,7 @@
  * ssd_*.c files share. The API is ssd_cache.h; the byte format is docs/cache-format.md.
  *
  * Files (one concern each):
- *   ssd_format.c    file format: names, header encode/decode/validate, compact tails, record images
+ *   ssd_format.c    file names, header reads from files, file info; the image codec is record.c
  *   ssd_identity.c  model identity (SHA-256 memo) and the compatibility key
  *   ssd_index.c     the in-memory index, the untrusted directory, eviction and supersession,
  *                   stats and the startup scan
@@ -51,36 +51,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define SSD_MAGIC "KVTIERKV"
-#define SSD_PAGE 4096u
-#define SSD_FIXED_HDR 112u
-#define SSD_LAYER_REC 40u
-#define SSD_SECTION_REC 32u
-#define SSD_MAX_HDR (4u << 20)
-#define SSD_MAX_TOKEN_IDS (1u << 20)
-#define SSD_GROUP_NONE 0xFFFFFFFFu
+/* the record format's constants (record.h) under the SSD tier's names */
+#define SSD_MAGIC KVT_RECORD_MAGIC
+#define SSD_PAGE KVT_RECORD_PAGE
+#define SSD_FIXED_HDR KVT_RECORD_FIXED_HDR
+#define SSD_MAX_HDR KVT_RECORD_MAX_HDR
+#define SSD_GROUP_NONE KVT_RECORD_GROUP_NONE
 #define SSD_DEFAULT_QUEUE (256ull << 20)
 
-/* ------------------------------------------------------------------ little-endian helpers */
-static inline void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static inline uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static inline uint64_t now_real_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -99,8 +77,9 @@ typedef struct ssd_entry {
     bool contig_ok;
 } ssd_entry;
 
-/* A record: one block/tail/snapshot owed to disk (see the state machine at the top of the writer
- * section). It holds a reference to its object until it reaches a final state. */
+/* A record: one block/tail/snapshot owed to disk (see the state machine at the top of
+ * ssd_writer.c). It holds a reference to its object until it reaches a final state, or until memory
+ * pressure stages it: its file image is then copied to the heap (image) and the object released. */
 typedef enum { REC_QUEUED = 0, REC_INFLIGHT = 1, REC_DIRTY = 2 } rec_state;
 typedef enum { WHY_NONE = 0, WHY_DROPPED = 1, WHY_FAILED = 2 } rec_why;
 
@@ -117,12 +96,30 @@ typedef struct ssd_item {
     uint32_t attempts;     /* failed write attempts */
     uint64_t retry_at_ns;  /* DIRTY: not retried before this (monotonic), back-off */
     uint64_t fail_ns;      /* monotonic time of the last failed attempt */
-    struct ssd_item *hnext; /* record table chain (by object) */
+    struct ssd_item *hnext; /* record table chain (by object; a staged record is in no chain) */
+    /* STAGED (kvt_ssd_shed): b and s are NULL; image holds the exact bytes of the file (malloc'd,
+     * owned, freed with the record; bytes == image_len) and chain/group/kind name that file. */
+    uint8_t *image;
+    uint64_t image_len;
+    uint64_t chain;
+    uint32_t group, kind;
 } ssd_item;
 #define SSD_REC_BUCKETS 4096u
 
 struct kvt_ssd {
     char *root_dir, *cdir, *compat;
+    /* The compat directory, held open from startup: every file operation is relative to dfd
+     * (openat/renameat/unlinkat, never following a symlink), so a path swapped for a symlink or
+     * another directory cannot redirect a write. dir_dev/dir_ino identify it: before every publish
+     * (and at flush) the writer checks that cdir still names it. dfd changes only when the writer
+     * recreates a deleted directory, under dir_mu and mu; readers outside the writer use it under
+     * dir_mu (ssd_openat, ssd_unlink). */
+    int dfd;
+    dev_t dir_dev;
+    ino_t dir_ino;
+    pthread_mutex_t dir_mu;
+    bool dir_replaced;            /* the last publish attempt found cdir replaced (lock held) */
+    bool dir_check_failed;        /* ... or could not check it */
     uint64_t compat_hash;
     const kvt_kv_layout *layout;
     kvt_block_pool *pool;
@@ -153,6 +150,7 @@ struct kvt_ssd {
     ssd_item *rec_tab[SSD_REC_BUCKETS]; /* every live record by its object: one record per object */
     uint64_t q_bytes, q_count;    /* QUEUED + INFLIGHT */
     uint64_t d_count, d_bytes;    /* DIRTY */
+    uint64_t g_count, g_bytes;    /* STAGED (on any of the lists above): heap images, <= the queue cap */
     uint64_t next_seq_no;
     uint64_t published;           /* records that reached a published file (cumulative) */
     int last_errno;               /* errno of the last failed write, for flush reasons */
@@ -160,7 +158,10 @@ struct kvt_ssd {
     /* stats */
     uint64_t restores, spills, demotions, dropped, failed, evictions, corrupt_removed, superseded;
     uint64_t read_bytes;          /* payload bytes restores read from disk (cumulative) */
-    uint64_t shed;                /* records released under memory pressure (not written) */
+    uint64_t shed;                /* records dropped unwritten under memory pressure (failing disk, no memory) */
+    uint64_t staged;              /* records staged under memory pressure (image to the heap, cumulative) */
+    uint64_t lost_shed;           /* records shed since the last flush: that flush reports them */
+    uint32_t stage_nomem;         /* tests (white-box): the next N image allocations of staging fail */
     uint64_t skipped_nonregular;  /* scan: names of ours that are not regular files */
     uint64_t lost_entries, dir_recreated; /* the directory was deleted under us */
     uint64_t verified;            /* files whose payload the startup scan verified (--ssd-cache-verify) */
@@ -175,52 +176,20 @@ struct kvt_ssd {
     uint64_t flush_start_ns;      /* when the newest waiting flush started (retry window) */
     uint64_t lost_nomem;          /* records that could not even be allocated since the last flush */
 };
-/* ------------------------------------------------------------------ header encode / decode */
-typedef struct hdr_layer {
-    uint32_t layer, kind, window, n_kv_heads, head_dim_k, head_dim_v, state_bytes;
-    kvt_codec codec;
-} hdr_layer;
-
-typedef struct hdr_section {
-    uint64_t offset, length, hash;
-} hdr_section;
-typedef struct hdr_in {
-    uint32_t kind, group, block_index, n_tokens, block_tokens;
-    uint64_t parent, chain, root;
-    const char *compat;
-    const int32_t *ids;
-    uint32_t n_ids;
-    const hdr_layer *layers;
-    uint32_t n_layers;
-    const hdr_section *sections;
-    uint32_t n_sections;
-    uint64_t data_offset;
-} hdr_in;
-
-/* Decoded header; pointers reference the raw buffer. */
-typedef struct hdr_out {
-    kvt_ssd_file_info info;
-    const uint8_t *ids_raw;
-    const uint8_t *layers_raw;
-    const uint8_t *sections_raw;
-} hdr_out;
-/* One record (file image) being encoded: header fields, payload pointers and its byte sizes. The
- * SSD writer writes it as a file; kvt_ssd_record_encode (shared tier) packs it into one buffer. */
-typedef struct ssd_record {
-    hdr_in h;
-    hdr_layer layers[KVT_MAX_LAYERS];
-    hdr_section secs[KVT_MAX_LAYERS];
-    const uint8_t *payload[KVT_MAX_LAYERS];
-    uint8_t *packed; /* compact tail payload (owned), or NULL */
-    uint64_t hsize, fsize;
-} ssd_record;
+/* ------------------------------------------------------------------ record images (record.h) */
+typedef kvt_record_layer hdr_layer;
+typedef kvt_record_section hdr_section;
+typedef kvt_record_hdr_in hdr_in;
+typedef kvt_record_hdr hdr_out;
+typedef kvt_record_image ssd_record;
 typedef struct plan_idx {
     uint64_t chain, parent;
     uint32_t kind, n_tokens;
 } plan_idx;
 
-/* A restore plan (ssd_restore.c: build_plan, over the shared planner of plan.h). */
-typedef struct plan {
+/* A restore plan (ssd_restore.c: build_plan, over the shared planner of plan.h); the opaque
+ * kvt_ssd_plan of ssd_cache.h. */
+struct kvt_ssd_plan {
     uint32_t p;          /* usable length (0 = miss) */
     uint32_t base;       /* block indices [0, base) come from the caller (a mixed RAM+SSD plan) */
     uint32_t n_idx;      /* block indices of the restored sequence: ceil(p / bt) */
@@ -229,42 +198,49 @@ typedef struct plan {
     bool snap;           /* restore a snapshot at p */
     uint64_t snap_chain;
     int32_t *child_tokens; /* tokens of the file that supplies the last index (copy) */
-} plan;
+};
 
 /* ---- shared functions (defined in the file named above each group) ---- */
 /* ssd_format.c */
-void entry_name(char *buf, size_t n, uint64_t chain, uint32_t group, uint32_t kind);
-bool parse_name(const char *name, uint64_t *chain, uint32_t *group, uint32_t *kind);
-void header_encode(const hdr_in *h, uint8_t *buf, uint64_t hsize);
-hdr_section hdr_section_at(const hdr_out *h, uint32_t i);
-int32_t hdr_id_at(const hdr_out *h, uint32_t i);
-int64_t read_upto(int fd, uint8_t *dst, uint64_t len, uint64_t off);
-kvt_status header_read_any(int fd, bool direct, uint8_t **bufp, hdr_out *h, int *errno_out, char *err, size_t errlen);
-kvt_status header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, size_t errlen);
-kvt_status read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off);
-bool tail_unpack_inplace(const kvt_kv_layout *l, uint32_t g, uint32_t bi, uint32_t m, uint8_t *block, uint64_t block_bytes);
-kvt_status header_matches(const kvt_ssd *s, const hdr_out *h, uint64_t chain, uint32_t group, uint32_t kind, char *err, size_t errlen);
-kvt_status record_prepare(const kvt_ssd *s, kvt_block *b, kvt_snapshot *sn, uint64_t root, ssd_record *r);
+void kvt_ssd_entry_name(char *buf, size_t n, uint64_t chain, uint32_t group, uint32_t kind);
+bool kvt_ssd_parse_name(const char *name, uint64_t *chain, uint32_t *group, uint32_t *kind);
+int64_t kvt_ssd_read_upto(int fd, uint8_t *dst, uint64_t len, uint64_t off);
+kvt_status kvt_ssd_header_read_any(int fd, bool direct, uint8_t **bufp, hdr_out *h, int *errno_out, char *err, size_t errlen);
+kvt_status kvt_ssd_header_read_fd(int fd, uint8_t **bufp, hdr_out *h, char *err, size_t errlen);
+kvt_status kvt_ssd_read_full(int fd, uint8_t *dst, uint64_t len, uint64_t off);
+kvt_status kvt_ssd_header_matches(const kvt_ssd *s, const hdr_out *h, uint64_t chain, uint32_t group, uint32_t kind, char *err, size_t errlen);
+kvt_status kvt_ssd_record_prepare(const kvt_ssd *s, kvt_block *b, kvt_snapshot *sn, uint64_t root, ssd_record *r);
 /* ssd_index.c */
-uint64_t link_hash(uint64_t link);
-ssd_entry *idx_find(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind);
-bool idx_add(kvt_ssd *s, ssd_entry *e);
-void idx_remove(kvt_ssd *s, ssd_entry *e);
-int open_cache_file(const char *path, int flags);
-bool dir_trusted(const char *path, bool follow, char *err, size_t errlen);
-void drop_entry(kvt_ssd *s, ssd_entry *e);
-void enforce_cap(kvt_ssd *s);
-void supersede(kvt_ssd *s, const ssd_entry *e);
+uint64_t kvt_ssd_link_hash(uint64_t link);
+ssd_entry *kvt_ssd_idx_find(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind);
+bool kvt_ssd_idx_add(kvt_ssd *s, ssd_entry *e);
+void kvt_ssd_idx_remove(kvt_ssd *s, ssd_entry *e);
+int kvt_ssd_open_cache_file(const char *path, int flags);
+int kvt_ssd_open_cache_file_at(int dfd, const char *name, int flags); /* name relative to dfd, same rules */
+bool kvt_ssd_dir_trusted(const char *path, bool follow, char *err, size_t errlen);
+bool kvt_ssd_stat_trusted(const struct stat *sb, const char *path, bool follow, char *err, size_t errlen);
+/* Opens path as the held directory: O_DIRECTORY|O_NOFOLLOW (never through a symlink), then the
+ * trust rule on the open fd (sb receives its stat). -1 with err filled. */
+int kvt_ssd_dir_open_held(const char *path, struct stat *sb, char *err, size_t errlen);
+/* Does s->cdir still name the held directory (same dev/ino, not a symlink)? Without any lock. */
+typedef enum { DIR_SAME = 0, DIR_GONE = 1, DIR_REPLACED = 2, DIR_CHECK_FAILED = 3 } dir_state;
+dir_state kvt_ssd_dir_check(const kvt_ssd *s);
+/* openat / unlinkat relative to the held directory (takes dir_mu; any thread, any lock). */
+int kvt_ssd_openat(kvt_ssd *s, const char *name, int flags);
+void kvt_ssd_unlink(kvt_ssd *s, const char *name);
+void kvt_ssd_drop_entry(kvt_ssd *s, ssd_entry *e);
+void kvt_ssd_enforce_cap(kvt_ssd *s);
+void kvt_ssd_supersede(kvt_ssd *s, const ssd_entry *e);
 /* Groups holding a file of (chain, kind) with this parent. Lock held. */
-uint32_t entry_groups(kvt_ssd *s, uint64_t chain, uint32_t kind, uint64_t parent);
-void scan_dir(kvt_ssd *s);
+uint32_t kvt_ssd_entry_groups(kvt_ssd *s, uint64_t chain, uint32_t kind, uint64_t parent);
+void kvt_ssd_scan_dir(kvt_ssd *s);
 /* ssd_writer.c */
-void tmp_name(char *buf, size_t n, const char *path);
-bool tmp_is_stale(const char *name, const struct stat *sb);
-void item_release(ssd_item *it);
-void *writer_main(void *arg);
-void write_key_file(kvt_ssd_io *io, const char *cdir, const char *compat);
-int mkdir_p(kvt_ssd_io *io, const char *path);
-bool ssd_records_check(kvt_ssd *s); /* invariant (8) of ssd_writer.c; lock held (tests call it too) */
+void kvt_ssd_tmp_name(char *buf, size_t n, const char *path);
+bool kvt_ssd_tmp_is_stale(const char *name, const struct stat *sb);
+void kvt_ssd_item_release(ssd_item *it);
+void *kvt_ssd_writer_main(void *arg);
+void kvt_ssd_write_key_file(kvt_ssd_io *io, int dfd, const char *cdir, const char *compat);
+int kvt_ssd_mkdir_p(kvt_ssd_io *io, const char *path);
+bool kvt_ssd_records_check(kvt_ssd *s); /* invariant (8) of ssd_writer.c; lock held (tests call it too) */
 
 #endif

@@ -102,6 +102,7 @@ static kvt_ssd_fault fault_from_env(void) {
     if (!strcmp(e, "eio-read")) return KVT_SSD_FAULT_EIO_READ;
     if (!strcmp(e, "eio-write")) return KVT_SSD_FAULT_EIO_WRITE;
     if (!strcmp(e, "fsync-dir")) return KVT_SSD_FAULT_FSYNC_DIR;
+    if (!strcmp(e, "dir-check")) return KVT_SSD_FAULT_DIR_CHECK;
     return KVT_SSD_FAULT_NONE;
 }
 
@@ -186,13 +187,22 @@ static void throttle(uint64_t len) {
 }
 
 /* ------------------------------------------------------------------ operations */
-int kvt_ssd_io_create_excl(kvt_ssd_io *io, const char *path) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+/* The path a trace records for name in dir (dir NULL: name is the whole path). */
+static char *trace_path(const char *dir, const char *name) {
+    if (!dir) return strdup(name);
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+int kvt_ssd_io_create_excl_at(kvt_ssd_io *io, int dfd, const char *dir, const char *name) {
+    int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     if (fchmod(fd, 0600) != 0) { /* regardless of umask */
         int e = errno;
         close(fd);
-        unlink(path);
+        unlinkat(dfd, name, 0);
         errno = e;
         return -1;
     }
@@ -212,11 +222,13 @@ int kvt_ssd_io_create_excl(kvt_ssd_io *io, const char *path) {
             t->fds[t->n_fds].fd = fd;
             t->fds[t->n_fds++].file = id;
         }
-        trace_push(t, (io_op){.kind = OP_CREATE, .file = id, .path = strdup(path)});
+        trace_push(t, (io_op){.kind = OP_CREATE, .file = id, .path = trace_path(dir, name)});
         pthread_mutex_unlock(&t->mu);
     }
     return fd;
 }
+
+int kvt_ssd_io_create_excl(kvt_ssd_io *io, const char *path) { return kvt_ssd_io_create_excl_at(io, AT_FDCWD, NULL, path); }
 
 bool kvt_ssd_io_pwrite(kvt_ssd_io *io, int fd, const void *p, uint64_t len, uint64_t off, bool payload) {
     uint32_t rate = atomic_load(&io->fault_rate);
@@ -304,6 +316,17 @@ bool kvt_ssd_io_close(kvt_ssd_io *io, int fd) {
     return close(fd) == 0;
 }
 
+bool kvt_ssd_io_rename_at(kvt_ssd_io *io, int dfd, const char *dir, const char *from, const char *to) {
+    if (renameat(dfd, from, dfd, to) != 0) return false;
+    kvt_ssd_io_trace *t = io->rec;
+    if (t) {
+        pthread_mutex_lock(&t->mu);
+        trace_push(t, (io_op){.kind = OP_RENAME, .path = trace_path(dir, from), .path2 = trace_path(dir, to)});
+        pthread_mutex_unlock(&t->mu);
+    }
+    return true;
+}
+
 bool kvt_ssd_io_rename(kvt_ssd_io *io, const char *from, const char *to) {
     if (rename(from, to) != 0) return false;
     kvt_ssd_io_trace *t = io->rec;
@@ -315,14 +338,16 @@ bool kvt_ssd_io_rename(kvt_ssd_io *io, const char *from, const char *to) {
     return true;
 }
 
-/* The real directory fsync, recorded as a durability point for the entries of dir. */
-static bool dir_sync(kvt_ssd_io *io, const char *dir) {
+/* The real directory fsync (of fd when fd >= 0, else of dir opened without following a symlink),
+ * recorded as a durability point for the entries of dir. */
+static bool dir_sync(kvt_ssd_io *io, int fd, const char *dir) {
     if (atomic_load(&io->lie)) return true;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    bool own = fd < 0;
+    if (own) fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return false;
     bool ok = fsync(fd) == 0;
     int e = errno;
-    close(fd);
+    if (own) close(fd);
     errno = e;
     kvt_ssd_io_trace *t = io->rec;
     if (ok && t) {
@@ -338,17 +363,33 @@ bool kvt_ssd_io_fsync_dir(kvt_ssd_io *io, const char *dir) {
         errno = EIO;
         return false;
     }
-    return dir_sync(io, dir);
+    return dir_sync(io, -1, dir);
 }
 
-bool kvt_ssd_io_unlink(kvt_ssd_io *io, const char *path) {
-    if (unlink(path) != 0) return false;
+bool kvt_ssd_io_fsync_dirfd(kvt_ssd_io *io, int dfd, const char *dir) {
+    if (atomic_load(&io->fault) == KVT_SSD_FAULT_FSYNC_DIR) {
+        errno = EIO;
+        return false;
+    }
+    return dir_sync(io, dfd, dir);
+}
+
+bool kvt_ssd_io_unlink_at(kvt_ssd_io *io, int dfd, const char *dir, const char *name) {
+    if (unlinkat(dfd, name, 0) != 0) return false;
     kvt_ssd_io_trace *t = io->rec;
     if (t) {
         pthread_mutex_lock(&t->mu);
-        trace_push(t, (io_op){.kind = OP_UNLINK, .path = strdup(path)});
+        trace_push(t, (io_op){.kind = OP_UNLINK, .path = trace_path(dir, name)});
         pthread_mutex_unlock(&t->mu);
     }
+    return true;
+}
+
+bool kvt_ssd_io_unlink(kvt_ssd_io *io, const char *path) { return kvt_ssd_io_unlink_at(io, AT_FDCWD, NULL, path); }
+
+bool kvt_ssd_io_dir_check_fault(kvt_ssd_io *io) {
+    if (atomic_load(&io->fault) != KVT_SSD_FAULT_DIR_CHECK) return false;
+    errno = EIO;
     return true;
 }
 

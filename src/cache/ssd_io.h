@@ -35,7 +35,8 @@ typedef struct kvt_ssd_io kvt_ssd_io;
 typedef struct kvt_ssd_io_trace kvt_ssd_io_trace;
 
 /* rec: NULL for normal mode, else every mutation is also recorded into it. Fault mode starts from
- * the KVT_SSD_FAULT env (enospc | short-write | eio-read | eio-write | fsync-dir). */
+ * the KVT_SSD_FAULT env (enospc | short-write | eio-read | eio-write | fsync-dir |
+ * dir-check). */
 kvt_ssd_io *kvt_ssd_io_create(kvt_ssd_io_trace *rec);
 void kvt_ssd_io_free(kvt_ssd_io *io);
 kvt_ssd_io *kvt_ssd_io_plain(void);
@@ -47,9 +48,14 @@ void kvt_ssd_io_set_fault_rate(kvt_ssd_io *io, uint64_t seed, uint32_t permille)
 void kvt_ssd_io_set_lying_fsync(kvt_ssd_io *io, bool lie);
 bool kvt_ssd_io_read_fault(kvt_ssd_io *io); /* true (errno = EIO) when reads must fail */
 
+/* Every operation on a path has an _at twin that works relative to an open directory fd (the SSD
+ * tier's compat directory, held from startup: a path swapped for a symlink cannot redirect it). dir
+ * is that directory's path, used only to name the operation in a trace; name is one component.
+ * The path forms are the _at forms with AT_FDCWD. */
 /* Creates path exclusively (O_CREAT|O_EXCL|O_NOFOLLOW: never a planted file or symlink), mode 0600
  * regardless of umask, open for writing. Returns the fd or -1 (errno). */
 int kvt_ssd_io_create_excl(kvt_ssd_io *io, const char *path);
+int kvt_ssd_io_create_excl_at(kvt_ssd_io *io, int dfd, const char *dir, const char *name);
 /* Writes all len bytes at off (retries short writes). payload: subject to the short-write fault and
  * the throttle. False with errno on failure. */
 bool kvt_ssd_io_pwrite(kvt_ssd_io *io, int fd, const void *p, uint64_t len, uint64_t off, bool payload);
@@ -57,8 +63,14 @@ bool kvt_ssd_io_truncate(kvt_ssd_io *io, int fd, uint64_t size);
 bool kvt_ssd_io_fsync(kvt_ssd_io *io, int fd);
 bool kvt_ssd_io_close(kvt_ssd_io *io, int fd); /* close (false with errno if close reports an error) */
 bool kvt_ssd_io_rename(kvt_ssd_io *io, const char *from, const char *to);
+bool kvt_ssd_io_rename_at(kvt_ssd_io *io, int dfd, const char *dir, const char *from, const char *to);
 bool kvt_ssd_io_fsync_dir(kvt_ssd_io *io, const char *dir); /* fails under KVT_SSD_FAULT_FSYNC_DIR */
+bool kvt_ssd_io_fsync_dirfd(kvt_ssd_io *io, int dfd, const char *dir); /* likewise */
 bool kvt_ssd_io_unlink(kvt_ssd_io *io, const char *path);  /* never follows a symlink */
+bool kvt_ssd_io_unlink_at(kvt_ssd_io *io, int dfd, const char *dir, const char *name);
+/* True (errno = EIO) when the writer's check that the directory path still names the held
+ * directory must fail (KVT_SSD_FAULT_DIR_CHECK). */
+bool kvt_ssd_io_dir_check_fault(kvt_ssd_io *io);
 /* mkdir 0700 (chmod after, regardless of umask). 0 if created, 1 if it already existed, -1 error. */
 int kvt_ssd_io_mkdir(kvt_ssd_io *io, const char *path);
 

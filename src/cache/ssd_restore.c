@@ -9,7 +9,11 @@
  * (kvt_chain: no hashing here). Block indices [0, base) may be supplied by the caller (the RAM
  * tier's leading blocks in a mixed plan): the planner treats them as held in every group and the
  * restore reads nothing for them. */
-static void plan_free(plan *pl) {
+static _Atomic uint64_t g_plans; /* build_plan calls (kvt_ssd_plan_calls) */
+
+uint64_t kvt_ssd_plan_calls(void) { return g_plans; }
+
+static void plan_free(kvt_ssd_plan *pl) {
     free(pl->idx);
     free(pl->need);
     free(pl->child_tokens);
@@ -21,7 +25,7 @@ static bool tokens_eq(const int32_t *a, const int32_t *b, uint32_t n) { return m
 /* Entry of group g, kind, chain whose parent and tokens match. Lock held. */
 static ssd_entry *match_entry(kvt_ssd *s, uint64_t chain, uint32_t g, uint32_t kind, uint64_t parent,
                               const int32_t *toks, uint32_t nt) {
-    ssd_entry *e = idx_find(s, chain, g, kind);
+    ssd_entry *e = kvt_ssd_idx_find(s, chain, g, kind);
     if (!e || e->link != parent || e->n_tokens != nt || !tokens_eq(e->tokens, toks, nt)) return NULL;
     return e;
 }
@@ -51,10 +55,10 @@ static const void *ssd_rows(void *ctx, uint32_t j, uint32_t m) {
     const uint64_t parent = kvt_chain_at(x->c, j);
     const int32_t *toks = x->prompt + (size_t)j * s->bt;
     ssd_entry *best = NULL;
-    for (ssd_entry *e = s->tab_link[link_hash(parent) % s->n_buckets]; e; e = e->next_link) {
+    for (ssd_entry *e = s->tab_link[kvt_ssd_link_hash(parent) % s->n_buckets]; e; e = e->next_link) {
         if (e->link != parent || e->kind == KVT_SSD_KIND_SNAPSHOT || e->index != j || e->group != 0 || e->n_tokens < m)
             continue;
-        if (!tokens_eq(e->tokens, toks, m) || entry_groups(s, e->chain, e->kind, parent) != x->all) continue;
+        if (!tokens_eq(e->tokens, toks, m) || kvt_ssd_entry_groups(s, e->chain, e->kind, parent) != x->all) continue;
         if (!best || (e->n_tokens == m && best->n_tokens != m) || (best->n_tokens != m && e->n_tokens < best->n_tokens))
             best = e;
     }
@@ -62,8 +66,9 @@ static const void *ssd_rows(void *ctx, uint32_t j, uint32_t m) {
 }
 
 /* Builds the restore plan for the chain's prompt (index only). Lock held. False: out of memory. */
-static bool build_plan(kvt_ssd *s, const kvt_chain *c, uint32_t base, plan *pl) {
+static bool build_plan(kvt_ssd *s, const kvt_chain *c, uint32_t base, kvt_ssd_plan *pl) {
     memset(pl, 0, sizeof(*pl));
+    g_plans++;
     const uint32_t n = kvt_chain_len(c), bt = s->bt, G = s->n_groups;
     if (n < 2 || kvt_chain_block_tokens(c) != bt || G == 0) return true;
     const int32_t *prompt = kvt_chain_tokens(c);
@@ -102,7 +107,7 @@ static bool build_plan(kvt_ssd *s, const kvt_chain *c, uint32_t base, plan *pl) 
     const uint32_t rem = n - k * bt;
     if (s->n_buckets) {
         const uint64_t hk = kvt_chain_at(c, k);
-        for (ssd_entry *e = s->tab_link[link_hash(hk) % s->n_buckets]; e; e = e->next_link) {
+        for (ssd_entry *e = s->tab_link[kvt_ssd_link_hash(hk) % s->n_buckets]; e; e = e->next_link) {
             if (e->link != hk || e->kind == KVT_SSD_KIND_SNAPSHOT || e->index != k) continue;
             uint32_t mm = KVT_MIN(e->n_tokens, rem), l = 0;
             while (l < mm && e->tokens[l] == prompt[(size_t)k * bt + l]) l++;
@@ -119,17 +124,17 @@ static bool build_plan(kvt_ssd *s, const kvt_chain *c, uint32_t base, plan *pl) 
         snaps = malloc(cap * sizeof(*snaps));
         if (!spos || !snaps) goto oom;
         for (uint32_t i = 1; i <= k; i++) {
-            ssd_entry *sn = idx_find(s, kvt_chain_at(c, i), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+            ssd_entry *sn = kvt_ssd_idx_find(s, kvt_chain_at(c, i), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
             if (!sn || sn->n_tokens != i * bt) continue;
             spos[ns] = i * bt;
             snaps[ns++] = sn;
         }
         for (uint32_t j = 0; j <= k && s->n_buckets; j++) {
             const uint64_t hj = kvt_chain_at(c, j);
-            for (ssd_entry *e = s->tab_link[link_hash(hj) % s->n_buckets]; e; e = e->next_link) {
+            for (ssd_entry *e = s->tab_link[kvt_ssd_link_hash(hj) % s->n_buckets]; e; e = e->next_link) {
                 if (e->link != hj || e->kind != KVT_SSD_KIND_TAIL || e->index != j || e->group != 0) continue;
                 if ((uint64_t)j * bt + e->n_tokens > n || !tokens_eq(e->tokens, prompt + (size_t)j * bt, e->n_tokens)) continue;
-                ssd_entry *sn = idx_find(s, e->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+                ssd_entry *sn = kvt_ssd_idx_find(s, e->chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
                 if (!sn || sn->n_tokens != j * bt + e->n_tokens) continue;
                 if (ns == cap) {
                     uint32_t nc = cap * 2;
@@ -192,14 +197,32 @@ oom:
     return false;
 }
 
-uint32_t kvt_ssd_find_from(kvt_ssd *s, const kvt_chain *c, uint32_t base_blocks) {
+uint32_t kvt_ssd_plan_from(kvt_ssd *s, const kvt_chain *c, uint32_t base_blocks, kvt_ssd_plan **out) {
+    *out = NULL;
     if (!s || !c) return 0;
-    plan pl;
+    kvt_ssd_plan *pl = malloc(sizeof(*pl));
+    if (!pl) return 0;
     pthread_mutex_lock(&s->mu);
-    bool ok = build_plan(s, c, base_blocks, &pl);
+    bool ok = build_plan(s, c, base_blocks, pl);
     pthread_mutex_unlock(&s->mu);
-    uint32_t p = ok ? pl.p : 0;
-    plan_free(&pl);
+    if (!ok) {
+        free(pl);
+        return 0;
+    }
+    *out = pl;
+    return pl->p;
+}
+
+void kvt_ssd_plan_free(kvt_ssd_plan *pl) {
+    if (!pl) return;
+    plan_free(pl);
+    free(pl);
+}
+
+uint32_t kvt_ssd_find_from(kvt_ssd *s, const kvt_chain *c, uint32_t base_blocks) {
+    kvt_ssd_plan *pl = NULL;
+    uint32_t p = kvt_ssd_plan_from(s, c, base_blocks, &pl);
+    kvt_ssd_plan_free(pl);
     return p;
 }
 
@@ -217,21 +240,21 @@ uint32_t kvt_ssd_find(kvt_ssd *s, const int32_t *prompt, uint32_t n, uint64_t ro
  * O_DIRECT when dst and len are page-aligned; falls back to buffered reads. */
 static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_out *h, uint32_t sec,
                                uint8_t *dst, uint64_t len) {
-    hdr_section sc = hdr_section_at(h, sec);
+    hdr_section sc = kvt_record_section_at(h, sec);
     if (sc.length != len) return KVT_ERR_FORMAT;
     if (kvt_ssd_io_read_fault(s->io)) return KVT_ERR_IO;
     bool done = false;
 #ifdef O_DIRECT
     if (((uintptr_t)dst % SSD_PAGE) == 0 && len % SSD_PAGE == 0 && len > 0) {
-        int dfd = open_cache_file(path, O_RDONLY | O_DIRECT);
+        int dfd = kvt_ssd_openat(s, path, O_RDONLY | O_DIRECT);
         if (dfd >= 0) {
-            done = read_full(dfd, dst, len, sc.offset) == KVT_OK;
+            done = kvt_ssd_read_full(dfd, dst, len, sc.offset) == KVT_OK;
             close(dfd);
         }
     }
 #endif
     (void)path;
-    if (!done && read_full(fd, dst, len, sc.offset) != KVT_OK) return KVT_ERR_IO;
+    if (!done && kvt_ssd_read_full(fd, dst, len, sc.offset) != KVT_OK) return KVT_ERR_IO;
     if (XXH3_64bits(dst, len) != sc.hash) return KVT_ERR_CORRUPT;
     return KVT_OK;
 }
@@ -240,13 +263,13 @@ static kvt_status read_section(kvt_ssd *s, int fd, const char *path, const hdr_o
 static kvt_status open_checked(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind, char *path,
                                size_t plen, int *fdp, uint8_t **bufp, hdr_out *h, char *err, size_t errlen) {
     char name[64];
-    entry_name(name, sizeof(name), chain, group, kind);
-    snprintf(path, plen, "%s/%s", s->cdir, name);
+    kvt_ssd_entry_name(name, sizeof(name), chain, group, kind);
+    snprintf(path, plen, "%s", name); /* relative to the held directory */
     *bufp = NULL;
-    *fdp = open_cache_file(path, O_RDONLY);
+    *fdp = kvt_ssd_openat(s, path, O_RDONLY);
     if (*fdp < 0) return kvt_errf(err, errlen, KVT_ERR_IO, "open: %s", strerror(errno));
-    kvt_status st = header_read_fd(*fdp, bufp, h, err, errlen);
-    if (st == KVT_OK) st = header_matches(s, h, chain, group, kind, err, errlen);
+    kvt_status st = kvt_ssd_header_read_fd(*fdp, bufp, h, err, errlen);
+    if (st == KVT_OK) st = kvt_ssd_header_matches(s, h, chain, group, kind, err, errlen);
     if (st != KVT_OK) {
         close(*fdp);
         *fdp = -1;
@@ -259,15 +282,15 @@ static kvt_status open_checked(kvt_ssd *s, uint64_t chain, uint32_t group, uint3
 /* Removes a bad file found during restore (warns). */
 static void drop_bad(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind, const char *why) {
     char name[64];
-    entry_name(name, sizeof(name), chain, group, kind);
+    kvt_ssd_entry_name(name, sizeof(name), chain, group, kind);
     pthread_mutex_lock(&s->mu);
-    ssd_entry *e = idx_find(s, chain, group, kind);
+    ssd_entry *e = kvt_ssd_idx_find(s, chain, group, kind);
     if (!e) { /* left the index after the plan was made (superseded or evicted): benign, just retry */
         pthread_mutex_unlock(&s->mu);
         return;
     }
     KVT_WARN("ssd cache: dropping %s/%s: %s (falling back)", s->cdir, name, why);
-    drop_entry(s, e);
+    kvt_ssd_drop_entry(s, e);
     s->corrupt_removed++;
     pthread_mutex_unlock(&s->mu);
 }
@@ -295,7 +318,7 @@ typedef struct rload {
 
 typedef struct rpipe {
     kvt_ssd *s;
-    const plan *pl;
+    const kvt_ssd_plan *pl;
     const rjob *jobs;
     uint32_t n_jobs;
     uint8_t *bounce;      /* one page, for the last partial page of an O_DIRECT read */
@@ -312,25 +335,25 @@ typedef struct rpipe {
 static kvt_status read_payload(kvt_ssd *s, int fd, bool direct, uint8_t *dst, uint64_t len, uint64_t off,
                                uint8_t *bounce) {
     if (kvt_ssd_io_read_fault(s->io)) return KVT_ERR_IO;
-    if (!direct) return read_full(fd, dst, len, off);
+    if (!direct) return kvt_ssd_read_full(fd, dst, len, off);
     uint64_t whole = len / SSD_PAGE * SSD_PAGE;
-    if (whole && read_upto(fd, dst, whole, off) != (int64_t)whole) return KVT_ERR_IO;
+    if (whole && kvt_ssd_read_upto(fd, dst, whole, off) != (int64_t)whole) return KVT_ERR_IO;
     if (len > whole) {
-        if (read_upto(fd, bounce, SSD_PAGE, off + whole) < (int64_t)(len - whole)) return KVT_ERR_IO;
+        if (kvt_ssd_read_upto(fd, bounce, SSD_PAGE, off + whole) < (int64_t)(len - whole)) return KVT_ERR_IO;
         memcpy(dst + whole, bounce, len - whole);
     }
     return KVT_OK;
 }
 
 /* Opens a file for restore: O_DIRECT when possible, else buffered + sequential readahead. */
-static int open_restore(const char *path, bool *direct) {
+static int open_restore(kvt_ssd *s, const char *name, bool *direct) {
     int fd = -1;
 #ifdef O_DIRECT
-    fd = open_cache_file(path, O_RDONLY | O_DIRECT);
+    fd = kvt_ssd_openat(s, name, O_RDONLY | O_DIRECT);
 #endif
     *direct = fd >= 0;
     if (fd < 0) {
-        fd = open_cache_file(path, O_RDONLY);
+        fd = kvt_ssd_openat(s, name, O_RDONLY);
         if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     return fd;
@@ -342,11 +365,10 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
     const rjob *jb = &P->jobs[k];
     const plan_idx *pi = &P->pl->idx[jb->j];
     memset(L, 0, sizeof(*L));
-    char name[64], path[PATH_MAX];
-    entry_name(name, sizeof(name), pi->chain, jb->g, pi->kind);
-    snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
+    char name[64];
+    kvt_ssd_entry_name(name, sizeof(name), pi->chain, jb->g, pi->kind);
     bool direct;
-    int fd = open_restore(path, &direct);
+    int fd = open_restore(s, name, &direct);
     if (fd < 0) {
         L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
         return;
@@ -354,26 +376,26 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
     uint8_t *buf = NULL;
     hdr_out h;
     int rerr = 0;
-    kvt_status st = header_read_any(fd, direct, &buf, &h, &rerr, L->err, sizeof(L->err));
+    kvt_status st = kvt_ssd_header_read_any(fd, direct, &buf, &h, &rerr, L->err, sizeof(L->err));
     if (st == KVT_ERR_IO && direct && rerr == EINVAL) { /* O_DIRECT accepted at open, refused at read */
         close(fd);
         direct = false;
-        fd = open_cache_file(path, O_RDONLY);
+        fd = kvt_ssd_openat(s, name, O_RDONLY);
         if (fd < 0) {
             L->st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_IO, "open: %s", strerror(errno));
             return;
         }
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         L->err[0] = 0;
-        st = header_read_any(fd, false, &buf, &h, NULL, L->err, sizeof(L->err));
+        st = kvt_ssd_header_read_any(fd, false, &buf, &h, NULL, L->err, sizeof(L->err));
     }
-    if (st == KVT_OK) st = header_matches(s, &h, pi->chain, jb->g, pi->kind, L->err, sizeof(L->err));
+    if (st == KVT_OK) st = kvt_ssd_header_matches(s, &h, pi->chain, jb->g, pi->kind, L->err, sizeof(L->err));
     if (st == KVT_OK && (h.info.block_index != jb->j || h.info.parent != pi->parent || h.info.n_tokens != pi->n_tokens))
         st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "header position mismatch");
     for (uint32_t t = 0; st == KVT_OK && t < pi->n_tokens; t++)
-        if (hdr_id_at(&h, t) != jb->toks[t]) st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "token mismatch");
+        if (kvt_record_id_at(&h, t) != jb->toks[t]) st = kvt_errf(L->err, sizeof(L->err), KVT_ERR_FORMAT, "token mismatch");
     if (st == KVT_OK) {
-        hdr_section sc = hdr_section_at(&h, 0);
+        hdr_section sc = kvt_record_section_at(&h, 0);
         L->len = sc.length;
         L->hash = sc.hash;
         kvt_status ast = kvt_block_alloc(s->pool, jb->g, jb->j, &L->b);
@@ -386,7 +408,7 @@ static void load_job(rpipe *P, uint32_t k, rload *L) {
             if (direct && (uintptr_t)dst % SSD_PAGE != 0) { /* small block: not page-aligned */
                 close(fd);
                 direct = false;
-                fd = open_cache_file(path, O_RDONLY);
+                fd = kvt_ssd_openat(s, name, O_RDONLY);
             }
             st = fd < 0 ? KVT_ERR_IO : read_payload(s, fd, direct, dst, sc.length, sc.offset, P->bounce);
             if (st != KVT_OK) kvt_errf(L->err, sizeof(L->err), st, "payload read failed");
@@ -484,7 +506,7 @@ static kvt_status finish_job(kvt_ssd *s, const plan_idx *pi, const rjob *jb, rlo
     }
     kvt_status st = KVT_OK;
     if (pi->kind == KVT_SSD_KIND_TAIL &&
-        !tail_unpack_inplace(s->layout, jb->g, jb->j, pi->n_tokens, kvt_block_data_mut(L->b), kvt_block_data_bytes(L->b)))
+        !kvt_record_tail_unpack(s->layout, jb->g, jb->j, pi->n_tokens, kvt_block_data_mut(L->b), kvt_block_data_bytes(L->b)))
         st = KVT_ERR_NOMEM;
     if (st == KVT_OK) {
         st = kvt_block_seal(L->b, pi->parent, jb->toks, jb->use, jb->use == pi->n_tokens ? pi->chain : 0);
@@ -519,36 +541,41 @@ static kvt_status load_snapshot(kvt_ssd *s, uint64_t chain, uint32_t pos, kvt_se
 }
 
 /* Touches the files and index entries of a successful restore (LRU bump). */
-static void bump_lru(kvt_ssd *s, const plan *pl) {
+static void bump_lru(kvt_ssd *s, const kvt_ssd_plan *pl) {
     uint64_t now = now_real_ns();
     /* the file's mtime is the persisted LRU stamp: set it to the index's fine-grained `now`, not to
      * the kernel's coarse current time (a tie with a file written a few ms earlier would make the
      * eviction order after a restart arbitrary) */
     const struct timespec tv[2] = {{.tv_sec = (time_t)(now / 1000000000ull), .tv_nsec = (long)(now % 1000000000ull)},
                                    {.tv_sec = (time_t)(now / 1000000000ull), .tv_nsec = (long)(now % 1000000000ull)}};
-    char name[64], path[PATH_MAX];
+    char name[64];
     pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->dir_mu); /* mtimes are set relative to the held directory */
     for (uint32_t j = 0; j < pl->n_idx; j++)
         for (uint32_t g = 0; g < s->n_groups; g++) {
             if (!pl->need[(size_t)j * s->n_groups + g]) continue;
-            ssd_entry *e = idx_find(s, pl->idx[j].chain, g, pl->idx[j].kind);
+            ssd_entry *e = kvt_ssd_idx_find(s, pl->idx[j].chain, g, pl->idx[j].kind);
             if (e) e->last_use = now;
-            entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
-            snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-            utimensat(AT_FDCWD, path, tv, AT_SYMLINK_NOFOLLOW);
+            kvt_ssd_entry_name(name, sizeof(name), pl->idx[j].chain, g, pl->idx[j].kind);
+            utimensat(s->dfd, name, tv, AT_SYMLINK_NOFOLLOW);
         }
     if (pl->snap) {
-        ssd_entry *e = idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+        ssd_entry *e = kvt_ssd_idx_find(s, pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
         if (e) e->last_use = now;
-        entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
-        snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-        utimensat(AT_FDCWD, path, tv, AT_SYMLINK_NOFOLLOW);
+        kvt_ssd_entry_name(name, sizeof(name), pl->snap_chain, SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT);
+        utimensat(s->dfd, name, tv, AT_SYMLINK_NOFOLLOW);
     }
+    pthread_mutex_unlock(&s->dir_mu);
     pthread_mutex_unlock(&s->mu);
 }
 
 kvt_status kvt_ssd_restore_from(kvt_ssd *s, const kvt_chain *c, kvt_seq *base, kvt_seq **out, uint32_t *n_restored,
                                 kvt_ssd_restore_info *info) {
+    return kvt_ssd_restore_plan(s, c, base, NULL, out, n_restored, info);
+}
+
+kvt_status kvt_ssd_restore_plan(kvt_ssd *s, const kvt_chain *c, kvt_seq *base, kvt_ssd_plan *given, kvt_seq **out,
+                                uint32_t *n_restored, kvt_ssd_restore_info *info) {
     *out = NULL;
     *n_restored = 0;
     kvt_ssd_restore_info inf = {0};
@@ -563,10 +590,17 @@ kvt_status kvt_ssd_restore_from(kvt_ssd *s, const kvt_chain *c, kvt_seq *base, k
         return KVT_ERR_INVALID_ARG;
     kvt_status ret = KVT_OK;
     for (int attempt = 0; attempt < 64; attempt++) {
-        plan pl;
-        pthread_mutex_lock(&s->mu);
-        bool ok = build_plan(s, c, base_len / bt, &pl);
-        pthread_mutex_unlock(&s->mu);
+        kvt_ssd_plan pl;
+        bool ok = true;
+        if (given && given->base == KVT_MIN(base_len / bt, kvt_chain_n_full(c))) {
+            pl = *given; /* the lookup's plan, executed as it was planned (consumed) */
+            memset(given, 0, sizeof(*given));
+        } else {
+            pthread_mutex_lock(&s->mu);
+            ok = build_plan(s, c, base_len / bt, &pl);
+            pthread_mutex_unlock(&s->mu);
+        }
+        given = NULL; /* a retry plans again: the index changed */
         if (!ok) {
             ret = KVT_ERR_NOMEM;
             break;

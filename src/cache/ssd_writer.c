@@ -1,7 +1,7 @@
 /*
  * ssd_writer.c — the SSD tier's writer: records (everything owed to disk), publishing files
- * (tmp + fsync + rename + dir fsync), flush, shed under memory pressure, and the directory
- * helpers the writer needs. See ssd_int.h for the file map and ssd_cache.h for the API.
+ * (tmp + fsync + rename + dir fsync), flush, staging and shedding under memory pressure, and the
+ * directory helpers the writer needs. See ssd_int.h for the file map and ssd_cache.h for the API.
  *
  * Record / file state machine
  * ---------------------------
@@ -15,7 +15,12 @@
  *      └─queue full┼──────────────────────────────────────▶ DROPPED (dirty) ──┤ back-off elapsed or
  *                  │                                                          │ a flush waits
  *                  └────────── writer takes it again (IN-FLIGHT) ◀────────────┘
- *   QUEUED | FAILED | DROPPED ──memory pressure, object referenced only by the record──▶ SHED
+ *   QUEUED | FAILED | DROPPED ──memory pressure, block referenced only by the record──▶ the same
+ *        state, STAGED: its file image encoded into a heap buffer the record owns, the block released
+ *        (pool memory freed at once); it moves on as above and is written from the image
+ *   QUEUED | FAILED | DROPPED (STAGED or not) ──memory pressure, and a failing disk (its last
+ *        SSD_SHED_FAILED_ATTEMPTS writes failed; not staged: the block held only by the record) or no
+ *        memory for the image──▶ SHED (dropped unwritten: counted in `shed`, reported by the next flush)
  *   QUEUED | FAILED | DROPPED ──kvt_ssd_free──▶ RELEASED (counted as dropped)
  *
  *   PUBLISHED (file + index entry) ──a longer file at the same position covers it──▶ SUPERSEDED
@@ -25,40 +30,60 @@
  *   (each of these unlinks the file, or finds it gone, and removes the index entry; counted)
  *
  *   In the code: QUEUED = REC_QUEUED on the q_head list; IN-FLIGHT = REC_INFLIGHT in s->inflight;
- *   FAILED / DROPPED = REC_DIRTY with why WHY_FAILED / WHY_DROPPED on the d_head list.
+ *   FAILED / DROPPED = REC_DIRTY with why WHY_FAILED / WHY_DROPPED on the d_head list; STAGED =
+ *   it->image set (it->b NULL), in any of those.
  *
  * Invariants (numbered; where each is enforced)
  * ----------
- *   (1) A record becomes PUBLISHED only after the whole image was written, fsync(file), rename and
- *       fsync(dir) all succeeded; any failure, a failed directory fsync included, is FAILED
- *       (write_item; the only `s->published++` is in writer_main after write_item returned OK).
+ *   (1) A record becomes PUBLISHED only after the compat path was found to name the held directory
+ *       and the whole image was written, fsync(file), rename and fsync(dir) all succeeded, each
+ *       relative to the held directory fd; any failure, a replaced directory or a failed directory
+ *       fsync included, is FAILED (write_item; the only `s->published++` is in kvt_ssd_writer_main after
+ *       write_item returned OK).
  *   (2) A dirty record is never forgotten: a record leaves the tier only as PUBLISHED, SHED or
  *       RELEASED. FAILED and DROPPED stay on the dirty list and are retried with exponential
  *       back-off (SSD_RETRY_MIN_MS doubling to SSD_RETRY_MAX_MS); a waiting flush retries at once
- *       (make_dirty, take_retry).
+ *       (make_dirty, take_retry). Staging changes where the bytes live, not the state.
  *   (3) flush() answers durable only when no record numbered <= its target (every record created
- *       before the call) is QUEUED, IN-FLIGHT, FAILED or DROPPED and no record failed to even be
- *       allocated (lost_nomem) — never durable over a hole (count_owed, kvt_ssd_flush).
+ *       before the call) is QUEUED, IN-FLIGHT, FAILED or DROPPED (STAGED ones included: durable
+ *       only once their image is written), no record failed to even be allocated (lost_nomem) and
+ *       none was SHED since the last flush (lost_shed), and the compat path still names the held
+ *       directory — never durable over a hole, nor over records a restart would not find
+ *       (count_owed, kvt_ssd_dir_check, kvt_ssd_flush).
  *   (4) Nothing on the request path waits for the disk: enqueue never blocks (a full queue makes the
  *       record DROPPED); only flush waits, and only up to its timeout (enqueue, kvt_ssd_flush).
  *   (5) Records hold pool blocks, so their memory is bounded by the pool budget; under pressure
- *       kvt_ssd_shed frees the records whose object nothing else references ("free at once": the
- *       pressure path never waits for the disk).
- *   (6) At most one record is IN-FLIGHT (one writer) and it is never shed nor released: it is on
- *       no list while the lock is dropped (asserted in writer_main).
+ *       kvt_ssd_shed frees the pool blocks that only a record references at once, by staging the
+ *       record ("free at once": the pressure path copies memory and never waits for the disk). A
+ *       record that could still be written is never dropped: only a failing disk (the last
+ *       SSD_SHED_FAILED_ATTEMPTS writes of the record failed) or a failed image allocation drops
+ *       one, counted in `shed` (kvt_ssd_shed).
+ *   (6) At most one record is IN-FLIGHT (one writer) and it is never staged, shed nor released: it
+ *       is on no list while the lock is dropped (asserted in kvt_ssd_writer_main).
  *   (7) At most one live record per block/snapshot object (rec_tab), so re-registering a sequence
- *       whose blocks are still owed adds nothing and the record count is bounded by the pool.
+ *       whose blocks are still owed adds nothing and the record count is bounded by the pool. A
+ *       STAGED record holds no object and is in no rec_tab chain (the released block's address may
+ *       be reused); a new record of the same block content is written once: the writer skips a
+ *       file already in the index (record_exists).
  *   (8) Accounting is exact: q_count/q_bytes count the QUEUED and IN-FLIGHT records, d_count/
- *       d_bytes the dirty ones; every live record is in rec_tab exactly once and on exactly one of
- *       q_head, s->inflight, d_head, in the state that list means (checked by ssd_records_check,
- *       asserted after every flush and exercised by tests/test_ssd_cache.c under fault schedules).
+ *       d_bytes the dirty ones (a STAGED record counts its image's bytes); every live record that
+ *       holds an object is in rec_tab exactly once and on exactly one of q_head, s->inflight,
+ *       d_head, in the state that list means (checked by kvt_ssd_records_check, asserted after
+ *       every flush and exercised by tests/test_ssd_cache.c under fault schedules).
  *   (9) An index entry exists only for a file that this process PUBLISHED (1) or that the startup
  *       scan found complete (header checks passed); the file is unlinked when its entry is removed
- *       (drop_entry), and every removal is counted (superseded, evictions, corrupt_removed,
+ *       (kvt_ssd_drop_entry), and every removal is counted (superseded, evictions, corrupt_removed,
  *       lost_entries).
  *  (10) A tail is SUPERSEDED only after the file covering it is PUBLISHED and indexed, and only when
  *       the cover exists in every group that holds the tail, so a lookup never loses a prefix the
- *       index could serve before (supersede in ssd_index.c, called after idx_add).
+ *       index could serve before (kvt_ssd_supersede in ssd_index.c, called after kvt_ssd_idx_add).
+ *  (11) A STAGED record holds exactly the bytes write_item would write for its block (encoded
+ *       through the same kvt_record_prepare / kvt_record_header_encode; write_item decodes and
+ *       checks the header of either before writing), holds no object, and g_count/g_bytes count the
+ *       staged images, which never exceed the queue cap (opts.queue_max_bytes, --ssd-spill-queue-mb;
+ *       a lone image excepted, as for the queue), so the memory budget's spill-queue part covers
+ *       them (kvt_ssd_shed checks the cap with the largest image before staging;
+ *       kvt_ssd_records_check checks the records, the counts and the cap).
  */
 #include "ssd_int.h"
 
@@ -82,14 +107,14 @@ static uint64_t proc_nonce(void) {
     atomic_compare_exchange_strong(&nonce, &zero, r);
     return atomic_load(&nonce);
 }
-void tmp_name(char *buf, size_t n, const char *path) {
+void kvt_ssd_tmp_name(char *buf, size_t n, const char *path) {
     snprintf(buf, n, "%s.%d-%016llx.tmp", path, (int)getpid(), (unsigned long long)proc_nonce());
 }
 /* Orphan rule of the startup scan for a "*.tmp" name: stale (reap) unless it carries the pid of a
  * live process other than ours (another server sharing the directory) and is younger than an hour
  * (a process on another host sharing the directory cannot be probed; an hour-old temporary is
  * abandoned in practice). A temporary with our pid but another nonce is our predecessor's. */
-bool tmp_is_stale(const char *name, const struct stat *sb) {
+bool kvt_ssd_tmp_is_stale(const char *name, const struct stat *sb) {
     const char *dot = strrchr(name, '.'); /* ".tmp" */
     const char *p = dot;
     while (p > name && p[-1] != '.') p--;
@@ -101,43 +126,85 @@ bool tmp_is_stale(const char *name, const struct stat *sb) {
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-/* Publishes one item as a file. Returns KVT_OK and fills *e (index entry) on success. */
-static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
+/* Publishes one item as a file in the held directory. Returns KVT_OK and fills *e (index entry)
+ * on success. Writer thread only (it alone replaces s->dfd). First checks that s->cdir still names
+ * the held directory (*dir: DIR_SAME or why not; nothing is written unless it does): a directory
+ * moved away and replaced (by a symlink or another directory) would otherwise receive records
+ * that no restart can find.
+ * The image: a record that holds its object is prepared here (header encoded, payload sections
+ * read from the block or snapshot, a tail packed); a STAGED record brings its image, which
+ * kvt_ssd_shed encoded through the same kvt_record_prepare / kvt_record_header_encode (record.c:
+ * kvt_record_encode), so both are the same bytes. Either way the header is decoded back (its
+ * checksum, bounds and chain hash checked), and the file name, the sections written and the index
+ * entry come from that decoded header: one path for both. */
+static kvt_status write_item(kvt_ssd *s, ssd_item *it, ssd_entry **eout, dir_state *dir) {
     *eout = NULL;
+    *dir = kvt_ssd_dir_check(s);
+    if (*dir != DIR_SAME) {
+        errno = *dir == DIR_GONE ? ENOENT : *dir == DIR_REPLACED ? ENOTDIR : errno;
+        return KVT_ERR_IO;
+    }
     ssd_record rec;
-    kvt_status pst = record_prepare(s, it->b, it->s, it->root, &rec);
-    if (pst != KVT_OK) return pst;
-    const hdr_in h = rec.h;
-    const hdr_section *secs = rec.secs;
-    const uint8_t *const *payload = rec.payload;
-    uint8_t *packed = rec.packed;
-    const uint64_t hsize = rec.hsize, fsize = rec.fsize;
+    memset(&rec, 0, sizeof rec);
+    uint8_t *hbuf = NULL; /* the encoded header of a prepared record (owned) */
+    uint8_t *hdr;
+    uint64_t hsize, fsize;
+    if (it->image) {
+        hdr = it->image;
+        hsize = it->image_len >= SSD_FIXED_HDR ? get_u32(it->image + 12) : 0;
+        fsize = it->image_len;
+        if (hsize < SSD_FIXED_HDR || hsize > fsize) {
+            errno = EINVAL;
+            return KVT_ERR_CORRUPT; /* cannot happen: kvt_record_encode wrote it */
+        }
+    } else {
+        kvt_status pst = kvt_ssd_record_prepare(s, it->b, it->s, it->root, &rec);
+        if (pst != KVT_OK) return pst;
+        hsize = rec.hsize;
+        fsize = rec.fsize;
+        hbuf = malloc(hsize);
+        if (!hbuf) {
+            free(rec.packed);
+            return KVT_ERR_NOMEM;
+        }
+        kvt_record_header_encode(&rec.h, hbuf, hsize);
+        hdr = hbuf;
+    }
     if (s->o.max_bytes && fsize > s->o.max_bytes) {
-        free(packed);
+        free(hbuf);
+        free(rec.packed);
         errno = EFBIG;
         return KVT_ERR_RANGE;
     }
-    uint8_t *hbuf = malloc(hsize);
-    if (!hbuf) {
-        free(packed);
-        return KVT_ERR_NOMEM;
+    hdr_out h;
+    char herr[128];
+    kvt_status hst = kvt_record_header_decode(hdr, hsize, fsize, &h, herr, sizeof herr);
+    if (hst != KVT_OK) { /* a bug, never a file: the record fails and stays dirty */
+        free(hbuf);
+        free(rec.packed);
+        errno = hst == KVT_ERR_NOMEM ? ENOMEM : EINVAL;
+        return hst;
     }
-    header_encode(&h, hbuf, hsize);
+    const kvt_record_info *I = &h.info;
 
-    char name[64], path[PATH_MAX], tmp[PATH_MAX + 48];
-    entry_name(name, sizeof(name), h.chain, h.group, h.kind);
-    snprintf(path, sizeof(path), "%s/%s", s->cdir, name);
-    tmp_name(tmp, sizeof(tmp), path);
+    char name[64], tmp[128];
+    kvt_ssd_entry_name(name, sizeof(name), I->chain, I->group, I->kind);
+    kvt_ssd_tmp_name(tmp, sizeof(tmp), name);
     kvt_status st = KVT_ERR_IO;
     /* O_EXCL|O_NOFOLLOW: never opens a planted file or follows a planted symlink. A leftover of our
-     * own (a failed earlier attempt of this process) is removed first; unlink never follows. */
+     * own (a failed earlier attempt of this process) is removed first; unlink never follows. All
+     * relative to the held directory. */
     kvt_ssd_io *io = s->io;
-    kvt_ssd_io_unlink(io, tmp);
-    int fd = kvt_ssd_io_create_excl(io, tmp); /* O_EXCL|O_NOFOLLOW, 0600 regardless of umask */
+    const int dfd = s->dfd;
+    kvt_ssd_io_unlink_at(io, dfd, s->cdir, tmp);
+    int fd = kvt_ssd_io_create_excl_at(io, dfd, s->cdir, tmp); /* O_EXCL|O_NOFOLLOW, 0600 regardless of umask */
     if (fd >= 0) {
-        bool ok = kvt_ssd_io_pwrite(io, fd, hbuf, hsize, 0, false);
-        for (uint32_t i = 0; ok && i < h.n_sections; i++)
-            ok = kvt_ssd_io_pwrite(io, fd, payload[i], secs[i].length, secs[i].offset, true);
+        bool ok = kvt_ssd_io_pwrite(io, fd, hdr, hsize, 0, false);
+        for (uint32_t i = 0; ok && i < I->n_sections; i++) {
+            const kvt_record_section sc = kvt_record_section_at(&h, i);
+            const uint8_t *p = it->image ? it->image + sc.offset : rec.payload[i];
+            ok = kvt_ssd_io_pwrite(io, fd, p, sc.length, sc.offset, true);
+        }
         /* Pad to the page-aligned end so O_DIRECT reads of the last section stay inside the file. */
         if (ok && !kvt_ssd_io_truncate(io, fd, fsize)) ok = false;
         if (ok && !kvt_ssd_io_fsync(io, fd)) ok = false;
@@ -146,39 +213,45 @@ static kvt_status write_item(kvt_ssd *s, const ssd_item *it, ssd_entry **eout) {
             ok = false;
             saved = errno;
         }
-        if (ok && kvt_ssd_io_rename(io, tmp, path)) {
-            bool synced = kvt_ssd_io_fsync_dir(io, s->cdir);
+        if (ok && kvt_ssd_io_rename_at(io, dfd, s->cdir, tmp, name)) {
+            bool synced = kvt_ssd_io_fsync_dirfd(io, dfd, s->cdir);
             /* published under its name but maybe not durable: a failure (the record stays dirty and
              * is rewritten; the next scan indexes the file if it survived) */
             st = synced ? KVT_OK : KVT_ERR_IO;
         } else {
             if (ok) saved = errno;
-            kvt_ssd_io_unlink(io, tmp);
+            kvt_ssd_io_unlink_at(io, dfd, s->cdir, tmp);
             errno = saved;
         }
     }
-    free(hbuf);
-    free(packed);
-    if (st != KVT_OK) return st;
-
-    ssd_entry *e = calloc(1, sizeof(*e));
-    if (e && h.n_ids) {
-        e->tokens = malloc((size_t)h.n_ids * 4);
-        if (e->tokens) memcpy(e->tokens, h.ids, (size_t)h.n_ids * 4);
-        else {
-            free(e);
-            e = NULL;
+    ssd_entry *e = NULL;
+    if (st == KVT_OK) {
+        const uint32_t n_ids = I->kind == KVT_SSD_KIND_SNAPSHOT ? 0 : I->n_tokens;
+        e = calloc(1, sizeof(*e));
+        if (e && n_ids) {
+            e->tokens = malloc((size_t)n_ids * 4);
+            if (e->tokens) {
+                for (uint32_t i = 0; i < n_ids; i++) e->tokens[i] = kvt_record_id_at(&h, i);
+            } else {
+                free(e);
+                e = NULL;
+            }
+        }
+        if (e) {
+            e->chain = I->chain;
+            e->link = I->kind == KVT_SSD_KIND_SNAPSHOT ? I->chain : I->parent;
+            e->kind = I->kind;
+            e->group = I->group;
+            e->index = I->block_index;
+            e->n_tokens = I->n_tokens;
+            e->bytes = fsize;
+            e->last_use = now_real_ns();
         }
     }
+    free(hbuf); /* h points into hdr: freed only now */
+    free(rec.packed);
+    if (st != KVT_OK) return st;
     if (!e) return KVT_ERR_NOMEM; /* file is valid; the next scan will index it */
-    e->chain = h.chain;
-    e->link = h.kind == KVT_SSD_KIND_SNAPSHOT ? h.chain : h.parent;
-    e->kind = h.kind;
-    e->group = h.group;
-    e->index = h.block_index;
-    e->n_tokens = h.n_tokens;
-    e->bytes = fsize;
-    e->last_use = now_real_ns();
     *eout = e;
     return KVT_OK;
 }
@@ -210,22 +283,34 @@ static void rec_remove(kvt_ssd *s, ssd_item *it) {
         }
 }
 
-/* Invariant (8): the record lists, states, counters and rec_tab agree. Returns true if they do.
- * O(records); lock held. */
-bool ssd_records_check(kvt_ssd *s) {
-    uint64_t qn = 0, qb = 0, dn = 0, db = 0, live = 0;
+/* One listed record against invariants (8) and (11): an object record is in rec_tab; a staged one
+ * holds no object, is in no chain and carries its image (counted in *gn / *gb). Lock held. */
+static bool record_ok(kvt_ssd *s, ssd_item *it, uint64_t *gn, uint64_t *gb) {
+    if (!it->image) return (it->b != NULL) != (it->s != NULL) && rec_find(s, it) == it;
+    for (ssd_item *r = s->rec_tab[rec_bucket(it)]; r; r = r->hnext)
+        if (r == it) return false;
+    if (it->b || it->s || it->bytes != it->image_len || it->image_len < SSD_FIXED_HDR) return false;
+    (*gn)++;
+    *gb += it->image_len;
+    return true;
+}
+
+/* Invariants (8) and (11): the record lists, states, counters and rec_tab agree, and the staged
+ * images fit the queue cap. Returns true if they do. O(records); lock held. */
+bool kvt_ssd_records_check(kvt_ssd *s) {
+    uint64_t qn = 0, qb = 0, dn = 0, db = 0, gn = 0, gb = 0, live = 0;
     for (ssd_item *it = s->q_head; it; it = it->next) {
-        if (it->state != REC_QUEUED || rec_find(s, it) != it || (!it->next && s->q_tail != it)) return false;
+        if (it->state != REC_QUEUED || !record_ok(s, it, &gn, &gb) || (!it->next && s->q_tail != it)) return false;
         qn++;
         qb += it->bytes;
     }
     if (s->inflight) {
-        if (s->inflight->state != REC_INFLIGHT || rec_find(s, s->inflight) != s->inflight) return false;
+        if (s->inflight->state != REC_INFLIGHT || !record_ok(s, s->inflight, &gn, &gb)) return false;
         qn++;
         qb += s->inflight->bytes;
     }
     for (ssd_item *it = s->d_head; it; it = it->next) {
-        if (it->state != REC_DIRTY || (it->why != WHY_FAILED && it->why != WHY_DROPPED) || rec_find(s, it) != it)
+        if (it->state != REC_DIRTY || (it->why != WHY_FAILED && it->why != WHY_DROPPED) || !record_ok(s, it, &gn, &gb))
             return false;
         dn++;
         db += it->bytes;
@@ -233,17 +318,21 @@ bool ssd_records_check(kvt_ssd *s) {
     for (uint32_t k = 0; k < SSD_REC_BUCKETS; k++)
         for (ssd_item *it = s->rec_tab[k]; it; it = it->hnext) live++;
     if (!s->q_head && s->q_tail) return false;
-    /* every live record is on exactly one list: the table holds as many as the lists; rec_find
-     * above found each listed one in the table, so none is listed twice unless one is missing */
-    return qn == s->q_count && qb == s->q_bytes && dn == s->d_count && db == s->d_bytes && live == qn + dn;
+    const uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
+    if (gn != s->g_count || gb != s->g_bytes || (gb > qmax && gn > 1)) return false; /* (11) */
+    /* every live object record is on exactly one list: the table holds as many as the lists less
+     * the staged ones; record_ok found each listed one in the table, so none is listed twice
+     * unless one is missing */
+    return qn == s->q_count && qb == s->q_bytes && dn == s->d_count && db == s->d_bytes && live == qn + dn - gn;
 }
 
 #define SSD_RETRY_MIN_MS 50u
 #define SSD_RETRY_MAX_MS 30000u
 
-void item_release(ssd_item *it) {
+void kvt_ssd_item_release(ssd_item *it) {
     if (it->b) kvt_block_release(it->b);
     if (it->s) kvt_snapshot_release(it->s);
+    free(it->image);
     free(it);
 }
 
@@ -291,10 +380,11 @@ static ssd_item *take_retry(kvt_ssd *s, uint64_t now, uint64_t *wake_ns) {
 
 /* Writer priority. The writer checksums and writes in the background; at normal priority it
  * competes with the compute threads (decode measured ~6% slower on 2 cores). It runs at idle
- * priority (SCHED_IDLE, else nice 19) so it only takes otherwise idle CPU. While a flush waits for
- * it, it tries to return to SCHED_OTHER (the flusher is blocked on it); unprivileged processes
- * usually may not leave SCHED_IDLE (EPERM), in which case it stays idle — still never starved
- * forever (CFS gives SCHED_IDLE a small weight), and flush has its timeout. */
+ * priority (SCHED_IDLE, else nice 19) so it only takes otherwise idle CPU. While it is urgent (a
+ * flush is blocked on it, or staged images fill half the queue cap: writer_urgent), it tries to
+ * return to SCHED_OTHER; unprivileged processes usually may not leave SCHED_IDLE (EPERM), in which
+ * case it stays idle — still never starved forever (CFS gives SCHED_IDLE a small weight), and
+ * flush has its timeout. */
 typedef enum { PRIO_NORMAL = 0, PRIO_IDLE = 1, PRIO_NICE = 2 } writer_prio;
 
 static writer_prio writer_lower_priority(void) {
@@ -324,8 +414,16 @@ static bool writer_raise_priority(writer_prio cur) {
  * a flush waits, the queue is half full, or the oldest item has waited SSD_BUSY_MAX_DEFER_MS. The
  * crash guarantee is unchanged (what is not yet durable may be lost; nothing wrong is reused). */
 #define SSD_BUSY_MAX_DEFER_MS 2000u
+/* The writer is urgent while a flush waits for it, or while staged images (memory pressure) hold
+ * half the queue cap or more: past the cap, pressure can no longer stage and allocations fail, so
+ * the images must reach the disk at normal priority, without the busy deferral. Under s->mu. */
+static bool writer_urgent(const kvt_ssd *s) {
+    const uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
+    return s->flush_waiters || s->g_bytes >= qmax / 2;
+}
+
 static bool writer_should_defer(kvt_ssd *s, uint64_t now_ns, uint64_t *wake_ns) {
-    if (!s->busy || s->flush_waiters || s->stop || !s->q_head) return false;
+    if (!s->busy || writer_urgent(s) || s->stop || !s->q_head) return false;
     uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
     if (s->q_bytes >= qmax / 2) return false;
     uint64_t deadline = s->q_head->t_enq_ns + (uint64_t)SSD_BUSY_MAX_DEFER_MS * 1000000ull;
@@ -358,33 +456,47 @@ static void timed_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t wait
 }
 
 static bool record_exists(kvt_ssd *s, const ssd_item *it) {
+    if (it->image) return kvt_ssd_idx_find(s, it->chain, it->group, it->kind) != NULL;
     if (it->b) {
         uint32_t nt = kvt_block_n_tokens(it->b);
-        return idx_find(s, kvt_block_hash(it->b), kvt_block_group(it->b),
+        return kvt_ssd_idx_find(s, kvt_block_hash(it->b), kvt_block_group(it->b),
                         nt == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL) != NULL;
     }
-    return idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
+    return kvt_ssd_idx_find(s, kvt_snapshot_chain(it->s), SSD_GROUP_NONE, KVT_SSD_KIND_SNAPSHOT) != NULL;
 }
 
-/* The compat directory was deleted under us (a temporary could not be created: ENOENT). Every
- * index entry is gone with it, so the index is emptied (counted as lost) to keep /stats true, and
- * the directory is recreated (0700, parent fsynced) so the record can be written at once. Returns
- * true if it was recreated. Lock held. */
+/* The compat directory path is gone (deleted or moved away; a temporary could not be created:
+ * ENOENT). Every index entry is gone with it, so the index is emptied (counted as lost) to keep
+ * /stats true, and the directory is recreated (0700, parent fsynced) and held in place of the old
+ * one (opened without following a symlink, trust-checked), so the record can be written at once.
+ * Returns true if it was recreated. Lock held; writer thread. */
 static bool dir_vanished(kvt_ssd *s) {
     struct stat sb;
-    if (lstat(s->cdir, &sb) == 0) return false; /* still there: another cause */
+    if (lstat(s->cdir, &sb) == 0) return false; /* still there: another cause (kvt_ssd_dir_check decides) */
     KVT_WARN("ssd cache: %s disappeared; forgetting %u entries and recreating it", s->cdir, s->n_ents);
     while (s->n_ents) {
-        idx_remove(s, s->ents[s->n_ents - 1]);
+        kvt_ssd_idx_remove(s, s->ents[s->n_ents - 1]);
         s->lost_entries++;
     }
-    if (mkdir_p(s->io, s->cdir) != 0) return false; /* the record fails and is retried with back-off */
-    write_key_file(s->io, s->cdir, s->compat);
+    if (kvt_ssd_mkdir_p(s->io, s->cdir) != 0) return false; /* the record fails and is retried with back-off */
+    char err[256];
+    int fd = kvt_ssd_dir_open_held(s->cdir, &sb, err, sizeof err);
+    if (fd < 0) {
+        KVT_WARN("%s", err);
+        return false;
+    }
+    pthread_mutex_lock(&s->dir_mu);
+    close(s->dfd);
+    s->dfd = fd;
+    s->dir_dev = sb.st_dev;
+    s->dir_ino = sb.st_ino;
+    pthread_mutex_unlock(&s->dir_mu);
+    kvt_ssd_write_key_file(s->io, s->dfd, s->cdir, s->compat);
     s->dir_recreated++;
     return true;
 }
 
-void *writer_main(void *arg) {
+void *kvt_ssd_writer_main(void *arg) {
     kvt_ssd *s = arg;
     writer_prio low = writer_lower_priority(), cur = low;
     bool can_raise = low != PRIO_NORMAL;
@@ -403,7 +515,7 @@ void *writer_main(void *arg) {
                 it = s->q_head;
                 s->q_head = it->next;
                 if (!s->q_head) s->q_tail = NULL;
-            } else if (!s->busy || s->flush_waiters) {
+            } else if (!s->busy || writer_urgent(s)) {
                 it = take_retry(s, now, &wake_ns);
                 if (it) { /* back into the queue accounting while in flight */
                     s->q_bytes += it->bytes;
@@ -418,10 +530,11 @@ void *writer_main(void *arg) {
             else pthread_cond_wait(&s->cv_work, &s->mu);
             continue;
         }
-        if (s->flush_waiters && cur != PRIO_NORMAL && can_raise) {
+        const bool urgent = writer_urgent(s);
+        if (urgent && cur != PRIO_NORMAL && can_raise) {
             if (writer_raise_priority(cur)) cur = PRIO_NORMAL;
             else can_raise = false; /* EPERM: do not retry every item */
-        } else if (!s->flush_waiters && cur == PRIO_NORMAL && low != PRIO_NORMAL) {
+        } else if (!urgent && cur == PRIO_NORMAL && low != PRIO_NORMAL) {
             cur = writer_lower_priority();
         }
         assert(!s->inflight); /* invariant (6): one writer, one record in flight */
@@ -433,9 +546,17 @@ void *writer_main(void *arg) {
         int err_no = 0;
         if (!exists) {
             pthread_mutex_unlock(&s->mu);
-            st = write_item(s, it, &e);
+            dir_state ds;
+            st = write_item(s, it, &e, &ds);
             err_no = errno;
             pthread_mutex_lock(&s->mu);
+            if ((ds == DIR_REPLACED || ds == DIR_CHECK_FAILED) && !s->dir_replaced && !s->dir_check_failed)
+                KVT_WARN("ssd cache: %s %s; nothing is written until it names the directory opened at startup again "
+                         "(restore it, or restart)", s->cdir,
+                         ds == DIR_REPLACED ? "was replaced (moved away, swapped for a symlink or another directory)"
+                                            : "could not be checked");
+            s->dir_replaced = ds == DIR_REPLACED;
+            s->dir_check_failed = ds == DIR_CHECK_FAILED;
         }
         s->inflight = NULL;
         s->q_bytes -= it->bytes;
@@ -463,27 +584,32 @@ void *writer_main(void *arg) {
             continue;
         }
         if (e) {
-            ssd_entry *dup = idx_find(s, e->chain, e->group, e->kind);
+            ssd_entry *dup = kvt_ssd_idx_find(s, e->chain, e->group, e->kind);
             if (dup) { /* raced with a scan-less duplicate: keep one entry */
                 s->bytes -= dup->bytes;
                 dup->bytes = e->bytes;
                 s->bytes += e->bytes;
                 free(e->tokens);
                 free(e);
-                supersede(s, dup);
-            } else if (!idx_add(s, e)) {
+                kvt_ssd_supersede(s, dup);
+            } else if (!kvt_ssd_idx_add(s, e)) {
                 free(e->tokens);
                 free(e);
             } else {
-                supersede(s, e); /* e is durable (renamed, dir fsynced) and indexed */
+                kvt_ssd_supersede(s, e); /* e is durable (renamed, dir fsynced) and indexed */
             }
-            enforce_cap(s);
+            kvt_ssd_enforce_cap(s);
         }
         s->published++;
-        rec_remove(s, it);
+        if (it->image) { /* a staged record is in no chain; its image leaves the staged bytes */
+            s->g_count--;
+            s->g_bytes -= it->image_len;
+        } else {
+            rec_remove(s, it);
+        }
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);
-        item_release(it);
+        kvt_ssd_item_release(it);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -502,12 +628,12 @@ static bool enqueue(kvt_ssd *s, ssd_item *it) {
     if (s->stop) {
         s->dropped++;
         pthread_mutex_unlock(&s->mu);
-        item_release(it);
+        kvt_ssd_item_release(it);
         return false;
     }
     if (rec_find(s, it)) { /* already owed (queued, in flight or dirty): one record per object */
         pthread_mutex_unlock(&s->mu);
-        item_release(it);
+        kvt_ssd_item_release(it);
         return true;
     }
     rec_insert(s, it);
@@ -532,7 +658,7 @@ static bool enqueue(kvt_ssd *s, ssd_item *it) {
 
 static bool on_disk(kvt_ssd *s, uint64_t chain, uint32_t group, uint32_t kind) {
     pthread_mutex_lock(&s->mu);
-    ssd_entry *e = idx_find(s, chain, group, kind);
+    ssd_entry *e = kvt_ssd_idx_find(s, chain, group, kind);
     if (e) e->last_use = now_real_ns();
     pthread_mutex_unlock(&s->mu);
     return e != NULL;
@@ -576,18 +702,10 @@ static bool put_snapshot(kvt_ssd *s, kvt_snapshot *sn, uint64_t root) {
     return enqueue(s, it);
 }
 
-bool kvt_ssd_enqueue_block(kvt_ssd *s, kvt_block *b, uint64_t root) {
-    if (!s || !s->o.writeback) return true;
-    return put_block(s, b, root);
-}
-
-bool kvt_ssd_enqueue_snapshot(kvt_ssd *s, kvt_snapshot *sn) {
-    if (!s || !s->o.writeback) return true;
-    return put_snapshot(s, sn, 0);
-}
+bool kvt_ssd_enqueue_block(kvt_ssd *s, kvt_block *b, uint64_t root) { return !s || put_block(s, b, root); }
 
 uint32_t kvt_ssd_enqueue_seq(kvt_ssd *s, const kvt_seq *seq, kvt_snapshot *snap) {
-    if (!s || !seq || !s->o.writeback) return 0;
+    if (!s || !seq) return 0;
     uint32_t n = 0, nb = kvt_seq_n_blocks(seq);
     uint64_t root = kvt_seq_root(seq);
     for (uint32_t i = 0; i < nb; i++)
@@ -670,19 +788,32 @@ void kvt_ssd_flush(kvt_ssd *s, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
         timed_wait_ns(&s->cv_done, &s->mu, KVT_MIN(deadline - now, 50ull * 1000000ull));
     }
     s->flush_waiters--;
-    assert(ssd_records_check(s)); /* invariant (8) */
-    uint64_t lost = s->lost_nomem;
-    s->lost_nomem = 0;
+    assert(kvt_ssd_records_check(s)); /* invariant (8) */
+    /* What was published is durable only where a restart finds it: cdir must still name the held
+     * directory (records written before a swap went into the directory that was moved away). */
+    const dir_state ds = kvt_ssd_dir_check(s);
+    uint64_t lost = s->lost_nomem, shed = s->lost_shed;
+    s->lost_nomem = s->lost_shed = 0;
     out->entries = s->n_ents;
     out->pending_blocks = pending;
-    out->dropped = dropped + lost;
+    out->dropped = dropped + lost + shed;
     out->failed = failed;
     out->records_written = s->published - published0;
-    out->durable = pending + dropped + failed + lost == 0;
+    out->durable = pending + dropped + failed + lost + shed == 0 && ds == DIR_SAME;
     if (!out->durable) {
-        if (failed)
+        if (ds == DIR_REPLACED || ds == DIR_GONE) /* the path is in the log (writer warning) */
+            snprintf(out->reason, sizeof out->reason,
+                     "cache directory %s since startup (moved, or swapped for a symlink): nothing is written "
+                     "through the new path", ds == DIR_GONE ? "gone" : "replaced");
+        else if (ds == DIR_CHECK_FAILED)
+            snprintf(out->reason, sizeof out->reason, "cache directory could not be checked: %s", strerror(errno));
+        else if (failed)
             snprintf(out->reason, sizeof out->reason, "%llu record(s) could not be written: %s (retried with back-off)",
                      (unsigned long long)failed, s->last_errno ? strerror(s->last_errno) : "I/O error");
+        else if (shed)
+            snprintf(out->reason, sizeof out->reason,
+                     "%llu record(s) were dropped unwritten under memory pressure (a failing disk, or no memory to stage them)",
+                     (unsigned long long)shed);
         else if (dropped || lost)
             snprintf(out->reason, sizeof out->reason, "%llu record(s) dropped from the write queue are not yet rewritten",
                      (unsigned long long)(dropped + lost));
@@ -697,36 +828,109 @@ void kvt_ssd_flush(kvt_ssd *s, uint32_t timeout_ms, kvt_ssd_flush_result *out) {
     out->elapsed_ms = (double)(kvt_now_ns() - t0) / 1e6;
 }
 
-/* Memory pressure (invariant 5): frees records whose block nothing else references, DIRTY ones
- * first (they already failed or were dropped), then QUEUED ones; never the INFLIGHT one. Snapshots
- * are not pool memory and are kept. Returns pool bytes freed. */
+/* Memory pressure (invariants 5 and 11). Walks the DIRTY records, then the QUEUED ones (never the
+ * one IN-FLIGHT), until `bytes` pool bytes were freed:
+ *   - a record past SSD_SHED_FAILED_ATTEMPTS failed writes (a failing disk) whose object nothing
+ *     else holds, or that is staged, is dropped unwritten (SHED: counted, the next flush reports it);
+ *   - a record whose block nothing else holds is STAGED: its file image is encoded into a heap
+ *     buffer the record owns (the bytes write_item would write) and the block is released, while
+ *     the staged images fit the queue cap; if the image cannot be allocated it is dropped (SHED);
+ *     past the cap it keeps its block (it is written as it is; the allocation that pressed may
+ *     fail: a clean 503, never a lost record).
+ * Memory copies only, under the lock the writer never holds across I/O: nothing waits for the disk.
+ * Snapshots are not pool memory and are kept. Returns pool bytes freed. */
+#define SSD_SHED_FAILED_ATTEMPTS 3u
+
+/* Unlinks *pp (on list l: 0 = dirty, 1 = queued; prev = its predecessor) from its list. Lock held. */
+static ssd_item *shed_unlink(kvt_ssd *s, ssd_item **pp, ssd_item *prev, int l) {
+    ssd_item *it = *pp;
+    *pp = it->next;
+    if (l == 0) {
+        s->d_count--;
+        s->d_bytes -= it->bytes;
+    } else {
+        s->q_count--;
+        s->q_bytes -= it->bytes;
+        if (s->q_tail == it) s->q_tail = prev;
+    }
+    return it;
+}
+
+/* Stages it (its block held only by it): the image to the heap, the block released. Returns the
+ * pool bytes freed, 0 when it was not staged (*nomem: the image could not be allocated). Lock
+ * held; the pool lock, taken by the release, is a leaf (the pool never calls into this tier while
+ * holding it). */
+static uint64_t stage(kvt_ssd *s, ssd_item *it, int l, bool *nomem) {
+    *nomem = false;
+    kvt_block *b = it->b;
+    uint8_t *img = NULL;
+    size_t len = 0;
+    kvt_status st = KVT_ERR_NOMEM;
+    if (s->stage_nomem) s->stage_nomem--; /* tests: this allocation fails */
+    else st = kvt_ssd_record_encode(s, b, it->root, &img, &len);
+    if (st != KVT_OK) {
+        *nomem = true;
+        return 0;
+    }
+    const uint64_t freed = kvt_block_data_bytes(b);
+    rec_remove(s, it); /* keyed by the block, which may be reused once released */
+    it->chain = kvt_block_hash(b);
+    it->group = kvt_block_group(b);
+    it->kind = kvt_block_n_tokens(b) == s->bt ? KVT_SSD_KIND_BLOCK : KVT_SSD_KIND_TAIL;
+    it->image = img;
+    it->image_len = len;
+    it->b = NULL;
+    if (l == 0) s->d_bytes = s->d_bytes - it->bytes + len;
+    else s->q_bytes = s->q_bytes - it->bytes + len;
+    it->bytes = len;
+    s->g_count++;
+    s->g_bytes += len;
+    s->staged++;
+    kvt_block_release(b);
+    return freed;
+}
+
 uint64_t kvt_ssd_shed(kvt_ssd *s, uint64_t bytes) {
     if (!s) return 0;
     ssd_item *victims = NULL;
     uint64_t freed = 0;
     pthread_mutex_lock(&s->mu);
+    const uint64_t qmax = s->o.queue_max_bytes ? s->o.queue_max_bytes : SSD_DEFAULT_QUEUE;
+    /* an upper bound of any block's or tail's image, so the staged images never pass the cap */
+    const uint64_t max_image = kvt_ssd_record_max_bytes(s, KVT_SSD_KIND_BLOCK);
     ssd_item **lists[2] = {&s->d_head, &s->q_head};
     for (int l = 0; l < 2 && freed < bytes; l++) {
         ssd_item *prev = NULL;
         for (ssd_item **pp = lists[l]; *pp && freed < bytes;) {
             ssd_item *it = *pp;
-            if (!it->b || kvt_block_refcount(it->b) != 1) {
+            const bool alone = it->b && kvt_block_refcount(it->b) == 1;
+            const bool failing = it->state == REC_DIRTY && it->why == WHY_FAILED && it->attempts >= SSD_SHED_FAILED_ATTEMPTS;
+            bool drop = failing && (alone || it->image);
+            if (!drop && alone) {
+                if (s->g_count && s->g_bytes + max_image > qmax) { /* (11): past the cap it keeps its block */
+                    prev = it;
+                    pp = &it->next;
+                    continue;
+                }
+                bool nomem;
+                freed += stage(s, it, l, &nomem);
+                drop = nomem;
+            }
+            if (!drop) {
                 prev = it;
                 pp = &it->next;
                 continue;
             }
-            *pp = it->next;
-            if (l == 0) {
-                s->d_count--;
-                s->d_bytes -= it->bytes;
+            shed_unlink(s, pp, prev, l);
+            if (it->b) freed += kvt_block_data_bytes(it->b);
+            if (it->image) {
+                s->g_count--;
+                s->g_bytes -= it->image_len;
             } else {
-                s->q_count--;
-                s->q_bytes -= it->bytes;
-                if (s->q_tail == it) s->q_tail = prev;
+                rec_remove(s, it);
             }
-            freed += kvt_block_data_bytes(it->b);
             s->shed++;
-            rec_remove(s, it);
+            s->lost_shed++;
             it->next = victims;
             victims = it;
         }
@@ -735,7 +939,7 @@ uint64_t kvt_ssd_shed(kvt_ssd *s, uint64_t bytes) {
     pthread_mutex_unlock(&s->mu);
     while (victims) {
         ssd_item *n = victims->next;
-        item_release(victims);
+        kvt_ssd_item_release(victims);
         victims = n;
     }
     return freed;
@@ -762,17 +966,15 @@ static int mkdir_durable(kvt_ssd_io *io, const char *path) {
 
 /* The informational KEY file: created exclusively, never through a planted (even dangling)
  * symlink, mode 0600. An existing KEY is left alone (it is never trusted anyway). */
-void write_key_file(kvt_ssd_io *io, const char *cdir, const char *compat) {
-    char kp[PATH_MAX];
-    snprintf(kp, sizeof(kp), "%s/KEY", cdir);
-    int fd = kvt_ssd_io_create_excl(io, kp);
+void kvt_ssd_write_key_file(kvt_ssd_io *io, int dfd, const char *cdir, const char *compat) {
+    int fd = kvt_ssd_io_create_excl_at(io, dfd, cdir, "KEY");
     if (fd < 0) return;
     size_t n = strlen(compat);
     if (kvt_ssd_io_pwrite(io, fd, compat, n, 0, false)) kvt_ssd_io_pwrite(io, fd, "\n", 1, n, false); /* best effort */
     kvt_ssd_io_close(io, fd);
 }
 
-int mkdir_p(kvt_ssd_io *io, const char *path) {
+int kvt_ssd_mkdir_p(kvt_ssd_io *io, const char *path) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof(tmp), "%s", path);
     for (char *p = tmp + 1; *p; p++) {

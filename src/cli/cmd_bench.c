@@ -1,6 +1,10 @@
 /* cmd_bench.c — `kvtier bench`: the measurement modes behind bench/run-all and docs/benchmarks.md.
  *
  *   (default)        throughput: prefill pp and decode tg, median of -r runs, like llama-bench;
+ *                    decode also as bytes read per token (weights + KV) and the fraction of the
+ *                    machine's memory bandwidth they use (kernels/membw.h, measured after every
+ *                    repetition with the same thread count; --membw-mib 0 skips it);
+ *   --membw          the memory bandwidth alone (read and triad, -t threads, median of -r runs);
  *   --cache          TTFT cold vs exact repeat vs shared prefix + new suffix (RAM tier), side by side;
  *   --decode-at N    prefill N tokens once, then decode -n tokens -r times at that depth (exact-repeat
  *                    prompts reuse the prefix from the RAM tier; with --prompt-cache 0 or --cold every
@@ -9,6 +13,7 @@
  *                    over N greedy tokens, teacher-forced (kvt_engine_score);
  *   --kv-quality N   the same for a list of codecs (--kv-codecs; default kv8, kv4 g32/g64, turbo
  *                    k8v3/k4v4/k4v3/k4v2) plus bytes/token and decode t/s at --kv-quality-ctx;
+ *                    with --kv-quality-text FILE both run on a text's tokens instead of random ones;
  *   --once           one cached request (for multi-process SSD runs), then flush the SSD tier;
  *   --turns K        a K-turn conversation (each turn = previous prompt + answer + --suffix new
  *                    tokens), then flush; reports reuse per turn and the sum of prompt tokens.
@@ -21,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/membw.h"
 #include "../model/model.h"
 #include "cmds.h"
 #include "engine_flags.h"
@@ -38,11 +44,16 @@ static void usage(void) {
            "      --suffix N new tokens after the shared prefix in --cache mode (default 100)\n"
            "      --decode-at N   prefill N tokens, then decode -n tokens -r times at that depth\n"
            "      --cold          with --decode-at: a fresh cold prefill for every repetition\n"
+           "      --membw         measure the memory bandwidth (read, triad) with -t threads, median of -r runs\n"
+           "      --membw-mib N   buffer size of the bandwidth measurement (default 512; 0: no bandwidth\n"
+           "                      fraction beside the decode figures)\n"
            "      --agreement N   top-1 agreement and KL vs f16 KV over N greedy tokens (teacher-forced)\n"
            "      --kv-quality N  per KV codec vs f16 KV over N teacher-forced tokens (prompt of -p, default\n"
            "                      1024, random tokens): top-1 agreement, mean/p99 KL, bytes/token, decode t/s\n"
            "      --kv-quality-ctx N  depth for the decode timing (default 4096; 0 skips it): every codec and f16\n"
            "                      prefill once, then -r rounds of -n decoded tokens run side by side (median)\n"
+           "      --kv-quality-text FILE  --kv-quality/--agreement on text: the prompt is the first -p tokens of\n"
+           "                      FILE and every step is fed FILE's next token (agreement: top-1 equal to f16's)\n"
            "      --kv-codecs LIST    codecs for --agreement/--kv-quality, e.g. 8,4:g32,turbo,turbo:k4v2\n"
            "                      (default: the --kv-quant given, else kv8/kv4 resp. all of issue 14's set)\n"
            "      --once          one cached request of -p tokens (--prompt-seed), then flush the SSD tier\n"
@@ -148,24 +159,92 @@ static kvt_engine *open_engine(const kvt_engine_opts *o) {
     return e;
 }
 
+/* ---- decode against the memory-bandwidth limit ------------------------------------------------
+ *
+ * A single-row decode step reads every weight once (kvt_model_decode_bytes) and the KV of every
+ * cached position (layout bytes/token x depth); bytes/token x tok/s over the measured read bandwidth
+ * is the fraction of the physical limit decode reaches. The bandwidth is measured with the same
+ * thread count right after each decode repetition (so load from other processes falls on both
+ * alike); the fraction is the median of the per-repetition fractions. */
+
+static int bench_threads(const kvt_engine_opts *o) {
+    int t = o->n_threads > 0 ? o->n_threads : kvt_n_cpus();
+    return t < 1 ? 1 : t > 256 ? 256 : t;
+}
+
+/* Weight bytes a single-row decode step reads, from the GGUF's tensor table: every tensor once except
+ * the token embedding, of which one row (a model without output.weight reads it in full as the tied
+ * output). MoE experts all count (an upper bound). 0 if the file cannot be opened. */
+static double decode_weight_bytes(const kvt_engine_opts *o) {
+    char err[256];
+    kvt_gguf *g = NULL;
+    if (kvt_gguf_open(o->model_path, &g, err, sizeof err) != KVT_OK) return 0;
+    double b = 0;
+    for (int64_t i = 0; i < kvt_gguf_n_tensors(g); i++) b += (double)kvt_gguf_tensor_at(g, i)->nbytes;
+    const kvt_gguf_tensor *emb = kvt_gguf_find_tensor(g, "token_embd.weight");
+    if (emb && !kvt_gguf_find_tensor(g, "output.weight")) b += (double)emb->nbytes;
+    if (emb && emb->ne[1] > 0) b -= (double)emb->nbytes - (double)emb->nbytes / (double)emb->ne[1];
+    kvt_gguf_free(g);
+    return b;
+}
+
+/* One read-bandwidth measurement (GB/s, median of 3 passes), 0 when disabled or failing. */
+static double membw_read_gbs(int threads, uint32_t mib) {
+    if (!mib) return 0;
+    kvt_membw_result r;
+    char err[256];
+    if (kvt_membw_measure(threads, mib, 3, &r, err, sizeof err) != KVT_OK) {
+        fprintf(stderr, "kvtier bench: %s\n", err);
+        return 0;
+    }
+    return r.read_gbs;
+}
+
+static int bench_membw(const kvt_engine_opts *o, uint32_t mib, uint32_t reps, bool json) {
+    kvt_membw_result r;
+    char err[256];
+    if (kvt_membw_measure(bench_threads(o), mib ? mib : 512, (int)(reps < 100 ? reps : 100), &r, err, sizeof err) != KVT_OK) {
+        fprintf(stderr, "kvtier bench: %s\n", err);
+        return 1;
+    }
+    if (json)
+        printf("{\"mode\":\"membw\",\"threads\":%d,\"read_bytes\":%llu,\"runs\":%d,\"read_gbs\":%.2f,\"triad_gbs\":%.2f,"
+               "\"read_best_gbs\":%.2f,\"triad_best_gbs\":%.2f}\n",
+               r.n_threads, (unsigned long long)r.read_bytes, r.runs, r.read_gbs, r.triad_gbs, r.read_best_gbs, r.triad_best_gbs);
+    else
+        printf("memory bandwidth, %d thread(s), %llu MiB buffer, median of %d: read %.2f GB/s (best %.2f), triad %.2f GB/s "
+               "(best %.2f)\n",
+               r.n_threads, (unsigned long long)(r.read_bytes >> 20), r.runs, r.read_gbs, r.read_best_gbs, r.triad_gbs,
+               r.triad_best_gbs);
+    return 0;
+}
+
 /* ---- --decode-at: decode speed and KV footprint at a given depth -------------------------------- */
 
-static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t n_g, uint32_t reps, bool cold, bool json) {
+static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t n_g, uint32_t reps, bool cold, uint32_t bw_mib,
+                           bool json) {
     kvt_engine_opts o = *o_in;
     if (n_g < 2) n_g = 2;
     if (!o.n_ctx) o.n_ctx = depth + n_g + 16;
+    /* bytes one decode step reads: the weights, and the KV of depth + n_g / 2 positions on average
+     * (computed before the engine opens: the layout needs a loaded model, and two at once would
+     * double the peak memory) */
+    uint32_t n_win = 0;
+    const double bpt = layout_bytes_per_token(&o, false, &n_win);
+    const double wbytes = decode_weight_bytes(&o), step_bytes = wbytes + bpt * (depth + n_g / 2.0);
     kvt_engine *e = open_engine(&o);
     if (!e) return 1;
     const bool cache_on = o.prompt_cache_gb > 0;
     const uint32_t nv = kvt_engine_n_vocab(e);
     int32_t *ids = malloc(sizeof(int32_t) * depth);
-    double *dec = calloc(reps, sizeof(double));
+    double *dec = calloc(reps, sizeof(double)), *bw = calloc(reps, sizeof(double)), *frac = calloc(reps, sizeof(double));
     int rc = 0;
     char err[512] = "";
     double prefill_tps = 0, ttft0 = 0, dec0 = 0;
+    uint32_t n_bw = 0;
     uint64_t peak0 = 0;
     uint32_t reused_last = 0;
-    if (!ids || !dec) {
+    if (!ids || !dec || !bw || !frac) {
         rc = 1;
         goto out;
     }
@@ -182,6 +261,11 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
         }
         dec[r] = res.decode_tps;
         reused_last = res.n_reused;
+        const double g = membw_read_gbs(bench_threads(&o), bw_mib);
+        if (g > 0) {
+            bw[n_bw] = g;
+            frac[n_bw++] = step_bytes * res.decode_tps / (g * 1e9);
+        }
         if (r == 0) {
             prefill_tps = res.prefill_tps;
             ttft0 = res.ttft_ms;
@@ -192,11 +276,10 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
     }
     kvt_engine_stats st;
     kvt_engine_stats_get(e, &st);
-    uint32_t n_win = 0;
-    const double bpt = layout_bytes_per_token(&o, false, &n_win);
     const double bpt_full = n_win ? layout_bytes_per_token(&o, true, NULL) : bpt;
     const double toks = (double)depth + n_g - 1; /* the last sampled token is never forwarded */
     const double dmed = median(dec, reps);
+    const double bw_med = n_bw ? median(bw, n_bw) : 0, frac_med = n_bw ? median(frac, n_bw) : 0;
     if (json) {
         printf("{\"mode\":\"decode_at\",\"model\":");
         json_str(kvt_engine_model_name(e));
@@ -206,10 +289,13 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
                "\"prefill_tps\":%.2f,\"ttft_cold_ms\":%.1f,\"decode_tps_first\":%.3f,\"decode_tps\":%.3f,"
                "\"reused_last\":%u,\"kv_bytes_per_token_layout\":%.1f,\"peak_kv_bytes\":%llu,"
                "\"kv_bytes_per_token_measured\":%.1f,\"window_layers\":%u,\"kv_bytes_per_token_full_attention\":%.1f,"
-               "\"full_cache_bytes_computed\":%.0f,\"pool_peak_bytes\":%llu,\"ssd_bytes\":%llu}\n",
+               "\"full_cache_bytes_computed\":%.0f,\"pool_peak_bytes\":%llu,\"ssd_bytes\":%llu",
                o.n_threads, depth, n_g, reps, cold ? "true" : "false", cache_on ? "true" : "false", prefill_tps, ttft0,
                dec0, dmed, reused_last, bpt, (unsigned long long)peak0, peak0 / toks, n_win, bpt_full, bpt_full * toks,
                (unsigned long long)st.pool_peak_bytes, (unsigned long long)st.ssd_bytes);
+        printf(",\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,\"membw_read_gbs\":%.2f,"
+               "\"decode_bw_fraction\":%.4f}\n",
+               wbytes, bpt * (depth + n_g / 2.0), bw_med, frac_med);
     } else {
         printf("decode at depth %u (%s, %d threads): prefill %.1f t/s, decode %.2f t/s (median of %u; first %.2f)\n", depth,
                st.scheme, o.n_threads, prefill_tps, dmed, reps, dec0);
@@ -218,10 +304,16 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
             printf("; %u sliding-window layers: a full cache would be %.1f bytes/token = %.2f MiB (computed)", n_win, bpt_full,
                    bpt_full * toks / 1048576.0);
         printf("\n");
+        if (n_bw)
+            printf("decode reads %.1f MB/token (weights %.1f + KV %.1f) = %.2f GB/s at the median, %.1f%% of the measured "
+                   "read bandwidth %.2f GB/s (median of per-repetition fractions)\n",
+                   step_bytes / 1e6, wbytes / 1e6, (step_bytes - wbytes) / 1e6, step_bytes * dmed / 1e9, 100 * frac_med, bw_med);
     }
 out:
     free(ids);
     free(dec);
+    free(bw);
+    free(frac);
     kvt_engine_free(e);
     return rc;
 }
@@ -240,7 +332,9 @@ out:
 typedef struct quality_pass {
     uint32_t nv, n;
     float *ref_lp;       /* [n][nv] f16 log-probabilities (filled by the reference pass) */
-    int32_t *ref_tok;    /* [n] f16 greedy tokens */
+    int32_t *ref_tok;    /* [n] the tokens fed after each step (f16 greedy, or the text's) */
+    int32_t *ref_top;    /* [n] f16 top-1 of each step */
+    const int32_t *forced; /* [n] --kv-quality-text: the text's next tokens, fed instead of the greedy ones */
     bool reference;
     uint32_t match, first_miss;
     double *kl;          /* [n] */
@@ -268,8 +362,9 @@ static int32_t quality_step(void *vctx, uint32_t step, const float *logits) {
     const uint32_t top = argmax(logits, q->nv);
     if (q->reference) {
         log_softmax(logits, q->nv, q->ref_lp + (size_t)step * q->nv);
-        q->ref_tok[step] = (int32_t)top;
-        return (int32_t)top;
+        q->ref_top[step] = (int32_t)top;
+        q->ref_tok[step] = q->forced ? q->forced[step] : (int32_t)top;
+        return q->ref_tok[step];
     }
     const float *rp = q->ref_lp + (size_t)step * q->nv;
     double lz, z = 0, kl = 0;
@@ -282,7 +377,7 @@ static int32_t quality_step(void *vctx, uint32_t step, const float *logits) {
         if (lp > -80) kl += exp(lp) * (lp - ((double)logits[i] - lz));
     }
     q->kl[step] = kl > 0 ? kl : 0;
-    if ((int32_t)top == q->ref_tok[step]) q->match++;
+    if ((int32_t)top == q->ref_top[step]) q->match++;
     else if (q->first_miss == UINT32_MAX) q->first_miss = step;
     return q->ref_tok[step];
 }
@@ -379,8 +474,32 @@ typedef struct quality_row {
     bool ok;
 } quality_row;
 
+/* --kv-quality-text: the first plen + n tokens of FILE (with BOS if the model adds it); bounded read */
+static int32_t *text_tokens(kvt_engine *e, const char *path, uint32_t need, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s", path);
+        return NULL;
+    }
+    /* a token is at least one byte: 64 bytes per token needed is plenty for any text */
+    const size_t cap = (size_t)need * 64 + 64;
+    char *buf = malloc(cap);
+    size_t len = buf ? fread(buf, 1, cap, f) : 0;
+    fclose(f);
+    int32_t *ids = buf ? malloc(sizeof(int32_t) * (len + 2)) : NULL;
+    int64_t nt = ids ? kvt_tokenize_ex(kvt_engine_tokenizer(e), buf, len, KVT_TOK_ADD_SPECIAL, ids, (int64_t)len + 2) : -1;
+    free(buf);
+    if (nt < (int64_t)need) {
+        snprintf(err, errlen, "%s: %lld tokens, --kv-quality-text needs -p + N = %u", path, (long long)nt, need);
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
 static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen, uint64_t seed, const char *codecs,
-                         uint32_t speed_ctx, uint32_t n_g, uint32_t reps, bool quality_mode, bool json) {
+                         uint32_t speed_ctx, uint32_t n_g, uint32_t reps, bool quality_mode, const char *text,
+                         bool json) {
     kvt_engine_opts o = *o_in;
     o.n_ctx = plen + n + 16;
     o.prompt_cache_gb = 0; /* the scoring pass uses a private sequence; no tiers needed */
@@ -407,14 +526,25 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
     qp.nv = kvt_engine_n_vocab(e);
     qp.ref_lp = malloc(sizeof(float) * qp.nv * (size_t)n);
     qp.ref_tok = malloc(sizeof(int32_t) * n);
+    qp.ref_top = malloc(sizeof(int32_t) * n);
     qp.kl = malloc(sizeof(double) * n);
+    int32_t *text_ids = NULL;
     int rc = 0;
-    if (!qp.ref_lp || !qp.ref_tok || !qp.kl) {
+    if (!qp.ref_lp || !qp.ref_tok || !qp.ref_top || !qp.kl) {
         fprintf(stderr, "kvtier bench: out of memory (%u steps x %u vocab)\n", n, qp.nv);
         rc = 1;
         goto out;
     }
-    fill_prompt(prompt, plen, qp.nv, seed);
+    if (text) {
+        if (!(text_ids = text_tokens(e, text, plen + n, err, sizeof err))) {
+            fprintf(stderr, "kvtier bench: %s\n", err);
+            rc = 1;
+            goto out;
+        }
+        memcpy(prompt, text_ids, sizeof(int32_t) * plen);
+        qp.forced = text_ids + plen;
+    } else
+        fill_prompt(prompt, plen, qp.nv, seed);
     double t0 = kvt_now_ms();
     if (kvt_engine_score(e, prompt, plen, n, quality_step, &qp, err, sizeof err) != KVT_OK) {
         fprintf(stderr, "kvtier bench: reference run: %s\n", err);
@@ -484,6 +614,9 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
     if (json) {
         printf("{\"mode\":\"%s\",\"model\":", quality_mode ? "kv_quality" : "agreement");
         json_str(o.model_path);
+        printf(",\"text\":");
+        if (text) json_str(text);
+        else printf("null");
         printf(",\"n\":%u,\"prompt\":%u,\"reference\":\"%s\",\"reference_s\":%.1f,\"reference_bytes_per_token\":%.1f,"
                "\"speed_ctx\":%u,\"speed_reps\":%u,\"speed_n\":%u,\"reference_decode_tps\":%.3f,"
                "\"reference_decode_cpu_ms_per_token\":%.3f,\"results\":[",
@@ -509,8 +642,12 @@ static int bench_quality(const kvt_engine_opts *o_in, uint32_t n, uint32_t plen,
         }
         printf("]}\n");
     } else {
-        printf("KV codecs vs %s over %u tokens (prompt %u random tokens, then the f16 run's greedy continuation)\n",
-               r0->scheme, n, plen);
+        if (text)
+            printf("KV codecs vs %s over %u tokens of %s (prompt: its first %u tokens; every step fed the text's next "
+                   "token)\n", r0->scheme, n, text, plen);
+        else
+            printf("KV codecs vs %s over %u tokens (prompt %u random tokens, then the f16 run's greedy continuation)\n",
+                   r0->scheme, n, plen);
         if (speed_ctx)
             printf("decode t/s at depth %u: %u tokens, median of %u side-by-side rounds\n", speed_ctx, n_g, reps);
         printf("| scheme | bytes/token | x f16 | top-1 agreement | mean KL | p99 KL |%s\n|---|---|---|---|---|---|%s\n",
@@ -539,7 +676,9 @@ out:
     free(rows);
     free(qp.ref_lp);
     free(qp.ref_tok);
+    free(qp.ref_top);
     free(qp.kl);
+    free(text_ids);
     return rc;
 }
 
@@ -693,8 +832,9 @@ static int bench_cmd(int argc, char **argv) {
     kvt_engine_opts_default(&eo);
     uint32_t n_p = 512, n_g = 128, reps = 3, suffix = 100;
     bool json = false, cache = false, cold = false, once = false;
-    uint32_t decode_at = 0, agreement = 0, turns = 0, restart_after = 0, quality = 0, quality_ctx = 4096;
-    const char *codecs = NULL;
+    uint32_t decode_at = 0, agreement = 0, turns = 0, restart_after = 0, quality = 0, quality_ctx = 4096, bw_mib = 512;
+    bool membw = false;
+    const char *codecs = NULL, *qtext = NULL;
     uint64_t pseed = 1;
     kvt_args a;
     kvt_args_init(&a, argc, argv, "bench", usage);
@@ -707,10 +847,16 @@ static int bench_cmd(int argc, char **argv) {
         else if (kvt_args_flag(&a, NULL, "--cache")) cache = true;
         else if (kvt_args_is(&a, NULL, "--decode-at")) decode_at = kvt_args_u32(&a, 1, 1u << 20);
         else if (kvt_args_flag(&a, NULL, "--cold")) cold = true;
+        else if (kvt_args_flag(&a, NULL, "--membw")) membw = true;
+        else if (kvt_args_is(&a, NULL, "--membw-mib")) {
+            bw_mib = kvt_args_u32(&a, 0, 16384);
+            if (bw_mib && bw_mib < 64) bw_mib = 64;
+        }
         else if (kvt_args_is(&a, NULL, "--agreement")) agreement = kvt_args_u32(&a, 1, 1u << 16);
         else if (kvt_args_is(&a, NULL, "--kv-quality")) quality = kvt_args_u32(&a, 1, 1u << 16);
         else if (kvt_args_is(&a, NULL, "--kv-quality-ctx")) quality_ctx = kvt_args_u32(&a, 0, 1u << 20);
         else if (kvt_args_is(&a, NULL, "--kv-codecs")) codecs = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--kv-quality-text")) qtext = kvt_args_str(&a);
         else if (kvt_args_flag(&a, NULL, "--once")) once = true;
         else if (kvt_args_is(&a, NULL, "--turns")) turns = kvt_args_u32(&a, 1, 1000);
         else if (kvt_args_is(&a, NULL, "--restart-after")) restart_after = kvt_args_u32(&a, 1, 1000);
@@ -720,20 +866,33 @@ static int bench_cmd(int argc, char **argv) {
     }
     if (a.help) return 0;
     if (a.failed) return 2;
+    if (membw && !cache && !decode_at && !agreement && !once && !turns && !quality) return bench_membw(&eo, bw_mib, reps, json);
     if (!kvt_engine_flags_check("bench", &eo)) return 2;
-    if ((cache ? 1 : 0) + (decode_at ? 1 : 0) + (agreement ? 1 : 0) + (once ? 1 : 0) + (turns ? 1 : 0) + (quality ? 1 : 0) > 1) {
-        fprintf(stderr, "kvtier bench: --cache, --decode-at, --agreement, --kv-quality, --once and --turns are exclusive\n");
+    if ((cache ? 1 : 0) + (decode_at ? 1 : 0) + (agreement ? 1 : 0) + (once ? 1 : 0) + (turns ? 1 : 0) + (quality ? 1 : 0) +
+            (membw ? 1 : 0) >
+        1) {
+        fprintf(stderr, "kvtier bench: --cache, --decode-at, --agreement, --kv-quality, --once, --turns and --membw are exclusive\n");
         return 2;
     }
+    if (membw) return bench_membw(&eo, bw_mib, reps, json);
     g_progress = kvt_progress_create(stderr, json);
-    if (agreement) return bench_quality(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, codecs, 0, 0, 1, false, json);
+    if (qtext && !quality && !agreement) {
+        fprintf(stderr, "kvtier bench: --kv-quality-text goes with --kv-quality or --agreement\n");
+        return 2;
+    }
+    if (agreement) return bench_quality(&eo, agreement, n_p == 512 ? 32 : n_p, pseed, codecs, 0, 0, 1, false, qtext, json);
     if (quality)
         return bench_quality(&eo, quality, n_p == 512 ? 1024 : n_p, pseed, codecs, quality_ctx, n_g == 128 ? 32 : n_g, reps,
-                             true, json);
-    if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, json);
+                             true, qtext, json);
+    if (decode_at) return bench_decode_at(&eo, decode_at, n_g, reps, cold, bw_mib, json);
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);
     if (turns) return bench_turns(&eo, turns, n_p, n_g, suffix, pseed, restart_after, json);
     if (!eo.n_ctx) eo.n_ctx = n_p + n_g + suffix + 16;
+    /* decode bytes per token: the weights, and the KV of n_p + n_g / 2 positions on average (the
+     * layout needs a loaded model: computed before the engine opens, so the two never coexist) */
+    const bool bw_on = !cache && n_g > 0 && bw_mib > 0;
+    const double wbytes = bw_on ? decode_weight_bytes(&eo) : 0, kv_bpt = bw_on ? layout_bytes_per_token(&eo, false, NULL) : 0;
+    const double kvb = kv_bpt * (n_p + n_g / 2.0), step_bytes = wbytes + kvb;
     char err[512] = "";
     kvt_engine *e = NULL;
     if (kvt_engine_create(&eo, &e, err, sizeof err) != KVT_OK) {
@@ -744,13 +903,15 @@ static int bench_cmd(int argc, char **argv) {
     uint32_t nv = kvt_engine_n_vocab(e);
     int32_t *ids = malloc(sizeof(int32_t) * (n_p + suffix + 1));
     double *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double)), *t3 = calloc(reps, sizeof(double));
+    double *bw = calloc(reps, sizeof(double)), *frac = calloc(reps, sizeof(double));
     int rc = 0;
-    if (!ids || !pp || !tg || !t3) {
+    if (!ids || !pp || !tg || !t3 || !bw || !frac) {
         fprintf(stderr, "kvtier bench: out of memory\n");
         rc = 1;
         goto out;
     }
     if (!cache) {
+        uint32_t n_bw = 0;
         for (uint32_t r = 0; r < reps; r++) {
             fill_prompt(ids, n_p, nv, r + 1);
             kvt_gen_request req = {.prompt = ids, .n_prompt = n_p, .max_tokens = n_g + 1, .ignore_eog = true, .no_cache = true};
@@ -764,18 +925,30 @@ static int bench_cmd(int argc, char **argv) {
             pp[r] = res.prefill_tps;
             tg[r] = res.decode_tps;
             free(res.tokens);
+            const double g = bw_on ? membw_read_gbs(bench_threads(&eo), bw_mib) : 0;
+            if (g > 0) {
+                bw[n_bw] = g;
+                frac[n_bw++] = step_bytes * tg[r] / (g * 1e9);
+            }
         }
         double mpp = median(pp, reps), mtg = median(tg, reps);
+        const double bw_med = n_bw ? median(bw, n_bw) : 0, frac_med = n_bw ? median(frac, n_bw) : 0;
         kvt_engine_stats st;
         kvt_engine_stats_get(e, &st);
         if (json) {
             printf("{\"model\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"reps\":%u,"
-                   "\"prefill_tps\":%.2f,\"decode_tps\":%.2f}\n",
-                   kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, n_g, reps, mpp, mtg);
+                   "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,"
+                   "\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f}\n",
+                   kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, n_g, reps, mpp, mtg, wbytes, kvb, bw_med, frac_med);
         } else {
             printf("| model | threads | kv | test | t/s (median of %u) |\n|---|---|---|---|---|\n", reps);
             printf("| %s | %d | %s | pp%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, mpp);
             printf("| %s | %d | %s | tg%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_g, mtg);
+            if (n_bw)
+                printf("decode reads %.1f MB/token (weights %.1f + KV %.1f) = %.2f GB/s at the median, %.1f%% of the measured "
+                       "read bandwidth %.2f GB/s (%d threads; median of per-repetition fractions)\n",
+                       step_bytes / 1e6, wbytes / 1e6, kvb / 1e6, step_bytes * mtg / 1e9, 100 * frac_med, bw_med,
+                       bench_threads(&eo));
         }
     } else {
         if (suffix >= n_p) suffix = n_p / 2;
@@ -816,6 +989,8 @@ out:
     free(pp);
     free(tg);
     free(t3);
+    free(bw);
+    free(frac);
     kvt_engine_free(e);
     return rc;
 }

@@ -21,13 +21,31 @@ static void usage(void) {
            "      --ignore-eos          keep generating past end-of-generation tokens\n"
            "      --no-cache            bypass the RAM/SSD tiers for this run\n"
            "      --repeat N            run the same request N times (shows cache reuse), default 1\n"
-           "      --json                print one JSON object per run\n\n%s\n%s",
+           "      --json                print one JSON object per run\n"
+           "      --logprobs N          with --json: each generated token's log-probability and the N (0..20)\n"
+           "                            most likely tokens (the engine's log-softmax, as the server reports)\n\n%s\n%s",
            kvt_engine_flags_help, kvt_sampling_flags_help);
 }
 
 typedef struct out_ctx {
     bool json;
+    cJSON *lps; /* --logprobs: one entry per drawn token */
 } out_ctx;
+
+static void on_logprobs(void *ctx, const kvt_token_logprobs *lp) {
+    out_ctx *o = ctx;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "id", lp->id);
+    cJSON_AddNumberToObject(e, "logprob", lp->logprob);
+    cJSON *t = cJSON_AddArrayToObject(e, "top");
+    for (uint32_t i = 0; i < lp->n_top; i++) {
+        cJSON *p = cJSON_CreateArray();
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(lp->top_ids[i]));
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(lp->top_lps[i]));
+        cJSON_AddItemToArray(t, p);
+    }
+    cJSON_AddItemToArray(o->lps, e);
+}
 
 static bool on_token(void *ctx, int32_t id, const char *text, size_t len) {
     out_ctx *o = ctx;
@@ -73,7 +91,8 @@ int cmd_run(int argc, char **argv) {
     kvt_sampling_default(&sp);
     const char *prompt = NULL, *tokens = NULL, *system = NULL;
     bool chat = false, special = false, json = false, ignore_eos = false, no_cache = false;
-    uint32_t n_predict = 64, repeat = 1;
+    uint32_t n_predict = 64, repeat = 1, logprobs = 0;
+    bool want_lp = false;
     kvt_args a;
     kvt_args_init(&a, argc, argv, "run", usage);
     while (kvt_args_next(&a)) {
@@ -88,6 +107,7 @@ int cmd_run(int argc, char **argv) {
         else if (kvt_args_flag(&a, NULL, "--no-cache")) no_cache = true;
         else if (kvt_args_is(&a, NULL, "--repeat")) repeat = kvt_args_u32(&a, 1, 1000);
         else if (kvt_args_flag(&a, NULL, "--json")) json = true;
+        else if (kvt_args_is(&a, NULL, "--logprobs")) logprobs = kvt_args_u32(&a, 0, KVT_MAX_TOP_LOGPROBS), want_lp = true;
         else kvt_args_unknown(&a);
     }
     if (a.help) return 0;
@@ -150,15 +170,17 @@ int cmd_run(int argc, char **argv) {
     kvt_progress *prog = kvt_progress_create(stderr, json); /* NULL unless on a terminal */
     kvt_progress_attach(prog, e);
     for (uint32_t r = 0; r < repeat; r++) {
-        out_ctx oc = {.json = json};
+        out_ctx oc = {.json = json, .lps = want_lp && json ? cJSON_CreateArray() : NULL};
         kvt_gen_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_predict, .sampling = sp,
-                               .ignore_eog = ignore_eos, .no_cache = no_cache, .on_token = on_token, .cb_ctx = &oc};
+                               .ignore_eog = ignore_eos, .no_cache = no_cache, .on_token = on_token, .cb_ctx = &oc,
+                               .n_logprobs = oc.lps ? 1 + logprobs : 0, .on_logprobs = oc.lps ? on_logprobs : NULL};
         kvt_gen_result res;
         err[0] = 0;
         if (n_predict == 0) req.max_tokens = 1;
         kvt_status st = kvt_engine_generate(e, &req, &res, err, sizeof err);
         if (st != KVT_OK) {
             fprintf(stderr, "kvtier run: %s\n", err[0] ? err : kvt_status_str(st));
+            cJSON_Delete(oc.lps);
             rc = 1;
             break;
         }
@@ -171,10 +193,14 @@ int cmd_run(int argc, char **argv) {
             cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
             for (uint32_t i = 0; i < res.n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(res.tokens[i]));
             size_t tl = 0;
-            char *text = kvt_detokenize(tok, res.tokens, res.n_gen, false, &tl);
+            char *raw = kvt_detokenize(tok, res.tokens, res.n_gen, false, &tl);
+            /* a token may end inside a UTF-8 character: JSON must hold valid UTF-8 (U+FFFD) */
+            char *text = raw ? kvt_utf8_sanitize(raw, tl, &tl) : NULL;
             cJSON_AddStringToObject(o, "text", text ? text : "");
+            free(raw);
             free(text);
             cJSON_AddStringToObject(o, "finish_reason", fin[res.finish]);
+            if (oc.lps) cJSON_AddItemToObject(o, "logprobs", oc.lps);
             cJSON_AddNumberToObject(o, "n_prompt", res.n_prompt);
             cJSON_AddNumberToObject(o, "n_reused", res.n_reused);
             cJSON_AddStringToObject(o, "reused_from", tiers[res.reused_from]);

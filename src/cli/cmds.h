@@ -15,5 +15,7 @@ int cmd_demo(int argc, char **argv);       /* cmd_demo.c: the `make run` main jo
 int cmd_tokenize(int argc, char **argv);   /* cmd_tokenize.c */
 int cmd_serve(int argc, char **argv);      /* cmd_serve.c */
 int cmd_cache(int argc, char **argv);      /* cmd_cache.c */
+int cmd_perplexity(int argc, char **argv); /* cmd_perplexity.c */
+int cmd_template(int argc, char **argv);   /* cmd_template.c */
 
 #endif

@@ -5,10 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/budget.h"
 #include "../model/model.h"
 
 /* which SSD sub-flags were given (to warn when --ssd-cache is absent) */
 static int g_ssd_subflags;
+/* --memory-budget was given (else kvt_engine_flags_check makes it auto) */
+static bool g_memory_budget_given;
 
 const char kvt_engine_flags_help[] =
     "model and cache options:\n"
@@ -29,8 +32,16 @@ const char kvt_engine_flags_help[] =
     "                            run bit for bit) | expanded (expand the latents to per-head K/V per chunk)\n"
     "                            | auto (the cheaper per chunk); expanded/auto are equal to cold only\n"
     "                            within tolerance and use their own cache key (docs/models.md)\n"
-    "      --kv-pool-gb GB       KV block pool budget (default: one context + the prompt cache)\n"
-    "      --prompt-cache GB     RAM tier byte cap (default 8, 0 disables)\n"
+    "      --memory-budget SIZE|auto|off  memory the process may use: model weights, weight copies, compute\n"
+    "                            buffers, the SSD spill queue, text buffers and the KV pool (live rows + RAM\n"
+    "                            tier) are split from it and startup logs the split (default auto:\n"
+    "                            MemAvailable and the cgroup limit, less max(10%, 256 MiB)); SIZE: 8G, 512M,\n"
+    "                            1.5GiB or bytes; off: no budget (pool = one context per row + --prompt-cache)\n"
+    "      --kv-pool-gb GB       KV block pool budget (default: one context per row + the prompt cache,\n"
+    "                            within the memory budget; a value that does not fit it is an error)\n"
+    "      --prompt-cache GB     RAM tier byte cap (default 8, or what the memory budget leaves; 0 disables)\n"
+    "      --pin-budget-mb MB    RAM the pinned prefixes may hold together (POST /v1/cache/pin; default\n"
+    "                            1024, at most half the RAM tier); a pin over it is refused (409)\n"
     "      --snapshot-min-tokens N  register the prompt-only prefix for cold prefills of at least N tokens (default 1024)\n"
     "      --recurrent-snapshot-every N  hybrid models: state snapshot every N prompt tokens, whole blocks (default 1024, 0 = off)\n"
     "      --ssd-cache DIR       SSD tier directory (off unless set; needs the RAM tier)\n"
@@ -38,16 +49,20 @@ const char kvt_engine_flags_help[] =
     "      --ssd-demote-idle SEC move RAM entries idle this long to SSD (default 300; 0 off)\n"
     "      --ssd-writeback on|off persist blocks shortly after they fill (default on)\n"
     "      --ssd-cache-verify    re-verify every payload checksum at startup (restore always checks)\n"
+    "      --ssd-spill-queue-mb MB  bytes queued for the SSD writer at most (default 256); when full, a block\n"
+    "                            stays dirty in RAM and is written later (counted as dropped)\n"
     "      --generation-checkpoint N  every N emitted tokens, checkpoint the generation on the SSD tier so an\n"
     "                            identical request after a crash resumes it byte-identically (needs --ssd-cache;\n"
     "                            default 0 = off)\n"
-    "      --shared-cache URL    shared block tier across servers: redis[s]://[[user]:password@]host[:port][/db] (needs --ssd-cache)\n"
+    "      --shared-cache URL    shared block tier across servers: redis[s]://[[user]:password@]host[:port][/db]\n"
     "      --shared-cache-timeout-ms MS  longest a request waits for the shared tier (default 1000)\n"
     "      --shared-cache-tls-ca FILE    rediss://: CA bundle (PEM) the Redis certificate must chain to (default: system store)\n"
     "      --shared-cache-tls-cert FILE  rediss://: client certificate (PEM) for mutual TLS\n"
     "      --shared-cache-tls-key FILE   rediss://: its private key (default: inside the certificate file)\n"
     "      --shared-cache-tls-insecure   rediss:// WITHOUT certificate or host name verification (testing only)\n"
-    "      --chat-template NAME  chatml | llama3 | gemma | mistral | llama2 | phi3 (default: detect)\n";
+    "      --chat-template NAME  a built-in renderer instead of the GGUF's Jinja template:\n"
+    "                            chatml | qwen35 | llama3 | gemma | mistral | llama2 | phi3\n"
+    "      --chat-template-file F  render prompts with the Jinja template in F (default: the GGUF's)\n";
 
 const char kvt_sampling_flags_help[] =
     "sampling options:\n"
@@ -101,13 +116,32 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
         o->mla_prefill = mode < 0 ? 0 : mode;
     }
     else if (kvt_args_is(a, NULL, "--kv-pool-gb")) o->kv_pool_gb = kvt_args_f64(a, 0, 1e6);
-    else if (kvt_args_is(a, NULL, "--prompt-cache")) o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
+    else if (kvt_args_is(a, NULL, "--prompt-cache")) {
+        o->prompt_cache_gb = kvt_args_f64(a, 0, 1e6);
+        o->prompt_cache_set = true;
+    } else if (kvt_args_is(a, NULL, "--memory-budget")) {
+        const char *v = kvt_args_str(a);
+        char berr[200];
+        g_memory_budget_given = true;
+        o->memory_budget = 0;
+        o->memory_budget_auto = false;
+        if (!v) return true; /* kvt_args_str reported the missing value */
+        if (!strcmp(v, "auto")) o->memory_budget_auto = true;
+        else if (strcmp(v, "off") && kvt_size_parse(v, &o->memory_budget, berr, sizeof berr) != KVT_OK) {
+            fprintf(stderr, "kvtier %s: --memory-budget: %s (or auto, off)\n", a->cmd, berr);
+            a->failed = true;
+        }
+    } else if (kvt_args_is(a, NULL, "--pin-budget-mb")) o->pin_budget_mb = kvt_args_f64(a, 0, 1e9);
     else if (kvt_args_is(a, NULL, "--snapshot-min-tokens")) o->snapshot_min_tokens = kvt_args_u32(a, 1, 1u << 30);
     else if (kvt_args_is(a, NULL, "--recurrent-snapshot-every")) o->recurrent_snapshot_every = kvt_args_u32(a, 0, 1u << 30);
     else if (kvt_args_is(a, NULL, "--ssd-cache")) o->ssd_dir = kvt_args_str(a);
     else if (kvt_args_flag(a, NULL, "--ssd-cache-verify")) {
         o->ssd_verify = true;
         g_ssd_subflags |= 8;
+    }
+    else if (kvt_args_is(a, NULL, "--ssd-spill-queue-mb")) {
+        o->ssd_spill_queue_mb = kvt_args_u32(a, 1, 1u << 20);
+        g_ssd_subflags |= 16;
     }
     else if (kvt_args_is(a, NULL, "--generation-checkpoint")) o->generation_checkpoint = kvt_args_u32(a, 0, 1u << 24);
     else if (kvt_args_is(a, NULL, "--ssd-cache-max")) {
@@ -132,6 +166,7 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_is(a, NULL, "--shared-cache-tls-key")) o->shared_tls_key = kvt_args_str(a);
     else if (kvt_args_flag(a, NULL, "--shared-cache-tls-insecure")) o->shared_tls_insecure = true;
     else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--chat-template-file")) o->chat_template_file = kvt_args_str(a);
     else return false;
     return true;
 }
@@ -151,6 +186,7 @@ bool kvt_parse_sampling_flag(kvt_args *a, kvt_sampling *s) {
 }
 
 bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
+    if (!g_memory_budget_given) o->memory_budget_auto = true; /* the CLI default: --memory-budget auto */
     if (!o->model_path) {
         fprintf(stderr, "kvtier %s: no model given (-m MODEL.gguf; see kvtier %s --help)\n", cmd, cmd);
         return false;
@@ -159,16 +195,12 @@ bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
         fprintf(stderr, "kvtier %s: --ssd-cache needs the RAM tier; it cannot be combined with --prompt-cache 0\n", cmd);
         return false;
     }
-    if (o->shared_url && !o->ssd_dir) {
-        fprintf(stderr, "kvtier %s: --shared-cache needs the SSD tier (--ssd-cache DIR)\n", cmd);
-        return false;
-    }
     if (o->generation_checkpoint && !o->ssd_dir) {
         fprintf(stderr, "kvtier %s: --generation-checkpoint needs the SSD tier (--ssd-cache DIR)\n", cmd);
         return false;
     }
     if (!o->ssd_dir && g_ssd_subflags) {
-        fprintf(stderr, "kvtier %s: warning: --ssd-cache-max/--ssd-demote-idle/--ssd-writeback are ignored without --ssd-cache\n", cmd);
+        fprintf(stderr, "kvtier %s: warning: --ssd-cache-max/--ssd-demote-idle/--ssd-writeback/--ssd-cache-verify/--ssd-spill-queue-mb are ignored without --ssd-cache\n", cmd);
     }
     return true;
 }

@@ -12,10 +12,12 @@ static const struct {
     {"serve", cmd_serve, "OpenAI-compatible HTTP server with RAM and SSD KV tiers"},
     {"run", cmd_run, "generate from a prompt (text or token ids) and print timings"},
     {"chat", cmd_chat, "interactive multi-turn chat in the terminal"},
+    {"perplexity", cmd_perplexity, "perplexity over a text file (llama-perplexity's method)"},
     {"bench", cmd_bench, "prefill/decode throughput (llama-bench style)"},
     {"inspect", cmd_inspect, "show a GGUF model's architecture, tensors and KV bytes per token"},
     {"tokenize", cmd_tokenize, "tokenize text with a model's tokenizer"},
     {"gen-model", cmd_gen_model, "write a deterministic random-weight GGUF model"},
+    {"template", cmd_template, "render a chat template over JSON messages (debug templates)"},
     {"cache", cmd_cache, "list, inspect, verify or prune an SSD cache directory"},
     {"demo", cmd_demo, "the `make run` main job: serve the demo model with RAM+SSD tiers"},
 };

@@ -60,15 +60,15 @@ static bool key_zero(const uint8_t k[32]) {
     return true;
 }
 
-void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t every, const char *compat, const kvt_gen_request *req,
+void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_tiers *tiers, uint32_t every, const char *compat, const kvt_gen_request *req,
                     uint32_t max_new, uint32_t n_vocab) {
     memset(r, 0, sizeof *r);
-    if (!store || !every || req->no_cache) return;
+    if (!kvt_tiers_checkpoints(tiers) || !every || req->no_cache) return;
     kvt_ckpt_request_key(compat, req, max_new, r->key);
     if (key_zero(r->key)) return;
     r->on = true;
     r->every = every;
-    if (!kvt_ckpt_store_load(store, r->key, req->n_prompt, n_vocab, max_new, &r->rec)) return;
+    if (!kvt_tiers_checkpoint_get(tiers, r->key, req->n_prompt, n_vocab, max_new, &r->rec)) return;
     /* the pending token too: the lookup's n-1 cap then allows prompt ++ emitted (where a recurrent
      * checkpoint's snapshot is), and the prefill computes pending's KV and the next logits */
     r->n_look = req->n_prompt + r->rec.n_emitted + 1;
@@ -83,7 +83,7 @@ void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t every, cons
     memcpy(r->look + req->n_prompt, r->rec.emitted, sizeof(int32_t) * r->rec.n_emitted);
     r->look[r->n_look - 1] = r->rec.pending;
     r->resumed = true;
-    kvt_ckpt_store_note_resumed(store);
+    kvt_tiers_checkpoint_note(tiers, KVT_TIERS_CKPT_RESUMED, 0);
     KVT_INFO("checkpoint: resuming a generation at %u emitted tokens", r->rec.n_emitted);
 }
 
@@ -94,8 +94,8 @@ kvt_ckpt_src kvt_ckpt_next(kvt_ckpt_run *r, int32_t *id) {
     return KVT_CKPT_REPLAYED;
 }
 
-void kvt_ckpt_note_reused(const kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t reused) {
-    if (r->resumed) kvt_ckpt_store_note_resume_reused(store, reused);
+void kvt_ckpt_note_reused(const kvt_ckpt_run *r, kvt_tiers *tiers, uint32_t reused) {
+    if (r->resumed) kvt_tiers_checkpoint_note(tiers, KVT_TIERS_CKPT_RESUME_REUSED, reused);
 }
 
 /* C2: the record failed or was dropped at n_gen: retry `backoff` tokens later. */
@@ -124,44 +124,22 @@ bool kvt_ckpt_due(kvt_ckpt_run *r, kvt_ckpt_src src, uint32_t n_gen) {
     return r->dirty && !r->watch && n_gen >= r->retry_at; /* C1 */
 }
 
-void kvt_ckpt_save(kvt_ckpt_run *r, kvt_ckpt_store *store, kvt_ssd *ssd, bool writeback, kvt_seq *seq,
-                   uint32_t n_prompt, const int32_t *gen, uint32_t n_gen, int32_t pending, uint64_t rng) {
+void kvt_ckpt_save(kvt_ckpt_run *r, kvt_tiers *tiers, kvt_seq *seq, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
+                   int32_t pending, uint64_t rng) {
     if (!r->on) return;
-    if (n_gen % r->every) kvt_ckpt_store_note_retry(store); /* off the regular points: a retry (C2) */
-    /* the emitted prefix's KV: sealed blocks go to the SSD tier like any write-behind record. The
-     * growing tail is not sealed and is recomputed on resume, except for recurrent layouts: their
-     * state is snapshotted here, and the planner needs a unit ending at the snapshot's position,
-     * so the tail is frozen (the next decode step copies it, at most one block per checkpoint). */
-    kvt_snapshot *snap = NULL;
-    if (ssd && kvt_kv_layout_state_bytes(kvt_ssd_layout(ssd)) > 0) {
-        const uint32_t bt = kvt_kv_layout_block_tokens(kvt_ssd_layout(ssd));
-        if ((kvt_seq_len(seq) % bt == 0 || kvt_seq_freeze_tail(seq) == KVT_OK) && kvt_seq_snapshot(seq, &snap) != KVT_OK)
-            snap = NULL; /* no memory: this checkpoint resumes by recomputing, as without a snapshot */
-    }
-    if (ssd && writeback) {
-        kvt_ssd_enqueue_seq(ssd, seq, snap);
-    } else if (ssd) {
-        const uint32_t ng = kvt_kv_layout_n_groups(kvt_ssd_layout(ssd)), nb = kvt_seq_n_blocks(seq);
-        for (uint32_t i = 0; i < nb; i++)
-            for (uint32_t g = 0; g < ng; g++) {
-                kvt_block *b = kvt_seq_block(seq, g, i);
-                if (b && kvt_block_sealed(b)) kvt_ssd_persist_block(ssd, b);
-            }
-        if (snap) kvt_ssd_persist_snapshot(ssd, snap);
-    }
-    if (snap) kvt_snapshot_release(snap);
+    if (n_gen % r->every) kvt_tiers_checkpoint_note(tiers, KVT_TIERS_CKPT_RETRY, 0); /* off the regular points (C2) */
     kvt_ckpt_rec rec = {.n_prompt = n_prompt, .n_emitted = n_gen, .pending = pending, .rng = rng, .emitted = (int32_t *)gen};
     memcpy(rec.key, r->key, 32);
     kvt_ckpt_watch_release(r->watch); /* a regular point while one is in flight: follow the newest */
     r->watch = NULL;
-    if (kvt_ckpt_store_save(store, &rec, &r->watch)) r->saved = true;
+    /* the prefix's blocks (and recurrent state) and the record: the tier manager persists them */
+    if (kvt_tiers_checkpoint_put(tiers, seq, &rec, &r->watch)) r->saved = true;
     else mark_dirty(r, n_gen); /* dropped (C2) */
 }
 
-void kvt_ckpt_end(kvt_ckpt_run *r, kvt_ckpt_store *store, bool completed) {
-    if (r->on && completed && (r->saved || r->resumed)) kvt_ckpt_store_invalidate(store, r->key);
+void kvt_ckpt_end(kvt_ckpt_run *r, kvt_tiers *tiers, bool completed) {
+    if (r->on && completed && (r->saved || r->resumed)) kvt_tiers_checkpoint_drop(tiers, r->key);
 }
-
 void kvt_ckpt_run_free(kvt_ckpt_run *r) {
     kvt_ckpt_watch_release(r->watch); /* C4 */
     free(r->look);

@@ -42,13 +42,13 @@
  * cancellation and errors keep it.
  *
  * Ownership: kvt_ckpt_run is a per-request value on the generating thread's stack; begin fills it,
- * kvt_ckpt_run_free releases what it owns. The store is borrowed.
+ * kvt_ckpt_run_free releases what it owns. The tier manager is borrowed: persistence and the
+ * record store are reached only through it (kvt_tiers_checkpoint_*).
  */
 #ifndef KVT_CHECKPOINT_H
 #define KVT_CHECKPOINT_H
 
-#include "../cache/ssd_cache.h"
-#include "../cache/ssd_ckpt.h"
+#include "../cache/tier.h"
 #include "engine.h"
 
 typedef enum kvt_ckpt_src {
@@ -57,7 +57,7 @@ typedef enum kvt_ckpt_src {
 } kvt_ckpt_src;
 
 typedef struct kvt_ckpt_run {
-    bool on;             /* this request is checkpointed (store present, caching on) */
+    bool on;             /* this request is checkpointed (a checkpoint store, caching on) */
     uint32_t every;
     uint8_t key[32];
     bool resumed;
@@ -76,26 +76,26 @@ typedef struct kvt_ckpt_run {
 void kvt_ckpt_request_key(const char *compat, const kvt_gen_request *req, uint32_t max_new, uint8_t out[32]);
 
 /* Before the lookup: computes the key and, if a usable checkpoint exists, loads it (resumed).
- * store NULL or every 0: checkpointing off (r->on false). */
-void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t every, const char *compat, const kvt_gen_request *req,
+ * No checkpoint store in tiers, or every 0: checkpointing off (r->on false). */
+void kvt_ckpt_begin(kvt_ckpt_run *r, kvt_tiers *tiers, uint32_t every, const char *compat, const kvt_gen_request *req,
                     uint32_t max_new, uint32_t n_vocab);
 /* Where the next token comes from; fills *id unless KVT_CKPT_SAMPLE. */
 kvt_ckpt_src kvt_ckpt_next(kvt_ckpt_run *r, int32_t *id);
 /* After the lookup: the tokens of prompt ++ emitted the tiers supplied (resumed requests only;
  * stats.resume_reused_tokens). */
-void kvt_ckpt_note_reused(const kvt_ckpt_run *r, kvt_ckpt_store *store, uint32_t reused);
+void kvt_ckpt_note_reused(const kvt_ckpt_run *r, kvt_tiers *tiers, uint32_t reused);
 /* After sampling `pending` (not an end-of-generation token) with n_gen tokens emitted: is a
  * checkpoint due here (a regular point every `every` tokens, or a retry of a failed or dropped
  * record, C2)? Reads the in-flight record's outcome (one atomic load); never waits. */
 bool kvt_ckpt_due(kvt_ckpt_run *r, kvt_ckpt_src src, uint32_t n_gen);
-/* Records a checkpoint: the sealed blocks of seq (the prompt + emitted prefix) go to the SSD tier
- * (write-behind; with writeback off they are persisted anyway) and, for recurrent layouts, the
- * frozen tail and a state snapshot at its length; then the record is queued. Never waits for the
- * disk. seq's tail may be frozen (its next write copies it). */
-void kvt_ckpt_save(kvt_ckpt_run *r, kvt_ckpt_store *store, kvt_ssd *ssd, bool writeback, kvt_seq *seq,
-                   uint32_t n_prompt, const int32_t *gen, uint32_t n_gen, int32_t pending, uint64_t rng);
+/* Records a checkpoint through the tier manager (kvt_tiers_checkpoint_put): the sealed blocks of seq
+ * (the prompt + emitted prefix) go to the SSD tier and, for recurrent layouts, the frozen tail and a
+ * state snapshot at its length; then the record is queued. Never waits for the disk. seq's tail may
+ * be frozen (its next write copies it). */
+void kvt_ckpt_save(kvt_ckpt_run *r, kvt_tiers *tiers, kvt_seq *seq, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
+                   int32_t pending, uint64_t rng);
 /* At the end of the request: completed (length/stop) invalidates the record; otherwise it stays. */
-void kvt_ckpt_end(kvt_ckpt_run *r, kvt_ckpt_store *store, bool completed);
+void kvt_ckpt_end(kvt_ckpt_run *r, kvt_tiers *tiers, bool completed);
 void kvt_ckpt_run_free(kvt_ckpt_run *r);
 
 #endif

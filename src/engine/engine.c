@@ -15,73 +15,41 @@
  * Nothing in steps 3–4 waits for disk: SSD writes happen on the SSD tier's writer thread, which only
  * reads sealed (immutable) blocks.
  *
- * The steps are the phases of a row (engine_int.h): kvt_row_begin (1-2 and the prefill setup),
+ * [watch] The model file is watched (model/file_watch.h) from before it is mapped: a change of it
+ * after the load means the weights being read may no longer be the ones the compatibility key
+ * names. Invariants:
+ *   W1. Nothing reaches a tier (RAM put, SSD write-behind, shared publish, boundary/recurrent
+ *       snapshot, generation checkpoint) unless a check of the file made after it was computed and
+ *       before the hand-off found the file unchanged (weights_ok); a refused hand-off is counted.
+ *   W2. No token is sampled or streamed from a forward pass unless such a check after the pass
+ *       found the file unchanged (kvt_row_advance); the row ends with KVT_ERR_STALE instead.
+ *   W3. Once a change is seen, every new request (generate, score) fails with KVT_ERR_STALE and a
+ *       message naming the file and the change; the state never goes back (restart to reload).
+ * What the tiers held before the change was checked on its way in and stays valid under the key.
+ *
+ * The steps are the phases of a row (row.h, row.c): kvt_row_begin (2 and the prefill setup),
  * kvt_row_plan + kvt_row_advance per forward (one prefill chunk or one decode token; sampling and
  * streaming in advance), kvt_row_end (5). With --parallel 1 kvt_engine_generate drives its row
- * inline under gen_mu; otherwise the batching scheduler (sched.c) drives all rows, one
- * kvt_model_forward_batch per step (docs/batching.md).
+ * inline under gen_mu; otherwise, and for every kvt_engine_submit (the server), the batching
+ * scheduler (sched.c) drives the rows, one kvt_model_forward_batch per step (docs/batching.md).
  */
 #include "engine.h"
 
-#include <cjson/cJSON.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-#include "../cache/prompt_cache.h"
-#include "../cache/shared_tier.h"
-#include "../cache/ssd_cache.h"
-#include "../cache/tier.h"
 #include "../kernels/quant.h"
-#include "../model/model.h"
-#include "../util/strbuf.h"
-#include "checkpoint.h"
-#include "sampler.h"
-#include "sched.h"
+#include "engine_int.h"
+#include "scheme.h"
 
 #define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
 
-struct kvt_engine {
-    kvt_engine_opts o;
-    char *model_path;
-    kvt_gguf *gguf;
-    kvt_model *model;
-    kvt_tokenizer *tok;
-    kvt_chat_template *chat;
-    kvt_kv_layout *layout;
-    kvt_block_pool *pool;
-    kvt_prompt_cache *pc;
-    kvt_ssd *ssd;
-    kvt_shared *shared; /* optional shared block tier (issue 17) */
-    kvt_tiers *tier; /* RAM+SSD policy: memory pressure, flush */
-    kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
-    kvt_ctx *ctx;
-    uint32_t n_ctx, n_vocab;
-    uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
-    bool recurrent;      /* the layout has RECURRENT layers (state snapshots instead of trimming) */
-    char compat[1024];
-    char scheme[128];
-    char name[160];
-    pthread_mutex_t gen_mu;   /* the compute context: one generation (--parallel 1) or one step at a time */
-    kvt_sched *sched;         /* --parallel > 1: the batching scheduler (sched.h); NULL = inline rows */
-    uint32_t parallel;
-    int inline_active;        /* --parallel 1: a generation runs (atomic; /stats rows_active) */
-    bool decoding;            /* some row decodes: the SSD/shared writers defer (kvt_engine_set_decoding) */
-    pthread_mutex_t stats_mu; /* request counters */
-    pthread_mutex_t lookup_mu; /* one tier lookup at a time (rows begin on their own threads) */
-    uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
-    double last_tick_ms;
-    kvt_progress_cb progress; /* kvt_engine_set_progress */
-    void *progress_ctx;
-};
+static bool weights_ok_cb(void *e);
 
-static void report(kvt_engine *e, kvt_progress_phase ph, uint32_t done, uint32_t total) {
-    if (e->progress) e->progress(e->progress_ctx, ph, done, total);
-}
-
-static void restore_progress(void *ctx, uint32_t done, uint32_t total) { report(ctx, KVT_PROGRESS_RESTORE, done, total); }
+static void restore_progress(void *ctx, uint32_t done, uint32_t total) { kvt_engine_report(ctx, KVT_PROGRESS_RESTORE, done, total); }
 
 void kvt_engine_set_progress(kvt_engine *e, kvt_progress_cb cb, void *ctx) {
     e->progress = cb;
@@ -103,6 +71,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->ssd_writeback = true;
     o->ssd_demote_idle_s = 300.0;
     o->shared_timeout_ms = 1000;
+    o->pin_budget_mb = -1;
 }
 
 void kvt_sampling_default(kvt_sampling *s) {
@@ -122,185 +91,55 @@ const char *kvt_engine_scheme_key(const kvt_engine *e) { return e->scheme; }
 const kvt_kv_layout *kvt_engine_layout(const kvt_engine *e) { return e->layout; }
 uint32_t kvt_engine_parallel(const kvt_engine *e) { return e->parallel; }
 
-/* One log line per distinct layer declaration, e.g. "kv: layers 0-4,6-10 window(512)/f16". */
-static void log_layout(const kvt_kv_layout *l) {
-    uint32_t n = kvt_kv_layout_n_layers(l);
-    char done[KVT_MAX_LAYERS] = {0};
-    for (uint32_t i = 0; i < n; i++) {
-        if (done[i]) continue;
-        char d[96], d2[96], list[512];
-        kvt_kv_layout_describe_layer(l, i, d, sizeof d);
-        size_t off = 0;
-        uint32_t cnt = 0;
-        list[0] = 0;
-        for (uint32_t j = i; j < n; j++) {
-            kvt_kv_layout_describe_layer(l, j, d2, sizeof d2);
-            if (strcmp(d, d2)) continue;
-            done[j] = 1;
-            cnt++;
-            if (off < sizeof list - 16) off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", off ? "," : "", j);
-        }
-        const kvt_layer_desc *ld = kvt_kv_layout_layer(l, i);
-        double bpt = 0;
-        const char *trim = "never trimmable (exact snapshots only)";
-        if (ld->kind != KVT_KIND_RECURRENT) {
-            bpt = kvt_kv_layout_layer_bytes_per_token(l, i);
-            trim = ld->kind != KVT_KIND_WINDOW ? "trimmable anywhere" : "trimmable while its window's blocks are held";
-        }
-        KVT_INFO("kv: %u layer%s %s (%.0f B/token each, %s): %s", cnt, cnt > 1 ? "s" : "", d, bpt, trim, list);
-    }
-    char key[128];
-    kvt_kv_layout_key(l, key, sizeof key);
-    KVT_INFO("kv: %.0f bytes/token, block %u tokens, scheme %s", kvt_kv_layout_bytes_per_token(l), kvt_kv_layout_block_tokens(l), key);
-}
+/* ---- the memory budget ------------------------------------------------------------------------ */
 
-/* ---- KV scheme resolution ---------------------------------------------------------------- */
+#define KVT_TEXT_BUFFERS_DEFAULT_MB 16 /* tokenizer and parse buffers when the caller names none */
 
-kvt_status kvt_engine_uniform_codec(const char *mode, uint32_t group, uint32_t head_dim, kvt_codec *out, char *err,
-                                    size_t errlen) {
-    if (!strncmp(mode, "turbo", 5)) {
-        kvt_status st = kvt_turbo_parse(mode, out, err, errlen);
+/* Splits --memory-budget (budget.h) into its parts once the model, layout and compute context exist;
+ * *pc_bytes / *pool_bytes get the RAM tier cap and the pool budget. Logs the split in one line. */
+static kvt_status plan_memory(kvt_engine *e, uint64_t *pc_bytes, uint64_t *pool_bytes, char *err, size_t errlen) {
+    const kvt_engine_opts *o = &e->o;
+    kvt_mem_split_in *in = &e->mem_in;
+    char source[256];
+    memset(in, 0, sizeof *in);
+    if (o->memory_budget_auto) {
+        kvt_mem_probe pr;
+        kvt_status st = kvt_mem_probe_auto(&pr, err, errlen);
         if (st) return st;
-        if (!kvt_codec_valid(*out, head_dim))
-            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                            "--kv-quant %s: turbo needs head_dim a power of two in 8..%u (model head_dim %u); use 8 or 4",
-                            mode, KVT_TURBO_MAX_DIM, head_dim);
-        return KVT_OK;
+        char a[32], l[32], m[32];
+        snprintf(source, sizeof source, "auto: %s available%s%s, margin %s kept",
+                 kvt_fmt_bytes((double)pr.available, a, sizeof a), pr.cgroup_limit ? ", cgroup limit " : "",
+                 pr.cgroup_limit ? kvt_fmt_bytes((double)pr.cgroup_limit, l, sizeof l) : "",
+                 kvt_fmt_bytes((double)pr.margin, m, sizeof m));
+        in->budget = pr.budget;
+    } else {
+        snprintf(source, sizeof source, "--memory-budget");
+        in->budget = o->memory_budget;
     }
-    if (strcmp(mode, "8") && strcmp(mode, "4"))
-        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant must be off, 8, 4, turbo[:k<b>v<b>] or config (got '%s')", mode);
-    const uint32_t g = group ? group : kvt_affine_auto_group(head_dim);
-    *out = (kvt_codec){.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)atoi(mode), .group_size = (uint16_t)g};
-    if (!kvt_codec_valid(*out, head_dim))
-        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--kv-quant-group %u does not divide head_dim %u (use 32, 64 or 128)",
-                        group, head_dim);
+    const uint32_t par = o->parallel ? o->parallel : 1;
+    in->parts.weights = kvt_gguf_file_size(e->gguf);
+    in->parts.weight_copies = kvt_model_private_bytes(e->model);
+    /* the context's buffers, plus the logits rows a batched step of every live row grows to */
+    in->parts.compute = kvt_ctx_bytes(e->ctx) + (uint64_t)par * e->n_vocab * sizeof(float);
+    in->parts.spill_queue = o->ssd_dir ? (o->ssd_spill_queue_mb ? (uint64_t)o->ssd_spill_queue_mb << 20 : 256ull << 20) : 0;
+    in->parts.text = (uint64_t)(o->text_buffers_mb ? o->text_buffers_mb : KVT_TEXT_BUFFERS_DEFAULT_MB) << 20;
+    in->row_bytes = kvt_row_kv_bytes(e->layout, e->n_ctx, o->ubatch);
+    in->parallel = par;
+    in->kv_pool = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : 0;
+    in->ram_tier_set = o->prompt_cache_set;
+    in->ram_tier = (uint64_t)(o->prompt_cache_gb * 1e9);
+    kvt_status st = kvt_mem_split_plan(in, &e->mem, err, errlen);
+    if (st) return st;
+    if (o->ssd_dir && e->mem.ram_tier == 0)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "the memory budget leaves no room for the RAM tier, which --ssd-cache needs; raise --memory-budget");
+    char line[1024];
+    kvt_mem_split_describe(in, &e->mem, source, line, sizeof line);
+    KVT_INFO("%s", line);
+    e->mem_on = true;
+    *pc_bytes = e->mem.ram_tier;
+    *pool_bytes = e->mem.kv_pool;
     return KVT_OK;
-}
-
-static kvt_status read_kv_config(const char *model_path, const kvt_hparams *hp, kvt_codec *codecs,
-                                 char *err, size_t errlen) {
-    char path[4096];
-    const char *slash = strrchr(model_path, '/');
-    if (slash)
-        snprintf(path, sizeof path, "%.*s/kv_config.json", (int)(slash - model_path), model_path);
-    else
-        snprintf(path, sizeof path, "kv_config.json");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvt_errf(err, errlen, KVT_ERR_IO, "--kv-quant config: cannot open %s: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!buf) return KVT_ERR_NOMEM;
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    if (!j || !cJSON_IsArray(j)) {
-        cJSON_Delete(j);
-        return kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: expected a JSON array of {layer_idx, bits, group_size} or {layer_idx, codec}", path);
-    }
-    kvt_status st = KVT_OK;
-    cJSON *it;
-    cJSON_ArrayForEach(it, j) {
-        cJSON *li = cJSON_GetObjectItem(it, "layer_idx"), *b = cJSON_GetObjectItem(it, "bits"),
-              *g = cJSON_GetObjectItem(it, "group_size"), *cn = cJSON_GetObjectItem(it, "codec");
-        if (cJSON_IsString(cn) && cJSON_IsNumber(li)) { /* {"layer_idx": N, "codec": "turbo[:k<b>v<b>]"} */
-            const int l = li->valueint;
-            if (l < 0 || (uint32_t)l >= hp->n_layer) {
-                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer_idx %d out of range (model has %u layers)", path, l, hp->n_layer);
-                break;
-            }
-            char e2[200];
-            st = kvt_engine_uniform_codec(cn->valuestring, 0, hp->head_dim, &codecs[l], e2, sizeof e2);
-            if (st == KVT_OK && codecs[l].kind != KVT_CODEC_TURBO)
-                st = kvt_errf(e2, sizeof e2, KVT_ERR_FORMAT, "codec must be turbo or turbo:k<b>v<b> (affine layers use bits/group_size)");
-            if (st) {
-                st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer %d: %s", path, l, e2);
-                break;
-            }
-            continue;
-        }
-        if (!cJSON_IsNumber(li) || !cJSON_IsNumber(b)) {
-            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: each entry needs numeric layer_idx and bits", path);
-            break;
-        }
-        int l = li->valueint, bits = b->valueint, gs = cJSON_IsNumber(g) ? g->valueint : 64;
-        if (l < 0 || (uint32_t)l >= hp->n_layer) {
-            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer_idx %d out of range (model has %u layers)", path, l, hp->n_layer);
-            break;
-        }
-        kvt_codec c = {.kind = KVT_CODEC_AFFINE, .bits = (uint8_t)bits, .group_size = (uint16_t)gs};
-        if (bits == 16) c = (kvt_codec){.kind = KVT_CODEC_F16};
-        if (!kvt_codec_valid(c, hp->head_dim)) {
-            st = kvt_errf(err, errlen, KVT_ERR_FORMAT, "%s: layer %d: unsupported bits %d / group_size %d (bits 2,3,4,5,6,8; group 32,64,128 dividing head_dim %u)",
-                          path, l, bits, gs, hp->head_dim);
-            break;
-        }
-        codecs[l] = c;
-    }
-    cJSON_Delete(j);
-    return st;
-}
-
-static kvt_status build_layout(kvt_engine *e, char *err, size_t errlen) {
-    const kvt_hparams *hp = kvt_model_hparams(e->model);
-    kvt_codec base = {.kind = e->o.kv_bf16 ? KVT_CODEC_BF16 : KVT_CODEC_F16};
-    kvt_codec *codecs = calloc(hp->n_layer, sizeof *codecs);
-    kvt_layer_desc *descs = calloc(hp->n_layer, sizeof *descs);
-    kvt_status st = KVT_OK;
-    if (!codecs || !descs) {
-        st = KVT_ERR_NOMEM;
-        goto out;
-    }
-    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = base;
-    const char *q = e->o.kv_quant ? e->o.kv_quant : "off";
-    if (!strcmp(q, "config")) {
-        st = read_kv_config(e->o.model_path, hp, codecs, err, errlen);
-        if (st) goto out;
-    } else if (strcmp(q, "off") != 0 && hp->mla.kv_lora_rank && !getenv("KVT_MLA_QUANT_EXPERIMENT")) {
-        codecs[0] = (kvt_codec){.kind = KVT_CODEC_AFFINE}; /* refused with its reason just below */
-    } else if (strcmp(q, "off") != 0 && hp->mla.kv_lora_rank) {
-        kvt_codec c;
-        st = kvt_engine_uniform_codec(q, e->o.kv_quant_group, hp->mla.kv_lora_rank + hp->mla.d_rope, &c, err, errlen);
-        if (st) goto out;
-        for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
-    } else if (strcmp(q, "off") != 0) {
-        kvt_codec c;
-        st = kvt_engine_uniform_codec(q, e->o.kv_quant_group, hp->head_dim, &c, err, errlen);
-        if (st) goto out;
-        if (c.kind == KVT_CODEC_AFFINE && !e->o.kv_quant_group)
-            KVT_INFO("kv: affine group %u picked (largest of 128/64/32 dividing head_dim %u; --kv-quant-group overrides)",
-                     c.group_size, hp->head_dim);
-        for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = c;
-    }
-    /* Latent (MLA) blocks stay 16-bit: affine kv8 on the latent measured 78.1% top-1 agreement and
-     * mean KL 0.12 against f16 latents (docs/models.md, kvtier bench --kv-quality 64 on a peaked
-     * deepseek2-lite), short of the 99% kv8 holds on dense models, so it is refused.
-     * KVT_MLA_QUANT_EXPERIMENT=1 in the environment lifts the refusal for that measurement only. */
-    for (uint32_t i = 0; i < hp->n_layer && hp->mla.kv_lora_rank && !getenv("KVT_MLA_QUANT_EXPERIMENT"); i++)
-        if (codecs[i].kind != KVT_CODEC_F16 && codecs[i].kind != KVT_CODEC_BF16) {
-            st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
-                          "--kv-quant %s: quantized latent (MLA) blocks are not supported for %s; the latent cache "
-                          "is already %u values per layer and token, and kv8 latents measured 78%% top-1 agreement "
-                          "with f16 ones (docs/models.md); use --kv-quant off",
-                          q, kvt_arch_name(hp->arch), hp->mla.kv_lora_rank + hp->mla.d_rope);
-            goto out;
-        }
-    kvt_model_layer_descs(e->model, codecs, descs);
-    st = kvt_kv_layout_create(descs, hp->n_layer, e->o.block_tokens, base, e->o.kv_quant_start, &e->layout, err, errlen);
-    if (st == KVT_OK) {
-        kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
-        log_layout(e->layout);
-        e->recurrent = kvt_kv_layout_state_bytes(e->layout) > 0;
-        for (uint32_t g = 0; g < kvt_kv_layout_n_groups(e->layout); g++)
-            if (kvt_kv_layout_group_kind(e->layout, g) == KVT_KIND_WINDOW) {
-                uint32_t w = kvt_kv_layout_group_window(e->layout, g);
-                if (!e->min_window || w < e->min_window) e->min_window = w;
-            }
-    }
-out:
-    free(codecs);
-    free(descs);
-    return st;
 }
 
 /* ---- tier wiring -------------------------------------------------------------------------- */
@@ -325,13 +164,17 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     e->o.model_path = e->model_path;
     if (e->o.ubatch == 0) e->o.ubatch = 512;
     kvt_kernels_init();
-    kvt_status st = kvt_gguf_open(o->model_path, &e->gguf, err, errlen);
+    /* [watch] opened first: the mapping and the identity hash below must read the watched file */
+    kvt_status st = kvt_file_watch_open(o->model_path, &e->watch, err, errlen);
+    if (st) goto fail;
+    st = kvt_gguf_open(o->model_path, &e->gguf, err, errlen);
     if (st) goto fail;
     st = kvt_model_load(e->gguf, &e->model, err, errlen);
     if (st) goto fail;
     st = kvt_tokenizer_create(e->gguf, &e->tok, err, errlen);
     if (st) goto fail;
-    st = kvt_chat_template_create(e->gguf, e->tok, o->chat_template, &e->chat, err, errlen);
+    st = o->chat_template_file ? kvt_chat_template_create_file(o->chat_template_file, e->tok, &e->chat, err, errlen)
+                               : kvt_chat_template_create(e->gguf, e->tok, o->chat_template, &e->chat, err, errlen);
     if (st) goto fail;
     const kvt_hparams *hp = kvt_model_hparams(e->model);
     e->n_vocab = hp->n_vocab;
@@ -343,8 +186,15 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         const char *b = strrchr(o->model_path, '/');
         snprintf(e->name, sizeof e->name, "%s", b ? b + 1 : o->model_path);
     }
-    st = build_layout(e, err, errlen);
+    st = kvt_scheme_layout(&e->o, e->model, &e->layout, err, errlen);
     if (st) goto fail;
+    kvt_kv_layout_key(e->layout, e->scheme, sizeof e->scheme);
+    e->recurrent = kvt_kv_layout_state_bytes(e->layout) > 0;
+    for (uint32_t g = 0; g < kvt_kv_layout_n_groups(e->layout); g++)
+        if (kvt_kv_layout_group_kind(e->layout, g) == KVT_KIND_WINDOW) {
+            uint32_t w = kvt_kv_layout_group_window(e->layout, g);
+            if (!e->min_window || w < e->min_window) e->min_window = w;
+        }
 
     /* compatibility key: SHA-256 of the weights (memoized) only when something persists */
     /* a non-default MLA prefill mode changes KV numerics: its tag keeps every tier's blocks apart */
@@ -352,12 +202,15 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->mla_prefill != KVT_MLA_PREFILL_ABSORBED && !hp->mla.kv_lora_rank)
         KVT_WARN("--mla-prefill %s has no effect: %s has no latent (MLA) attention layers",
                  o->mla_prefill == KVT_MLA_PREFILL_EXPANDED ? "expanded" : "auto", kvt_arch_name(hp->arch));
-    if (o->ssd_dir) {
+    if (o->ssd_dir || o->shared_url) { /* tiers shared beyond this process need the content-hash key */
         char th[32], num[96];
         snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
         snprintf(num, sizeof num, "%s%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(e->model), mla_tag);
-        st = kvt_ssd_compat_key(o->ssd_dir, o->model_path, e->layout, th, num, e->compat,
-                                sizeof e->compat, err, errlen);
+        /* [watch] hash the held file itself (its /proc/self/fd name), not whatever the path names now */
+        char held[64];
+        snprintf(held, sizeof held, "/proc/self/fd/%d", kvt_file_watch_fd(e->watch));
+        st = kvt_ssd_compat_key(o->ssd_dir, access(held, R_OK) == 0 ? held : o->model_path, e->layout, th, num,
+                                e->compat, sizeof e->compat, err, errlen);
         if (st) goto fail;
     } else {
         struct stat sb;
@@ -366,13 +219,38 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
                  (long long)sb.st_size, (long long)sb.st_mtime, e->scheme, (unsigned long long)kvt_tokenizer_hash(e->tok),
                  KVT_ENGINE_NUMERICS_TAG, kvt_model_numerics_tag(e->model), mla_tag);
     }
+    /* [watch] the mapping, the tokenizer and the identity hash all read the watched file, unchanged */
+    if (!kvt_file_watch_path_ok(e->watch)) {
+        char what[256] = "";
+        kvt_file_watch_changed(e->watch, what, sizeof what);
+        st = kvt_errf(err, errlen, KVT_ERR_STALE, "the model file %s changed while it was being loaded (%s); try again",
+                      o->model_path, what);
+        goto fail;
+    }
 
-    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap */
-    double bpt = kvt_kv_layout_bytes_per_token(e->layout);
-    uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
-    live *= o->parallel ? o->parallel : 1;
-    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9);
-    uint64_t budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
+    st = kvt_ctx_create(e->model, o->n_threads, e->o.ubatch, &e->ctx);
+    if (st) {
+        kvt_errf(err, errlen, st, "cannot create the compute context: %s", kvt_status_str(st));
+        goto fail;
+    }
+    kvt_ctx_set_mla_prefill(e->ctx, (kvt_mla_prefill)o->mla_prefill);
+    st = kvt_ctx_reserve(e->ctx, e->layout, e->n_ctx);
+    if (st) {
+        kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
+        goto fail;
+    }
+    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
+     * memory budget's split (budget.h) */
+    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9), budget = 0;
+    if (o->memory_budget || o->memory_budget_auto) {
+        st = plan_memory(e, &pc_bytes, &budget, err, errlen);
+        if (st) goto fail;
+    } else {
+        double bpt = kvt_kv_layout_bytes_per_token(e->layout);
+        uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
+        live *= o->parallel ? o->parallel : 1;
+        budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
+    }
     e->pool = kvt_block_pool_create(e->layout, budget);
     if (!e->pool) {
         st = KVT_ERR_NOMEM;
@@ -391,8 +269,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.dir = o->ssd_dir;
         so.compat_key = e->compat;
         so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
-        so.writeback = o->ssd_writeback;
         so.verify = o->ssd_verify;
+        so.queue_max_bytes = (uint64_t)o->ssd_spill_queue_mb << 20;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
         /* [ckpt] generation checkpoints live in the SSD tier's compat directory */
@@ -404,14 +282,6 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         st = kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--generation-checkpoint needs the SSD tier (--ssd-cache DIR)");
         goto fail;
     }
-    if (e->pc) {
-        kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .writeback = o->ssd_writeback};
-        e->tier = kvt_tiers_create(&to);
-        if (!e->tier) {
-            st = KVT_ERR_NOMEM;
-            goto fail;
-        }
-    }
     if (o->shared_url) {
         kvt_shared_opts sho;
         kvt_shared_opts_default(&sho);
@@ -421,31 +291,35 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         sho.tls_cert_file = o->shared_tls_cert;
         sho.tls_key_file = o->shared_tls_key;
         sho.tls_insecure = o->shared_tls_insecure;
-        st = kvt_shared_create(&sho, e->ssd, &e->shared, err, errlen);
+        sho.layout = e->layout;
+        sho.pool = e->pool;
+        sho.compat_key = e->compat;
+        st = kvt_shared_create(&sho, NULL, &e->shared, err, errlen);
         if (st) goto fail;
     }
-    st = kvt_ctx_create(e->model, o->n_threads, e->o.ubatch, &e->ctx);
-    if (st) {
-        kvt_errf(err, errlen, st, "cannot create the compute context: %s", kvt_status_str(st));
-        goto fail;
-    }
-    kvt_ctx_set_mla_prefill(e->ctx, (kvt_mla_prefill)o->mla_prefill);
-    st = kvt_ctx_reserve(e->ctx, e->layout, e->n_ctx);
-    if (st) {
-        kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
-        goto fail;
-    }
-    e->parallel = o->parallel ? o->parallel : 1;
-    if (e->parallel > 1) {
-        kvt_sched_opts so = {.parallel = e->parallel, .queue_max = o->queue_max ? o->queue_max : 64, .ubatch = e->o.ubatch,
-                             .budget = kvt_block_pool_budget(e->pool)};
-        st = kvt_sched_create(e, &so, &e->sched);
-        if (st) {
-            kvt_errf(err, errlen, st, "cannot start the batching scheduler (--parallel %u)", e->parallel);
+    if (e->pc) { /* the tier manager over every backend created above */
+        uint64_t pin_budget = o->pin_budget_mb >= 0 ? (uint64_t)(o->pin_budget_mb * 1048576.0)
+                                                    : KVT_MIN((uint64_t)1 << 30, pc_bytes / 2);
+        kvt_tiers_opts to = {.pool = e->pool, .ram = e->pc, .ssd = e->ssd, .ckpt = e->ckpt, .shared = e->shared,
+                             .writeback = o->ssd_writeback, .demote_idle_s = o->ssd_demote_idle_s,
+                             .admit = weights_ok_cb, .admit_ctx = e, .pin_budget = pin_budget};
+        e->tier = kvt_tiers_create(&to);
+        if (!e->tier) {
+            st = KVT_ERR_NOMEM;
             goto fail;
         }
     }
-    e->last_tick_ms = kvt_now_ms();
+    /* the scheduler runs at every --parallel: kvt_engine_submit always queues there; with
+     * --parallel 1 kvt_engine_generate still drives its row inline (one row at a time either way) */
+    e->parallel = o->parallel ? o->parallel : 1;
+    kvt_sched_opts so = {.parallel = e->parallel, .queue_max = o->queue_max ? o->queue_max : 64, .ubatch = e->o.ubatch,
+                         .budget = kvt_block_pool_budget(e->pool)};
+    st = kvt_sched_create(e, &so, &e->sched);
+    if (st) {
+        kvt_errf(err, errlen, st, "cannot start the batching scheduler (--parallel %u)", e->parallel);
+        goto fail;
+    }
+    kvt_engine_pins_warm_start(e); /* pinned prefixes of the pin list back into RAM, in the background */
     *out = e;
     return KVT_OK;
 fail:
@@ -456,6 +330,7 @@ fail:
 
 void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
+    kvt_engine_pins_warm_stop(e); /* its generation is a row: before the scheduler goes */
     kvt_sched_free(e->sched); /* cancels what still runs; no row touches the tiers after this */
     e->sched = NULL;
     if (e->ssd) {
@@ -477,6 +352,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_tokenizer_free(e->tok);
     kvt_model_free(e->model);
     kvt_gguf_free(e->gguf);
+    kvt_file_watch_free(e->watch);
     pthread_mutex_destroy(&e->gen_mu);
     pthread_mutex_destroy(&e->lookup_mu);
     pthread_mutex_destroy(&e->stats_mu);
@@ -484,417 +360,62 @@ void kvt_engine_free(kvt_engine *e) {
     free(e);
 }
 
-/* ---- stop strings --------------------------------------------------------------------------- */
+/* ---- [watch] the model file ------------------------------------------------------------------ */
 
-/* With stop strings, the text produced so far is kept in a kvt_strbuf `tb`; `emitted` bytes of it
- * were passed to the callback. Text that could still become the start of a stop string is held
- * back. */
-
-/* Returns the index of the earliest full stop-string match at or after `from`, or -1. */
-static int64_t find_stop(const kvt_strbuf *t, const char *const *stop, uint32_t n_stop, size_t from, size_t *match_len) {
-    int64_t best = -1;
-    for (uint32_t i = 0; i < n_stop; i++) {
-        size_t L = strlen(stop[i]);
-        if (!L) continue;
-        size_t start = from > L ? from - L : 0;
-        for (size_t p = start; p + L <= t->n; p++) {
-            if (!memcmp(t->p + p, stop[i], L)) {
-                if (best < 0 || (int64_t)p < best) {
-                    best = (int64_t)p;
-                    *match_len = L;
-                }
-                break;
-            }
-        }
-    }
-    return best;
+/* KVT_ERR_STALE with the message every refusal carries (W2, W3). */
+static kvt_status model_changed(kvt_engine *e, char *err, size_t errlen) {
+    char what[256] = "";
+    kvt_file_watch_changed(e->watch, what, sizeof what);
+    return kvt_errf(err, errlen, KVT_ERR_STALE,
+                    "the model file %s changed after it was loaded (%s): kvtier no longer computes from it; "
+                    "restart kvtier to load the file as it is now", e->model_path, what);
 }
 
-/* How many bytes at the end of the text could be the beginning of some stop string. */
-static size_t stop_holdback(const kvt_strbuf *t, const char *const *stop, uint32_t n_stop) {
-    size_t hold = 0;
-    for (uint32_t i = 0; i < n_stop; i++) {
-        size_t L = strlen(stop[i]);
-        for (size_t k = KVT_MIN(L - (L > 0), t->n); k > hold; k--) {
-            if (!memcmp(t->p + t->n - k, stop[i], k)) {
-                hold = k;
-                break;
-            }
-        }
-    }
-    return hold;
+/* W1: true when what is about to be handed to a tier was computed from the loaded weights (the
+ * file is unchanged now, after the computation: file_watch.h); otherwise counts the refusal. */
+static bool weights_ok(kvt_engine *e) {
+    if (kvt_file_watch_ok(e->watch)) return true;
+    __atomic_add_fetch(&e->stale_dropped, 1, __ATOMIC_RELAXED);
+    return false;
 }
+static bool weights_ok_cb(void *e) { return weights_ok(e); } /* the tier manager's admit gate */
 
-/* ---- shared tier hook (issue 17) -------------------------------------------------------------- */
-/* Lookup order live -> RAM -> SSD -> shared: after the local tiers, extend the reused prefix with
- * blocks no local tier had, fetched and verified by the shared tier; they land in RAM (and SSD)
- * like a restore. The shared tier walks the request's chain (the local lookups' hashes: nothing is
- * hashed again). *seq may be NULL (local miss). Updates *reused / res. */
-static void shared_lookup(kvt_engine *e, const kvt_chain *chain, kvt_seq **seq, uint32_t *reused, kvt_gen_result *res) {
-    if (!e->shared) return;
-    if (*reused % e->o.block_tokens) return; /* a local partial block: the shared tier adds < 1 block */
-    if (!*seq && kvt_seq_create(e->pool, kvt_chain_root(chain), seq) != KVT_OK) return;
-    double r0 = kvt_now_ms();
-    uint32_t got = kvt_shared_extend(e->shared, seq, chain); /* recurrent: may replace *seq */
-    res->restore_ms += kvt_now_ms() - r0;
-    if (!got) {
-        if (*reused == 0) { /* keep the miss path identical to a server without the tier */
-            kvt_seq_free(*seq);
-            *seq = NULL;
-        }
-        return;
-    }
-    *reused = kvt_seq_len(*seq);
-    res->reused_from = KVT_TIER_SHARED;
-    kvt_prompt_cache_put_blocks(e->pc, *seq);
-    if (e->ssd && e->o.ssd_writeback) {
-        kvt_snapshot *snap = NULL; /* recurrent: the fetched state lands on SSD too */
-        if (e->recurrent && kvt_seq_snapshot(*seq, &snap) != KVT_OK) snap = NULL;
-        kvt_ssd_enqueue_seq(e->ssd, *seq, snap);
-        if (snap) kvt_snapshot_release(snap);
-    }
-}
-/* Write-behind: the sealed blocks of seq also go to the shared tier (background publisher). */
-static void shared_publish(kvt_engine *e, kvt_seq *seq) {
-    if (e->shared) kvt_shared_publish_seq(e->shared, seq);
-}
-static void shared_set_busy(kvt_engine *e, bool busy) {
-    if (e->shared) kvt_shared_set_busy(e->shared, busy);
+bool kvt_engine_model_changed(kvt_engine *e, char *what, size_t len) {
+    if (kvt_file_watch_ok(e->watch)) return false;
+    kvt_file_watch_changed(e->watch, what, len);
+    return true;
 }
 
 /* ---- generate ------------------------------------------------------------------------------- */
 
-/* Register the sequence in the RAM tier (blocks, tail and, for recurrent layouts, a state snapshot
- * at its length) and queue it for the SSD tier, the snapshot included. */
 /* A finished or boundary sequence into the tiers (RAM put, write-behind incl. its recurrent-state
- * snapshot: kvt_tiers_put) and the shared tier's publisher. */
-static void cache_put(kvt_engine *e, kvt_seq *seq) {
-    kvt_tiers_put(e->tier, seq);
-    shared_publish(e, seq);
-}
+ * snapshot, the shared tier's publisher: kvt_tiers_put; W1 is its admit gate). */
+static void cache_put(kvt_engine *e, kvt_seq *seq) { kvt_tiers_put(e->tier, seq); }
+/* A growing sequence's sealed blocks into the RAM tier and write-behind. */
+static void put_blocks(kvt_engine *e, kvt_seq *seq) { kvt_tiers_put_blocks(e->tier, seq); }
 
-/* ---- one generation as a row: begin / plan / advance / end (engine_int.h) -------------------- */
+/* ---- what the row phases use (engine_int.h; the phases themselves are in row.c) ---------------- */
 
+void kvt_engine_cache_put(kvt_engine *e, kvt_seq *seq) { cache_put(e, seq); }
+void kvt_engine_cache_put_local(kvt_engine *e, kvt_seq *seq) { kvt_tiers_put_local(e->tier, seq); }
+void kvt_engine_put_blocks(kvt_engine *e, kvt_seq *seq) { put_blocks(e, seq); }
+bool kvt_engine_weights_ok(kvt_engine *e) { return weights_ok(e); }
+kvt_status kvt_engine_stale(kvt_engine *e, char *err, size_t errlen) { return model_changed(e, err, errlen); }
 uint64_t kvt_engine_row_reserve(const kvt_engine *e, uint32_t n, uint32_t max_new) {
-    return (uint64_t)((double)(n + max_new) * kvt_kv_layout_bytes_per_token(e->layout));
+    return kvt_row_kv_bytes(e->layout, (uint64_t)n + max_new, e->o.ubatch); /* what the row really holds */
 }
-pthread_mutex_t *kvt_engine_ctx_mu(kvt_engine *e) { return &e->gen_mu; }
-kvt_ctx *kvt_engine_ctx(kvt_engine *e) { return e->ctx; }
 void kvt_engine_set_decoding(kvt_engine *e, bool any) {
     if (any == e->decoding) return;
     e->decoding = any;
-    if (e->ssd) kvt_ssd_set_busy(e->ssd, any);
-    shared_set_busy(e, any);
+    kvt_tiers_set_busy(e->tier, any);
 }
 
-static bool row_cancelled(const kvt_row *r) {
-    return (r->req->cancel && __atomic_load_n(r->req->cancel, __ATOMIC_RELAXED)) || /* set by another thread */
-           __atomic_load_n(&r->abort, __ATOMIC_RELAXED);
-}
-
-/* 2. lookup and admission, then the prefill setup. */
-void kvt_row_begin(kvt_row *r) {
-    kvt_engine *e = r->e;
-    const kvt_gen_request *req = r->req;
-    kvt_gen_result *res = r->res;
-    const uint32_t n = r->n;
-    r->state = KVT_ROW_DONE;
-    r->gen = malloc(sizeof(int32_t) * (r->max_new + 1));
-    r->sampler = kvt_sampler_create(e->n_vocab);
-    if (!r->gen || !r->sampler) {
-        r->st = kvt_errf(r->err, r->errlen, KVT_ERR_NOMEM, "out of memory");
-        return;
-    }
-    r->t0 = kvt_now_ms();
-    r->root = kvt_root_hash(e->compat, req->ns ? req->ns : "");
-    r->use_cache = e->pc && !req->no_cache;
-    /* [ckpt] before the lookup: an identical request with a checkpoint resumes from it. Lookup and
-     * prefill then cover prompt ++ already-emitted tokens (pp[0..pn)); the sampler history still
-     * starts from the prompt (the emitted tokens are accepted again as they are replayed). The
-     * record is read here, on the submitting thread, never on the scheduler's token loop. */
-    kvt_ckpt_begin(&r->ck, r->use_cache ? e->ckpt : NULL, e->o.generation_checkpoint, e->compat, req, r->max_new, e->n_vocab);
-    r->pp = r->ck.resumed ? r->ck.look : req->prompt;
-    r->pn = r->ck.resumed ? r->ck.n_look : n;
-    kvt_status st;
-    if (r->use_cache) {
-        /* lookups run on the submitting threads (sched.h): one at a time (the shared tier's fetch
-         * connection is single-user), concurrently with the scheduler's steps */
-        pthread_mutex_lock(&e->lookup_mu);
-        /* the prompt's chain hashes once, shared by both tiers' lookups and block sealing */
-        st = kvt_chain_create(r->root, r->pp, r->pn, e->o.block_tokens, &r->chain);
-        kvt_tiers_hit hit;
-        if (st == KVT_OK) st = kvt_tiers_lookup(e->tier, r->chain, &hit);
-        if (st) {
-            pthread_mutex_unlock(&e->lookup_mu);
-            r->st = st;
-            return;
-        }
-        r->seq = hit.seq;
-        r->reused = hit.n_reused;
-        res->restore_ms = hit.restore_ms;
-        res->reused_from = hit.from == KVT_TIERS_SSD ? KVT_TIER_SSD : hit.from == KVT_TIERS_RAM ? KVT_TIER_RAM : KVT_TIER_NONE;
-        shared_lookup(e, r->chain, &r->seq, &r->reused, res);
-        pthread_mutex_unlock(&e->lookup_mu);
-        kvt_ckpt_note_reused(&r->ck, e->ckpt, r->reused); /* [ckpt] how much of a resume was restored */
-    }
-    if (!r->seq) {
-        if ((st = kvt_seq_create(e->pool, r->root, &r->seq))) {
-            r->st = st;
-            return;
-        }
-        r->reused = 0;
-        res->reused_from = KVT_TIER_NONE;
-    }
-    if (r->chain) kvt_seq_set_chain(r->seq, r->chain);
-    res->n_prompt = n;
-    res->n_reused = KVT_MIN(r->reused, n); /* a resume also reuses emitted tokens: not prompt tokens */
-
-    /* admission: the whole request must fit in the pool once cache-only blocks are evicted */
-    {
-        double need = (double)(n + r->max_new - KVT_MIN(r->reused, n)) * kvt_kv_layout_bytes_per_token(e->layout);
-        uint64_t budget = kvt_block_pool_budget(e->pool);
-        if (budget && need > (double)budget) {
-            r->st = kvt_errf(r->err, r->errlen, KVT_ERR_POOL_EXHAUSTED,
-                             "out of KV memory: the request needs %.0f MB of KV but the pool holds %.0f MB", need / 1e6,
-                             (double)budget / 1e6);
-            return;
-        }
-    }
-    r->begun = true;
-
-    /* 3. prefill setup */
-    kvt_sampler_reset(r->sampler, &req->sampling);
-    for (uint32_t i = n > 64 ? n - 64 : 0; i < n; i++) kvt_sampler_accept(r->sampler, req->prompt[i]);
-    if (r->ck.resumed) kvt_sampler_set_rng_state(r->sampler, r->ck.rec.rng); /* [ckpt] RNG after the pending draw */
-    r->tp0 = kvt_now_ms();
-    /* Sliding-window layouts: blocks leave the live window as the sequence grows; registering the
-     * sealed blocks after every chunk keeps them reusable from the cache. Chunks are capped at the
-     * window so no block can be sealed and dropped within one chunk. */
-    r->keep_window = r->use_cache && e->min_window > 0;
-    /* Rows beside other rows: the sealed prompt blocks enter the RAM tier after every chunk, so a
-     * request arriving meanwhile with the same prefix reuses them (docs/batching.md). Recurrent
-     * layouts need a state snapshot to reuse anything, which only whole-prompt puts make. */
-    r->share_prefix = r->use_cache && e->sched && !e->recurrent;
-    r->chunk = r->pn - r->reused;
-    if (r->keep_window) r->chunk = KVT_MIN(KVT_MIN(e->o.ubatch, e->min_window), r->chunk);
-    if (e->progress) r->chunk = KVT_MIN(e->o.ubatch, r->chunk); /* same chunks the model makes, reported one by one */
-    report(e, KVT_PROGRESS_PREFILL, 0, r->pn - r->reused);
-    /* Recurrent layouts: a state snapshot every `every` tokens (whole blocks), so an edit at token
-     * p can reuse up to the last snapshot <= p; the prefill stops at those positions. */
-    const uint32_t bt = e->o.block_tokens;
-    r->every = r->use_cache && e->recurrent && e->o.recurrent_snapshot_every ? (e->o.recurrent_snapshot_every + bt - 1) / bt * bt : 0;
-    r->done_tok = r->reused;
-    r->state = KVT_ROW_PREFILL;
-}
-
-uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
-    if (r->state != KVT_ROW_PREFILL && r->state != KVT_ROW_DECODE) return 0;
-    if (row_cancelled(r)) {
-        r->res->finish = KVT_FINISH_CANCELLED;
-        if (r->state == KVT_ROW_PREFILL) report(r->e, KVT_PROGRESS_PREFILL, r->pn - r->reused, r->pn - r->reused);
-        r->state = KVT_ROW_DONE;
-        return 0;
-    }
-    if (r->state == KVT_ROW_DECODE) {
-        *tokens = &r->next;
-        return budget ? 1 : 0;
-    }
-    uint32_t m = KVT_MIN(KVT_MIN(r->chunk, r->pn - r->done_tok), budget);
-    if (r->every) m = KVT_MIN(m, (r->done_tok / r->every + 1) * r->every - r->done_tok);
-    *tokens = r->pp + r->done_tok;
-    return m;
-}
-
-/* 4. one sampled token: stream its text (stop strings held back until they can no longer match);
- * the row either ends (DONE) or forwards it next (DECODE). */
-static void row_sample(kvt_row *r, float *logits) {
-    kvt_engine *e = r->e;
-    const kvt_gen_request *req = r->req;
-    kvt_gen_result *res = r->res;
-    r->state = KVT_ROW_DONE;
-    for (;;) { /* more than one iteration only while replaying a checkpoint's emitted tokens */
-        int32_t id;
-        const kvt_ckpt_src src = kvt_ckpt_next(&r->ck, &id); /* [ckpt] replayed / pending tokens first */
-        if (src == KVT_CKPT_SAMPLE) id = kvt_sampler_sample(r->sampler, logits);
-        if (r->n_gen == 0) res->ttft_ms = kvt_now_ms() - r->t0;
-        if (!req->ignore_eog && kvt_tokenizer_is_eog(e->tok, id)) {
-            res->finish = KVT_FINISH_STOP;
-            return;
-        }
-        if (kvt_ckpt_due(&r->ck, src, r->n_gen)) /* [ckpt] n_gen emitted, id sampled but not yet emitted */
-            kvt_ckpt_save(&r->ck, e->ckpt, e->ssd, e->o.ssd_writeback, r->seq, r->n, r->gen, r->n_gen, id,
-                          kvt_sampler_rng_state(r->sampler));
-        r->gen[r->n_gen++] = id;
-        kvt_sampler_accept(r->sampler, id);
-        size_t dl = 0;
-        const char *d = kvt_detok_push(r->dt, id, &dl);
-        bool stop_hit = false;
-        if (req->n_stop) {
-            kvt_strbuf *tb = &r->tb;
-            size_t before = tb->n;
-            kvt_strbuf_add(tb, d, dl);
-            if (tb->oom) {
-                r->st = KVT_ERR_NOMEM;
-                return;
-            }
-            size_t ml = 0;
-            int64_t at = find_stop(tb, req->stop, req->n_stop, before, &ml);
-            size_t upto;
-            if (at >= 0) {
-                upto = (size_t)at;
-                stop_hit = true;
-            } else {
-                upto = tb->n - stop_holdback(tb, req->stop, req->n_stop);
-            }
-            bool keep = true;
-            if (upto > r->emitted) {
-                if (req->on_token) keep = req->on_token(req->cb_ctx, id, tb->p + r->emitted, upto - r->emitted);
-                r->emitted = upto;
-            } else if (req->on_token) {
-                keep = req->on_token(req->cb_ctx, id, "", 0);
-            }
-            if (!keep) {
-                res->finish = KVT_FINISH_CANCELLED;
-                return;
-            }
-        } else if (req->on_token && !req->on_token(req->cb_ctx, id, d, dl)) {
-            res->finish = KVT_FINISH_CANCELLED;
-            return;
-        }
-        if (stop_hit) {
-            res->finish = KVT_FINISH_STOP;
-            return;
-        }
-        if (row_cancelled(r)) {
-            res->finish = KVT_FINISH_CANCELLED;
-            return;
-        }
-        if (r->n_gen >= r->max_new) return;
-        if (src == KVT_CKPT_REPLAYED) continue; /* [ckpt] its KV was restored or prefilled: no forward */
-        r->next = id;
-        r->state = KVT_ROW_DECODE;
-        return;
-    }
-}
-
-void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
-    kvt_engine *e = r->e;
-    kvt_gen_result *res = r->res;
-    const uint32_t n = r->n, reused = r->reused;
-    if (r->state == KVT_ROW_PREFILL) {
-        if (st == KVT_OK) {
-            const uint32_t before = r->done_tok;
-            r->done_tok += m;
-            if (r->done_tok < r->pn) {
-                if (r->keep_window) kvt_tiers_put_blocks(e->tier, r->seq);
-                else if (r->share_prefix && r->done_tok / e->o.block_tokens > before / e->o.block_tokens)
-                    kvt_tiers_put_blocks(e->tier, r->seq); /* a block sealed: visible to new rows */
-                report(e, KVT_PROGRESS_PREFILL, r->done_tok - reused, r->pn - reused);
-                if (r->every && r->done_tok % r->every == 0) cache_put(e, r->seq);
-                return;
-            }
-        }
-        report(e, KVT_PROGRESS_PREFILL, r->pn - reused, r->pn - reused);
-        if (st) {
-            r->state = KVT_ROW_DONE;
-            if (st == KVT_ERR_POOL_EXHAUSTED)
-                r->st = kvt_errf(r->err, r->errlen, st, "out of KV memory during prefill (pool %.0f MB in use)",
-                                 (double)kvt_block_pool_used_bytes(e->pool) / 1e6);
-            else if (st == KVT_ERR_CANCELLED)
-                res->finish = KVT_FINISH_CANCELLED;
-            else
-                r->st = kvt_errf(r->err, r->errlen, st, "prefill failed: %s", kvt_status_str(st));
-            return;
-        }
-        res->prefill_ms = kvt_now_ms() - r->tp0;
-        if (res->prefill_ms > 0) res->prefill_tps = (double)(r->pn - reused) / (res->prefill_ms / 1000.0);
-        /* prompt-boundary snapshot: the prompt-only prefix is what the next turn renders identically
-         * (always for recurrent layouts: their state cannot be cut back to the prompt later; with
-         * prefix sharing too, so the whole prompt is visible to new rows while this one decodes) */
-        if (r->use_cache && !r->ck.resumed && n > reused && (n - reused >= e->o.snapshot_min_tokens || e->recurrent || r->share_prefix))
-            cache_put(e, r->seq);
-        /* 4. decode (the SSD writer defers while rows decode; see kvt_engine_set_decoding) */
-        if (!e->sched) kvt_engine_set_decoding(e, true);
-        r->dt = kvt_detok_create(e->tok, false);
-        if (!r->dt) {
-            r->state = KVT_ROW_DONE;
-            r->st = KVT_ERR_NOMEM;
-            return;
-        }
-        r->decoding = true;
-        r->td0 = kvt_now_ms();
-        res->finish = KVT_FINISH_LENGTH;
-        row_sample(r, logits);
-        return;
-    }
-    if (r->state != KVT_ROW_DECODE) return;
-    if (st == KVT_OK && r->keep_window && kvt_seq_len(r->seq) % e->o.block_tokens == 0) kvt_tiers_put_blocks(e->tier, r->seq);
-    if (st) {
-        r->state = KVT_ROW_DONE;
-        if (st == KVT_ERR_CANCELLED)
-            res->finish = KVT_FINISH_CANCELLED;
-        else
-            r->st = kvt_errf(r->err, r->errlen, st, "decode failed: %s", kvt_status_str(st));
-        return;
-    }
-    row_sample(r, logits);
-}
-
-void kvt_row_end(kvt_row *r) {
-    kvt_engine *e = r->e;
-    const kvt_gen_request *req = r->req;
-    kvt_gen_result *res = r->res;
-    if (r->decoding) {
-        /* flush held-back text when finishing for a reason other than a stop string */
-        if (r->st == KVT_OK && res->finish != KVT_FINISH_CANCELLED && req->on_token) {
-            size_t fl = 0;
-            const char *f = kvt_detok_flush(r->dt, &fl);
-            if (req->n_stop) {
-                if (res->finish != KVT_FINISH_STOP) {
-                    kvt_strbuf_add(&r->tb, f, fl);
-                    if (r->tb.n > r->emitted) req->on_token(req->cb_ctx, -1, r->tb.p + r->emitted, r->tb.n - r->emitted);
-                }
-            } else if (fl) {
-                req->on_token(req->cb_ctx, -1, f, fl);
-            }
-        }
-        res->decode_ms = kvt_now_ms() - r->td0;
-        res->n_gen = r->n_gen;
-        if (r->n_gen > 1 && res->decode_ms > 0) res->decode_tps = (double)(r->n_gen - 1) / (res->decode_ms / 1000.0);
-        res->tokens = r->gen;
-        r->gen = NULL;
-        /* [ckpt] normal completion invalidates the checkpoint; cancellation and errors keep it */
-        kvt_ckpt_end(&r->ck, e->ckpt, r->st == KVT_OK && res->finish != KVT_FINISH_CANCELLED);
-    }
-    if (r->begun) {
-        if (!e->sched) kvt_engine_set_decoding(e, false);
-        /* 5. what was computed stays cached, also for cancelled requests */
-        if (r->seq && r->use_cache && kvt_seq_len(r->seq) > 0) cache_put(e, r->seq);
-        res->peak_kv_bytes = kvt_block_pool_peak_bytes(e->pool);
-        pthread_mutex_lock(&e->stats_mu);
-        e->requests++;
-        e->prompt_tokens += r->n;
-        e->generated_tokens += res->n_gen;
-        e->cached_tokens += res->n_reused;
-        pthread_mutex_unlock(&e->stats_mu);
-    }
-    if (r->seq) kvt_seq_free(r->seq);
-    r->seq = NULL;
-    kvt_chain_release(r->chain);
-    r->chain = NULL;
-    kvt_ckpt_run_free(&r->ck); /* [ckpt] */
-    kvt_detok_free(r->dt);
-    r->dt = NULL;
-    kvt_sampler_free(r->sampler);
-    r->sampler = NULL;
-    kvt_strbuf_free(&r->tb);
-    free(r->gen);
-    r->gen = NULL;
-}
-
-kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
+/* 1. validate the request; *max_new: the new tokens it may make. */
+static kvt_status validate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen,
+                           uint32_t *max_new) {
     memset(res, 0, sizeof *res);
     res->finish = KVT_FINISH_ERROR;
+    if (!kvt_file_watch_ok(e->watch)) return model_changed(e, err, errlen); /* W3 */
     const uint32_t n = req->n_prompt;
     if (n == 0) return kvt_errf(err, errlen, KVT_ERR_RANGE, "the prompt is empty");
     if (n >= e->n_ctx)
@@ -903,20 +424,47 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         if (req->prompt[i] < 0 || (uint32_t)req->prompt[i] >= e->n_vocab)
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "token id %d at position %u is outside the vocabulary [0, %u)",
                             req->prompt[i], i, e->n_vocab);
-    uint32_t max_new = e->n_ctx - n;
-    if (req->max_tokens && req->max_tokens < max_new) max_new = req->max_tokens;
+    *max_new = e->n_ctx - n;
+    if (req->max_tokens && req->max_tokens < *max_new) *max_new = req->max_tokens;
+    return KVT_OK;
+}
 
+/* A submitted row on the heap, with the caller's completion callback (kvt_engine_submit). */
+typedef struct submitted {
+    kvt_row r; /* first: the scheduler's on_done gets &r */
+    kvt_gen_done_cb done;
+    void *ctx;
+} submitted;
+
+static void submitted_done(kvt_row *r, void *ctx) {
+    submitted *sb = ctx;
+    const kvt_status st = r->st;
+    sb->done(sb->ctx, st);
+    free(sb);
+}
+
+kvt_status kvt_engine_submit(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen,
+                             bool follow_up, kvt_gen_done_cb done, void *ctx) {
+    uint32_t max_new = 0;
+    kvt_status st = validate(e, req, res, err, errlen, &max_new);
+    if (st) return st;
+    submitted *sb = malloc(sizeof *sb);
+    if (!sb) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
+    kvt_row_init(&sb->r, e, req, res, err, errlen, req->n_prompt, max_new);
+    sb->done = done;
+    sb->ctx = ctx;
+    st = kvt_sched_submit(e->sched, &sb->r, follow_up, submitted_done, sb);
+    if (st) free(sb);
+    return st;
+}
+
+kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_gen_result *res, char *err, size_t errlen) {
+    uint32_t max_new = 0;
+    kvt_status vst = validate(e, req, res, err, errlen, &max_new);
+    if (vst) return vst;
     kvt_row r;
-    memset(&r, 0, sizeof r);
-    r.e = e;
-    r.req = req;
-    r.res = res;
-    r.err = err;
-    r.errlen = errlen;
-    r.n = n;
-    r.max_new = max_new;
-    r.reserve = kvt_engine_row_reserve(e, n, max_new);
-    if (e->sched) return kvt_sched_run(e->sched, &r); /* --parallel > 1: the scheduler thread drives it */
+    kvt_row_init(&r, e, req, res, err, errlen, req->n_prompt, max_new);
+    if (e->parallel > 1) return kvt_sched_run(e->sched, &r); /* the scheduler thread drives it */
 
     /* --parallel 1: this thread drives its one row, one generation at a time */
     pthread_mutex_lock(&e->gen_mu);
@@ -938,8 +486,46 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
 
 /* ---- stats, flush, maintenance ---------------------------------------------------------------- */
 
+/* VmRSS and VmHWM of this process (bytes; 0 when /proc is unreadable). */
+static void read_rss(uint64_t *rss, uint64_t *hwm) {
+    *rss = *hwm = 0;
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f) return;
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) *rss = (uint64_t)kb << 10;
+        else if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) *hwm = (uint64_t)kb << 10;
+    }
+    fclose(f);
+}
+
+/* The memory section of /stats (stats_table.h KVT_STATS_MEMORY). */
+static void memory_stats(kvt_engine *e, const kvt_sched_stats *b, kvt_engine_stats *out) {
+    if (e->mem_on) {
+        out->mem_budget_bytes = e->mem_in.budget;
+        out->mem_weights_bytes = e->mem_in.parts.weights;
+        out->mem_weight_copies_bytes = e->mem_in.parts.weight_copies;
+        out->mem_compute_bytes = e->mem_in.parts.compute;
+        out->mem_spill_queue_bytes = e->mem_in.parts.spill_queue;
+        out->mem_text_bytes = e->mem_in.parts.text;
+        out->mem_live_rows_bytes = e->mem.live_rows;
+    }
+    out->mem_kv_pool_bytes = out->pool_budget_bytes;
+    out->mem_kv_pool_used_bytes = out->pool_used_bytes;
+    out->mem_ram_tier_bytes = out->pc_max_bytes;
+    out->mem_ram_tier_used_bytes = out->pc_bytes;
+    out->mem_spill_queue_used_bytes = out->ssd_pending_bytes;
+    out->mem_rows_reserved_bytes = b->reserved;
+    read_rss(&out->mem_rss_bytes, &out->mem_rss_peak_bytes);
+    kvt_tiers_pressure_stats(e->tier, &out->mem_pressure_events, &out->mem_pressure_freed_bytes, &out->mem_pressure_failed);
+}
+
 void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
     memset(out, 0, sizeof *out);
+    snprintf(out->model_path, sizeof out->model_path, "%s", e->model_path);
+    out->model_changed = kvt_engine_model_changed(e, out->model_change, sizeof out->model_change); /* [watch] */
+    out->model_stale_dropped = __atomic_load_n(&e->stale_dropped, __ATOMIC_RELAXED);
     if (e->pc) {
         kvt_prompt_cache_stats s;
         kvt_prompt_cache_stats_get(e->pc, &s);
@@ -975,6 +561,7 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->ssd_restore_ms_last = s.restore_ms_last;
         out->ssd_dirty_records = s.dirty_records;
         out->ssd_shed = s.shed;
+        out->ssd_staged = s.staged;
         out->ssd_skipped_nonregular = s.skipped_nonregular;
         out->ssd_lost_entries = s.lost_entries;
         out->ssd_dir_recreated = s.dir_recreated;
@@ -1029,64 +616,65 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
     out->cached_tokens = e->cached_tokens;
     pthread_mutex_unlock(&e->stats_mu);
     out->parallel = e->parallel;
-    if (e->sched) {
-        kvt_sched_stats b;
-        kvt_sched_stats_get(e->sched, &b);
-        out->rows_active = b.rows_active;
-        out->rows_queued = b.queued;
-        out->batch_queue_max = b.queue_max;
-        out->batch_steps = b.steps;
-        out->batch_memory_waits = b.memory_waits;
-        out->batch_queue_full = b.queue_full;
-        out->batch_tokens_per_step_last = b.tokens_per_step_last;
-        out->batch_tokens_per_step_avg = b.tokens_per_step_avg;
-        out->batch_prefill_tps_1m = b.prefill_tps_1m;
-        out->batch_decode_tps_1m = b.decode_tps_1m;
-        out->queue_wait_ms_last = b.queue_wait_ms_last;
-        out->queue_wait_ms_avg = b.queue_wait_ms_avg;
-        out->queue_wait_ms_max = b.queue_wait_ms_max;
-        out->max_decode_stall_ms = b.max_decode_stall_ms;
-        out->max_decode_step_ms = b.max_decode_step_ms;
-    } else {
-        out->rows_active = (uint64_t)__atomic_load_n(&e->inline_active, __ATOMIC_RELAXED);
-    }
+    kvt_sched_stats b;
+    kvt_sched_stats_get(e->sched, &b);
+    /* --parallel 1: inline generations (kvt_engine_generate) beside submitted rows */
+    out->rows_active = b.rows_active + (uint64_t)__atomic_load_n(&e->inline_active, __ATOMIC_RELAXED);
+    out->rows_queued = b.queued;
+    out->batch_queue_max = b.queue_max;
+    out->batch_steps = b.steps;
+    out->batch_memory_waits = b.memory_waits;
+    out->batch_queue_full = b.queue_full;
+    out->batch_tokens_per_step_last = b.tokens_per_step_last;
+    out->batch_tokens_per_step_avg = b.tokens_per_step_avg;
+    out->batch_prefill_tps_1m = b.prefill_tps_1m;
+    out->batch_decode_tps_1m = b.decode_tps_1m;
+    out->queue_wait_ms_last = b.queue_wait_ms_last;
+    out->queue_wait_ms_avg = b.queue_wait_ms_avg;
+    out->queue_wait_ms_max = b.queue_wait_ms_max;
+    out->max_decode_stall_ms = b.max_decode_stall_ms;
+    out->max_decode_step_ms = b.max_decode_step_ms;
+    memory_stats(e, &b, out);
+}
+
+uint32_t kvt_engine_cache_prefixes(kvt_engine *e, kvt_cached_prefix *out, uint32_t max, uint64_t *n_prefixes) {
+    return kvt_tiers_prefixes(e->tier, out, max, n_prefixes);
+}
+
+static void flush_result_of(const kvt_tiers_flush_result *r, kvt_flush_result *out) {
+    memset(out, 0, sizeof *out);
+    out->durable = r->durable;
+    out->entries = r->blocks.entries;
+    out->pending_blocks = r->blocks.pending_blocks;
+    out->dropped = r->blocks.dropped;
+    out->failed = r->blocks.failed;
+    out->records_written = r->blocks.records_written;
+    out->longest_durable_prefix_tokens = r->blocks.longest_durable_prefix_tokens;
+    out->elapsed_ms = r->blocks.elapsed_ms;
+    out->shared_pending = r->shared_pending;
+    out->demoted = r->demoted;
+    snprintf(out->reason, sizeof out->reason, "%s", r->reason);
 }
 
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {
-    memset(out, 0, sizeof *out);
-    if (!e->ssd) {
-        out->durable = true;
-        return;
-    }
-    kvt_ssd_flush_result r;
+    kvt_tiers_flush_result r;
     kvt_tiers_flush(e->tier, timeout_ms, &r);
-    out->durable = r.durable;
-    out->entries = r.entries;
-    out->pending_blocks = r.pending_blocks;
-    out->dropped = r.dropped;
-    out->failed = r.failed;
-    out->records_written = r.records_written;
-    out->longest_durable_prefix_tokens = r.longest_durable_prefix_tokens;
-    out->elapsed_ms = r.elapsed_ms;
-    snprintf(out->reason, sizeof out->reason, "%s", r.reason);
-    /* [ckpt] queued checkpoint records are owed to disk too */
-    if (e->ckpt && !kvt_ckpt_store_flush(e->ckpt, timeout_ms) && out->durable) {
-        out->durable = false;
-        snprintf(out->reason, sizeof out->reason, "generation checkpoint records are still being written");
-    }
+    flush_result_of(&r, out);
+}
+
+kvt_status kvt_engine_drain(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->ssd) return KVT_ERR_UNSUPPORTED;
+    kvt_tiers_flush_result r;
+    kvt_status st = e->tier ? kvt_tiers_drain(e->tier, timeout_ms, &r) : KVT_ERR_UNSUPPORTED;
+    if (st == KVT_OK) flush_result_of(&r, out);
+    return st;
 }
 
 void kvt_engine_tick(kvt_engine *e) {
-    if (!e->ssd || !e->pc || e->o.ssd_demote_idle_s <= 0) return; /* 0 or negative: demotion off */
-    /* between steps only (the scheduler holds gen_mu while it forwards); a busy engine skips */
-    if (pthread_mutex_trylock(&e->gen_mu) != 0) return;
-    double now = kvt_now_ms();
-    if (now - e->last_tick_ms >= 1000.0) {
-        e->last_tick_ms = now;
-        uint64_t n = kvt_prompt_cache_demote_idle(e->pc, e->o.ssd_demote_idle_s);
-        if (n) kvt_ssd_note_demotions(e->ssd, n);
-    }
-    pthread_mutex_unlock(&e->gen_mu);
+    (void)kvt_file_watch_ok(e->watch); /* [watch] an idle server notices (and logs) a change too */
+    /* idle demotion: between steps only (the scheduler holds gen_mu while it forwards) */
+    kvt_tiers_tick(e->tier, &e->gen_mu);
 }
 
 /* ---- scoring (quality harness) ---------------------------------------------------------------- */
@@ -1094,6 +682,7 @@ void kvt_engine_tick(kvt_engine *e) {
 kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_prompt, uint32_t n_steps,
                             kvt_logits_fn fn, void *ctx, char *err, size_t errlen) {
     if (n_prompt == 0 || n_steps == 0) return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: empty prompt or no steps");
+    if (!kvt_file_watch_ok(e->watch)) return model_changed(e, err, errlen); /* W3 */
     if ((uint64_t)n_prompt + n_steps > e->n_ctx)
         return kvt_errf(err, errlen, KVT_ERR_RANGE, "score: %u + %u tokens exceed the context of %u", n_prompt, n_steps, e->n_ctx);
     for (uint32_t i = 0; i < n_prompt; i++)
@@ -1105,6 +694,10 @@ kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_pro
     kvt_status st = kvt_seq_create(e->pool, kvt_root_hash(e->compat, "score"), &seq);
     if (st == KVT_OK) st = kvt_model_forward(e->ctx, seq, prompt, n_prompt, false, NULL, &logits);
     for (uint32_t step = 0; st == KVT_OK && step < n_steps; step++) {
+        if (!kvt_file_watch_ok(e->watch)) { /* W2 */
+            st = model_changed(e, err, errlen);
+            break;
+        }
         const int32_t next = fn(ctx, step, logits);
         if (step + 1 == n_steps) break;
         if (next < 0 || (uint32_t)next >= e->n_vocab) {

@@ -1,89 +1,87 @@
 /*
- * engine_int.h — internal to src/engine: one generation as a row with begin / plan / advance / end
- * phases (engine.c), driven either inline by kvt_engine_generate (--parallel 1) or, one forward
- * pass per step over all active rows, by the scheduler (sched.c). Not a public header.
+ * engine_int.h — internal to src/engine: the engine's state, for the files that implement one of its
+ * concerns (row.c: the row phases; engine.c: create/free/generate/score, the cache wiring). Not a
+ * public header; sched.c does not include it (it sees the engine through row.h only).
  *
- * Ownership: a kvt_row lives on the stack of the kvt_engine_generate call that submitted it and
- * outlives its time in the scheduler (kvt_sched_run returns only after the row was ended). Every
- * phase runs on one thread at a time: kvt_row_begin on the submitting thread (so a slow SSD
- * restore or shared-tier fetch never pauses the other rows; lookups are serialised among
- * themselves by the engine), the others on the driver; the request, result and error buffer are
- * the caller's and are written only by the phases.
+ * Ownership: every field is owned by the engine (engine.c creates and frees them); row.c reads
+ * them, and writes only what the comments below name, under the locks they name.
  */
 #ifndef KVT_ENGINE_INT_H
 #define KVT_ENGINE_INT_H
 
 #include <pthread.h>
 
-#include "../kv/kv.h"
-#include "../model/model.h"
-#include "../util/strbuf.h"
-#include "engine.h"
-#include "checkpoint.h"
-#include "sampler.h"
+#include "../cache/tier.h" /* the one cache header the engine needs: it names every backend */
+#include "../model/file_watch.h"
+#include "budget.h"
+#include "row.h"
+#include "sched.h"
 
-/* Row states (sched.c enforces the transitions; see its invariants). */
-typedef enum kvt_row_state {
-    KVT_ROW_QUEUED = 0,  /* submitted, waiting for a row slot and its KV reservation */
-    KVT_ROW_PREFILL = 1, /* begun: prompt tokens remain to be forwarded */
-    KVT_ROW_DECODE = 2,  /* one sampled token (next) waits to be forwarded */
-    KVT_ROW_DONE = 3,    /* finished (any reason): only kvt_row_end remains */
-} kvt_row_state;
+struct kvt_engine {
+    kvt_engine_opts o;
+    char *model_path;
+    kvt_gguf *gguf;
+    kvt_model *model;
+    kvt_tokenizer *tok;
+    kvt_chat_template *chat;
+    kvt_kv_layout *layout;
+    kvt_block_pool *pool;
+    kvt_prompt_cache *pc;
+    kvt_ssd *ssd;
+    kvt_shared *shared; /* optional shared block tier (issue 17) */
+    kvt_file_watch *watch; /* [watch] the model file, held open since before it was mapped */
+    uint64_t stale_dropped; /* [watch] hand-offs refused after the model file changed (atomic) */
+    kvt_tiers *tier; /* the tier manager: every cache policy (lookup, put, flush, tick, checkpoints) */
+    kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
+    kvt_ctx *ctx;
+    uint32_t n_ctx, n_vocab;
+    uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */
+    bool recurrent;      /* the layout has RECURRENT layers (state snapshots instead of trimming) */
+    char compat[1024];
+    char scheme[128];
+    char name[160];
+    pthread_mutex_t gen_mu;   /* the compute context: one generation (--parallel 1) or one step at a time */
+    kvt_sched *sched;         /* the batching scheduler (sched.h): every submitted row, and generate's with --parallel > 1 */
+    uint32_t parallel;
+    int inline_active;        /* --parallel 1: a generation runs (atomic; /stats rows_active) */
+    bool decoding;            /* some row decodes: the SSD/shared writers defer (kvt_engine_set_decoding) */
+    pthread_mutex_t stats_mu; /* request counters */
+    pthread_mutex_t lookup_mu; /* one tier lookup at a time (rows begin on their own threads) */
+    uint64_t requests, prompt_tokens, generated_tokens, cached_tokens;
+    bool mem_on;              /* a memory budget split the memory (set at create, then read-only) */
+    kvt_mem_split_in mem_in;  /* its inputs: the budget and its parts */
+    kvt_mem_split mem;        /* its split */
+    kvt_progress_cb progress; /* kvt_engine_set_progress */
+    void *progress_ctx;
+    /* pins.c: the restart's warm-up of the pin list (one thread, joined by kvt_engine_free) */
+    pthread_t warm_th;
+    bool warm_started;
+    volatile int warm_stop; /* atomic: also the cancel flag of the warm-up's generation */
+};
 
-typedef struct kvt_row {
-    /* the request (caller's, borrowed) */
-    kvt_engine *e;
-    const kvt_gen_request *req;
-    kvt_gen_result *res;
-    char *err;
-    size_t errlen;
-    /* outcome */
-    kvt_status st;
-    kvt_row_state state;
-    bool begun;    /* got past lookup and admission: end puts back and counts the request */
-    bool decoding; /* entered decode: end flushes text and reports decode figures */
-    volatile int abort; /* set by the scheduler at shutdown (atomic access) */
-    /* generation state */
-    uint32_t n, max_new, reused, done_tok, chunk, every, n_gen;
-    bool use_cache, keep_window, share_prefix;
-    uint64_t root;
-    double t0, tp0, td0;
-    kvt_seq *seq;
-    kvt_chain *chain; /* the prompt's chain hashes (owned; released in kvt_row_end) */
-    kvt_ckpt_run ck;       /* generation checkpoint state ([ckpt]; freed in kvt_row_end) */
-    const int32_t *pp;     /* what lookup and prefill cover: the prompt, or prompt ++ emitted on a resume */
-    uint32_t pn;
-    kvt_sampler *sampler;
-    kvt_detok *dt;
-    kvt_strbuf tb;
-    size_t emitted;
-    int32_t *gen;
-    int32_t next; /* DECODE: the token to forward */
-    /* scheduler bookkeeping (sched.c, under its mutex) */
-    uint64_t reserve; /* KV bytes this row may need (admission) */
-    double t_enq;
-    bool mem_waited;
-    bool admitted; /* given a slot: the submitter runs kvt_row_begin on its own thread */
-    bool ready;    /* kvt_row_begin returned: the scheduler may step (or end) the row */
-    bool done;     /* ended: the submitting thread may return */
-    struct kvt_row *qnext;
-} kvt_row;
+/* pins.c: starts the warm-up of the pins the tier manager read from the pin list (none: no
+ * thread); stop cancels it and joins (before the scheduler goes). */
+void kvt_engine_pins_warm_start(kvt_engine *e);
+void kvt_engine_pins_warm_stop(kvt_engine *e);
 
-/* Phases (engine.c). begin: lookup + admission + sampler/prefill setup; sets state PREFILL, or
- * DONE with st on an error. plan: the tokens this row forwards in the next step (at most budget;
- * PREFILL: a chunk, DECODE: 1), or 0 and state DONE when it was cancelled. advance: after the
- * forward of those m tokens (fst its status, logits its last token's row). end: put back into the
- * tiers, fill res, free the row's resources. */
-void kvt_row_begin(kvt_row *r);
-uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens);
-void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status fst, float *logits);
-void kvt_row_end(kvt_row *r);
+/* Progress callback (kvt_engine_set_progress), when one is set. */
+static inline void kvt_engine_report(kvt_engine *e, kvt_progress_phase ph, uint32_t done, uint32_t total) {
+    if (e->progress) e->progress(e->progress_ctx, ph, done, total);
+}
+
+/* The cache wiring and the [watch] checks the row phases use (engine.c). */
+/* Lookup after the local tiers: extend *seq / *reused with the shared tier's blocks (lookup_mu held). */
+/* A finished or boundary sequence into the tiers; a growing sequence's sealed blocks. */
+void kvt_engine_cache_put(kvt_engine *e, kvt_seq *seq);
+void kvt_engine_cache_put_local(kvt_engine *e, kvt_seq *seq); /* kvt_tiers_put_local */
+void kvt_engine_put_blocks(kvt_engine *e, kvt_seq *seq);
+/* W1 (engine.c [watch]): the weights are unchanged since the computation; else counts a refusal. */
+bool kvt_engine_weights_ok(kvt_engine *e);
+/* W2/W3: KVT_ERR_STALE with the message every refusal carries. */
+kvt_status kvt_engine_stale(kvt_engine *e, char *err, size_t errlen);
 /* The bytes of KV a request of n prompt tokens and max_new new tokens may need (no reuse). */
 uint64_t kvt_engine_row_reserve(const kvt_engine *e, uint32_t n, uint32_t max_new);
-/* Serialises use of the engine's compute context (steps, scoring, maintenance). */
-pthread_mutex_t *kvt_engine_ctx_mu(kvt_engine *e);
-kvt_ctx *kvt_engine_ctx(kvt_engine *e);
-/* SSD/shared writers defer while any row decodes: the driver calls this when that count changes. */
+/* SSD/shared writers defer while any row decodes: called when that changes. */
 void kvt_engine_set_decoding(kvt_engine *e, bool any);
 
 #endif

@@ -1,6 +1,6 @@
 /* sampler.c — see sampler.h.
  *
- * Order of operations (as llama.cpp's common sampler chain): penalties -> (greedy: argmax) ->
+ * Order of operations (as llama.cpp's common sampler chain): penalties -> logit bias -> (greedy: argmax) ->
  * top-k -> temperature softmax -> top-p -> min-p -> draw. Candidates whose logit is more than
  * KVT_CAND_RANGE below the maximum (after temperature) are dropped before sorting: their
  * probability is below e^-30 relative to the best token, so they can never be drawn in practice,
@@ -110,9 +110,56 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
-int32_t kvt_sampler_sample(kvt_sampler *s, float *logits) {
-    const uint32_t nv = s->n_vocab;
+void kvt_logprobs_of(const float *logits, uint32_t nv, int32_t id, uint32_t n_top, kvt_token_logprobs *lp) {
+    if (n_top > KVT_MAX_TOP_LOGPROBS) n_top = KVT_MAX_TOP_LOGPROBS;
+    float maxl = -INFINITY;
+    for (uint32_t i = 0; i < nv; i++)
+        if (logits[i] > maxl) maxl = logits[i];
+    double sum = 0;
+    if (isfinite(maxl))
+        for (uint32_t i = 0; i < nv; i++) sum += exp((double)logits[i] - maxl);
+    const double lse = isfinite(maxl) ? maxl + log(sum) : 0.0;
+    lp->id = id;
+    lp->logprob = (id >= 0 && (uint32_t)id < nv) ? (float)(logits[id] - lse) : -INFINITY;
+    /* top n_top by insertion into a sorted list (n_top <= 20: one pass over the vocabulary) */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < nv && n_top; i++) {
+        float l = logits[i];
+        if (!(l > -INFINITY)) continue;
+        if (k == n_top && !(l > logits[lp->top_ids[k - 1]])) continue;
+        uint32_t at = k < n_top ? k++ : n_top - 1;
+        while (at > 0 && l > logits[lp->top_ids[at - 1]]) {
+            lp->top_ids[at] = lp->top_ids[at - 1];
+            at--;
+        }
+        lp->top_ids[at] = (int32_t)i;
+    }
+    lp->n_top = k;
+    for (uint32_t j = 0; j < k; j++) lp->top_lps[j] = (float)(logits[lp->top_ids[j]] - lse);
+}
+
+static void apply_bias(const kvt_sampling *p, uint32_t nv, float *logits) {
+    for (uint32_t i = 0; i < p->n_bias; i++) {
+        int32_t id = p->bias_ids[i];
+        if (id >= 0 && (uint32_t)id < nv) logits[id] += p->bias_vals[i];
+    }
+}
+
+int32_t kvt_sampler_sample(kvt_sampler *s, float *logits) { return kvt_sampler_sample_lp(s, logits, 0, NULL); }
+
+static int32_t sample_processed(kvt_sampler *s, float *logits);
+
+int32_t kvt_sampler_sample_lp(kvt_sampler *s, float *logits, uint32_t n_top, kvt_token_logprobs *lp) {
     if (penalties_active(&s->p)) apply_penalties(s, logits);
+    if (s->p.n_bias && s->p.bias_ids && s->p.bias_vals) apply_bias(&s->p, s->n_vocab, logits);
+    int32_t id = sample_processed(s, logits);
+    if (lp) kvt_logprobs_of(logits, s->n_vocab, id, n_top, lp);
+    return id;
+}
+
+/* The draw from logits whose penalties and bias are applied. */
+static int32_t sample_processed(kvt_sampler *s, float *logits) {
+    const uint32_t nv = s->n_vocab;
 
     /* argmax (lowest id wins ties) */
     uint32_t best = 0;

@@ -19,8 +19,15 @@ void kvt_sampler_free(kvt_sampler *s);
 void kvt_sampler_reset(kvt_sampler *s, const kvt_sampling *p);
 /* Record a token in the penalty history (prompt tail and generated tokens). */
 void kvt_sampler_accept(kvt_sampler *s, int32_t id);
-/* Pick a token. May modify logits in place (penalties). */
+/* Pick a token. May modify logits in place (penalties, logit bias). */
 int32_t kvt_sampler_sample(kvt_sampler *s, float *logits);
+/* The same draw, also filling *lp (when not NULL) with the drawn token's log-probability and the
+ * n_top (<= KVT_MAX_TOP_LOGPROBS) most likely tokens: log-softmax of the logits after penalties and
+ * bias (temperature 1), which is what the draw restricts and rescales. */
+int32_t kvt_sampler_sample_lp(kvt_sampler *s, float *logits, uint32_t n_top, kvt_token_logprobs *lp);
+/* Log-softmax facts of a logits row without drawing: *lp for token id (n_top best as above).
+ * Pure (no sampler state); exposed for tests and `kvtier run --json`. */
+void kvt_logprobs_of(const float *logits, uint32_t n_vocab, int32_t id, uint32_t n_top, kvt_token_logprobs *lp);
 /* Generation checkpoints (src/engine/checkpoint.h): the RNG position (its whole state) after the
  * last draw, and setting it back. With the same settings (reset) and the same accepted history,
  * a sampler whose RNG is set to a saved state continues exactly as the saved one would have. */

@@ -1,31 +1,37 @@
 /*
  * sched.c — the continuous-batching scheduler (see sched.h, docs/batching.md).
  *
- * A row's life (engine_int.h states), all transitions on the scheduler thread except the first:
+ * A row's life (row.h states, drawn and enforced in row.c), all transitions on the scheduler thread
+ * except begin's:
  *
- *   QUEUED --admit--> admitted --(kvt_row_begin, submitter)--> ready: PREFILL --chunks--> DECODE
- *      \                                                   \--> ready: DONE (lookup/admission error)
- *       \--> DONE (shutdown)      PREFILL/DECODE --tokens/cancel/error/stop--> DONE --end--> done
+ *   QUEUED --admit--> admitted --(kvt_row_begin: submitter, or the begin thread)--> ready: PREFILL
+ *      \                  \--> ready: DONE (lookup/admission error; async: cancelled while queued)
+ *       \--> DONE (shutdown)   PREFILL --chunks--> DECODE --tokens/cancel/error/stop--> DONE --end--> done
  *
  * Invariants:
- *   1. Rows leave the queue in FIFO order; a row is admitted only when fewer than `parallel` rows
- *      are active and either no row is active or the active rows' reservations plus its own fit
- *      the budget (so a pool too small for all rows serves them in order, never OOM).
- *   2. The queue never holds more than queue_max rows; a submit beyond that fails at once.
+ *   1. Rows leave the queue in FIFO order (a follow-up row enters at the head); a row is admitted
+ *      only when fewer than `parallel` rows are active and either no row is active or the active
+ *      rows' reservations plus its own fit the budget (so a pool too small for all rows serves them
+ *      in order, never OOM). A row that ended in begin frees its slot for the next admission at once.
+ *   2. The queue never holds more than queue_max rows submitted bounded; such a submit beyond that
+ *      fails at once (unbounded submitters, the server, bound their own submissions).
  *   3. Every step forwards at most ubatch tokens: first one token of every DECODE row, then
  *      prefill chunks, fewest prompt tokens left first, with what is left, so no decode waits more
  *      than one step for a prefill and a short prompt never waits behind a long one.
- *   4. kvt_row_begin runs on the submitting thread after admission (a slow restore pauses no other
- *      row); every other phase and every forward pass run on the scheduler thread, the forward
+ *   4. kvt_row_begin runs after admission off the scheduler thread (a slow restore pauses no other
+ *      row): on the submitting thread for kvt_sched_run, on the begin thread, in admission order,
+ *      for kvt_sched_submit; every other phase and every forward pass run on the scheduler thread, the forward
  *      under the engine's context mutex; only ready rows are planned, stepped or ended; s->mu is
  *      never held across a phase or a forward.
  *   5. A row is ended (kvt_row_end) exactly once, after it reached DONE, and only then marked done;
- *      its submitter returns only after that, so the row (on its stack) outlives the scheduler's use.
+ *      its submitter returns only after that, so the row (on its stack) outlives the scheduler's use;
+ *      an async row's on_done is its last use by the scheduler (it may free the row).
  *   6. rows_active + queued counts every submitted row not yet done; reserved is the sum of the
  *      active rows' reservations.
  */
 #include "sched.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #define WIN_S 60 /* seconds of per-second token buckets for the last-minute rates */
@@ -48,6 +54,11 @@ struct kvt_sched {
     kvt_batch_item *items;  /* [parallel] */
     kvt_row **rows;         /* [parallel] the ready rows of one step (scheduler thread) */
     kvt_row **item_row;     /* [parallel] */
+    /* the begin thread (async rows): admitted rows waiting for kvt_row_begin, in admission order */
+    pthread_t begin_th;
+    bool begin_started, begin_stop;
+    pthread_cond_t begin_cv;
+    kvt_row *b_head, *b_tail;
     /* stats (mu) */
     uint64_t steps, step_tokens, admitted, memory_waits, queue_full;
     uint32_t last_step_tokens;
@@ -68,13 +79,45 @@ static void note_tokens(kvt_sched *s, double now_ms, uint64_t prefill, uint64_t 
     s->bucket_decode[i] += decode;
 }
 
-/* End a DONE row outside mu (it calls back into the tiers and the token callback), then mark it. */
+/* End a DONE row outside mu (it calls back into the tiers and the token callback), then mark it;
+ * an async row is then handed back (invariant 5: its last use here). */
 static void finish_row(kvt_sched *s, kvt_row *r) {
     kvt_row_end(r);
+    void (*cb)(kvt_row *, void *) = r->on_done;
+    void *cb_ctx = r->done_ctx;
     pthread_mutex_lock(&s->mu);
-    r->done = true;
+    r->done = true; /* a sync row's submitter may return (and its row go) from here on */
     pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
+    if (cb) cb(r, cb_ctx);
+}
+
+static bool row_cancelled(const kvt_row *r) {
+    return r->req->cancel && __atomic_load_n(r->req->cancel, __ATOMIC_RELAXED);
+}
+
+/* Invariant 4: begins the admitted async rows in admission order, off the scheduler thread. */
+static void *begin_main(void *arg) {
+    kvt_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->b_head && !s->begin_stop) pthread_cond_wait(&s->begin_cv, &s->mu);
+        if (!s->b_head) break;
+        kvt_row *r = s->b_head;
+        s->b_head = r->qnext;
+        if (!s->b_head) s->b_tail = NULL;
+        r->qnext = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (row_cancelled(r)) /* cancelled while it waited (client gone): no lookup, no prefill */
+            kvt_row_cancel_queued(r, "request cancelled before it started");
+        else
+            kvt_row_begin(r);
+        pthread_mutex_lock(&s->mu);
+        r->ready = true;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* Invariant 1: admit from the queue head while a slot and the memory allow. Called with mu held. */
@@ -99,13 +142,22 @@ static void admit(kvt_sched *s) {
         s->admitted++;
         s->active[s->n_active++] = r; /* counted active while it begins (invariant 6) */
         s->reserved += r->reserve;
-        r->admitted = true; /* its submitter runs kvt_row_begin, then marks it ready */
-        pthread_cond_broadcast(&s->done_cv);
+        r->admitted = true; /* kvt_row_begin runs (invariant 4), then the row is marked ready */
+        if (r->on_done) {
+            if (s->b_tail) s->b_tail->qnext = r;
+            else s->b_head = r;
+            s->b_tail = r;
+            pthread_cond_signal(&s->begin_cv);
+        } else {
+            pthread_cond_broadcast(&s->done_cv);
+        }
     }
 }
 
-/* Drop DONE rows from the active set and end them. Called and returns with mu held. */
-static void reap(kvt_sched *s) {
+/* Drop DONE rows from the active set and end them. Called and returns with mu held. True when it
+ * ended one (a slot may have come free). */
+static bool reap(kvt_sched *s) {
+    bool any = false;
     for (uint32_t i = 0; i < s->n_active;) {
         kvt_row *r = s->active[i];
         if (!r->ready || r->state != KVT_ROW_DONE) {
@@ -117,8 +169,10 @@ static void reap(kvt_sched *s) {
         pthread_mutex_unlock(&s->mu);
         finish_row(s, r);
         pthread_mutex_lock(&s->mu);
+        any = true;
         i = 0; /* the set may have been reordered: rescan (at most parallel rows) */
     }
+    return any;
 }
 
 /* One forward pass over the active rows (invariant 3). Runs without mu. */
@@ -151,12 +205,10 @@ static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
         }
     for (uint32_t i = 0; i < n_rows; i++) any_decoding = any_decoding || rows[i]->state == KVT_ROW_DECODE;
     if (!ni) return;
-    kvt_engine_set_decoding(s->e, any_decoding);
+    kvt_rows_set_decoding(s->e, any_decoding);
     const double t0 = kvt_now_ms();
     float *logits = NULL;
-    pthread_mutex_lock(kvt_engine_ctx_mu(s->e));
-    kvt_status st = kvt_model_forward_batch(kvt_engine_ctx(s->e), s->items, ni, &logits);
-    pthread_mutex_unlock(kvt_engine_ctx_mu(s->e));
+    kvt_status st = kvt_rows_forward(s->e, s->items, ni, &logits);
     const double t1 = kvt_now_ms();
     const uint32_t V = kvt_engine_n_vocab(s->e);
     for (uint32_t i = 0; i < ni; i++) {
@@ -183,9 +235,7 @@ static void *sched_main(void *arg) {
                 kvt_row *r = s->q_head;
                 s->q_head = r->qnext;
                 s->n_queued--;
-                r->st = kvt_errf(r->err, r->errlen, KVT_ERR_CANCELLED, "the engine is shutting down");
-                r->res->finish = KVT_FINISH_CANCELLED;
-                r->state = KVT_ROW_DONE;
+                kvt_row_cancel_queued(r, "the engine is shutting down");
                 pthread_mutex_unlock(&s->mu);
                 finish_row(s, r);
                 pthread_mutex_lock(&s->mu);
@@ -195,12 +245,16 @@ static void *sched_main(void *arg) {
         } else {
             admit(s);
         }
-        reap(s);
+        const bool reaped = reap(s);
         uint32_t n = 0;
         for (uint32_t i = 0; i < s->n_active; i++)
             if (s->active[i]->ready) rows[n++] = s->active[i];
         if (!n) { /* nothing to step: wait for a new row, a begun row or stop */
-            if (s->stop && !s->n_active) continue;
+            /* a row that ended in begin (error, cancelled while queued) freed its slot: admit again */
+            if (reaped || (s->stop && !s->n_active)) continue;
+            /* idle: nothing decodes until the next step says so, so the tier writers (SSD
+             * write-behind, shared-tier publisher) need not defer while the server waits */
+            kvt_rows_set_decoding(s->e, false);
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -211,7 +265,7 @@ static void *sched_main(void *arg) {
         reap(s);
     }
     pthread_mutex_unlock(&s->mu);
-    kvt_engine_set_decoding(s->e, false);
+    kvt_rows_set_decoding(s->e, false);
     return NULL;
 }
 
@@ -231,7 +285,13 @@ kvt_status kvt_sched_create(kvt_engine *e, const kvt_sched_opts *o, kvt_sched **
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    if (!s->active || !s->items || !s->item_row || !s->rows || pthread_create(&s->th, NULL, sched_main, s) != 0) {
+    pthread_cond_init(&s->begin_cv, NULL);
+    if (!s->active || !s->items || !s->item_row || !s->rows || pthread_create(&s->begin_th, NULL, begin_main, s) != 0) {
+        kvt_sched_free(s);
+        return KVT_ERR_NOMEM;
+    }
+    s->begin_started = true;
+    if (pthread_create(&s->th, NULL, sched_main, s) != 0) {
         kvt_sched_free(s);
         return KVT_ERR_NOMEM;
     }
@@ -252,9 +312,17 @@ void kvt_sched_free(kvt_sched *s) {
         while (s->n_inside) pthread_cond_wait(&s->done_cv, &s->mu);
         pthread_mutex_unlock(&s->mu);
     }
+    if (s->begin_started) { /* after the scheduler thread: it ended every row, so none waits to begin */
+        pthread_mutex_lock(&s->mu);
+        s->begin_stop = true;
+        pthread_cond_broadcast(&s->begin_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->begin_th, NULL);
+    }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->begin_cv);
     free(s->active);
     free(s->items);
     free(s->item_row);
@@ -262,27 +330,48 @@ void kvt_sched_free(kvt_sched *s) {
     free(s);
 }
 
-kvt_status kvt_sched_run(kvt_sched *s, kvt_row *r) {
-    pthread_mutex_lock(&s->mu);
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return kvt_errf(r->err, r->errlen, KVT_ERR_CANCELLED, "the engine is shutting down");
-    }
-    if (s->n_queued >= s->o.queue_max) { /* invariant 2 */
+/* Queue r (mu held). KVT_OK, or the refusal (r->err) when stopping or, bounded, the queue is full. */
+static kvt_status enqueue(kvt_sched *s, kvt_row *r, bool front, bool bounded) {
+    if (s->stop) return kvt_errf(r->err, r->errlen, KVT_ERR_CANCELLED, "the engine is shutting down");
+    if (bounded && s->n_queued >= s->o.queue_max) { /* invariant 2 */
         s->queue_full++;
-        pthread_mutex_unlock(&s->mu);
         return kvt_errf(r->err, r->errlen, KVT_ERR_POOL_EXHAUSTED,
                         "out of KV memory: %u requests already wait for KV blocks (queue full)", s->o.queue_max);
     }
-    r->state = KVT_ROW_QUEUED;
+    r->batched = true;
     r->t_enq = kvt_now_ms();
-    r->qnext = NULL;
-    if (s->q_tail) s->q_tail->qnext = r;
-    else s->q_head = r;
-    s->q_tail = r;
+    if (front) {
+        r->qnext = s->q_head;
+        s->q_head = r;
+        if (!s->q_tail) s->q_tail = r;
+    } else {
+        r->qnext = NULL;
+        if (s->q_tail) s->q_tail->qnext = r;
+        else s->q_head = r;
+        s->q_tail = r;
+    }
     s->n_queued++;
-    s->n_inside++;
     pthread_cond_signal(&s->cv);
+    return KVT_OK;
+}
+
+kvt_status kvt_sched_submit(kvt_sched *s, kvt_row *r, bool front, void (*on_done)(kvt_row *r, void *ctx), void *ctx) {
+    r->on_done = on_done;
+    r->done_ctx = ctx;
+    pthread_mutex_lock(&s->mu);
+    kvt_status st = enqueue(s, r, front, false);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+kvt_status kvt_sched_run(kvt_sched *s, kvt_row *r) {
+    pthread_mutex_lock(&s->mu);
+    kvt_status st = enqueue(s, r, false, true);
+    if (st) {
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
+    s->n_inside++;
     while (!r->done && !r->admitted) pthread_cond_wait(&s->done_cv, &s->mu);
     if (r->admitted) { /* invariant 4: begin here, off the scheduler thread */
         pthread_mutex_unlock(&s->mu);
@@ -310,6 +399,7 @@ void kvt_sched_stats_get(kvt_sched *s, kvt_sched_stats *out) {
     out->rows_admitted = s->admitted;
     out->memory_waits = s->memory_waits;
     out->queue_full = s->queue_full;
+    out->reserved = s->reserved;
     out->tokens_per_step_last = s->last_step_tokens;
     out->tokens_per_step_avg = s->steps ? (double)s->step_tokens / (double)s->steps : 0;
     out->queue_wait_ms_last = s->wait_last;

@@ -3,6 +3,7 @@
  * dispatched entry points. Types without a SIMD kernel for the chosen ISA use the scalar reference.
  */
 #include "kernels_internal.h"
+#include "vec.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@ static kvt_isa g_isa = KVT_ISA_SCALAR;
 static kvt_isa g_best = KVT_ISA_SCALAR;
 static bool g_vnni = false; /* AVX-512 VNNI present (selects the VNNI AVX-512 table) */
 static bool g_bf16 = false; /* AVX-512 BF16 present (the KVT_TYPE_BF16X kernel, gemm_bf16.c) */
+static bool g_vbmi = false; /* AVX-512 VBMI present (the KV cache's 8-bit TURBO codebook lookup) */
 static kvt_bf16x_mode g_bf16x_env = KVT_BF16X_LOSSLESS; /* KVT_BF16X: 0 | 1 (default) | round */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -30,6 +32,7 @@ static void detect(void) {
                         __builtin_cpu_supports("avx512vl");
     g_vnni = avx512 && __builtin_cpu_supports("avx512vnni");
     g_bf16 = g_vnni && __builtin_cpu_supports("avx512bf16");
+    g_vbmi = avx512 && __builtin_cpu_supports("avx512vbmi");
     g_best = avx512 ? KVT_ISA_AVX512 : avx2 ? KVT_ISA_AVX2 : KVT_ISA_SCALAR;
     /* AMX only beside AVX-512 VNNI (its table is the VNNI one) and once the OS granted the tiles */
     if (g_vnni && kq_amx_request()) g_best = KVT_ISA_AMX;
@@ -37,6 +40,7 @@ static void detect(void) {
     g_best = KVT_ISA_SCALAR;
     (void)g_vnni;
     (void)g_bf16;
+    (void)g_vbmi;
 #endif
 }
 
@@ -58,6 +62,7 @@ static void fill(kvt_isa isa) {
     }
 #endif
     g_isa = isa;
+    kvt_vec_select(isa); /* the f32 vector ops (vec.c) follow the same ISA */
 }
 
 static void init_once(void) {
@@ -89,6 +94,11 @@ void kvt_kernels_init(void) { pthread_once(&g_once, init_once); }
 bool kq_has_vnni(void) {
     kvt_kernels_init();
     return g_vnni;
+}
+
+bool kvt_kernels_has_vbmi(void) {
+    kvt_kernels_init();
+    return g_vbmi;
 }
 
 kvt_bf16x_mode kvt_bf16x_policy(void) {

@@ -147,7 +147,7 @@ uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_o
     if (posix_memalign(&Lv, bytes >= (1u << 21) ? (size_t)1 << 21 : 64, (size_t)bytes) != 0) return NULL;
     uint8_t *L = Lv;
 #ifdef MADV_HUGEPAGE
-    if (bytes >= (1u << 21)) (void)madvise(L, (size_t)bytes, MADV_HUGEPAGE); /* fewer faults; advisory */
+    if (bytes >= (1u << 21) && kq_hugepages()) (void)madvise(L, (size_t)bytes, MADV_HUGEPAGE); /* fewer faults, TLB misses */
 #endif
     /* large matrices in parallel (a 1B-parameter F16 model is ~2 GB to convert at load) */
     int nt = n_all >= (1u << 22) ? kvt_n_cpus() : 1;

@@ -44,7 +44,7 @@ uint8_t *kq_k16_pack(const kvt_packed *P) {
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, K16_GBB, &bytes) || bytes > SIZE_MAX / 2) return NULL;
-    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes); /* zeroed: padding rows are 0 */
+    uint8_t *L = kq_packed_alloc((size_t)bytes); /* zeroed: padding rows are 0 */
     if (!L) return NULL;
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
     for (int64_t o = 0; o < P->n_out; o++)

@@ -38,7 +38,7 @@ bool kq_s16_build(kvt_packed *P) {
     const int64_t ng = (P->n_out + KQS_N - 1) / KQS_N;
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, KQS_GBB, &bytes) || bytes > SIZE_MAX / 2) return false;
-    uint8_t *L = kvt_aligned_alloc(64, (size_t)bytes);
+    uint8_t *L = kq_packed_alloc((size_t)bytes);
     if (!L) return false;
     const uint64_t wrb = kvt_type_row_bytes(P->type, (uint64_t)P->n_in);
     const size_t wbb = kvt_type_block_bytes(P->type);

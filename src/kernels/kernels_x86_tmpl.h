@@ -263,6 +263,123 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int j = 0; j < NR; j++) y[(int64_t)j * ldy + i] = sumf[i][j];
 }
 
+#if KVT_ZMM
+/* K-quant GEMV (decode: one activation row) on 4 weight rows with 512-bit integer vectors: one
+ * vector holds two 32-value groups, so a super-block takes 4 multiply steps instead of 8, and the
+ * 4 rows' super-block sums are reduced together (one transposing reduction instead of 8 horizontal
+ * sums) and scaled with 4-lane float vectors. The integer sums are exact and every lane evaluates
+ * tile_k's float expression in the same order, so y equals tile_k (and kvt_matmul_rows_ref) bit
+ * for bit. Weights are prefetched KQ_PF_ROWS rows ahead (every cache line of the block). */
+AI __m128i F(hsum4z_i32)(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+#define KQ_H(v) _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(KQ_H(a0), KQ_H(a1)), _mm256_hadd_epi32(KQ_H(a2), KQ_H(a3)));
+#undef KQ_H
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+AI __m128i F(hsum4y_i32)(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_t *A, int64_t nb, float *y) {
+    const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
+    const size_t abb = sizeof(blk_q8_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* permutexvar indices: int16 lane l of pair m takes scale 2m + l/16 (Q4/5_K: one scale per 32
+     * values) or 4m + l/8 (Q6_K: one per 16 values) */
+    __m512i sidx[4];
+    for (int m = 0; m < 4; m++)
+        sidx[m] = wt == KVT_TYPE_Q6_K ? _mm512_add_epi16(_mm512_set1_epi16((short)(4 * m)),
+                                                         _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3))
+                                      : _mm512_add_epi16(_mm512_set1_epi16((short)(2 * m)),
+                                                         _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 4));
+    __m128 sumf = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wp[4];
+        __m512i sv[4];   /* scales as int16 (first 8 or 16 lanes) */
+        __m256i msv[4];  /* madd(bsums, mins or scales): 8 int32 */
+        float dw[4], dmw[4];
+        const blk_q8_K *xa = (const blk_q8_K *)(A + (size_t)b * abb);
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            wp[i] = p;
+            for (size_t cl = 0; cl < wbb + 63; cl += 64)
+                _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
+            if (wt == KVT_TYPE_Q6_K) {
+                dw[i] = F(h2f)(p + 208);
+                dmw[i] = 0.0f;
+                const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+                sv[i] = _mm512_castsi256_si512(s16);
+                msv[i] = _mm256_madd_epi16(bs, s16);
+            } else {
+                dw[i] = F(h2f)(p);
+                dmw[i] = F(h2f)(p + 2);
+                uint32_t u[4];
+                memcpy(u, p + 4, 12);
+                const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+                const uint32_t m03 = u[1] & k1;
+                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+                u[2] = m03;
+                u[0] &= k1;
+                const __m128i sm = _mm_loadu_si128((const __m128i *)u); /* sc[0..7], m[0..7] */
+                sv[i] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
+                const __m128i m8 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+                msv[i] = _mm256_madd_epi16(bs, _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8)));
+            }
+        }
+        __m512i iacc[4];
+        for (int i = 0; i < 4; i++) iacc[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const __m512i yv = _mm512_loadu_si512((const void *)(A + (size_t)b * abb + 4 + 64 * m));
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *p = wp[i];
+                __m512i q;
+                if (wt == KVT_TYPE_Q6_K) {
+                    const int h = m / 2;
+                    const __m512i ql = _mm512_loadu_si512((const void *)(p + 64 * h));
+                    const __m512i lo = (m % 2 == 0) ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h)));
+                    const int k0 = (2 * m) % 4;
+                    const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k0)), _mm256_set1_epi16((short)(2 * k0 + 2)), 1);
+                    const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, cnt), _mm512_set1_epi8(3));
+                    q = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+                } else {
+                    const size_t qso = wt == KVT_TYPE_Q4_K ? 16 : 48;
+                    const __m256i q8 = _mm256_loadu_si256((const __m256i *)(p + qso + 32 * m));
+                    q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q8), _mm256_srli_epi16(q8, 4), 1), m4);
+                    if (wt == KVT_TYPE_Q5_K) {
+                        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 16)));
+                        const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * m)), _mm256_set1_epi16((short)(2 * m + 1)), 1);
+                        const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, cnt), _mm512_set1_epi8(1));
+                        q = _mm512_or_si512(q, _mm512_slli_epi16(hb, 4));
+                    }
+                }
+                const __m512i s = _mm512_permutexvar_epi16(sidx[m], sv[i]);
+                iacc[i] = _mm512_add_epi32(iacc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(q, yv), s));
+            }
+        }
+        const __m128i isum = F(hsum4z_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
+        const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
+        float dx;
+        memcpy(&dx, &xa->d, 4);
+        const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
+        if (wt == KVT_TYPE_Q6_K) {
+            const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
+            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
+        } else {
+            const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
+            const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
+            sumf = _mm_add_ps(sumf, _mm_sub_ps(a, c));
+        }
+    }
+    _mm_storeu_ps(y, sumf);
+}
+#endif
+
 /* ---------------- F32 / F16 / BF16 weights × f32 activations ---------------- */
 
 #if KVT_ZMM
@@ -368,6 +485,13 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         }                                                                                               \
     } while (0)
 
+/* K-quant single-row products take gemv_k4 (AVX-512 only; same bits as tile_k) */
+#if KVT_ZMM
+#define KQ_GEMV_K(WT) ((WT) == KVT_TYPE_Q4_K || (WT) == KVT_TYPE_Q5_K || (WT) == KVT_TYPE_Q6_K)
+#else
+#define KQ_GEMV_K(WT) 0
+#define gemv_k4_avx2(...) ((void)0)
+#endif
 #define KQ_DEFINE_MM(NAME, TILE, WT, INNER_DIV)                                                          \
     static TGT void F(NAME)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,      \
                             int64_t ldy, int64_t o0, int64_t o1) {                                       \
@@ -376,6 +500,8 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         const int64_t inner = n_in / (INNER_DIV);                                                        \
         const uint8_t *A = act;                                                                          \
         int64_t o = o0;                                                                                  \
+        if (KQ_GEMV_K(WT) && n_rows == 1)                                                                \
+            for (; o + 4 <= o1; o += 4) F(gemv_k4)(WT, (const uint8_t *)W + (size_t)o * wrb, wrb, A, inner, y + o); \
         for (; o + 4 <= o1; o += 4) KQ_ROWS(TILE, WT, 4, (const uint8_t *)W + (size_t)o * wrb);          \
         for (; o < o1; o++) KQ_ROWS(TILE, WT, 1, (const uint8_t *)W + (size_t)o * wrb);                  \
     }

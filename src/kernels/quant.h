@@ -147,6 +147,9 @@ kvt_isa kvt_kernels_isa(void);          /* what is in use */
  * false if the CPU lacks it. Not thread-safe against concurrent kernel use. */
 bool kvt_kernels_force_isa(kvt_isa isa);
 const char *kvt_isa_name(kvt_isa isa);
+/* AVX-512 VBMI (byte permutes) beside KVT_ISA_AVX512: the KV cache's 8-bit TURBO decode uses it
+ * while the ISA in use is AVX-512 or AMX (kv/codec.c). What the CPU has, not what is in use. */
+bool kvt_kernels_has_vbmi(void);
 /* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
  * variant that changes results ("scalar", "avx2", "int8-block" = AVX-512 VNNI or AMX). Paths are not
  * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. A model with

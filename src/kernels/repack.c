@@ -18,7 +18,10 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -108,6 +111,29 @@ void kq_unpack_k(uint32_t t, const uint8_t *p, uint8_t *q, float *d, float *dmin
     }
 }
 
+bool kq_hugepages(void) {
+    static _Atomic int on = -1; /* every thread that races here stores the same value */
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("KVT_HUGEPAGES");
+        v = !(e && !strcmp(e, "0"));
+        atomic_store_explicit(&on, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+void *kq_packed_alloc(size_t bytes) {
+    const size_t huge = (size_t)1 << 21;
+    if (bytes < huge) return kvt_aligned_alloc(64, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, huge, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (kq_hugepages()) (void)madvise(p, bytes, MADV_HUGEPAGE); /* before the first touch: the faults take huge pages */
+#endif
+    memset(p, 0, bytes);
+    return p;
+}
+
 kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
     kvt_kernels_init();
     const char *e = getenv("KVT_REPACK");
@@ -143,7 +169,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     }
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)P->ngroups * (uint64_t)P->nb, P->gbb, &bytes) || bytes > SIZE_MAX / 2 ||
-        !(P->data = kvt_aligned_alloc(64, (size_t)bytes))) { /* zeroed: padding rows are 0 */
+        !(P->data = kq_packed_alloc((size_t)bytes))) { /* zeroed: padding rows are 0 */
         free(P);
         return NULL;
     }
@@ -182,7 +208,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
         const int64_t ng = (n_out + KQA_N - 1) / KQA_N;
         uint64_t ab;
         if (kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, KQA_GBB, &ab) && ab <= SIZE_MAX / 2 &&
-            (P->amx = kvt_aligned_alloc(64, (size_t)ab))) {
+            (P->amx = kq_packed_alloc((size_t)ab))) {
             for (int64_t o = 0; o < n_out; o++)
                 for (int64_t b = 0; b < P->nb; b++) {
                     const uint8_t *src = P->data + ((size_t)(o / KQP_ROWS) * (size_t)P->nb + (size_t)b) * P->gbb;

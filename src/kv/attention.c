@@ -4,11 +4,11 @@
  *
  * Both implementations compute, per (query row i, head h), with p = pos0 + i:
  *   keys j in [lo, hi], lo = window ? max(0, p - window + 1) : 0, hi = p
- *   q16 = f16(q)                                      (kvt_kv_round_f16)
- *   s_j = kvt_kv_dot(q16, k_j, hd_k) * scale          (same helper, same order)
- *   m = max_j s_j; e_j = kvt_kv_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_kv_exp_sum order)
- *   w_j = f16(e_j * (1/sum))                          (kvt_kv_round_f16)
- *   o = 0; for j ascending: kvt_kv_axpy(o, w_j, v_j)
+ *   q16 = f16(q)                                      (kvt_vec_round_f16)
+ *   s_j = kvt_vec_dot(q16, k_j, hd_k) * scale          (same helper, same order)
+ *   m = max_j s_j; e_j = kvt_vec_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_vec_exp_sum order)
+ *   w_j = f16(e_j * (1/sum))                          (kvt_vec_round_f16)
+ *   o = 0; for j ascending: kvt_vec_axpy(o, w_j, v_j)
  * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
  * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
  * the V product converts the normalized softmax weights to f16. Models with large logits are
@@ -19,10 +19,10 @@
  * [kv_head][token]) in chunks of up to ATT_KC keys, decodes a chunk once (unpadded f16 rows: one call for the
  * whole chunk) into a small f32 tile and uses it
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
- * come from kvt_kv_dot_rows / kvt_kv_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
- * kvt_kv_dot_kt_q4 over the chunk transposed so keys run across the vector lanes; f16 chunks are
- * decoded straight into that layout) and the weighted sum from kvt_kv_axpy_rows / kvt_kv_axpy_q4,
- * all bit-identical to looping kvt_kv_dot / kvt_kv_axpy over the keys in ascending order (codec.c).
+ * come from kvt_vec_dot_rows / kvt_vec_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
+ * kvt_vec_dot_kt_q4 over the chunk transposed so keys run across the vector lanes; f16 chunks are
+ * decoded straight into that layout) and the weighted sum from kvt_vec_axpy_rows / kvt_vec_axpy_q4,
+ * all bit-identical to looping kvt_vec_dot / kvt_vec_axpy over the keys in ascending order (codec.c).
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
@@ -53,7 +53,7 @@
 #define ATT_BIG_CTX 16384u
 #define ATT_KC 64   /* keys decoded per chunk, at most (see chunk_keys) */
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
-/* Pass 1 transposes a K chunk (AVX-512, kvt_kv_dot_kt_q4) only when at least this many pairs score
+/* Pass 1 transposes a K chunk (AVX-512, kvt_vec_dot_kt_q4) only when at least this many pairs score
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
  * row-major kernel). Either kernel gives the same bits. */
 #define ATT_KT_MIN_PAIRS 16
@@ -119,18 +119,18 @@ __attribute__((target("avx512f"))) static float max_scores_avx512(const float *s
 
 float kvt_attention_max_scores(const float *sc, uint32_t n) {
 #ifdef ATT_HAVE_AVX512
-    if (kvt_kv_simd_level() == 2) return max_scores_avx512(sc, n);
+    if (kvt_vec_level() == 2) return max_scores_avx512(sc, n);
 #endif
     return kvt_attention_max_scores_scalar(sc, n);
 }
 
-/* Softmax over sc[0..n) in place: e_j = kvt_kv_exp(s_j - m), summed in the 16-lane order of the dot
- * (kvt_kv_exp_sum); returns 1/sum, or 0 when nothing is visible. The reference takes the scalar
+/* Softmax over sc[0..n) in place: e_j = kvt_vec_exp(s_j - m), summed in the 16-lane order of the dot
+ * (kvt_vec_exp_sum); returns 1/sum, or 0 when nothing is visible. The reference takes the scalar
  * maximum, kvt_attention the SIMD one, so the reference checks that too. */
 static float softmax_inplace(float *sc, uint32_t n, bool scalar_max) {
     const float m = scalar_max ? kvt_attention_max_scores_scalar(sc, n) : kvt_attention_max_scores(sc, n);
     if (m == -INFINITY) return 0.0f;
-    return 1.0f / kvt_kv_exp_sum(sc, n, m);
+    return 1.0f / kvt_vec_exp_sum(sc, n, m);
 }
 
 void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n_kv_heads, uint32_t hd_k,
@@ -156,14 +156,14 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             memset(o, 0, (size_t)hd_v * sizeof(float));
             if (n_kv == 0 || lo > hi) continue;
             const uint32_t n = hi - lo + 1;
-            kvt_kv_round_f16(qh, q16, hd_k, 1.0f);
+            kvt_vec_round_f16(qh, q16, hd_k, 1.0f);
             for (uint32_t j = 0; j < n; j++)
-                sc[j] = kvt_kv_dot(q16, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
+                sc[j] = kvt_vec_dot(q16, k + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_k, hd_k) * scale;
             float inv = softmax_inplace(sc, n, true);
             if (inv == 0.0f) continue;
-            kvt_kv_round_f16(sc, sc, n, inv);
+            kvt_vec_round_f16(sc, sc, n, inv);
             for (uint32_t j = 0; j < n; j++)
-                kvt_kv_axpy(o, sc[j], v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
+                kvt_vec_axpy(o, sc[j], v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
         }
     }
     free(sc);
@@ -224,8 +224,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const uint32_t kc = chunk_keys(KVT_MAX(hd_k, vdim));
     float *sc_base = tile_t + (size_t)ATT_KC * hdp;
     /* Pass 1 scores groups of four pairs from the transposed chunk where the CPU has AVX-512 and the
-     * head dim is a multiple of 16 (kvt_kv_dot_kt_q4: keys across the lanes, no per-dot shuffles). */
-    const bool kt = kvt_kv_simd_level() == 2 && hd_k % 16 == 0;
+     * head dim is a multiple of 16 (kvt_vec_dot_kt_q4: keys across the lanes, no per-dot shuffles). */
+    const bool kt = kvt_vec_level() == 2 && hd_k % 16 == 0;
     float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
     kvt_block *const *slots = s->slots[g];
@@ -245,7 +245,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const float *qin = q + (size_t)i * q_stride + (size_t)h * hd_k;
                 pr[j].q = qin;
                 if (round16) { /* f16(q), as the reference engines' K·Q over an f16 cache */
-                    kvt_kv_round_f16(qin, q16 + j * hdp, hd_k, 1.0f);
+                    kvt_vec_round_f16(qin, q16 + j * hdp, hd_k, 1.0f);
                     pr[j].q = q16 + j * hdp;
                 }
                 pr[j].o = out + (size_t)i * out_stride + (size_t)h * hd_v;
@@ -258,7 +258,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     float *qr = rot_base + (size_t)j * rot_stride;
                     pr[j].orot = rot_base + (size_t)(ATT_TILE + j) * rot_stride;
                     kvt_turbo_rotate(layer, 0, kvh, qin, hd_k, qr); /* rotate, then round: f16(Π_K q) */
-                    if (round16) kvt_kv_round_f16(qr, qr, hd_k, 1.0f);
+                    if (round16) kvt_vec_round_f16(qr, qr, hd_k, 1.0f);
                     pr[j].qr = qr;
                     memset(pr[j].orot, 0, (size_t)hd_v * sizeof(float));
                 }
@@ -299,14 +299,14 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
                     if (use_kt && c.kind == KVT_CODEC_F16) { /* decode straight into the transposed chunk */
-                        kvt_kv_transpose_f16_rows(src, rb, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                        kvt_vec_transpose_f16_rows(src, rb, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
                     } else {
                         decode_chunk(c, src, rb, hd_k, p1 - p0 + 1, tile);
-                        if (use_kt) kvt_kv_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
+                        if (use_kt) kvt_vec_transpose_rows(tile, hd_k, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
                     }
                     if (na == 1) {
                         const uint32_t j = act[0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        kvt_kv_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
+                        kvt_vec_dot_rows(rotq ? pr[j].qr : pr[j].q, tile + (size_t)(a - p0) * hd_k, hd_k, e - a + 1, hd_k, scale,
                                         sc_base + j * span + (a - ulo));
                         continue;
                     }
@@ -321,8 +321,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                             qq[t] = rotq ? pr[j].qr : pr[j].q;
                             oo[t] = sc_base + j * span + (p0 - ulo);
                         }
-                        if (use_kt) kvt_kv_dot_kt_q4(qq, tile_t, ATT_KC, p1 - p0 + 1, hd_k, scale, oo);
-                        else kvt_kv_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
+                        if (use_kt) kvt_vec_dot_kt_q4(qq, tile_t, ATT_KC, p1 - p0 + 1, hd_k, scale, oo);
+                        else kvt_vec_dot_q4(qq, tile, hd_k, p1 - p0 + 1, hd_k, scale, oo);
                     }
                 }
             }
@@ -334,7 +334,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint32_t nj = pr[j].hi - pr[j].lo + 1;
                 pr[j].inv = softmax_inplace(scj, nj, false);
                 if (pr[j].inv == 0.0f) continue;
-                if (round16) kvt_kv_round_f16(scj, scj, nj, pr[j].inv);
+                if (round16) kvt_vec_round_f16(scj, scj, nj, pr[j].inv);
                 else
                     for (uint32_t t = 0; t < nj; t++) scj[t] *= pr[j].inv;
             }
@@ -375,7 +375,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 const uint32_t j = act[g0 + t], a = KVT_MAX(p0, pr[j].lo);
                                 const uint32_t e = A > E ? KVT_MIN(p1, pr[j].hi) : A - 1;
                                 if (a <= e)
-                                    kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo),
+                                    kvt_vec_axpy_rows(OUT(j), sc_base + j * span + (a - ulo),
                                                      tile + (size_t)(a - p0) * vdim, vdim, e - a + 1, hd_v);
                             }
                             if (A > E) continue;
@@ -386,17 +386,17 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 yy[t] = t < ng ? OUT(j) : dummy;
                                 ww[t] = sc_base + j * span + (A - ulo);
                             }
-                            kvt_kv_axpy_q4(yy, ww, tile + (size_t)(A - p0) * vdim, vdim, E - A + 1, hd_v);
+                            kvt_vec_axpy_q4(yy, ww, tile + (size_t)(A - p0) * vdim, vdim, E - A + 1, hd_v);
                             for (uint32_t t = 0; t < ng; t++) {
                                 const uint32_t j = act[g0 + t], e = KVT_MIN(p1, pr[j].hi);
                                 if (E + 1 <= e)
-                                    kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (E + 1 - ulo),
+                                    kvt_vec_axpy_rows(OUT(j), sc_base + j * span + (E + 1 - ulo),
                                                      tile + (size_t)(E + 1 - p0) * vdim, vdim, e - E, hd_v);
                             }
                         }
                     for (; g0 < na; g0++) {
                         const uint32_t j = act[g0], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
-                        kvt_kv_axpy_rows(OUT(j), sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * vdim,
+                        kvt_vec_axpy_rows(OUT(j), sc_base + j * span + (a - ulo), tile + (size_t)(a - p0) * vdim,
                                          vdim, e - a + 1, hd_v);
                     }
 #undef OUT

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../kernels/vec.h"
 #include "kv.h"
 
 /* Block variants: 0 = base 16-bit codec (before quant_start), 1 = configured codec. */
@@ -107,14 +108,16 @@ struct kvt_seq {
 void kvt_block_seal_internal(kvt_block *b, uint64_t parent, uint32_t n_tokens);
 /* The same with the chain hash already known (== kvt_chain_hash(parent, b->tokens, n_tokens)). */
 void kvt_block_seal_hashed(kvt_block *b, uint64_t parent, uint32_t n_tokens, uint64_t hash);
+/* Whether the CPU has AVX2+FMA+F16C (kvt_kernels_best_isa; KVT_ISA does not lower it). */
 bool kvt_kv_cpu_has_avx2(void);
+/* f16 table, TURBO codebooks and the SIMD level the kernels' dispatcher chose (kernels/dispatch.c). */
 void kvt_kv_cpu_init(void);
 
 /* TURBO rows in the rotated basis (turbo.c): encode a rotated vector y; decode s*c[idx]. The SIMD
  * decodes (kvt_turbo_decode_row/_rows at level KVT_TURBO_AVX2, or KVT_TURBO_VBMI: 8-bit rows by
  * AVX-512 VBMI byte permutes, other widths as AVX2) are bit-identical to the scalar one. Pass a level
- * the CPU has: kvt_kv_turbo_level() (codec.c; lowered by KVT_NO_AVX512, KVT_NO_SIMD and
- * kvt_kv_force_simd_level). _rows decodes n rows, row r at src + r*rb, into dst + r*d. */
+ * the CPU has: kvt_kv_turbo_level() (codec.c; follows the kernels' ISA, KVT_ISA, and
+ * is lowered by kvt_vec_force_level). _rows decodes n rows, row r at src + r*rb, into dst + r*d. */
 enum { KVT_TURBO_SCALAR = 0, KVT_TURBO_AVX2 = 1, KVT_TURBO_VBMI = 2 };
 int kvt_kv_turbo_level(void);
 size_t kvt_turbo_row_bytes(uint32_t bits, uint32_t d);
@@ -128,60 +131,10 @@ void kvt_turbo_decode_row_scalar(uint32_t bits, const uint8_t *src, uint32_t d, 
  * is antisymmetric (the default then reads only the lower half); returns the previous setting. */
 bool kvt_turbo_test_vbmi8_sym(bool on);
 
-/* Codec helpers shared by attention (codec.c). */
+/* Codec helpers shared by attention (codec.c). The f32 vector math attention runs on (dot, axpy,
+ * their multi-row, four-query and transposed-key forms, exp, f16 rounding) is kernels/vec.h. */
 void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
-float kvt_kv_dot(const float *a, const float *b, uint32_t n);
-void kvt_kv_axpy(float *y, float a, const float *x, uint32_t n);
-float kvt_kv_dot_scalar(const float *a, const float *b, uint32_t n);
-void kvt_kv_axpy_scalar(float *y, float a, const float *x, uint32_t n);
 void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
-/* Multi-row forms used by attention (codec.c), bit-identical to looping the single-row helpers:
- * dot_rows: out[r] = kvt_kv_dot(q, k + r*stride, n) * scale, r < n_rows;
- * axpy_rows: for r ascending, kvt_kv_axpy(y, w[r], x + r*stride, n). */
-void kvt_kv_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
-                     float *out);
-void kvt_kv_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
-void kvt_kv_dot_rows_scalar(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
-                            float *out);
-void kvt_kv_axpy_rows_scalar(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
-/* SIMD level of the dot/axpy/exp helpers: 0 scalar, 1 AVX2+FMA, 2 AVX-512F (KVT_NO_AVX512=1 caps
- * at 1, KVT_NO_SIMD=1 at 0). force_simd_level only lowers it (tests compare levels). */
-int kvt_kv_simd_level(void);
-void kvt_kv_force_simd_level(int level);
-/* Four-query forms (exactly 4 distinct outputs; callers pad q/out with duplicates, y/w with a
- * dummy): dot_q4: out[j][r] = kvt_kv_dot(q[j], k + r*stride, n) * scale; axpy_q4: for each j,
- * kvt_kv_axpy_rows(y[j], w[j], x, stride, n_rows, n). Bit-identical to those loops. */
-void kvt_kv_dot_q4(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
-                   float *const *out);
-void kvt_kv_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
-                    uint32_t n);
-/* Transposed keys (attention's pass 1 on AVX-512): kt holds keys as columns, element d of key r at
- * kt[d*ldk + r]. transpose_rows fills it from n_rows rows (row r at k + r*stride, n elements) and
- * zeroes columns n_rows..pad16(n_rows)-1 (kt needs that many columns; ldk >= them). dot_kt_q4:
- * out[j][r] = kvt_kv_dot(q[j], key r, n) * scale for j < 4, r < n_keys, bit-identical (the 16 lanes
- * and tree of the dot, computed with keys across the vector lanes); any n (the scalar twin copies rows of up to KVT_KT_MAX_DIM on the stack, longer ones on the heap). The SIMD
- * path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys). */
-#define KVT_KT_MAX_DIM 1024
-void kvt_kv_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
-void kvt_kv_transpose_rows_scalar(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
-/* The same transpose from f16 rows (row r at src + r*rb bytes, n halves), decoded exactly as
- * kvt_decode_row_fast does. */
-void kvt_kv_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
-void kvt_kv_transpose_f16_rows_scalar(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
-                                      size_t ldk);
-void kvt_kv_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
-                      float *const *out);
-void kvt_kv_dot_kt_q4_scalar(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
-                             float scale, float *const *out);
-/* Softmax exponentials: sc[j] = kvt_kv_exp(sc[j] - m) for j < n; returns their sum in the dot's
- * 16-lane order. kvt_kv_exp is the scalar definition every path reproduces. */
-float kvt_kv_exp(float x);
-float kvt_kv_exp_sum(float *sc, uint32_t n, float m);
-float kvt_kv_exp_sum_scalar(float *sc, uint32_t n, float m);
-/* dst[i] = f16(src[i] * mul) as f32 (round to nearest even; src == dst allowed). Attention rounds Q
- * and the normalized softmax weights with it (attention.c). */
-void kvt_kv_round_f16(const float *src, float *dst, uint32_t n, float mul);
-void kvt_kv_round_f16_scalar(const float *src, float *dst, uint32_t n, float mul);
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY (attention.c, softmax): the SIMD dispatch and its
  * scalar reference; equal except possibly the sign of a zero maximum. */
 float kvt_attention_max_scores(const float *sc, uint32_t n);

@@ -37,16 +37,16 @@ typedef struct q35_layer {
     const float *dt_bias, *ssm_a, *ssm_norm;
 } q35_layer;
 
-struct kvt_q35 {
+typedef struct kvt_q35 {
     kvt_dn_dims dn;
     uint32_t interval;
     q35_layer *layers;
     float *conv_store; /* owned conv weights of every DeltaNet layer */
     double *inv_freq;  /* n_rot/2; 0 for pairs whose imrope section is the (unused) e axis */
     const kvt_model *m;
-};
+} kvt_q35;
 
-struct kvt_q35_ctx {
+typedef struct kvt_q35_ctx {
     const kvt_model *m;
     const kvt_q35 *q;
     kvt_dn_impl impl;
@@ -61,11 +61,11 @@ struct kvt_q35_ctx {
     float *logits;
     float *const *att_scratch;
     kvt_threadpool *tp;
-};
+} kvt_q35_ctx;
 
 /* ------------------------------------------------------------------ loading */
 
-bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
+static bool layer_is_attn(const kvt_q35 *q, uint32_t il) { return (il + 1) % q->interval == 0; }
 
 /* Every matrix of a layer (each gets a repacked prefill copy). */
 static int layer_mats(q35_layer *w, kvt_wmat **out) {
@@ -77,7 +77,8 @@ static int layer_mats(q35_layer *w, kvt_wmat **out) {
     return n;
 }
 
-void kvt_q35_free(kvt_q35 *q) {
+static void q35_free(void *state) {
+    kvt_q35 *q = state;
     if (!q) return;
     for (uint32_t il = 0; q->layers && q->m && il < kvt_model_hparams(q->m)->n_layer; il++) {
         kvt_wmat *ws[12];
@@ -132,7 +133,8 @@ static kvt_status load_rope(kvt_q35 *q, const kvt_gguf *g, const kvt_hparams *hp
     return KVT_OK;
 }
 
-kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *err, size_t errlen) {
+/* Reads the qwen35 keys and every per-layer tensor (token_embd/output are loaded by model.c). */
+static kvt_status q35_load(kvt_model *m, const kvt_gguf *g, void **out, char *err, size_t errlen) {
     *out = NULL;
     const kvt_hparams *hp = kvt_model_hparams(m);
     kvt_q35 *q = calloc(1, sizeof *q);
@@ -164,7 +166,7 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
     const uint32_t d = q->dn.d, HK = q->dn.n_k_heads, HV = q->dn.n_v_heads, K = q->dn.conv_k;
     const uint32_t CD = kvt_dn_conv_dim(&q->dn), VD = HV * d;
     uint32_t n_dn = 0;
-    for (uint32_t il = 0; il < L; il++) n_dn += !kvt_q35_layer_is_attn(q, il);
+    for (uint32_t il = 0; il < L; il++) n_dn += !layer_is_attn(q, il);
     q->layers = calloc(L, sizeof *q->layers);
     q->conv_store = calloc((size_t)n_dn * CD * K + 1, sizeof(float));
     if (!q->layers || !q->conv_store) {
@@ -178,7 +180,7 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
 #define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, il), nm)
 #define MAT(name, ni, no, dst) if ((st = kvt_load_mat(m, g, NM(name), ni, no, 1, true, dst, err, errlen))) goto fail
 #define VEC(name, len, dst) if ((st = kvt_load_vec(m, g, NM(name), len, true, dst, err, errlen))) goto fail
-        w->attn = kvt_q35_layer_is_attn(q, il);
+        w->attn = layer_is_attn(q, il);
         VEC("attn_norm.weight", E, &w->attn_norm);
         VEC("post_attention_norm.weight", E, &w->ffn_norm);
         MAT("ffn_gate.weight", E, hp->n_ff, &w->gate);
@@ -229,15 +231,24 @@ kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *er
     *out = q;
     return KVT_OK;
 fail:
-    kvt_q35_free(q);
+    q35_free(q);
     return st;
 }
 
-void kvt_q35_layer_descs(const kvt_q35 *q, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out) {
+/* Attention layers are FULL, DeltaNet layers RECURRENT (their state in the sequence). */
+static kvt_status q35_layer_kinds(const kvt_model *m, const kvt_gguf *g, uint8_t *kind, char *err, size_t errlen) {
+    const kvt_q35 *q = kvt_model_arch_state(m);
+    for (uint32_t il = 0; il < kvt_model_hparams(m)->n_layer; il++)
+        kind[il] = layer_is_attn(q, il) ? KVT_KIND_FULL : KVT_KIND_RECURRENT;
+    return KVT_OK;
+}
+
+static void q35_layer_descs(const void *state, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out) {
+    const kvt_q35 *q = state;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         kvt_layer_desc *d = &out[il];
         memset(d, 0, sizeof *d);
-        if (kvt_q35_layer_is_attn(q, il)) {
+        if (layer_is_attn(q, il)) {
             d->kind = KVT_KIND_FULL;
             d->n_kv_heads = hp->n_head_kv;
             d->head_dim_k = d->head_dim_v = hp->head_dim;
@@ -249,10 +260,11 @@ void kvt_q35_layer_descs(const kvt_q35 *q, const kvt_hparams *hp, const kvt_code
     }
 }
 
-kvt_status kvt_q35_check_layout(const kvt_q35 *q, const kvt_hparams *hp, const kvt_kv_layout *l) {
+static kvt_status q35_check_layout(const void *state, const kvt_hparams *hp, const kvt_kv_layout *l) {
+    const kvt_q35 *q = state;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
-        if (kvt_q35_layer_is_attn(q, il)) {
+        if (layer_is_attn(q, il)) {
             if (d->kind != KVT_KIND_FULL || d->n_kv_heads != hp->n_head_kv || d->head_dim_k != hp->head_dim ||
                 d->head_dim_v != hp->head_dim)
                 return KVT_ERR_INVALID_ARG;
@@ -267,7 +279,8 @@ kvt_status kvt_q35_check_layout(const kvt_q35 *q, const kvt_hparams *hp, const k
 
 static float *fbuf(size_t n) { return kvt_aligned_alloc(64, (n ? n : 16) * sizeof(float)); }
 
-void kvt_q35_ctx_free(kvt_q35_ctx *qc) {
+static void q35_ctx_free(void *ctx_state) {
+    kvt_q35_ctx *qc = ctx_state;
     if (!qc) return;
     float *bufs[] = {qc->x, qc->xn, qc->tmp, qc->big, qc->conv, qc->z, qc->ba, qc->bb,
                      qc->o, qc->qa, qc->gt, qc->ff_g, qc->ff_u, qc->rope_cs};
@@ -278,8 +291,9 @@ void kvt_q35_ctx_free(kvt_q35_ctx *qc) {
 
 static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
 
-kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_threads, uint32_t ubatch,
-                              kvt_q35_ctx **out) {
+static kvt_status q35_ctx_create(const kvt_model *m, const void *state, int n_threads, uint32_t ubatch,
+                                 void **out) {
+    const kvt_q35 *q = state;
     (void)n_threads;
     *out = NULL;
     const kvt_hparams *hp = kvt_model_hparams(m);
@@ -318,7 +332,7 @@ kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_thread
               qc->gt && qc->ff_g && qc->ff_u && qc->rope_cs;
     for (int i = 0; i < Q35_MAX_MM && ok; i++) ok = (qc->act[i] = kvt_aligned_alloc(64, ab + 64)) != NULL;
     if (!ok) {
-        kvt_q35_ctx_free(qc);
+        q35_ctx_free(qc);
         return KVT_ERR_NOMEM;
     }
     *out = qc;
@@ -327,12 +341,6 @@ kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_thread
 
 /* ------------------------------------------------------------------ forward */
 
-static void rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps) {
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
-    const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-    for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
-}
 
 static void l2norm(float *x, uint32_t n, float eps) {
     double sum = 0.0;
@@ -344,12 +352,7 @@ static void l2norm(float *x, uint32_t n, float eps) {
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-static void split(uint32_t n, int ith, int nth, uint32_t *a, uint32_t *b) {
-    const uint32_t per = (n + (uint32_t)nth - 1) / (uint32_t)nth;
-    const uint32_t s = (uint32_t)ith * per;
-    *a = s < n ? s : n;
-    *b = s + per < n ? s + per : n;
-}
+/* (RMSNorm, NeoX RoPE and the row split are model.c's: kvt_rmsnorm, kvt_rope_apply, kvt_split_range.) */
 
 /* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): model.c's group helpers, as for
  * the dense layers (rows quantized in parallel once per activation format, then each thread's
@@ -359,21 +362,13 @@ _Static_assert(Q35_MAX_MM <= KVT_MAX_GROUP, "qwen35 groups must fit model.c's gr
 static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
                int ith, int nth) {
     uint32_t r0, r1;
-    split(n, ith, nth, &r0, &r1);
+    kvt_split_range(n, ith, nth, &r0, &r1);
     kvt_quantize_rows(c->act, ws, nw, x, r0, r1);
     kvt_threadpool_barrier(c->tp);
     kvt_matmul_group(c->act, ws, ys, nw, n, ith, nth);
     kvt_threadpool_barrier(c->tp);
 }
 
-static void rope(float *x, const float *cs, uint32_t n_rot) {
-    const uint32_t half = n_rot / 2;
-    for (uint32_t i = 0; i < half; i++) {
-        const float co = cs[2 * i], si = cs[2 * i + 1], x0 = x[i], x1 = x[i + half];
-        x[i] = x0 * co - x1 * si;
-        x[i + half] = x0 * si + x1 * co;
-    }
-}
 
 static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith, int nth) {
     const kvt_hparams *hp = kvt_model_hparams(c->m);
@@ -384,19 +379,19 @@ static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith,
     float *ys[3] = {c->big, kb, vb};
     mm(c, ws, ys, 3, c->xn, n, ith, nth);
     uint32_t r0, r1;
-    split(n, ith, nth, &r0, &r1);
+    kvt_split_range(n, ith, nth, &r0, &r1);
     for (uint32_t r = r0; r < r1; r++) {
         const float *qg = c->big + (size_t)r * 2 * QD, *cs = c->rope_cs + (size_t)r * hp->n_rot;
         float *qr = c->qa + (size_t)r * QD, *gr = c->gt + (size_t)r * QD, *kr = kb + (size_t)r * KD;
         for (uint32_t h = 0; h < NH; h++) {
             memcpy(qr + h * HD, qg + (size_t)h * 2 * HD, HD * sizeof(float));
             memcpy(gr + h * HD, qg + (size_t)h * 2 * HD + HD, HD * sizeof(float));
-            rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, hp->norm_eps);
-            rope(qr + h * HD, cs, hp->n_rot);
+            kvt_rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, hp->norm_eps);
+            kvt_rope_apply(qr + h * HD, cs, hp->n_rot, true);
         }
         for (uint32_t h = 0; h < NKV; h++) {
-            rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, hp->norm_eps);
-            rope(kr + h * HD, cs, hp->n_rot);
+            kvt_rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, hp->norm_eps);
+            kvt_rope_apply(kr + h * HD, cs, hp->n_rot, true);
         }
     }
     kvt_threadpool_barrier(c->tp);
@@ -405,7 +400,7 @@ static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith,
             kvt_seq_write_kv(c->seq, il, c->pos0 + r, kb + (size_t)r * KD, vb + (size_t)r * KD);
     kvt_threadpool_barrier(c->tp);
     uint32_t h0, h1;
-    split(NH, ith, nth, &h0, &h1);
+    kvt_split_range(NH, ith, nth, &h0, &h1);
     if (h0 < h1)
         kvt_attention(c->seq, il, c->qa, n, QD, c->pos0, NH, 1.0f / sqrtf((float)HD), h0, h1, c->o, QD,
                       c->att_scratch[ith]);
@@ -427,7 +422,7 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
     float *ys[4] = {c->big, c->z, c->bb, c->ba};
     mm(c, ws, ys, 4, c->xn, n, ith, nth);
     uint32_t h0, h1;
-    split(HV, ith, nth, &h0, &h1);
+    kvt_split_range(HV, ith, nth, &h0, &h1);
     if (HV == HK) {
         /* Every step from the conv to the gated norm reads only head h's channels (q, k and v
          * head h): each thread runs them for its own heads with no barrier in between. The
@@ -450,18 +445,18 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
             for (uint32_t r = 0; r < n; r++)
                 for (uint32_t h = h0; h < h1; h++) {
                     float *o = c->o + (size_t)r * VD + (size_t)h * d;
-                    rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                    kvt_rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
                     kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
                 }
         }
         kvt_threadpool_barrier(c->tp);
     } else { /* v heads share k heads across threads: split channels, then rows, then heads */
         uint32_t a, b;
-        split(CD, ith, nth, &a, &b);
+        kvt_split_range(CD, ith, nth, &a, &b);
         if (a < b) kvt_dn_conv(dm, c->impl, w->conv_w, state, c->big, n, c->conv, a, b);
         kvt_threadpool_barrier(c->tp);
         uint32_t r0, r1;
-        split(n, ith, nth, &r0, &r1);
+        kvt_split_range(n, ith, nth, &r0, &r1);
         for (uint32_t r = r0; r < r1; r++) {
             float *row = c->conv + (size_t)r * CD;
             for (uint32_t h = 0; h < 2 * HK; h++) l2norm(row + (size_t)h * d, d, hp->norm_eps);
@@ -477,7 +472,7 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
         for (uint32_t r = r0; r < r1; r++)
             for (uint32_t h = 0; h < HV; h++) {
                 float *o = c->o + (size_t)r * VD + (size_t)h * d;
-                rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
+                kvt_rmsnorm(o, o, w->ssm_norm, d, hp->norm_eps);
                 kvt_dn_silu_mul(c->impl, o, c->z + (size_t)r * VD + (size_t)h * d, o, d);
             }
         kvt_threadpool_barrier(c->tp);
@@ -495,7 +490,7 @@ static void chunk_fn(void *arg, int ith, int nth) {
     const uint32_t n = c->n, E = hp->n_embd, F = hp->n_ff, half = hp->n_rot / 2;
     const kvt_wmat *emb = kvt_model_tok_embd(m);
     uint32_t r0, r1;
-    split(n, ith, nth, &r0, &r1);
+    kvt_split_range(n, ith, nth, &r0, &r1);
     for (uint32_t r = r0; r < r1; r++) {
         kvt_dequant_row(emb->type, (const uint8_t *)emb->data + (uint64_t)c->tokens[r] * emb->row_bytes,
                         c->x + (size_t)r * E, E);
@@ -508,14 +503,14 @@ static void chunk_fn(void *arg, int ith, int nth) {
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const q35_layer *w = &q->layers[il];
-        for (uint32_t r = r0; r < r1; r++) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, hp->norm_eps);
+        for (uint32_t r = r0; r < r1; r++) kvt_rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, hp->norm_eps);
         kvt_threadpool_barrier(c->tp);
         if (w->attn) attn_layer(c, il, w, ith, nth);
         else deltanet_layer(c, il, w, ith, nth);
         for (uint32_t r = r0; r < r1; r++) {
             float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
-            rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, hp->norm_eps);
+            kvt_rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, hp->norm_eps);
         }
         kvt_threadpool_barrier(c->tp);
         const kvt_wmat *gu[2] = {&w->gate, &w->up};
@@ -536,20 +531,21 @@ static void chunk_fn(void *arg, int ith, int nth) {
     }
     const uint32_t first = c->all_logits ? 0 : n - 1;
     for (uint32_t r = r0; r < r1; r++)
-        if (r >= first) rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, kvt_model_output_norm(m), E, hp->norm_eps);
+        if (r >= first) kvt_rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, kvt_model_output_norm(m), E, hp->norm_eps);
     kvt_threadpool_barrier(c->tp);
     const kvt_wmat *ow[1] = {kvt_model_output(m)};
     float *lo[1] = {c->logits};
     mm(c, ow, lo, 1, c->xn + (size_t)first * E, n - first, ith, nth);
 }
 
-kvt_status kvt_q35_forward(kvt_q35_ctx *qc, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
-                           const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
-                           float *logits) {
+static kvt_status q35_forward(void *ctx_state, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
+                              const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
+                              float *logits) {
+    kvt_q35_ctx *qc = ctx_state;
     const kvt_hparams *hp = kvt_model_hparams(qc->m);
     if (kvt_seq_len(seq) == 0) /* a sequence starts from the zero state */
         for (uint32_t il = 0; il < hp->n_layer; il++)
-            if (!kvt_q35_layer_is_attn(qc->q, il)) memset(kvt_seq_state(seq, il), 0, kvt_dn_state_bytes(&qc->q->dn));
+            if (!layer_is_attn(qc->q, il)) memset(kvt_seq_state(seq, il), 0, kvt_dn_state_bytes(&qc->q->dn));
     kvt_status st;
     for (uint32_t off = 0; off < n; off += qc->ubatch) {
         if (cancel && *cancel) return KVT_ERR_CANCELLED;
@@ -569,3 +565,24 @@ kvt_status kvt_q35_forward(kvt_q35_ctx *qc, kvt_threadpool *tp, float *const *at
     }
     return KVT_OK;
 }
+
+/* ------------------------------------------------------------------ the architecture */
+
+static const kvt_arch_pass q35_pass = {
+    .load = q35_load,
+    .free = q35_free,
+    .layer_descs = q35_layer_descs,
+    .check_layout = q35_check_layout,
+    .ctx_create = q35_ctx_create,
+    .ctx_free = q35_ctx_free,
+    .forward = q35_forward,
+};
+
+/* Its own forward pass; recurrent state makes every item of a batch its own pass. */
+const kvt_arch_ops kvt_arch_qwen35 = {
+    .name = "qwen35",
+    .rope_neox = true,
+    .layer_kinds = q35_layer_kinds,
+    .pass = &q35_pass,
+    .batches = false,
+};

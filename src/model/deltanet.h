@@ -24,8 +24,8 @@
  * Ownership: the caller owns every buffer; nothing here allocates.
  *
  * Implementations: scalar reference (fmaf), AVX2+FMA and AVX-512 (register-tiled products). They
- * give the same bits (deltanet.c), so the choice (kvt_dn_best_impl: the kernels' ISA, KVT_ISA,
- * or KVT_NO_SIMD=1 for scalar) never changes results.
+ * give the same bits (deltanet.c), so the choice (kvt_dn_best_impl: the kernels' ISA, or KVT_ISA)
+ * never changes results.
  */
 #ifndef KVT_DELTANET_H
 #define KVT_DELTANET_H
@@ -33,6 +33,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../kernels/vec.h" /* the elementwise operations and exp (kvt_vec_*) */
 
 #define KVT_DN_CHUNK 64
 
@@ -49,12 +51,10 @@ typedef enum kvt_dn_impl { KVT_DN_SCALAR = 0, KVT_DN_AVX2 = 1, KVT_DN_AVX512 = 2
 uint32_t kvt_dn_conv_dim(const kvt_dn_dims *dm);
 size_t kvt_dn_state_bytes(const kvt_dn_dims *dm);
 /* Implementation matching the kernels' ISA in use (kvt_kernels_isa(): KVT_ISA or the best the CPU
- * runs); KVT_NO_SIMD=1 forces the scalar reference. */
+ * runs; KVT_ISA=scalar gives the scalar reference). */
 kvt_dn_impl kvt_dn_best_impl(void);
 
-/* exp(x) of every implementation (scalar reference of the vector code): <= 2 ulp on [-87.3, 88],
- * 0 below, clamped above (NaN is treated as above: exp(88)). */
-float kvt_dn_exp(float x);
+/* exp of every implementation: kvt_vec_exp_clamped (kernels/vec.h). */
 /* y[i] = silu(g[i]) * u[i] = g/(1+exp(-g)) * u (u NULL: y = silu(g)); y may alias g or u. */
 void kvt_dn_silu_mul(kvt_dn_impl impl, float *y, const float *g, const float *u, uint32_t n);
 /* y[i] = u[i] / (1 + exp(-g[i])) = u * sigmoid(g); y may alias g or u. */

@@ -316,7 +316,9 @@ bool kvt_vocab_dir(char *buf, size_t buflen) {
     return false;
 }
 
-bool kvt_gen_model_default_vocab(char *buf, size_t buflen) {
+/* Default vocabulary: ggml-vocab-gpt-2.gguf in kvt_vocab_dir(). Writes the path into buf and returns
+ * true if it exists. */
+static bool default_vocab(char *buf, size_t buflen) {
     char dir[4096];
     if (!kvt_vocab_dir(dir, sizeof dir)) {
         buf[0] = 0;
@@ -437,7 +439,7 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
         vpath[0] = 0;
     } else if (o->vocab_path) {
         snprintf(vpath, sizeof vpath, "%s", o->vocab_path);
-    } else if (!kvt_gen_model_default_vocab(vpath, sizeof vpath)) {
+    } else if (!default_vocab(vpath, sizeof vpath)) {
         const char *env = getenv("KVT_VOCAB_DIR");
         if (env && *env)
             return kvt_errf(err, errlen, KVT_ERR_NOT_FOUND, "no ggml-vocab-gpt-2.gguf in $KVT_VOCAB_DIR (%s)", env);

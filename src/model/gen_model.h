@@ -22,7 +22,7 @@ typedef struct kvt_gen_model_opts {
     const char *shape;      /* kvt_gen_model_shapes ("tiny", "qwen3moe-30b-a3b", ...) */
     const char *type;       /* kvt_gen_model_types ("f16", "q8_0", "q4_k", ...; NULL = f16) */
     uint32_t n_layers;      /* 0 = the shape's own layer count; else this many (1..512) */
-    const char *vocab_path; /* vocab GGUF; NULL = default search (kvt_gen_model_default_vocab) */
+    const char *vocab_path; /* vocab GGUF; NULL = ggml-vocab-gpt-2.gguf in kvt_vocab_dir() */
     uint64_t seed;
     bool byte_vocab;        /* skip the vocab search: use the 256-token byte vocabulary */
     bool peaked;            /* scale the final norm (x8) and Q/K (x2 each) so logits and attention are
@@ -43,10 +43,6 @@ kvt_status kvt_gen_model(const kvt_gen_model_opts *o, const char *out_path, char
  * build/tests/test_* both find <repo>/data/vocab); never relative to the working directory. Writes
  * the path into buf; returns false (buf = "" unless from the environment) if it is not there. */
 bool kvt_vocab_dir(char *buf, size_t buflen);
-
-/* Default vocabulary for gen-model: ggml-vocab-gpt-2.gguf in kvt_vocab_dir(). Writes the path into
- * buf and returns true if it exists. */
-bool kvt_gen_model_default_vocab(char *buf, size_t buflen);
 
 /* Exposed for tests: the weight type a 2-D tensor with rows of n0 elements gets when `want` was
  * asked for (llama-quantize fallback: Q4_K→Q5_0, Q5_K→Q5_1, Q6_K→Q8_0, else F16), and the llama3

@@ -1,6 +1,13 @@
 /*
  * model.c — weight loading/validation and the CPU forward pass (see model.h).
  *
+ * Architectures: model.c reads the architecture's kvt_arch_ops table (model_int.h; one arch_*.c
+ * each, registered in arch_list.h) and never its name: the shared hparams keys plus the table's
+ * hook, the dense layer's tensors plus the optional ones the table names, the layers' cache kinds,
+ * and the flags of the dense layer loop below. Per layer, an MLA attention (mla.c) or MoE FFN
+ * (moe.c) set by the table's load_layer hook replaces the dense sub-block; an architecture with
+ * its own pass (kvt_arch_pass) replaces the loop.
+ *
  * Forward pass structure: one kvt_threadpool_run per ubatch chunk; inside it every thread walks all
  * layers and ops, each op splitting its own work by (ith, nth), with a barrier between ops:
  *   row ops (norms, residuals, RoPE, activation quantization): rows split across threads;
@@ -23,55 +30,47 @@
 
 /* ------------------------------------------------------------------ model */
 
-typedef struct kvt_layer_w {
-    const float *attn_norm, *ffn_norm;
-    const float *q_norm, *k_norm;                /* qwen3, gemma3 */
-    const float *post_attn_norm, *post_ffw_norm; /* gemma3 */
-    const float *bq, *bk, *bv;                   /* qwen2 */
-    kvt_wmat wq, wk, wv, wo, gate, up, down;
-    const kvt_mla_w *mla;                        /* deepseek2: MLA attention instead of wq/wk/wv/wo */
-    const kvt_moe_w *moe;                        /* MoE layers: experts instead of gate/up/down */
-} kvt_layer_w;
-
 struct kvt_model {
     kvt_hparams hp;
     kvt_wmat tok_embd, output;
     const float *output_norm;
+    const kvt_arch_ops *ops; /* the architecture (arch_*.c), from the registry */
     kvt_layer_w *layers;
+    uint8_t kind[KVT_MAX_LAYERS]; /* kvt_layer_kind of each layer (ops->layer_kinds) */
     float *vecs;          /* owned f32 copies of every 1-D tensor (norms, biases, rope_freqs) */
     size_t vecs_used, vecs_cap;
-    double *inv_freq[2];  /* [0] global / default layers, [1] gemma3 local layers: n_rot/2 each */
-    kvt_mla_w *mla;       /* [n_layer] or NULL (model_int.h) */
-    kvt_moe_w *moe;       /* [n_layer] or NULL; used by the layers kvt_moe_layer() names */
+    double *inv_freq[2];  /* [0] global / default layers, [1] window layers (ops->window_rope): n_rot/2 each */
+    bool latent;          /* some layer is KVT_KIND_MLA (its chunks are set up by mla.c) */
     uint64_t weight_bytes;
-    kvt_q35 *q35;         /* qwen35 only: its own layer tables and forward pass (arch_qwen35.c) */
+    void *arch_state;     /* ops->pass only: its state (pass->load), owned */
     uint32_t n_bf16x;     /* matrices packed as KVT_TYPE_BF16X (kvt_wmat_prepare) */
+    uint64_t copy_bytes;  /* bytes of the packed / bf16x copies kvt_wmat_prepare made */
 };
 
+/* ------------------------------------------------------------------ registry (arch_list.h) */
+
+static const struct {
+    kvt_arch arch;
+    const kvt_arch_ops *ops;
+} arch_registry[] = {
+#define KVT_ARCH_ENTRY(id, value, ops) {KVT_ARCH_##id, &ops},
+#include "arch_list.h"
+};
+
+/* The registry index of the architecture named s, or -1. */
+static int arch_find(const char *s) {
+    for (size_t i = 0; i < KVT_ARRAY_LEN(arch_registry); i++)
+        if (!strcmp(s, arch_registry[i].ops->name)) return (int)i;
+    return -1;
+}
+
 const char *kvt_arch_name(kvt_arch a) {
-    switch (a) {
-    case KVT_ARCH_LLAMA: return "llama";
-    case KVT_ARCH_QWEN2: return "qwen2";
-    case KVT_ARCH_QWEN3: return "qwen3";
-    case KVT_ARCH_GEMMA3: return "gemma3";
-    case KVT_ARCH_QWEN3MOE: return "qwen3moe";
-    case KVT_ARCH_DEEPSEEK2: return "deepseek2";
-    case KVT_ARCH_QWEN35: return "qwen35";
-    }
+    for (size_t i = 0; i < KVT_ARRAY_LEN(arch_registry); i++)
+        if (arch_registry[i].arch == a) return arch_registry[i].ops->name;
     return "?";
 }
 
-int kvt_arch_from_name(const char *s) {
-    if (!s) return -1;
-    if (!strcmp(s, "llama")) return KVT_ARCH_LLAMA;
-    if (!strcmp(s, "qwen2")) return KVT_ARCH_QWEN2;
-    if (!strcmp(s, "qwen3")) return KVT_ARCH_QWEN3;
-    if (!strcmp(s, "gemma3")) return KVT_ARCH_GEMMA3;
-    if (!strcmp(s, "qwen3moe")) return KVT_ARCH_QWEN3MOE;
-    if (!strcmp(s, "deepseek2")) return KVT_ARCH_DEEPSEEK2;
-    if (!strcmp(s, "qwen35")) return KVT_ARCH_QWEN35;
-    return -1;
-}
+/* ------------------------------------------------------------------ hparams */
 
 /* Read a u32 hparam that may be stored as a scalar or as a per-layer array (all equal required). */
 static kvt_status get_u32_layered(const kvt_gguf *g, const char *key, uint32_t n_layer, uint32_t *out,
@@ -113,8 +112,8 @@ static const float *vec_alloc(kvt_model *m, size_t n) {
 }
 
 /* Find a 1-D tensor of n elements, dequantize it into model-owned f32 storage. */
-static kvt_status load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
-                           const float **out, char *err, size_t errlen) {
+kvt_status kvt_load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
+                        const float **out, char *err, size_t errlen) {
     *out = NULL;
     const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
     if (!t) {
@@ -176,14 +175,11 @@ static kvt_status load_mat(kvt_model *m, const kvt_gguf *g, const char *name, ui
     return kvt_load_mat(m, g, name, n_in, n_out, 1, required, out, err, errlen);
 }
 
-kvt_status kvt_load_vec(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t n, bool required,
-                        const float **out, char *err, size_t errlen) {
-    return load_vec(m, g, name, n, required, out, err, errlen);
-}
-
 #define HKEY(buf, fmt_suffix) snprintf(buf, sizeof(buf), "%s." fmt_suffix, an)
 
-static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, size_t errlen) {
+/* The shared keys of every architecture, then the architecture's own (ops->hparams). */
+static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, const kvt_arch_ops **ops, char *err,
+                               size_t errlen) {
     const char *s;
     uint64_t slen;
     if (!kvt_gguf_get_str(g, "general.architecture", &s, &slen))
@@ -194,11 +190,12 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     arch[cl] = 0;
     for (size_t i = 0; i < cl; i++)
         if ((unsigned char)arch[i] < 32 || (unsigned char)arch[i] > 126) arch[i] = '?';
-    int a = kvt_arch_from_name(arch);
+    int a = arch_find(arch);
     if (a < 0 || slen != cl) return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "unsupported architecture '%s'", arch);
     memset(hp, 0, sizeof(*hp));
-    hp->arch = (kvt_arch)a;
-    const char *an = kvt_arch_name(hp->arch);
+    hp->arch = arch_registry[a].arch;
+    const kvt_arch_ops *o = *ops = arch_registry[a].ops;
+    const char *an = o->name;
     if (kvt_gguf_get_str(g, "general.name", &s, &slen)) {
         size_t nl = slen < sizeof(hp->name) - 1 ? (size_t)slen : sizeof(hp->name) - 1;
         memcpy(hp->name, s, nl);
@@ -243,7 +240,7 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_u32(g, key, &hd_v))
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
     if (hd_k == 0 || hd_k > 1024 || (hd_k & 1)) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "head_dim %u out of range", hd_k);
-    if (hd_v != hd_k && hp->arch != KVT_ARCH_DEEPSEEK2) /* MLA: kvt_mla_hparams_load checks its dims */
+    if (hd_v != hd_k && !o->kv_dims_differ) /* else the hparams hook checks its dims */
         return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "key_length %u != value_length %u not supported", hd_k, hd_v);
     hp->head_dim = hd_k;
     if ((uint64_t)hp->head_dim * hp->n_head > (1u << 20))
@@ -267,7 +264,7 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     HKEY(key, "rope.scaling.type");
     if (kvt_gguf_get_str(g, key, &s, &slen)) {
         bool ok = (slen == 4 && !memcmp(s, "none", 4)) || (slen == 6 && !memcmp(s, "linear", 6)) ||
-                  (slen == 4 && !memcmp(s, "yarn", 4) && hp->arch == KVT_ARCH_DEEPSEEK2); /* mla.c */
+                  (slen == 4 && !memcmp(s, "yarn", 4) && o->rope_yarn);
         if (!ok) return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "rope scaling type '%.*s' not supported",
                                  (int)(slen > 32 ? 32 : slen), s);
     }
@@ -285,21 +282,8 @@ static kvt_status load_hparams(const kvt_gguf *g, kvt_hparams *hp, char *err, si
     if (!(hp->norm_eps >= 0.0f) || hp->norm_eps > 1.0f) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "norm eps invalid");
 
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    hp->rope_neox = hp->arch != KVT_ARCH_LLAMA && hp->arch != KVT_ARCH_DEEPSEEK2;
-    if (hp->arch == KVT_ARCH_GEMMA3) {
-        HKEY(key, "attention.sliding_window");
-        if (!kvt_gguf_get_u32(g, key, &hp->n_swa)) {
-            KVT_WARN("gemma3 model without %s: assuming 512", key);
-            hp->n_swa = 512;
-        }
-        if (hp->n_swa == 0) return kvt_errf(err, errlen, KVT_ERR_FORMAT, "sliding_window is 0");
-    }
-    kvt_status st2;
-    if (hp->arch == KVT_ARCH_QWEN3MOE || hp->arch == KVT_ARCH_DEEPSEEK2)
-        if ((st2 = kvt_moe_hparams_load(g, hp, err, errlen)) != KVT_OK) return st2;
-    if (hp->arch == KVT_ARCH_DEEPSEEK2)
-        if ((st2 = kvt_mla_hparams_load(g, hp, hd_v, err, errlen)) != KVT_OK) return st2;
-    return KVT_OK;
+    hp->rope_neox = o->rope_neox;
+    return o->hparams ? o->hparams(g, hp, hd_v, err, errlen) : KVT_OK;
 }
 
 static kvt_status make_inv_freq(kvt_model *m, const float *rope_freqs) {
@@ -322,14 +306,23 @@ static kvt_status make_inv_freq(kvt_model *m, const float *rope_freqs) {
     return KVT_OK;
 }
 
+/* The cache kind of every layer (ops->layer_kinds; default FULL). */
+static kvt_status load_kinds(kvt_model *m, const kvt_gguf *g, char *err, size_t errlen) {
+    memset(m->kind, KVT_KIND_FULL, sizeof(m->kind));
+    kvt_status st = m->ops->layer_kinds ? m->ops->layer_kinds(m, g, m->kind, err, errlen) : KVT_OK;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) m->latent |= m->kind[il] == KVT_KIND_MLA;
+    return st;
+}
+
 kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t errlen) {
     *out = NULL;
     if (err && errlen) err[0] = 0;
     kvt_model *m = calloc(1, sizeof(*m));
     if (!m) return KVT_ERR_NOMEM;
-    kvt_status st = load_hparams(g, &m->hp, err, errlen);
+    kvt_status st = load_hparams(g, &m->hp, &m->ops, err, errlen);
     if (st != KVT_OK) goto fail;
     kvt_hparams *hp = &m->hp;
+    const kvt_arch_ops *o = m->ops;
     const uint32_t L = hp->n_layer, E = hp->n_embd, HD = hp->head_dim;
     const uint32_t QD = hp->n_head * HD, KD = hp->n_head_kv * HD;
 
@@ -351,9 +344,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
                   (size_t)L * ((size_t)hp->mla.q_lora_rank + hp->mla.kv_lora_rank + hp->moe.n_expert);
     m->vecs = calloc(m->vecs_cap, sizeof(float));
     m->layers = calloc(L, sizeof(kvt_layer_w));
-    if (hp->mla.kv_lora_rank) m->mla = calloc(L, sizeof(kvt_mla_w));
-    if (hp->moe.n_expert) m->moe = calloc(L, sizeof(kvt_moe_w));
-    if (!m->vecs || !m->layers || (hp->mla.kv_lora_rank && !m->mla) || (hp->moe.n_expert && !m->moe)) {
+    if (!m->vecs || !m->layers) {
         st = KVT_ERR_NOMEM;
         goto fail;
     }
@@ -361,11 +352,10 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
     if ((st = load_mat(m, g, "output.weight", E, hp->n_vocab, false, &m->output, err, errlen)) != KVT_OK) goto fail;
     hp->tied_output = m->output.data == NULL;
     if (hp->tied_output) m->output = m->tok_embd;
-    if ((st = load_vec(m, g, "output_norm.weight", E, true, &m->output_norm, err, errlen)) != KVT_OK) goto fail;
+    if ((st = kvt_load_vec(m, g, "output_norm.weight", E, true, &m->output_norm, err, errlen)) != KVT_OK) goto fail;
     const float *rope_freqs = NULL;
-    if (hp->arch == KVT_ARCH_LLAMA) {
-        if ((st = load_vec(m, g, "rope_freqs.weight", hp->n_rot / 2, false, &rope_freqs, err, errlen)) != KVT_OK) goto fail;
-        hp->has_rope_freqs = rope_freqs != NULL;
+    if (o->rope_freqs) {
+        if ((st = kvt_load_vec(m, g, "rope_freqs.weight", hp->n_rot / 2, false, &rope_freqs, err, errlen)) != KVT_OK) goto fail;
         if (rope_freqs)
             for (uint32_t i = 0; i < hp->n_rot / 2; i++)
                 if (!(rope_freqs[i] > 0.0f) || !isfinite(rope_freqs[i])) {
@@ -373,50 +363,44 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
                     goto fail;
                 }
     }
-    if (hp->arch == KVT_ARCH_QWEN35) {
-        if ((st = kvt_q35_load(m, g, &m->q35, err, errlen)) != KVT_OK) goto fail;
+    if (o->pass) { /* its own layer tables and forward pass */
+        if ((st = o->pass->load(m, g, &m->arch_state, err, errlen)) != KVT_OK) goto fail;
+        if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
         if ((st = make_inv_freq(m, NULL)) != KVT_OK) goto fail;
         *out = m;
         return KVT_OK;
     }
-        const bool qkn = hp->arch == KVT_ARCH_QWEN3 || hp->arch == KVT_ARCH_GEMMA3 || hp->arch == KVT_ARCH_QWEN3MOE;
-    const bool gem = hp->arch == KVT_ARCH_GEMMA3;
-    const bool bias = hp->arch == KVT_ARCH_QWEN2;
+    const unsigned lt = o->layer_tensors;
     for (uint32_t il = 0; il < L; il++) {
         kvt_layer_w *w = &m->layers[il];
         char nm[96];
 #define NM(suffix) (snprintf(nm, sizeof(nm), "blk.%u." suffix, il), nm)
-        if ((st = load_vec(m, g, NM("attn_norm.weight"), E, true, &w->attn_norm, err, errlen))) goto fail;
-        if ((st = load_vec(m, g, NM("ffn_norm.weight"), E, true, &w->ffn_norm, err, errlen))) goto fail;
-        if (m->mla) { /* MLA attention tensors (mla.c) */
-            if ((st = kvt_mla_load(m, g, il, &m->mla[il], err, errlen))) goto fail;
-            w->mla = &m->mla[il];
-        } else {
+        if ((st = kvt_load_vec(m, g, NM("attn_norm.weight"), E, true, &w->attn_norm, err, errlen))) goto fail;
+        if ((st = kvt_load_vec(m, g, NM("ffn_norm.weight"), E, true, &w->ffn_norm, err, errlen))) goto fail;
+        if (o->load_layer && (st = o->load_layer(m, g, il, w, err, errlen))) goto fail; /* MLA / MoE sub-blocks */
+        if (!w->mla) {
             if ((st = load_mat(m, g, NM("attn_q.weight"), E, QD, true, &w->wq, err, errlen))) goto fail;
             if ((st = load_mat(m, g, NM("attn_k.weight"), E, KD, true, &w->wk, err, errlen))) goto fail;
             if ((st = load_mat(m, g, NM("attn_v.weight"), E, KD, true, &w->wv, err, errlen))) goto fail;
             if ((st = load_mat(m, g, NM("attn_output.weight"), QD, E, true, &w->wo, err, errlen))) goto fail;
         }
-        if (m->moe && kvt_moe_layer(hp, il)) { /* expert tensors (moe.c) */
-            if ((st = kvt_moe_load(m, g, il, &m->moe[il], err, errlen))) goto fail;
-            w->moe = &m->moe[il];
-        } else {
+        if (!w->moe) {
             if ((st = load_mat(m, g, NM("ffn_gate.weight"), E, hp->n_ff, true, &w->gate, err, errlen))) goto fail;
             if ((st = load_mat(m, g, NM("ffn_up.weight"), E, hp->n_ff, true, &w->up, err, errlen))) goto fail;
             if ((st = load_mat(m, g, NM("ffn_down.weight"), hp->n_ff, E, true, &w->down, err, errlen))) goto fail;
         }
-        if (bias) {
-            if ((st = load_vec(m, g, NM("attn_q.bias"), QD, true, &w->bq, err, errlen))) goto fail;
-            if ((st = load_vec(m, g, NM("attn_k.bias"), KD, true, &w->bk, err, errlen))) goto fail;
-            if ((st = load_vec(m, g, NM("attn_v.bias"), KD, true, &w->bv, err, errlen))) goto fail;
+        if (lt & KVT_LT_QKV_BIAS) {
+            if ((st = kvt_load_vec(m, g, NM("attn_q.bias"), QD, true, &w->bq, err, errlen))) goto fail;
+            if ((st = kvt_load_vec(m, g, NM("attn_k.bias"), KD, true, &w->bk, err, errlen))) goto fail;
+            if ((st = kvt_load_vec(m, g, NM("attn_v.bias"), KD, true, &w->bv, err, errlen))) goto fail;
         }
-        if (qkn) {
-            if ((st = load_vec(m, g, NM("attn_q_norm.weight"), HD, true, &w->q_norm, err, errlen))) goto fail;
-            if ((st = load_vec(m, g, NM("attn_k_norm.weight"), HD, true, &w->k_norm, err, errlen))) goto fail;
+        if (lt & KVT_LT_QK_NORM) {
+            if ((st = kvt_load_vec(m, g, NM("attn_q_norm.weight"), HD, true, &w->q_norm, err, errlen))) goto fail;
+            if ((st = kvt_load_vec(m, g, NM("attn_k_norm.weight"), HD, true, &w->k_norm, err, errlen))) goto fail;
         }
-        if (gem) {
-            if ((st = load_vec(m, g, NM("post_attention_norm.weight"), E, true, &w->post_attn_norm, err, errlen))) goto fail;
-            if ((st = load_vec(m, g, NM("post_ffw_norm.weight"), E, true, &w->post_ffw_norm, err, errlen))) goto fail;
+        if (lt & KVT_LT_POST_NORMS) {
+            if ((st = kvt_load_vec(m, g, NM("post_attention_norm.weight"), E, true, &w->post_attn_norm, err, errlen))) goto fail;
+            if ((st = kvt_load_vec(m, g, NM("post_ffw_norm.weight"), E, true, &w->post_ffw_norm, err, errlen))) goto fail;
         }
 #undef NM
         /* Load-time repack for the GEMM of prefill chunks and batched decode steps
@@ -432,6 +416,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
     if (m->n_bf16x)
         KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
                  m->n_bf16x);
+    if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
     return KVT_OK;
@@ -448,6 +433,7 @@ void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w) {
         size_t bytes;
         uint8_t *b = kvt_bf16x_pack(w->type, w->data, w->n_in, w->n_out, bx == KVT_BF16X_ROUND, &bytes);
         if (b) {
+            m->copy_bytes += bytes;
             w->own = b;
             w->data = b;
             w->type = KVT_TYPE_BF16X;
@@ -457,6 +443,16 @@ void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w) {
         }
     }
     w->packed = kvt_packed_create(w->type, w->data, w->n_in, w->n_out);
+    if (w->packed) m->copy_bytes += kvt_packed_bytes(w->packed);
+}
+
+uint64_t kvt_model_private_bytes(const kvt_model *m) {
+    uint64_t b = m->copy_bytes + (uint64_t)m->vecs_cap * sizeof(float);
+    const kvt_mla_hparams *ml = &m->hp.mla;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) /* mla.c's absorbed f32 W_UK^T and W_UV */
+        if (m->kind[il] == KVT_KIND_MLA)
+            b += (uint64_t)m->hp.n_head * ml->kv_lora_rank * (ml->d_nope + ml->d_v) * sizeof(float);
+    return b;
 }
 
 void kvt_wmat_release(kvt_wmat *w) {
@@ -476,13 +472,14 @@ void kvt_model_free(kvt_model *m) {
         for (int i = 0; i < 7; i++) kvt_wmat_release(ws[i]);
     }
     kvt_wmat_release(&m->output);
-    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
-        if (m->mla) kvt_mla_free(&m->mla[il]);
-        if (m->moe) kvt_moe_free(&m->moe[il]);
+    for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
+        kvt_layer_w *w = &m->layers[il];
+        if (w->mla) kvt_mla_free(w->mla);
+        if (w->moe) kvt_moe_free(w->moe);
+        free(w->mla);
+        free(w->moe);
     }
-    free(m->mla);
-    free(m->moe);
-    kvt_q35_free(m->q35);
+    if (m->arch_state) m->ops->pass->free(m->arch_state);
     free(m->layers);
     free(m->vecs);
     free(m->inv_freq[0]);
@@ -493,7 +490,7 @@ void kvt_model_free(kvt_model *m) {
 const kvt_hparams *kvt_model_hparams(const kvt_model *m) { return &m->hp; }
 
 bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il) {
-    return m->hp.arch == KVT_ARCH_GEMMA3 && m->hp.n_swa > 0 && il % 6 < 5;
+    return il < m->hp.n_layer && m->kind[il] == KVT_KIND_WINDOW;
 }
 
 /* The cache declaration of layer il (codec c). */
@@ -506,7 +503,7 @@ static void layer_desc(const kvt_model *m, uint32_t il, kvt_codec c, kvt_layer_d
     d->head_dim_k = m->hp.head_dim;
     d->head_dim_v = m->hp.head_dim;
     d->codec = c;
-    if (m->mla) { /* the cached latent row [c | k_pe] */
+    if (m->kind[il] == KVT_KIND_MLA) { /* the cached latent row [c | k_pe] */
         d->kind = KVT_KIND_MLA;
         d->n_kv_heads = 1;
         d->head_dim_k = m->hp.mla.kv_lora_rank + m->hp.mla.d_rope;
@@ -515,8 +512,8 @@ static void layer_desc(const kvt_model *m, uint32_t il, kvt_codec c, kvt_layer_d
 }
 
 void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out) {
-    if (m->q35) { /* hybrid: DeltaNet layers are RECURRENT (arch_qwen35.c) */
-        kvt_q35_layer_descs(m->q35, &m->hp, codecs, out);
+    if (m->ops->pass) { /* its own layer tables (qwen35: DeltaNet layers are RECURRENT) */
+        m->ops->pass->layer_descs(m->arch_state, &m->hp, codecs, out);
         return;
     }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) layer_desc(m, il, codecs[il], &out[il]);
@@ -524,6 +521,7 @@ void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_laye
 
 uint64_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
 
+const void *kvt_model_arch_state(const kvt_model *m) { return m->arch_state; }
 const kvt_wmat *kvt_model_tok_embd(const kvt_model *m) { return &m->tok_embd; }
 const kvt_wmat *kvt_model_output(const kvt_model *m) { return &m->output; }
 const float *kvt_model_output_norm(const kvt_model *m) { return m->output_norm; }
@@ -560,7 +558,7 @@ struct kvt_ctx {
     size_t att_scratch_floats;
     uint32_t logits_rows;    /* rows the logits buffer holds */
     kvt_ext_scratch *ext;    /* MLA / MoE scratch (model_int.h), NULL for dense models */
-    kvt_q35_ctx *q35;        /* qwen35 only: its scratch (arch_qwen35.c) */
+    void *arch_ctx;          /* ops->pass only: its scratch (pass->ctx_create), owned */
     kvt_mla_prefill mla_prefill; /* deepseek2 prefill mode (model.h), default absorbed */
 
     /* batched forward (kvt_model_forward_batch): its logits rows and staging */
@@ -664,7 +662,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
         }
     }
     if (ok && (hp->moe.n_expert || hp->mla.kv_lora_rank)) ok = (c->ext = kvt_ext_scratch_create(hp, ubatch)) != NULL;
-    if (ok && m->q35) ok = kvt_q35_ctx_create(m, m->q35, n_threads, ubatch, &c->q35) == KVT_OK;
+    if (ok && m->ops->pass) ok = m->ops->pass->ctx_create(m, m->arch_state, n_threads, ubatch, &c->arch_ctx) == KVT_OK;
     c->tp = ok ? kvt_threadpool_create(n_threads) : NULL;
     if (!c->tp) {
         kvt_ctx_free(c);
@@ -677,7 +675,7 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
 void kvt_ctx_free(kvt_ctx *c) {
     if (!c) return;
     kvt_threadpool_free(c->tp);
-    kvt_q35_ctx_free(c->q35);
+    if (c->arch_ctx) c->m->ops->pass->ctx_free(c->arch_ctx);
     float **bufs[] = {&c->x, &c->xn, &c->q, &c->k, &c->v, &c->att, &c->tmp, &c->gate, &c->up, &c->logits, &c->rope_cs};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(*bufs[i]);
     free(c->blogits);
@@ -701,7 +699,21 @@ void kvt_ctx_free(kvt_ctx *c) {
 }
 
 int kvt_ctx_n_threads(const kvt_ctx *c) { return c->nth; }
-uint32_t kvt_ctx_ubatch(const kvt_ctx *c) { return c->ubatch; }
+
+uint64_t kvt_ctx_bytes(const kvt_ctx *c) {
+    const kvt_hparams *hp = &c->m->hp;
+    const uint64_t U = c->ubatch, E = hp->n_embd, QD = (uint64_t)hp->n_head * hp->head_dim;
+    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    /* x, xn, q, k, v, att, tmp, gate, up (kvt_ctx_create), rope table, logits rows */
+    uint64_t fl = U * (E + (E > QD ? E : QD) + QD + 2 * KD + QD + E + 2 * F) + U * 2 * hp->n_rot +
+                  (uint64_t)hp->n_vocab * (c->logits_rows + c->blogits_rows);
+    uint64_t b = fl * sizeof(float) + (uint64_t)KVT_N_ACT * (c->act_bytes + 64) +
+                 (uint64_t)c->nth * c->att_scratch_floats * sizeof(float);
+    if (c->nth > 1) /* per-thread replica rows and activations */
+        b += (uint64_t)c->nth * ((2 * (uint64_t)KVT_REPL_ROWS * E + E) * sizeof(float) +
+                                 KVT_N_ACT * (model_act_bytes(c->m, KVT_REPL_ROWS) + 64));
+    return b;
+}
 
 static kvt_status ensure_scratch(kvt_ctx *c, size_t need) {
     if (need <= c->att_scratch_floats) return KVT_OK;
@@ -850,6 +862,142 @@ size_t kvt_act_row_bytes(const kvt_wmat *const *ws, int nw, int slot) {
 
 /* ------------------------------------------------------------------ forward: the chunk */
 
+/* Steps 1-6 of a dense layer: attention norm, Q/K/V, bias / QK-norm / RoPE, K/V written to the
+ * chunk's sequences, attention, output projection into c->tmp (every thread; ends on a barrier). */
+static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w, uint32_t il) {
+    const kvt_model *m = c->m;
+    const kvt_arch_ops *o = m->ops;
+    const kvt_hparams *hp = fw->hp;
+    kvt_threadpool *tp = fw->tp;
+    const int ith = fw->ith, nth = fw->nth;
+    const bool repl = fw->repl;
+    const uint32_t n = fw->n, r0 = fw->r0, r1 = fw->r1;
+    const uint32_t E = hp->n_embd, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
+    const uint32_t QD = NH * HD, KD = NKV * HD, half = hp->n_rot / 2;
+    const float eps = hp->norm_eps;
+    float *X = fw->X, *XN = fw->XN;
+    void *const *ACT = fw->ACT;
+    const kvt_wmat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+    float *qkv_out[3] = {c->q, c->k, c->v};
+    const kvt_wmat *wo[1] = {&w->wo};
+    float *tmp_out[1] = {c->tmp};
+    const int cfg = o->window_rope && m->kind[il] == KVT_KIND_WINDOW ? 1 : 0; /* RoPE table */
+
+    /* 1. attention norm + quantize (rows) */
+    for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, eps);
+    quantize_rows(ACT, qkv, 3, XN, r0, r1);
+    if (!repl) kvt_threadpool_barrier(tp);
+    /* 2. Q, K, V projections (columns) */
+    matmul_group(ACT, qkv, qkv_out, 3, n, ith, nth);
+    kvt_threadpool_barrier(tp);
+    /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
+     *    sequence. write_kv runs on thread 0 only (kv.h allows concurrent writes only at distinct
+     *    positions of one sequence); for small chunks thread 0 also does the row work, saving a barrier. */
+    {
+        const bool solo = n <= KVT_REPL_ROWS;
+        uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
+        for (uint32_t r = a0; r < a1; r++) {
+            float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
+            if (w->bq) {
+                for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
+                for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
+                for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
+            }
+            if (w->q_norm) {
+                for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
+                for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
+            }
+            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
+            for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
+            if (o->q_prescale)
+                for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
+        }
+        if (!solo) kvt_threadpool_barrier(tp);
+        if (ith == 0)
+            for (uint32_t s = 0; s < c->n_segs; s++) {
+                const kvt_seg *sg = &c->segs[s];
+                for (uint32_t r = sg->off; r < sg->off + sg->n; r++)
+                    kvt_seq_write_kv(sg->seq, il, sg->pos0 + (r - sg->off), c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+            }
+        kvt_threadpool_barrier(tp);
+    }
+    /* 5. attention, per segment over its own sequence. Threads split on KV-head boundaries so
+     *    no KV row is read by two threads; when the KV heads do not divide evenly, a prefill
+     *    segment is split by query rows instead (each thread all heads), and a single-row
+     *    segment (decode) falls back to a query-head split. Every (row, head) output is computed
+     *    the same way under any split. */
+    {
+        const float sc = o->q_prescale ? 1.0f : hp->attn_scale;
+        for (uint32_t s = 0; s < c->n_segs; s++) {
+            const kvt_seg *sg = &c->segs[s];
+            const float *q = c->q + (size_t)sg->off * QD;
+            float *att = c->att + (size_t)sg->off * QD;
+            if (NKV % nth == 0 || sg->n == 1) {
+                uint32_t h0, h1;
+                if (NKV % nth == 0) {
+                    split_range(NKV, ith, nth, &h0, &h1);
+                    h0 *= NH / NKV, h1 *= NH / NKV;
+                } else {
+                    split_range(NH, ith, nth, &h0, &h1);
+                }
+                if (h0 < h1) kvt_attention(sg->seq, il, q, sg->n, QD, sg->pos0, NH, sc, h0, h1, att, QD, c->att_scratch[ith]);
+            } else {
+                /* rows balanced by visible keys: row r sees about pos0 + r + 1 of them */
+                const uint32_t q0 = att_row_split(sg->n, sg->pos0, ith, nth), q1 = att_row_split(sg->n, sg->pos0, ith + 1, nth);
+                if (q0 < q1)
+                    kvt_attention(sg->seq, il, q + (size_t)q0 * QD, q1 - q0, QD, sg->pos0 + q0, NH, sc, 0, NH,
+                                  att + (size_t)q0 * QD, QD, c->att_scratch[ith]);
+            }
+        }
+    }
+    kvt_threadpool_barrier(tp);
+    /* 6. output projection */
+    quantize_rows(ACT, wo, 1, c->att, r0, r1);
+    if (!repl) kvt_threadpool_barrier(tp);
+    matmul_group(ACT, wo, tmp_out, 1, n, ith, nth);
+    kvt_threadpool_barrier(tp);
+}
+
+/* Steps 8-9 of a dense layer: gate and up projections, the gated activation, down projection into
+ * c->tmp, from the FFN-normed rows in fw->XN (every thread; ends on a barrier). */
+static void dense_ffn(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w) {
+    const kvt_arch_ops *o = c->m->ops;
+    kvt_threadpool *tp = fw->tp;
+    const int ith = fw->ith, nth = fw->nth;
+    const bool repl = fw->repl;
+    const uint32_t n = fw->n, r0 = fw->r0, r1 = fw->r1;
+    const uint32_t F = fw->hp->n_ff;
+    float *XN = fw->XN;
+    void *const *ACT = fw->ACT;
+    const kvt_wmat *gu[2] = {&w->gate, &w->up};
+    float *gu_out[2] = {c->gate, c->up};
+    const kvt_wmat *dn[1] = {&w->down};
+    float *tmp_out[1] = {c->tmp};
+
+    /* 8. quantize the normed rows; gate, up and the gated activation on this thread's own columns */
+    quantize_rows(ACT, gu, 2, XN, r0, r1);
+    if (!repl) kvt_threadpool_barrier(tp);
+    matmul_group(ACT, gu, gu_out, 2, n, ith, nth);
+    {
+        int64_t o0, o1;
+        col_range(F, ith, nth, &o0, &o1);
+        for (uint32_t r = 0; r < n; r++) {
+            float *g = c->gate + (size_t)r * F, *u = c->up + (size_t)r * F;
+            if (o->ffn_act == KVT_FFN_GELU_TANH)
+                for (int64_t i = o0; i < o1; i++) g[i] = gelu_tanh(g[i]) * u[i];
+            else /* the vector SiLU (kernels/vec.h: its exp has a scalar twin, same bits on every split) */
+                kvt_vec_silu_mul(g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
+        }
+    }
+    kvt_threadpool_barrier(tp);
+    /* 9. down projection */
+    quantize_rows(ACT, dn, 1, c->gate, r0, r1);
+    if (!repl) kvt_threadpool_barrier(tp);
+    matmul_group(ACT, dn, tmp_out, 1, n, ith, nth);
+    kvt_threadpool_barrier(tp);
+}
+
 /*
  * Two modes, identical per-row math (so identical bits):
  *  - split (large chunks): row ops take rows [r0, r1) of the shared x/xn and quantize them into the
@@ -866,12 +1014,10 @@ static void forward_chunk(void *arg, int ith, int nth) {
     const kvt_model *m = c->m;
     const kvt_hparams *hp = &m->hp;
     kvt_threadpool *tp = c->tp;
-    const uint32_t n = c->n, E = hp->n_embd, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
-    const uint32_t QD = NH * HD, KD = NKV * HD, F = hp->n_ff, half = hp->n_rot / 2;
+    const kvt_arch_ops *o = m->ops;
+    const uint32_t n = c->n, E = hp->n_embd, half = hp->n_rot / 2;
     const float eps = hp->norm_eps;
-    const bool gem = hp->arch == KVT_ARCH_GEMMA3;
     const bool repl = nth > 1 && n <= KVT_REPL_ROWS;
-    const kvt_dn_impl dn_impl = kvt_dn_best_impl();
     kvt_thread_buf *tb = &c->tbuf[ith];
     float *X = repl ? tb->x : c->x, *XN = repl ? tb->xn : c->xn;
     void *const *ACT = repl ? tb->act : c->act;
@@ -889,13 +1035,13 @@ static void forward_chunk(void *arg, int ith, int nth) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (uint64_t)c->tokens[r] * m->tok_embd.row_bytes;
         float *xr = X + (size_t)r * E;
         kvt_dequant_row(m->tok_embd.type, row, xr, E);
-        if (gem) {
+        if (o->embd_scale) {
             const float sc = sqrtf((float)E);
             for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
         }
         if (repl && ith != 0) continue;
         double pos = (double)c->row_pos[r];
-        for (int cfg = 0; cfg < (gem ? 2 : 1); cfg++) { /* cfg 1: gemma3 local layers */
+        for (int cfg = 0; cfg < (o->window_rope ? 2 : 1); cfg++) { /* cfg 1: window layers */
             float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
             for (uint32_t i = 0; i < half; i++) {
                 double th = pos * m->inv_freq[cfg][i];
@@ -911,95 +1057,12 @@ static void forward_chunk(void *arg, int ith, int nth) {
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const kvt_layer_w *w = &m->layers[il];
-        const kvt_wmat *qkv[3] = {&w->wq, &w->wk, &w->wv};
-        float *qkv_out[3] = {c->q, c->k, c->v};
-        const kvt_wmat *gu[2] = {&w->gate, &w->up};
-        float *gu_out[2] = {c->gate, c->up};
-        const kvt_wmat *wo[1] = {&w->wo};
-        const kvt_wmat *dn[1] = {&w->down};
-        float *tmp_out[1] = {c->tmp};
-        const int cfg = kvt_model_layer_is_swa(m, il) ? 1 : 0;
-
-        if (w->mla) { /* deepseek2: steps 1-6 in latent space (mla.c), output in tmp */
+        /* steps 1-6: attention, output in tmp (latent layers: in latent space, mla.c) */
+        if (w->mla)
             kvt_mla_attention(&fw, w->mla, w->attn_norm, il);
-            goto attn_done;
-        }
-        /* 1. attention norm + quantize (rows) */
-        for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, eps);
-        quantize_rows(ACT, qkv, 3, XN, r0, r1);
-        if (!repl) kvt_threadpool_barrier(tp);
-        /* 2. Q, K, V projections (columns) */
-        matmul_group(ACT, qkv, qkv_out, 3, n, ith, nth);
-        kvt_threadpool_barrier(tp);
-        /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
-         *    sequence. write_kv runs on thread 0 only (kv.h allows concurrent writes only at distinct
-         *    positions of one sequence); for small chunks thread 0 also does the row work, saving a barrier. */
-        {
-            const bool solo = n <= KVT_REPL_ROWS;
-            uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
-            for (uint32_t r = a0; r < a1; r++) {
-                float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
-                if (w->bq) {
-                    for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
-                    for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
-                    for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
-                }
-                if (w->q_norm) {
-                    for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
-                    for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
-                }
-                const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
-                for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
-                for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
-                if (gem)
-                    for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
-            }
-            if (!solo) kvt_threadpool_barrier(tp);
-            if (ith == 0)
-                for (uint32_t s = 0; s < c->n_segs; s++) {
-                    const kvt_seg *sg = &c->segs[s];
-                    for (uint32_t r = sg->off; r < sg->off + sg->n; r++)
-                        kvt_seq_write_kv(sg->seq, il, sg->pos0 + (r - sg->off), c->k + (size_t)r * KD, c->v + (size_t)r * KD);
-                }
-            kvt_threadpool_barrier(tp);
-        }
-        /* 5. attention, per segment over its own sequence. Threads split on KV-head boundaries so
-         *    no KV row is read by two threads; when the KV heads do not divide evenly, a prefill
-         *    segment is split by query rows instead (each thread all heads), and a single-row
-         *    segment (decode) falls back to a query-head split. Every (row, head) output is computed
-         *    the same way under any split. */
-        {
-            const float sc = gem ? 1.0f : hp->attn_scale;
-            for (uint32_t s = 0; s < c->n_segs; s++) {
-                const kvt_seg *sg = &c->segs[s];
-                const float *q = c->q + (size_t)sg->off * QD;
-                float *att = c->att + (size_t)sg->off * QD;
-                if (NKV % nth == 0 || sg->n == 1) {
-                    uint32_t h0, h1;
-                    if (NKV % nth == 0) {
-                        split_range(NKV, ith, nth, &h0, &h1);
-                        h0 *= NH / NKV, h1 *= NH / NKV;
-                    } else {
-                        split_range(NH, ith, nth, &h0, &h1);
-                    }
-                    if (h0 < h1) kvt_attention(sg->seq, il, q, sg->n, QD, sg->pos0, NH, sc, h0, h1, att, QD, c->att_scratch[ith]);
-                } else {
-                    /* rows balanced by visible keys: row r sees about pos0 + r + 1 of them */
-                    const uint32_t q0 = att_row_split(sg->n, sg->pos0, ith, nth), q1 = att_row_split(sg->n, sg->pos0, ith + 1, nth);
-                    if (q0 < q1)
-                        kvt_attention(sg->seq, il, q + (size_t)q0 * QD, q1 - q0, QD, sg->pos0 + q0, NH, sc, 0, NH,
-                                      att + (size_t)q0 * QD, QD, c->att_scratch[ith]);
-                }
-            }
-        }
-        kvt_threadpool_barrier(tp);
-        /* 6. output projection */
-        quantize_rows(ACT, wo, 1, c->att, r0, r1);
-        if (!repl) kvt_threadpool_barrier(tp);
-        matmul_group(ACT, wo, tmp_out, 1, n, ith, nth);
-        kvt_threadpool_barrier(tp);
-    attn_done:
-        /* 7. (post-attention norm,) residual, FFN norm, quantize (rows) */
+        else
+            dense_attention(c, &fw, w, il);
+        /* 7. (post-attention norm,) residual, FFN norm (rows) */
         for (uint32_t r = r0; r < r1; r++) {
             float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
             if (w->post_attn_norm) {
@@ -1010,32 +1073,11 @@ static void forward_chunk(void *arg, int ith, int nth) {
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
             rmsnorm(XN + (size_t)r * E, xr, w->ffn_norm, E, eps);
         }
-        if (w->moe) { /* steps 8-9 over the routed and shared experts (moe.c), output in tmp */
+        /* steps 8-9: FFN, output in tmp (mixture-of-experts layers: routed and shared experts, moe.c) */
+        if (w->moe)
             kvt_moe_ffn(&fw, w->moe, il);
-            goto ffn_done;
-        }
-        quantize_rows(ACT, gu, 2, XN, r0, r1);
-        if (!repl) kvt_threadpool_barrier(tp);
-        /* 8. gate, up and the gated activation on this thread's own columns */
-        matmul_group(ACT, gu, gu_out, 2, n, ith, nth);
-        {
-            int64_t o0, o1;
-            col_range(F, ith, nth, &o0, &o1);
-            for (uint32_t r = 0; r < n; r++) {
-                float *g = c->gate + (size_t)r * F, *u = c->up + (size_t)r * F;
-                if (gem)
-                    for (int64_t i = o0; i < o1; i++) g[i] = gelu_tanh(g[i]) * u[i];
-                else /* the vector SiLU of deltanet.c (its exp has a scalar twin: same bits on every split) */
-                    kvt_dn_silu_mul(dn_impl, g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
-            }
-        }
-        kvt_threadpool_barrier(tp);
-        /* 9. down projection */
-        quantize_rows(ACT, dn, 1, c->gate, r0, r1);
-        if (!repl) kvt_threadpool_barrier(tp);
-        matmul_group(ACT, dn, tmp_out, 1, n, ith, nth);
-        kvt_threadpool_barrier(tp);
-    ffn_done:
+        else
+            dense_ffn(c, &fw, w);
         /* 10. (post-FFN norm,) residual (rows; the next layer continues on the same rows) */
         for (uint32_t r = r0; r < r1; r++) {
             float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
@@ -1072,7 +1114,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
 
 static kvt_status check_layout(const kvt_model *m, const kvt_kv_layout *l) {
     if (kvt_kv_layout_n_layers(l) != m->hp.n_layer) return KVT_ERR_INVALID_ARG;
-    if (m->q35) return kvt_q35_check_layout(m->q35, &m->hp, l);
+    if (m->ops->pass) return m->ops->pass->check_layout(m->arch_state, &m->hp, l);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
         kvt_layer_desc want;
@@ -1113,8 +1155,8 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         c->logits = nl;
         c->logits_rows = n;
     }
-    if (m->q35) {
-        st = kvt_q35_forward(c->q35, c->tp, c->att_scratch, seq, tokens, n, all_logits, cancel, c->logits);
+    if (m->ops->pass) {
+        st = m->ops->pass->forward(c->arch_ctx, c->tp, c->att_scratch, seq, tokens, n, all_logits, cancel, c->logits);
         if (st == KVT_OK && logits) *logits = c->logits;
         return st;
     }
@@ -1122,9 +1164,9 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
         if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) return KVT_ERR_CANCELLED; /* set by another thread */
         uint32_t nc = n - off < c->ubatch ? n - off : c->ubatch;
         if ((st = kvt_seq_prepare(seq, nc)) != KVT_OK) return st;
-        if (m->mla && (st = kvt_mla_prefill_setup(c->ext, &m->hp, c->mla_prefill, nc, kvt_seq_len(seq), c->nth)))
+        if (m->latent && (st = kvt_mla_prefill_setup(c->ext, &m->hp, c->mla_prefill, nc, kvt_seq_len(seq), c->nth)))
             return st; /* expanded or absorbed for this chunk (mla.c) */
-        if (m->mla && c->ext->exp_on && /* its temporary K/V's attention scratch (no-op at real shapes) */
+        if (m->latent && c->ext->exp_on && /* its temporary K/V's attention scratch (no-op at real shapes) */
             (st = ensure_scratch(c, kvt_attention_scratch_floats(c->ext->exp_layout, kvt_seq_len(seq) + nc))))
             return st;
         c->seq = seq;
@@ -1146,12 +1188,7 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
 
 /* ------------------------------------------------------------------ forward: batch of sequences */
 
-bool kvt_model_batches(const kvt_model *m) {
-    /* recurrent state / latent attention: per item (model.h). MoE (qwen3moe) is row-wise too but has
-     * no test model to check batch invariance against, so it stays per item until it has one. */
-    if (m->q35 || m->mla || m->moe) return false;
-    return true;
-}
+bool kvt_model_batches(const kvt_model *m) { return m->ops->batches; }
 
 kvt_status kvt_model_forward_batch(kvt_ctx *c, kvt_batch_item *items, uint32_t n_items, float **logits) {
     if (logits) *logits = NULL;

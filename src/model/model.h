@@ -20,14 +20,12 @@
 #include "../gguf/gguf.h"
 #include "../kv/kv.h"
 
+/* The supported architectures, one per line of model/arch_list.h (the registry). */
 typedef enum kvt_arch {
-    KVT_ARCH_LLAMA = 1, KVT_ARCH_QWEN2 = 2, KVT_ARCH_QWEN3 = 3, KVT_ARCH_GEMMA3 = 4,
-    KVT_ARCH_QWEN3MOE = 5,  /* qwen3 attention + MoE FFN (model/moe.c) */
-    KVT_ARCH_DEEPSEEK2 = 6, /* MLA attention (model/mla.c) + MoE FFN with shared experts */
-    KVT_ARCH_QWEN35 = 7,    /* hybrid gated DeltaNet + gated attention (model/arch_qwen35.c) */
+#define KVT_ARCH_ENTRY(id, value, ops) KVT_ARCH_##id = value,
+#include "arch_list.h"
 } kvt_arch;
-const char *kvt_arch_name(kvt_arch a);
-int kvt_arch_from_name(const char *s); /* -1 if unsupported */
+const char *kvt_arch_name(kvt_arch a); /* the general.architecture string; "?" if none */
 
 /* Mixture of experts (qwen3moe, deepseek2; model/moe.c). n_expert == 0: every layer is dense. */
 typedef struct kvt_moe_hparams {
@@ -60,7 +58,6 @@ typedef struct kvt_hparams {
     float attn_scale;          /* softmax scale (gemma3: applied as query pre-scale) */
     bool rope_neox;
     bool tied_output;
-    bool has_rope_freqs;       /* llama3 rope_freqs.weight present */
     char name[128];            /* general.name or "" */
     kvt_moe_hparams moe;
     kvt_mla_hparams mla;
@@ -72,12 +69,16 @@ typedef struct kvt_model kvt_model;
 kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t errlen);
 void kvt_model_free(kvt_model *m);
 const kvt_hparams *kvt_model_hparams(const kvt_model *m);
-/* True if layer il is a sliding-window layer (gemma3: il % 6 < 5). */
+/* True if layer il is a sliding-window layer (gemma3: by the GGUF's sliding_window_pattern, else
+ * il % 6 < 5; model/arch_gemma3.c). */
 bool kvt_model_layer_is_swa(const kvt_model *m, uint32_t il);
 /* Fill n_layer layer descs (kind, window, heads, dims) using codecs[il] for each layer. */
 void kvt_model_layer_descs(const kvt_model *m, const kvt_codec *codecs, kvt_layer_desc *out);
 /* Bytes of weights (sum of tensor sizes). */
 uint64_t kvt_model_weight_bytes(const kvt_model *m);
+/* Heap bytes the loaded model holds beside the file mapping: the packed / bf16x copies of
+ * kvt_wmat_prepare, the f32 vectors, deepseek2's absorbed f32 MLA matrices (memory budget). */
+uint64_t kvt_model_private_bytes(const kvt_model *m);
 
 /* MoE routing of one token (model/moe.c; exposed for tests): from the router logits (n_expert) and
  * the optional selection bias, the n_expert_used chosen experts in selection order and their
@@ -119,7 +120,9 @@ typedef struct kvt_ctx kvt_ctx;
 kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kvt_ctx **out);
 void kvt_ctx_free(kvt_ctx *c);
 int kvt_ctx_n_threads(const kvt_ctx *c);
-uint32_t kvt_ctx_ubatch(const kvt_ctx *c);
+/* Heap bytes of the context's buffers (activations, per-thread attention scratch as reserved, the
+ * logits rows held now); MoE/MLA and architecture scratch are not included (memory budget). */
+uint64_t kvt_ctx_bytes(const kvt_ctx *c);
 /* Pre-size the per-thread attention scratch for sequences of layout l up to n_ctx tokens, so the
  * forward pass never grows it (it otherwise grows geometrically at the start of a forward call, never
  * inside the token loop). */
@@ -151,9 +154,9 @@ typedef struct kvt_batch_item {
     kvt_status st;
 } kvt_batch_item;
 
-/* True when kvt_model_forward_batch runs its items in one pass (dense models: llama, qwen2, qwen3,
- * gemma3); false for qwen35 (recurrent state), deepseek2 (MLA) and qwen3moe (no test model yet),
- * whose items are forwarded one after another inside the same call. */
+/* True when kvt_model_forward_batch runs its items in one pass (the architecture's ops say so:
+ * llama, qwen2, qwen3, gemma3); false for qwen35 (recurrent state), deepseek2 (MLA) and qwen3moe
+ * (no test model yet), whose items are forwarded one after another inside the same call. */
 bool kvt_model_batches(const kvt_model *m);
 
 /* Several sequences (distinct, same layout) in one forward pass: every matmul runs once over the

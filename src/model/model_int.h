@@ -1,25 +1,28 @@
 /*
- * model_int.h — internals shared by the forward-pass files of src/model only (model.c, mla.c,
- * moe.c). Nothing outside src/model may include it; the public contract is model.h.
+ * model_int.h — internals shared by the files of src/model only (model.c, the architecture files
+ * arch_*.c, and the sub-blocks mla.c, moe.c). Nothing outside src/model may include it; the public
+ * contract is model.h.
  *
- * model.c owns the layer loop. Architectures whose attention or FFN is not the dense one plug in at
- * two hook points of that loop:
- *   - kvt_mla_attention (mla.c): replaces the attention sub-block of a deepseek2 layer;
+ * An architecture is one kvt_arch_ops table (below), defined by model/arch_<name>.c and registered
+ * by one line of arch_list.h. model.c owns the loaders and the dense layer loop; it reads the table
+ * and never the architecture's name. Sub-blocks that are not the dense ones plug in per layer, set
+ * by the ops' load_layer hook:
+ *   - kvt_mla_attention (mla.c): replaces the attention sub-block of a latent (deepseek2) layer;
  *   - kvt_moe_ffn (moe.c): replaces the dense FFN of a mixture-of-experts layer.
  * Both are called by every thread of the pool with a kvt_fwd view of the chunk, and both leave the
  * sub-block's output in fw->tmp (n rows of n_embd) after a final barrier, exactly where the dense
  * code leaves it, so the residual step that follows is shared.
  *
- * Ownership: the per-layer weight structs (kvt_mla_w, kvt_moe_w) are owned by the model (allocated
- * at load, freed by kvt_model_free); the matrices inside borrow the GGUF mapping, except the
- * absorbed MLA matrices, which the kvt_mla_w owns. kvt_ext_scratch is owned by the kvt_ctx.
- *
- * Architectures with their own forward pass (qwen35, arch_qwen35.c) use the loaders below and the
- * kvt_q35_* hooks instead of the layer loop.
+ * Ownership: the per-layer weight structs (kvt_layer_w and the kvt_mla_w / kvt_moe_w it points to)
+ * are owned by the model (allocated at load, freed by kvt_model_free); the matrices inside borrow
+ * the GGUF mapping, except the absorbed MLA matrices, which the kvt_mla_w owns. kvt_ext_scratch is
+ * owned by the kvt_ctx. An architecture with its own forward pass (kvt_arch_pass: qwen35) owns the
+ * state its hooks create; the model and the ctx hold it opaquely and free it through the hooks.
  */
 #ifndef KVT_MODEL_INT_H
 #define KVT_MODEL_INT_H
 
+#include "../kernels/quant.h"
 #include "../util/threadpool.h"
 #include "model.h"
 
@@ -70,6 +73,8 @@ void kvt_matmul_group(void *const *act, const kvt_wmat *const *ws, float *const 
                       int ith, int nth);
 /* Bytes of one activation row of the group's input for slot s (rows are contiguous). */
 size_t kvt_act_row_bytes(const kvt_wmat *const *ws, int nw, int slot);
+
+typedef struct kvt_layer_w kvt_layer_w; /* one layer's weights (below) */
 
 /* ---- one thread's view of a forward chunk (built by model.c for the hooks) ---- */
 typedef struct kvt_ext_scratch kvt_ext_scratch;
@@ -128,9 +133,12 @@ typedef struct kvt_moe_w {
     kvt_wmat sh_gate, sh_up, sh_down; /* shared experts (data NULL: none) */
 } kvt_moe_w;
 
-kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, char *err, size_t errlen);
-bool kvt_moe_layer(const kvt_hparams *hp, uint32_t il);
-kvt_status kvt_moe_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_moe_w *w, char *err, size_t errlen);
+/* Parse the MoE keys. norm_topk: the family's default of expert_weights_norm when the key is absent
+ * (as the reference engines: qwen3moe normalizes the top-k, deepseek2 does not). */
+kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, bool norm_topk, char *err, size_t errlen);
+/* The load_layer hook of the MoE families: a mixture-of-experts layer (every one after the leading
+ * dense ones) gets its w->moe, allocated and loaded; a dense one is left alone. */
+kvt_status kvt_moe_load_layer(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_layer_w *w, char *err, size_t errlen);
 void kvt_moe_free(kvt_moe_w *w);
 /* The FFN of one MoE layer over XN (this thread's rows r0..r1 normed) into fw->tmp. */
 void kvt_moe_ffn(const kvt_fwd *fw, const kvt_moe_w *w, uint32_t il);
@@ -176,27 +184,93 @@ void kvt_ext_scratch_free(kvt_ext_scratch *s);
 size_t kvt_ext_act_bytes(const kvt_mla_w *mla, const kvt_moe_w *moe, uint32_t rows, size_t cur);
 
 /* Accessors for architectures with their own forward pass (qwen35). */
+const void *kvt_model_arch_state(const kvt_model *m); /* the kvt_arch_pass state, NULL if none */
 const kvt_wmat *kvt_model_tok_embd(const kvt_model *m);
 const kvt_wmat *kvt_model_output(const kvt_model *m);
 const float *kvt_model_output_norm(const kvt_model *m);
 
-/* ---- qwen35 (arch_qwen35.c): hybrid gated DeltaNet + gated attention ---- */
-typedef struct kvt_q35 kvt_q35;         /* per-model tables, owned by the kvt_model */
-typedef struct kvt_q35_ctx kvt_q35_ctx; /* per-context scratch, owned by the kvt_ctx */
+/* ---- one layer's weights (filled by model.c's loader and the ops' load_layer hook) ---- */
+struct kvt_layer_w {
+    const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm;                /* KVT_LT_QK_NORM */
+    const float *post_attn_norm, *post_ffw_norm; /* KVT_LT_POST_NORMS */
+    const float *bq, *bk, *bv;                   /* KVT_LT_QKV_BIAS */
+    kvt_wmat wq, wk, wv, wo, gate, up, down;
+    kvt_mla_w *mla;                              /* owned or NULL: MLA attention instead of wq/wk/wv/wo */
+    kvt_moe_w *moe;                              /* owned or NULL: experts instead of gate/up/down */
+};
 
-/* Reads the qwen35 keys and every per-layer tensor (token_embd/output are loaded by model.c). */
-kvt_status kvt_q35_load(kvt_model *m, const kvt_gguf *g, kvt_q35 **out, char *err, size_t errlen);
-void kvt_q35_free(kvt_q35 *q);
-bool kvt_q35_layer_is_attn(const kvt_q35 *q, uint32_t il);
-void kvt_q35_layer_descs(const kvt_q35 *q, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out);
-kvt_status kvt_q35_check_layout(const kvt_q35 *q, const kvt_hparams *hp, const kvt_kv_layout *l);
-kvt_status kvt_q35_ctx_create(const kvt_model *m, const kvt_q35 *q, int n_threads, uint32_t ubatch,
-                              kvt_q35_ctx **out);
-void kvt_q35_ctx_free(kvt_q35_ctx *qc);
-/* The forward pass of kvt_model_forward for qwen35 (same contract). logits: the ctx's buffer, big
- * enough for n rows when all_logits; att_scratch: one attention scratch per thread. */
-kvt_status kvt_q35_forward(kvt_q35_ctx *qc, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
-                           const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
-                           float *logits);
+/* ---- architectures (arch_*.c, registered in arch_list.h) ---- */
+
+/* Optional per-layer tensors of the dense layer (kvt_arch_ops.layer_tensors). */
+enum {
+    KVT_LT_QKV_BIAS = 1u << 0,   /* attn_{q,k,v}.bias */
+    KVT_LT_QK_NORM = 1u << 1,    /* attn_{q,k}_norm.weight: per-head RMSNorm of queries and keys */
+    KVT_LT_POST_NORMS = 1u << 2, /* post_attention_norm / post_ffw_norm: sub-block outputs normed */
+};
+
+/* The gated activation of the dense FFN: act(gate) * up. */
+typedef enum kvt_ffn_act {
+    KVT_FFN_SILU = 0,      /* the vector SiLU of deltanet.c */
+    KVT_FFN_GELU_TANH = 1, /* GELU, tanh approximation (gemma3) */
+} kvt_ffn_act;
+
+/* An architecture with its own forward pass instead of the dense layer loop (qwen35). model.c
+ * loads the hparams, token_embd, output and output_norm, then hands over: state is what load
+ * creates (owned by the model, freed by free), ctx_state what ctx_create creates (owned by the
+ * kvt_ctx, freed by ctx_free). The hooks have the contracts of the model.h functions they stand in
+ * for (kvt_model_layer_descs, the layout check of kvt_model_forward, kvt_ctx_create,
+ * kvt_model_forward: logits is the ctx's buffer, big enough for n rows when all_logits;
+ * att_scratch holds one attention scratch per thread). */
+typedef struct kvt_arch_pass {
+    kvt_status (*load)(kvt_model *m, const kvt_gguf *g, void **state, char *err, size_t errlen);
+    void (*free)(void *state);
+    void (*layer_descs)(const void *state, const kvt_hparams *hp, const kvt_codec *codecs, kvt_layer_desc *out);
+    kvt_status (*check_layout)(const void *state, const kvt_hparams *hp, const kvt_kv_layout *l);
+    kvt_status (*ctx_create)(const kvt_model *m, const void *state, int n_threads, uint32_t ubatch, void **ctx_state);
+    void (*ctx_free)(void *ctx_state);
+    kvt_status (*forward)(void *ctx_state, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
+                          const int32_t *tokens, uint32_t n, bool all_logits, const volatile int *cancel,
+                          float *logits);
+} kvt_arch_pass;
+
+/* What model.c needs to know of an architecture. Data fields are read by the shared code; hooks
+ * are optional (NULL: nothing beyond the shared code). Tables are static and immutable. */
+typedef struct kvt_arch_ops {
+    const char *name;  /* general.architecture, and the prefix of the architecture's hparam keys */
+
+    /* -- hparams: model.c reads the shared keys (lengths, heads, RoPE, norm eps) -- */
+    bool rope_neox;      /* RoPE rotates the two halves of a head (NeoX), not adjacent pairs */
+    bool rope_yarn;      /* rope.scaling.type "yarn" accepted (the hparams hook reads its keys) */
+    bool kv_dims_differ; /* key_length != value_length accepted (the hparams hook checks them) */
+    /* The architecture's own keys, after the shared ones (hd_v: attention.value_length). */
+    kvt_status (*hparams)(const kvt_gguf *g, kvt_hparams *hp, uint32_t hd_v, char *err, size_t errlen);
+
+    /* -- tensors -- */
+    bool rope_freqs;        /* optional rope_freqs.weight (llama3 frequency factors) */
+    unsigned layer_tensors; /* KVT_LT_*: the optional tensors of each dense layer */
+    /* Before the dense tensors of layer il: may set w->mla and/or w->moe (allocated here, owned by
+     * the layer), whose sub-blocks then replace the dense attention / FFN and their tensors. */
+    kvt_status (*load_layer)(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_layer_w *w, char *err,
+                             size_t errlen);
+
+    /* -- layer kinds: the kvt_layer_kind (kv.h) of each layer's cache, after the tensors are loaded.
+     *    NULL: every layer FULL. -- */
+    kvt_status (*layer_kinds)(const kvt_model *m, const kvt_gguf *g, uint8_t *kind, char *err, size_t errlen);
+
+    /* -- forward hooks of the dense layer loop -- */
+    bool embd_scale;     /* token embeddings multiplied by sqrt(n_embd) */
+    bool q_prescale;     /* the softmax scale multiplies the queries after RoPE (attention then at 1) */
+    bool window_rope;    /* window layers rotate with rope_base_swa, unscaled (a second RoPE table) */
+    kvt_ffn_act ffn_act;
+    const kvt_arch_pass *pass; /* own forward pass instead of the layer loop, or NULL */
+
+    /* -- batching -- */
+    bool batches;        /* kvt_model_forward_batch runs the items in one pass (kvt_model_batches) */
+} kvt_arch_ops;
+
+/* The registry (arch_list.h, read by model.c) needs every table. */
+#define KVT_ARCH_ENTRY(id, value, ops) extern const kvt_arch_ops ops;
+#include "arch_list.h"
 
 #endif

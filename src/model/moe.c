@@ -40,9 +40,8 @@ static kvt_status get_u32_opt(const kvt_gguf *g, const char *key, uint32_t *v, b
     return KVT_OK;
 }
 
-kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, char *err, size_t errlen) {
+kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, bool norm_topk, char *err, size_t errlen) {
     kvt_moe_hparams *mh = &hp->moe;
-    const bool ds = hp->arch == KVT_ARCH_DEEPSEEK2;
     char key[160];
     kvt_status st;
     HKEY(key, "expert_count");
@@ -55,12 +54,11 @@ kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, char *err, s
     if ((st = get_u32_opt(g, key, &mh->n_expert_shared, false, err, errlen))) return st;
     HKEY(key, "leading_dense_block_count");
     if ((st = get_u32_opt(g, key, &mh->n_dense_lead, false, err, errlen))) return st;
-    /* defaults as the reference engines: qwen3moe normalizes the top-k with softmax gating;
-     * deepseek2 softmax, no normalization unless the keys say so */
+    /* defaults as the reference engines: softmax gating; the top-k normalization is the family's */
     mh->gating = 1;
     HKEY(key, "expert_gating_func");
     if ((st = get_u32_opt(g, key, &mh->gating, false, err, errlen))) return st;
-    mh->norm_topk = !ds;
+    mh->norm_topk = norm_topk;
     HKEY(key, "expert_weights_norm");
     if (kvt_gguf_find_key(g, key) >= 0 && !kvt_gguf_get_bool(g, key, &mh->norm_topk))
         return kvt_errf(err, errlen, KVT_ERR_FORMAT, "key %s: bad value", key);
@@ -83,9 +81,7 @@ kvt_status kvt_moe_hparams_load(const kvt_gguf *g, kvt_hparams *hp, char *err, s
     return KVT_OK;
 }
 
-bool kvt_moe_layer(const kvt_hparams *hp, uint32_t il) { return hp->moe.n_expert > 0 && il >= hp->moe.n_dense_lead; }
-
-kvt_status kvt_moe_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_moe_w *w, char *err, size_t errlen) {
+static kvt_status moe_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_moe_w *w, char *err, size_t errlen) {
     const kvt_hparams *hp = kvt_model_hparams(m);
     const kvt_moe_hparams *mh = &hp->moe;
     const uint32_t E = hp->n_embd, F = mh->n_ff_exp, NE = mh->n_expert, FS = F * mh->n_expert_shared;
@@ -109,6 +105,13 @@ kvt_status kvt_moe_load(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_moe_w 
     }
 #undef NM
     return KVT_OK;
+}
+
+kvt_status kvt_moe_load_layer(kvt_model *m, const kvt_gguf *g, uint32_t il, kvt_layer_w *w, char *err, size_t errlen) {
+    const kvt_moe_hparams *mh = &kvt_model_hparams(m)->moe;
+    if (mh->n_expert == 0 || il < mh->n_dense_lead) return KVT_OK; /* a dense layer */
+    if (!(w->moe = calloc(1, sizeof *w->moe))) return KVT_ERR_NOMEM;
+    return moe_load(m, g, il, w->moe, err, errlen);
 }
 
 void kvt_moe_free(kvt_moe_w *w) {

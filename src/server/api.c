@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "text/toolcall.h"
 #include "util/strbuf.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -189,32 +190,66 @@ static bool parse_sampling(const cJSON *root, kvt_api_req *r, kvt_api_err *err) 
     if (!get_int(root, "max_completion_tokens", 1, 1e9, &g, &mct, err)) return false;
     r->max_tokens = mct > 0 ? mct : mt;
     int64_t n = 1;
-    if (!get_int(root, "n", 1, 1e9, &g, &n, err)) return false;
-    if (n != 1) return BAD("n", "only n = 1 is supported");
+    if (!get_int(root, "n", 1, KVT_API_MAX_N, &g, &n, err)) return false;
+    r->n_choices = (uint32_t)n;
     if (!get_int(root, "best_of", 1, 1e9, &g, &n, err)) return false;
     if (g && n != 1) return BAD("best_of", "only best_of = 1 is supported");
-    bool lp = false;
-    if (!get_bool(root, "logprobs", &lp, err)) {
-        /* the completions API spells logprobs as an integer count */
-        int64_t k = 0;
-        if (!get_int(root, "logprobs", 0, 20, &g, &k, err)) return false;
-        lp = k > 0;
+    /* chat: logprobs (bool) + top_logprobs (0..20); completions: logprobs as a count (0..20) */
+    const cJSON *lpv = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (lpv && !cJSON_IsNull(lpv)) {
+        if (r->kind == KVT_API_CHAT) {
+            if (!get_bool(root, "logprobs", &r->logprobs, err)) return false;
+        } else {
+            int64_t k = 0;
+            if (!get_int(root, "logprobs", 0, KVT_MAX_TOP_LOGPROBS, &g, &k, err)) return false;
+            r->logprobs = true;
+            r->top_logprobs = (uint32_t)k;
+        }
     }
-    if (lp) return BAD("logprobs", "logprobs are not supported");
-    if (!get_int(root, "top_logprobs", 0, 20, &g, &i, err)) return false;
-    if (g && i > 0) return BAD("top_logprobs", "logprobs are not supported");
+    if (r->kind == KVT_API_CHAT) {
+        if (!get_int(root, "top_logprobs", 0, KVT_MAX_TOP_LOGPROBS, &g, &i, err)) return false;
+        if (g) {
+            if (i > 0 && !r->logprobs) return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            r->top_logprobs = (uint32_t)i;
+        }
+    }
     bool echo = false;
     if (!get_bool(root, "echo", &echo, err)) return false;
     if (echo) return BAD("echo", "echo is not supported");
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (lb && !cJSON_IsNull(lb)) {
         if (!cJSON_IsObject(lb)) return BAD("logit_bias", "'logit_bias' must be an object");
+        int cnt = cJSON_GetArraySize(lb);
+        if (cnt > 1024) return BAD("logit_bias", "'logit_bias' has more than 1024 entries");
+        if (cnt > 0) {
+            r->bias_ids = malloc((size_t)cnt * sizeof *r->bias_ids);
+            r->bias_vals = malloc((size_t)cnt * sizeof *r->bias_vals);
+            if (!r->bias_ids || !r->bias_vals) {
+                kvt_api_set_err(err, 500, "server_error", NULL, NULL, "out of memory");
+                return false;
+            }
+        }
         const cJSON *it;
         cJSON_ArrayForEach(it, lb) {
             if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || fabs(it->valuedouble) > 100)
                 return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+            char *end = NULL;
+            long long id = strtoll(it->string, &end, 10);
+            if (!it->string[0] || *end || id < 0 || (uint64_t)id >= r->n_vocab_bound)
+                return BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id in [0, %u)", it->string,
+                           r->n_vocab_bound);
+            r->bias_ids[r->n_bias] = (int32_t)id;
+            r->bias_vals[r->n_bias] = (float)it->valuedouble;
+            r->n_bias++;
         }
-        if (lb->child) return BAD("logit_bias", "logit_bias is not supported");
+        s->bias_ids = r->bias_ids;
+        s->bias_vals = r->bias_vals;
+        s->n_bias = r->n_bias;
+    }
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (user && !cJSON_IsNull(user)) {
+        if (!cJSON_IsString(user)) return BAD("user", "'user' must be a string");
+        r->user = user->valuestring;
     }
 
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
@@ -287,6 +322,65 @@ static bool parse_content(const cJSON *c, size_t idx, kvt_chat_msg *m, bool *own
     return true;
 }
 
+/* Keeps a malloc'd string for kvt_api_req_free; false (500) when out of memory. */
+static bool own(kvt_api_req *r, char *str, kvt_api_err *err) {
+    char **n = str ? realloc(r->owned, (r->n_owned + 1) * sizeof *n) : NULL;
+    if (!n) {
+        free(str);
+        kvt_api_set_err(err, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    r->owned = n;
+    r->owned[r->n_owned++] = str;
+    return true;
+}
+
+/* An assistant message's tool_calls: [{id?, type: "function", function: {name, arguments}}], with
+ * arguments a JSON text (as OpenAI sends it) or an object. Kept as compact JSON for the template. */
+static bool parse_tool_calls(const cJSON *tc, size_t idx, kvt_api_req *r, kvt_chat_msg *m, kvt_api_err *err) {
+    if (!cJSON_IsArray(tc)) return BAD("messages", "messages[%zu].tool_calls must be an array", idx);
+    int j = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f))
+            return BAD("messages", "messages[%zu].tool_calls[%d] must be an object with a 'function'", idx, j);
+        if (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function")))
+            return BAD("messages", "messages[%zu].tool_calls[%d].type must be \"function\"", idx, j);
+        if (id && !cJSON_IsString(id)) return BAD("messages", "messages[%zu].tool_calls[%d].id must be a string", idx, j);
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsString(nm) || !nm->valuestring[0])
+            return BAD("messages", "messages[%zu].tool_calls[%d].function.name must be a non-empty string", idx, j);
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (a && !cJSON_IsString(a) && !cJSON_IsObject(a))
+            return BAD("messages", "messages[%zu].tool_calls[%d].function.arguments must be a JSON string", idx, j);
+        if (cJSON_IsString(a)) {
+            cJSON *x = cJSON_Parse(a->valuestring);
+            bool ok = x && cJSON_IsObject(x);
+            cJSON_Delete(x);
+            if (!ok)
+                return BAD("messages", "messages[%zu].tool_calls[%d].function.arguments is not a JSON object text", idx, j);
+        }
+        j++;
+    }
+    /* templates read arguments as a mapping (HF convention; Llama 3.1's tojson, Qwen3-Coder's
+     * items()): the JSON text the client sent becomes the object it holds */
+    cJSON *copy = cJSON_Duplicate(tc, true);
+    const cJSON *cc;
+    cJSON_ArrayForEach(cc, copy) {
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(cc, "function");
+        cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (cJSON_IsString(a)) cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", cJSON_Parse(a->valuestring));
+    }
+    char *js = copy ? cJSON_PrintUnformatted(copy) : NULL;
+    cJSON_Delete(copy);
+    if (!own(r, js, err)) return false;
+    m->tool_calls_json = js;
+    return true;
+}
+
 static bool parse_messages(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!ms) return BAD("messages", "'messages' is required");
@@ -307,14 +401,170 @@ static bool parse_messages(const cJSON *root, kvt_api_req *r, kvt_api_err *err) 
         if (!cJSON_IsString(role)) return BAD("messages", "messages[%zu].role must be a string", i);
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system";
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-            return BAD("messages", "messages[%zu].role '%.40s' is not supported (system, user, assistant)", i, rs);
+        if (!strcmp(rs, "function")) rs = "tool"; /* the legacy name of a tool result */
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
+            return BAD("messages", "messages[%zu].role '%.40s' is not supported (system, user, assistant, tool)", i, rs);
+        const bool asst = !strcmp(rs, "assistant");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!c && strcmp(rs, "assistant") != 0) return BAD("messages", "messages[%zu].content is required", i);
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (tc && cJSON_IsNull(tc)) tc = NULL;
+        if (tc && !asst) return BAD("messages", "messages[%zu]: only assistant messages carry tool_calls", i);
+        if (!c && !asst) return BAD("messages", "messages[%zu].content is required", i);
+        if (cJSON_IsNull(c) && !asst) return BAD("messages", "messages[%zu].content must not be null", i);
         r->msgs[i].role = rs;
         if (!parse_content(c, i, &r->msgs[i], &r->msg_owned[i], err)) return false;
         r->n_msgs++;
+        if (tc && !parse_tool_calls(tc, i, r, &r->msgs[i], err)) return false;
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+        if (rc && !cJSON_IsNull(rc)) {
+            if (!cJSON_IsString(rc) || !asst)
+                return BAD("messages", "messages[%zu].reasoning_content must be a string on an assistant message", i);
+            r->msgs[i].reasoning_content = rc->valuestring;
+        }
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (tid && !cJSON_IsNull(tid)) {
+            if (!cJSON_IsString(tid)) return BAD("messages", "messages[%zu].tool_call_id must be a string", i);
+            r->msgs[i].tool_call_id = tid->valuestring;
+        }
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(m, "name");
+        if (nm && !cJSON_IsNull(nm)) {
+            if (!cJSON_IsString(nm)) return BAD("messages", "messages[%zu].name must be a string", i);
+            r->msgs[i].name = nm->valuestring;
+        }
     }
+    return true;
+}
+
+/* tools: [{type: "function", function: {name, description?, parameters?}}] */
+static bool parse_tools(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!t || cJSON_IsNull(t)) return true;
+    if (!cJSON_IsArray(t)) return BAD("tools", "'tools' must be an array of {type: \"function\", function: {...}}");
+    if (cJSON_GetArraySize(t) > KVT_API_MAX_TOOLS) return BAD("tools", "at most %d tools", KVT_API_MAX_TOOLS);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, t) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(it, "function");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+            return BAD("tools", "tools[%d].type must be \"function\"", i);
+        if (!cJSON_IsObject(f)) return BAD("tools", "tools[%d].function must be an object", i);
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 64)
+            return BAD("tools", "tools[%d].function.name must be a string of 1 to 64 characters", i);
+        for (const char *c = nm->valuestring; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+                  *c == '-' || *c == '.'))
+                return BAD("tools", "tools[%d].function.name '%.64s' may hold only a-z, A-Z, 0-9, '_', '-' and '.'", i,
+                           nm->valuestring);
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(f, "description");
+        if (d && !cJSON_IsNull(d) && !cJSON_IsString(d)) return BAD("tools", "tools[%d].function.description must be a string", i);
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        if (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa))
+            return BAD("tools", "tools[%d].function.parameters must be a JSON schema object", i);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(f, "strict");
+        if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st)) return BAD("tools", "tools[%d].function.strict must be a boolean", i);
+        for (const cJSON *o = t->child; o != it; o = o->next) {
+            const cJSON *on = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "function"), "name");
+            if (!strcmp(on->valuestring, nm->valuestring))
+                return BAD("tools", "tools[%d]: the function name '%.64s' is given twice", i, nm->valuestring);
+        }
+        i++;
+    }
+    if (i > 0) {
+        r->tools = t;
+        r->tools_json = cJSON_PrintUnformatted(t);
+        if (!r->tools_json) {
+            kvt_api_set_err(err, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* tool_choice: "auto" | "none" | "required" | {type: "function", function: {name}} */
+static bool parse_tool_choice(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
+    r->parallel_tool_calls = true;
+    if (!get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err)) return false;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!tc || cJSON_IsNull(tc)) return true;
+    if (cJSON_IsString(tc)) {
+        if (!strcmp(tc->valuestring, "auto")) r->tool_choice = KVT_TOOL_CHOICE_AUTO;
+        else if (!strcmp(tc->valuestring, "none")) r->tool_choice = KVT_TOOL_CHOICE_NONE;
+        else if (!strcmp(tc->valuestring, "required")) r->tool_choice = KVT_TOOL_CHOICE_REQUIRED;
+        else return BAD("tool_choice", "unknown tool_choice '%.40s' (auto, none, required, or {\"type\": \"function\", ...})", tc->valuestring);
+    } else if (cJSON_IsObject(tc)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
+            return BAD("tool_choice", "tool_choice must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = KVT_TOOL_CHOICE_NAMED;
+        r->tool_choice_name = nm->valuestring;
+    } else {
+        return BAD("tool_choice", "tool_choice must be a string or an object");
+    }
+    if (r->tool_choice == KVT_TOOL_CHOICE_REQUIRED || r->tool_choice == KVT_TOOL_CHOICE_NAMED) {
+        if (!r->tools) return BAD("tool_choice", "tool_choice '%s' needs 'tools'", r->tool_choice_name ? r->tool_choice_name : "required");
+        if (r->tool_choice == KVT_TOOL_CHOICE_NAMED) {
+            const cJSON *it;
+            bool found = false;
+            cJSON_ArrayForEach(it, r->tools) {
+                const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "function"), "name");
+                if (!strcmp(n->valuestring, r->tool_choice_name)) found = true;
+            }
+            if (!found) return BAD("tool_choice", "tool_choice names '%.64s', which is not in 'tools'", r->tool_choice_name);
+        }
+    }
+    return true;
+}
+
+/* chat_template_kwargs (an object) and reasoning_effort (a string, passed as a kwarg unless the
+ * kwargs set it) become the template's extra variables. */
+static bool parse_kwargs(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    if (kw && cJSON_IsNull(kw)) kw = NULL;
+    if (re && cJSON_IsNull(re)) re = NULL;
+    if (kw && !cJSON_IsObject(kw)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (re && !cJSON_IsString(re)) return BAD("reasoning_effort", "'reasoning_effort' must be a string");
+    if (re && strcmp(re->valuestring, "minimal") && strcmp(re->valuestring, "low") && strcmp(re->valuestring, "medium") &&
+        strcmp(re->valuestring, "high") && strcmp(re->valuestring, "none"))
+        return BAD("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high");
+    if (!kw && !re) return true;
+    cJSON *o = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject();
+    if (o && re && !cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort"))
+        cJSON_AddStringToObject(o, "reasoning_effort", re->valuestring);
+    r->kwargs_json = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!r->kwargs_json) {
+        kvt_api_set_err(err, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* response_format: {type: text} | {type: json_object} | {type: json_schema, json_schema: {name?, schema, strict?}}.
+ * The schema itself is compiled (and refused) by the server with json_schema.h. */
+static bool parse_response_format(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rf || cJSON_IsNull(rf)) return true;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(ty)) return BAD("response_format", "'response_format' must be {\"type\": ...}");
+    if (!strcmp(ty->valuestring, "text")) return true;
+    if (!strcmp(ty->valuestring, "json_object")) {
+        r->response_format = KVT_FMT_JSON_OBJECT;
+        return true;
+    }
+    if (strcmp(ty->valuestring, "json_schema"))
+        return BAD("response_format", "response_format.type '%.40s' is not one of text, json_object, json_schema", ty->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js)) return BAD("response_format", "response_format.json_schema must be an object");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!cJSON_IsObject(sc)) return BAD("response_format", "response_format.json_schema.schema must be an object");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st)) return BAD("response_format", "response_format.json_schema.strict must be a boolean");
+    r->response_format = KVT_FMT_JSON_SCHEMA;
+    r->json_schema = sc;
     return true;
 }
 
@@ -349,12 +599,27 @@ static bool parse_prompt(const cJSON *root, kvt_api_req *r, uint32_t n_vocab, kv
     return true;
 }
 
+/* cache_salt (vLLM's name): 1..KVT_SALT_MAX bytes; part of the request's namespace (tenants.h). */
+static bool parse_cache_salt(const cJSON *root, kvt_api_req *r, kvt_api_err *err) {
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(root, "cache_salt");
+    if (!cs || cJSON_IsNull(cs)) return true;
+    if (!cJSON_IsString(cs)) return BAD("cache_salt", "'cache_salt' must be a string");
+    size_t n = strlen(cs->valuestring);
+    if (n == 0) return BAD("cache_salt", "'cache_salt' must not be empty (omit it for no salt)");
+    if (n > KVT_SALT_MAX) return BAD("cache_salt", "'cache_salt' has %zu bytes (at most %u)", n, KVT_SALT_MAX);
+    r->cache_salt = cs->valuestring;
+    return true;
+}
+
 bool kvt_api_parse(kvt_api_kind kind, const char *body, size_t len, uint32_t n_vocab, cJSON **rootp,
                    kvt_api_req *r, kvt_api_err *err) {
     memset(r, 0, sizeof *r);
     *rootp = NULL;
     r->kind = kind;
     r->max_tokens = -1;
+    r->n_choices = 1;
+    r->parallel_tool_calls = true;
+    r->n_vocab_bound = n_vocab;
     kvt_sampling_default(&r->sampling);
     if (!body || len == 0) return BAD(NULL, "request body is empty (expected JSON)");
     if (memchr(body, '\0', len)) return BAD(NULL, "request body contains a NUL byte");
@@ -385,8 +650,11 @@ bool kvt_api_parse(kvt_api_kind kind, const char *body, size_t len, uint32_t n_v
         if (!cJSON_IsString(model)) ok = BAD("model", "'model' must be a string");
         else r->model = model->valuestring;
     }
+    if (ok) ok = parse_cache_salt(root, r, err);
     if (ok) ok = parse_sampling(root, r, err);
     if (ok) ok = kind == KVT_API_CHAT ? parse_messages(root, r, err) : parse_prompt(root, r, n_vocab, err);
+    if (ok && kind == KVT_API_CHAT) ok = parse_tools(root, r, err) && parse_tool_choice(root, r, err) && parse_kwargs(root, r, err);
+    if (ok) ok = parse_response_format(root, r, err);
     if (!ok) {
         kvt_api_req_free(r);
         cJSON_Delete(root);
@@ -402,6 +670,18 @@ void kvt_api_req_free(kvt_api_req *r) {
     free(r->msgs);
     free(r->msg_owned);
     free(r->prompt_ids);
+    free(r->tools_json);
+    free(r->kwargs_json);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    for (size_t i = 0; i < r->n_owned; i++) free(r->owned[i]);
+    free(r->owned);
+    r->owned = NULL;
+    r->n_owned = 0;
+    r->tools_json = r->kwargs_json = NULL;
+    r->bias_ids = NULL;
+    r->bias_vals = NULL;
+    r->n_bias = 0;
     r->msgs = NULL;
     r->msg_owned = NULL;
     r->prompt_ids = NULL;
@@ -428,6 +708,16 @@ static void add_usage(cJSON *root, const kvt_api_resp_info *ri) {
     cJSON_AddNumberToObject(u, "total_tokens", (double)ri->n_prompt + ri->n_gen);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", ri->n_cached);
+    /* the kvtier extension beside usage (OpenAI clients ignore unknown fields): where the reused
+     * tokens came from and the request's timings, for the chat page's per-turn cache badges */
+    static const char *const tier[] = {"none", "ram", "ssd", "shared"};
+    cJSON *k = cJSON_AddObjectToObject(root, "kvtier");
+    cJSON_AddStringToObject(k, "reused_from", tier[(unsigned)ri->reused_from < 4 ? ri->reused_from : 0]);
+    cJSON_AddNumberToObject(k, "cached_tokens", ri->n_cached);
+    cJSON_AddNumberToObject(k, "computed_tokens", ri->n_prompt > ri->n_cached ? ri->n_prompt - ri->n_cached : 0);
+    cJSON_AddNumberToObject(k, "ttft_ms", ri->ttft_ms);
+    cJSON_AddNumberToObject(k, "prefill_tps", ri->prefill_tps);
+    cJSON_AddNumberToObject(k, "decode_tps", ri->decode_tps);
 }
 
 static cJSON *resp_head(const kvt_api_resp_info *ri, const char *object) {
@@ -452,199 +742,66 @@ static cJSON *str_n(const char *s, size_t n) {
     return j;
 }
 
-char *kvt_api_response_json(const kvt_api_resp_info *ri, const char *text, size_t text_len) {
-    bool chat = ri->kind == KVT_API_CHAT;
-    cJSON *root = resp_head(ri, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddItemToObject(m, "content", str_n(text, text_len));
-    } else {
-        cJSON_AddItemToObject(c, "text", str_n(text, text_len));
-    }
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", kvt_api_finish_str(ri->finish));
-    add_usage(root, ri);
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return s;
-}
-
-static char *sse_wrap(cJSON *root) {
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    if (!s) return NULL;
-    size_t n = strlen(s);
-    char *out = malloc(n + 9);
-    if (out) {
-        memcpy(out, "data: ", 6);
-        memcpy(out + 6, s, n);
-        memcpy(out + 6 + n, "\n\n", 3);
-    }
-    free(s);
-    return out;
-}
-
-char *kvt_api_chunk_sse(const kvt_api_resp_info *ri, const char *text, size_t text_len, bool first, bool final,
-                        bool usage_only) {
-    bool chat = ri->kind == KVT_API_CHAT;
-    cJSON *root = resp_head(ri, chat ? "chat.completion.chunk" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    if (usage_only) {
-        add_usage(root, ri);
-        return sse_wrap(root);
-    }
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (chat) {
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
-        if (first) {
-            cJSON_AddStringToObject(d, "role", "assistant");
-            cJSON_AddStringToObject(d, "content", "");
-        } else if (text) {
-            cJSON_AddItemToObject(d, "content", str_n(text, text_len));
-        }
-    } else {
-        cJSON_AddItemToObject(c, "text", str_n(text ? text : "", text ? text_len : 0));
-    }
-    cJSON_AddNullToObject(c, "logprobs");
-    if (final) cJSON_AddStringToObject(c, "finish_reason", kvt_api_finish_str(ri->finish));
-    else cJSON_AddNullToObject(c, "finish_reason");
-    return sse_wrap(root);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * /stats and /metrics
  * ------------------------------------------------------------------------------------------- */
-char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *c, const char *model) {
+/* One counter as the two outputs see it: a row of engine/stats_table.h or of KVT_SERVER_COUNTERS
+ * (server.h) with its value. */
+typedef struct stat_row {
+    const char *section, *key, *metric, *kind, *help;
+    double v;
+} stat_row;
+#define ENGINE_ROW_(field, ctype, section, key, metric, kind, help) {section, key, metric, #kind, help, (double)st->field},
+#define SERVER_ROW_(field, section, key, metric, kind, help) {section, key, metric, #kind, help, (double)c->field},
+#define STAT_ROWS(rows)                                                                                             \
+    const stat_row rows[] = {KVT_STATS_ALL(ENGINE_ROW_) KVT_SERVER_COUNTERS(SERVER_ROW_)};                      \
+    const size_t n_##rows = sizeof rows / sizeof rows[0]
+
+/* the object `name` of parent, made when missing; NULL when it is there but not an object (a
+ * section whose subsystem is off is null) */
+static cJSON *obj_at(cJSON *parent, const char *name, size_t len) {
+    char n[64];
+    snprintf(n, sizeof n, "%.*s", (int)KVT_MIN(len, sizeof n - 1), name);
+    cJSON *o = cJSON_GetObjectItemCaseSensitive(parent, n);
+    if (!o) return cJSON_AddObjectToObject(parent, n);
+    return cJSON_IsObject(o) ? o : NULL;
+}
+/* a subsystem's section: an object while it is on, null while it is off */
+static cJSON *section(cJSON *root, const char *name, bool on) {
+    if (on) return cJSON_AddObjectToObject(root, name);
+    cJSON_AddNullToObject(root, name);
+    return NULL;
+}
+
+char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *c, const char *model, kvt_ns_stats *ns) {
+    static const char *const br[] = {"closed", "open", "half-open"};
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model ? model : "");
-    if (st->pc_enabled) {
-        cJSON *p = cJSON_AddObjectToObject(root, "prompt_cache");
-        cJSON_AddNumberToObject(p, "entries", (double)st->pc_entries);
-        cJSON_AddNumberToObject(p, "blocks", (double)st->pc_blocks);
-        cJSON_AddNumberToObject(p, "bytes", (double)st->pc_bytes);
-        cJSON_AddNumberToObject(p, "max_bytes", (double)st->pc_max_bytes);
-        cJSON_AddNumberToObject(p, "hits", (double)st->pc_hits);
-        cJSON_AddNumberToObject(p, "misses", (double)st->pc_misses);
-        cJSON_AddNumberToObject(p, "reused_tokens", (double)st->pc_reused_tokens);
-        cJSON_AddNumberToObject(p, "evictions", (double)st->pc_evictions);
-        cJSON *ri = cJSON_AddObjectToObject(p, "reuse_impossible");
-        cJSON_AddNumberToObject(ri, "untrimmable", (double)st->pc_reuse_impossible_untrimmable);
-        cJSON_AddNumberToObject(ri, "namespace", (double)st->pc_reuse_impossible_namespace);
-        cJSON_AddNumberToObject(ri, "budget", (double)st->pc_reuse_impossible_budget);
-    } else {
-        cJSON_AddNullToObject(root, "prompt_cache");
+    section(root, "prompt_cache", st->pc_enabled);
+    cJSON *ssd = section(root, "ssd_cache", st->ssd_enabled);
+    if (ssd) cJSON_AddStringToObject(ssd, "dir", st->ssd_dir);
+    section(root, "generation_checkpoints", st->ckpt_enabled);
+    cJSON *sh = section(root, "shared_cache", st->shared_enabled);
+    if (sh) {
+        cJSON_AddStringToObject(sh, "fetch_breaker", br[st->shared_fetch_breaker % 3]);
+        cJSON_AddStringToObject(sh, "publish_breaker", br[st->shared_publish_breaker % 3]);
+        cJSON_AddStringToObject(sh, "last_error", st->shared_last_error);
     }
-    if (st->ssd_enabled) {
-        cJSON *s = cJSON_AddObjectToObject(root, "ssd_cache");
-        cJSON_AddStringToObject(s, "dir", st->ssd_dir);
-        cJSON_AddNumberToObject(s, "entries", (double)st->ssd_entries);
-        cJSON_AddNumberToObject(s, "bytes", (double)st->ssd_bytes);
-        cJSON_AddNumberToObject(s, "max_bytes", (double)st->ssd_max_bytes);
-        cJSON_AddNumberToObject(s, "restores", (double)st->ssd_restores);
-        cJSON_AddNumberToObject(s, "spills", (double)st->ssd_spills);
-        cJSON_AddNumberToObject(s, "restore_ms_last", st->ssd_restore_ms_last);
-        cJSON_AddNumberToObject(s, "demotions", (double)st->ssd_demotions);
-        cJSON_AddNumberToObject(s, "pending_blocks", (double)st->ssd_pending_blocks);
-        cJSON_AddNumberToObject(s, "pending_bytes", (double)st->ssd_pending_bytes);
-        cJSON_AddNumberToObject(s, "dropped", (double)st->ssd_dropped);
-        cJSON_AddNumberToObject(s, "failed", (double)st->ssd_failed);
-        cJSON_AddNumberToObject(s, "longest_durable_prefix_tokens", (double)st->ssd_longest_durable_prefix_tokens);
-        cJSON_AddNumberToObject(s, "dirty_records", (double)st->ssd_dirty_records);
-        cJSON_AddNumberToObject(s, "shed", (double)st->ssd_shed);
-        cJSON_AddNumberToObject(s, "skipped_nonregular", (double)st->ssd_skipped_nonregular);
-        cJSON_AddNumberToObject(s, "lost_entries", (double)st->ssd_lost_entries);
-        cJSON_AddNumberToObject(s, "dir_recreated", (double)st->ssd_dir_recreated);
-    } else {
-        cJSON_AddNullToObject(root, "ssd_cache");
+    cJSON *mf = cJSON_AddObjectToObject(root, "model_file"); /* model/file_watch.h */
+    cJSON_AddStringToObject(mf, "path", st->model_path);
+    cJSON_AddStringToObject(mf, "state", st->model_changed ? "changed" : "unchanged");
+    cJSON_AddStringToObject(mf, "change", st->model_change);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "kv"), "scheme", st->scheme);
+    STAT_ROWS(rows);
+    for (size_t i = 0; i < n_rows; i++) {
+        const stat_row *r = &rows[i];
+        if (!r->key[0]) continue;
+        cJSON *o = obj_at(root, r->section, strlen(r->section));
+        const char *dot = strchr(r->key, '.'), *leaf = dot ? dot + 1 : r->key;
+        if (o && dot) o = obj_at(o, r->key, (size_t)(dot - r->key));
+        if (o) cJSON_AddNumberToObject(o, leaf, r->v);
     }
-    if (st->ckpt_enabled) { /* generation checkpoints (issue 10) */
-        cJSON *c = cJSON_AddObjectToObject(root, "generation_checkpoints");
-        cJSON_AddNumberToObject(c, "written", (double)st->ckpt_written);
-        cJSON_AddNumberToObject(c, "resumed", (double)st->ckpt_resumed);
-        cJSON_AddNumberToObject(c, "invalidated", (double)st->ckpt_invalidated);
-        cJSON_AddNumberToObject(c, "failed", (double)st->ckpt_failed);
-        cJSON_AddNumberToObject(c, "dropped", (double)st->ckpt_dropped);
-        cJSON_AddNumberToObject(c, "corrupt_removed", (double)st->ckpt_corrupt);
-        cJSON_AddNumberToObject(c, "pending", (double)st->ckpt_pending);
-        cJSON_AddNumberToObject(c, "retried", (double)st->ckpt_retried);
-        cJSON_AddNumberToObject(c, "resume_reused_tokens", (double)st->ckpt_resume_reused_tokens);
-    } else {
-        cJSON_AddNullToObject(root, "generation_checkpoints");
-    }
-    if (st->shared_enabled) { /* shared block tier (issue 17) */
-        static const char *const br[] = {"closed", "open", "half-open"};
-        cJSON *s = cJSON_AddObjectToObject(root, "shared_cache");
-        cJSON_AddNumberToObject(s, "lookups", (double)st->shared_lookups);
-        cJSON_AddNumberToObject(s, "hits", (double)st->shared_hits);
-        cJSON_AddNumberToObject(s, "fetched_blocks", (double)st->shared_fetched_blocks);
-        cJSON_AddNumberToObject(s, "fetched_bytes", (double)st->shared_fetched_bytes);
-        cJSON_AddNumberToObject(s, "fetched_tokens", (double)st->shared_fetched_tokens);
-        cJSON_AddNumberToObject(s, "published_blocks", (double)st->shared_published_blocks);
-        cJSON_AddNumberToObject(s, "published_bytes", (double)st->shared_published_bytes);
-        cJSON_AddNumberToObject(s, "publish_existing", (double)st->shared_publish_existing);
-        cJSON_AddNumberToObject(s, "dropped", (double)st->shared_dropped);
-        cJSON_AddNumberToObject(s, "errors", (double)st->shared_errors);
-        cJSON_AddNumberToObject(s, "oom_errors", (double)st->shared_oom_errors);
-        cJSON_AddNumberToObject(s, "corrupt", (double)st->shared_corrupt);
-        cJSON_AddNumberToObject(s, "skipped", (double)st->shared_skipped);
-        cJSON_AddNumberToObject(s, "queue_blocks", (double)st->shared_queue_blocks);
-        cJSON_AddNumberToObject(s, "breaker_opens", (double)st->shared_breaker_opens);
-        cJSON_AddStringToObject(s, "fetch_breaker", br[st->shared_fetch_breaker % 3]);
-        cJSON_AddStringToObject(s, "publish_breaker", br[st->shared_publish_breaker % 3]);
-        cJSON_AddNumberToObject(s, "fetched_snapshots", (double)st->shared_fetched_snapshots);
-        cJSON_AddNumberToObject(s, "published_snapshots", (double)st->shared_published_snapshots);
-        cJSON_AddStringToObject(s, "last_error", st->shared_last_error);
-    } else {
-        cJSON_AddNullToObject(root, "shared_cache");
-    }
-    cJSON *kv = cJSON_AddObjectToObject(root, "kv");
-    cJSON_AddStringToObject(kv, "scheme", st->scheme);
-    cJSON_AddNumberToObject(kv, "pool_used_bytes", (double)st->pool_used_bytes);
-    cJSON_AddNumberToObject(kv, "pool_peak_bytes", (double)st->pool_peak_bytes);
-    cJSON_AddNumberToObject(kv, "pool_budget_bytes", (double)st->pool_budget_bytes);
-    cJSON *rq = cJSON_AddObjectToObject(root, "requests");
-    cJSON_AddNumberToObject(rq, "total", (double)c->total);
-    cJSON_AddNumberToObject(rq, "ok", (double)c->ok);
-    cJSON_AddNumberToObject(rq, "client_errors", (double)c->client_errors);
-    cJSON_AddNumberToObject(rq, "server_errors", (double)c->server_errors);
-    cJSON_AddNumberToObject(rq, "cancelled", (double)c->cancelled);
-    cJSON_AddNumberToObject(rq, "rejected_shutdown", (double)c->rejected_shutdown);
-    cJSON_AddNumberToObject(rq, "in_flight", (double)c->in_flight);
-    cJSON_AddNumberToObject(rq, "queued", (double)c->queued);
-    cJSON_AddNumberToObject(rq, "streamed", (double)c->streamed);
-    cJSON_AddNumberToObject(rq, "generations", (double)st->requests);
-    cJSON_AddNumberToObject(rq, "prompt_tokens", (double)st->prompt_tokens);
-    cJSON_AddNumberToObject(rq, "generated_tokens", (double)st->generated_tokens);
-    cJSON_AddNumberToObject(rq, "cached_tokens", (double)st->cached_tokens);
-    cJSON *ba = cJSON_AddObjectToObject(root, "batching"); /* docs/batching.md */
-    cJSON_AddNumberToObject(ba, "parallel", (double)st->parallel);
-    cJSON_AddNumberToObject(ba, "rows_active", (double)st->rows_active);
-    cJSON_AddNumberToObject(ba, "rows_queued", (double)st->rows_queued);
-    cJSON_AddNumberToObject(ba, "queue_max", (double)st->batch_queue_max);
-    cJSON_AddNumberToObject(ba, "steps", (double)st->batch_steps);
-    cJSON_AddNumberToObject(ba, "tokens_per_step_last", st->batch_tokens_per_step_last);
-    cJSON_AddNumberToObject(ba, "tokens_per_step_avg", st->batch_tokens_per_step_avg);
-    cJSON_AddNumberToObject(ba, "prefill_tokens_per_s_1m", st->batch_prefill_tps_1m);
-    cJSON_AddNumberToObject(ba, "decode_tokens_per_s_1m", st->batch_decode_tps_1m);
-    cJSON_AddNumberToObject(ba, "queue_wait_ms_last", st->queue_wait_ms_last);
-    cJSON_AddNumberToObject(ba, "queue_wait_ms_avg", st->queue_wait_ms_avg);
-    cJSON_AddNumberToObject(ba, "queue_wait_ms_max", st->queue_wait_ms_max);
-    cJSON_AddNumberToObject(ba, "max_decode_stall_ms", st->max_decode_stall_ms);
-    cJSON_AddNumberToObject(ba, "max_decode_step_ms", st->max_decode_step_ms);
-    cJSON_AddNumberToObject(ba, "memory_waits", (double)st->batch_memory_waits);
-    cJSON_AddNumberToObject(ba, "queue_full", (double)st->batch_queue_full);
-    cJSON *cn = cJSON_AddObjectToObject(root, "connections");
-    cJSON_AddNumberToObject(cn, "open", (double)c->conn_open);
-    cJSON_AddNumberToObject(cn, "refused", (double)c->conn_refused);
-    cJSON_AddNumberToObject(cn, "evicted", (double)c->conn_evicted);
-    cJSON_AddNumberToObject(cn, "timed_out", (double)c->conn_timed_out);
+    if (ns) cJSON_AddItemToObject(root, "namespaces", kvt_ns_stats_json(ns));
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
@@ -657,68 +814,10 @@ static void metric(kvt_strbuf *b, const char *name, const char *type, const char
 char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters *c) {
     kvt_strbuf b = {0};
     metric(&b, "prompt_cache_enabled", "gauge", "1 when the RAM prompt cache is on", st->pc_enabled);
-    metric(&b, "prompt_cache_entries", "gauge", "Entries in the RAM prompt cache", (double)st->pc_entries);
-    metric(&b, "prompt_cache_blocks", "gauge", "KV blocks held by the RAM prompt cache", (double)st->pc_blocks);
-    metric(&b, "prompt_cache_bytes", "gauge", "Bytes held by the RAM prompt cache", (double)st->pc_bytes);
-    metric(&b, "prompt_cache_max_bytes", "gauge", "RAM prompt cache cap in bytes", (double)st->pc_max_bytes);
-    metric(&b, "prompt_cache_hits_total", "counter", "RAM prompt cache lookups that reused tokens", (double)st->pc_hits);
-    metric(&b, "prompt_cache_misses_total", "counter", "RAM prompt cache lookups without reuse", (double)st->pc_misses);
-    metric(&b, "prompt_cache_reused_tokens_total", "counter", "Prompt tokens reused from the RAM tier",
-           (double)st->pc_reused_tokens);
-    metric(&b, "prompt_cache_evictions_total", "counter", "RAM prompt cache evictions", (double)st->pc_evictions);
-    metric(&b, "prompt_cache_reuse_impossible_untrimmable_total", "counter",
-           "Lookups that could not reuse an entry because it cannot be trimmed",
-           (double)st->pc_reuse_impossible_untrimmable);
-    metric(&b, "prompt_cache_reuse_impossible_namespace_total", "counter",
-           "Lookups that could not reuse an entry from another namespace", (double)st->pc_reuse_impossible_namespace);
-    metric(&b, "prompt_cache_reuse_impossible_budget_total", "counter",
-           "Lookups that could not reuse an entry for lack of pool budget", (double)st->pc_reuse_impossible_budget);
     metric(&b, "ssd_cache_enabled", "gauge", "1 when the SSD tier is on", st->ssd_enabled);
-    metric(&b, "ssd_cache_entries", "gauge", "Entries on the SSD tier", (double)st->ssd_entries);
-    metric(&b, "ssd_cache_bytes", "gauge", "Bytes on the SSD tier", (double)st->ssd_bytes);
-    metric(&b, "ssd_cache_max_bytes", "gauge", "SSD tier cap in bytes (0 = unlimited)", (double)st->ssd_max_bytes);
-    metric(&b, "ssd_cache_restores_total", "counter", "Restores from the SSD tier", (double)st->ssd_restores);
-    metric(&b, "ssd_cache_spills_total", "counter", "Entries written to the SSD tier", (double)st->ssd_spills);
-    metric(&b, "ssd_cache_restore_ms_last", "gauge", "Duration of the last SSD restore in ms", st->ssd_restore_ms_last);
-    metric(&b, "ssd_cache_demotions_total", "counter", "Idle demotions to the SSD tier", (double)st->ssd_demotions);
-    metric(&b, "ssd_cache_pending_blocks", "gauge", "Blocks queued for the SSD writer", (double)st->ssd_pending_blocks);
-    metric(&b, "ssd_cache_pending_bytes", "gauge", "Bytes queued for the SSD writer", (double)st->ssd_pending_bytes);
-    metric(&b, "ssd_cache_dropped_total", "counter", "SSD writes dropped (queue budget)", (double)st->ssd_dropped);
-    metric(&b, "ssd_cache_failed_total", "counter", "SSD writes that failed", (double)st->ssd_failed);
-    metric(&b, "ssd_cache_longest_durable_prefix_tokens", "gauge", "Longest prefix known durable on SSD",
-           (double)st->ssd_longest_durable_prefix_tokens);
-    /* shared block tier (issue 17) */
     metric(&b, "shared_cache_enabled", "gauge", "1 when the shared (Redis) tier is on", st->shared_enabled);
-    metric(&b, "shared_cache_hits_total", "counter", "Requests that reused blocks from the shared tier", (double)st->shared_hits);
-    metric(&b, "shared_cache_fetched_blocks_total", "counter", "Blocks fetched from the shared tier", (double)st->shared_fetched_blocks);
-    metric(&b, "shared_cache_fetched_bytes_total", "counter", "Bytes fetched from the shared tier", (double)st->shared_fetched_bytes);
-    metric(&b, "shared_cache_published_blocks_total", "counter", "Blocks published to the shared tier", (double)st->shared_published_blocks);
-    metric(&b, "shared_cache_published_bytes_total", "counter", "Bytes published to the shared tier", (double)st->shared_published_bytes);
-    metric(&b, "shared_cache_errors_total", "counter", "Shared tier connection, timeout and protocol errors", (double)st->shared_errors);
-    metric(&b, "shared_cache_oom_errors_total", "counter", "Shared tier writes refused for maxmemory (OOM)", (double)st->shared_oom_errors);
-    metric(&b, "shared_cache_corrupt_total", "counter", "Shared tier values that failed verification", (double)st->shared_corrupt);
-    metric(&b, "shared_cache_fetched_snapshots_total", "counter", "Recurrent-state snapshots fetched from the shared tier",
-           (double)st->shared_fetched_snapshots);
-    metric(&b, "shared_cache_published_snapshots_total", "counter", "Recurrent-state snapshots published to the shared tier",
-           (double)st->shared_published_snapshots);
-    metric(&b, "shared_cache_dropped_total", "counter", "Blocks not published (queue bound, breaker open, failure)", (double)st->shared_dropped);
     metric(&b, "shared_cache_breaker_open", "gauge", "1 when a shared tier circuit breaker is not closed",
            (st->shared_fetch_breaker || st->shared_publish_breaker) ? 1.0 : 0.0);
-    metric(&b, "generation_checkpoints_written_total", "counter", "Generation checkpoint records published", (double)st->ckpt_written);
-    metric(&b, "generation_checkpoints_resumed_total", "counter", "Requests resumed from a generation checkpoint", (double)st->ckpt_resumed);
-    metric(&b, "generation_checkpoints_invalidated_total", "counter", "Checkpoints removed at normal completion",
-           (double)st->ckpt_invalidated);
-    metric(&b, "generation_checkpoints_failed_total", "counter", "Checkpoint writes or removals that failed", (double)st->ckpt_failed);
-    metric(&b, "generation_checkpoints_retried_total", "counter", "Checkpoints saved early to replace a failed or dropped record",
-           (double)st->ckpt_retried);
-    metric(&b, "generation_checkpoints_resume_reused_tokens_total", "counter",
-           "Prompt and emitted tokens restored from the tiers (not recomputed) when resuming", (double)st->ckpt_resume_reused_tokens);
-    metric(&b, "ssd_cache_dirty_records", "gauge", "Records dropped or failed, awaiting a retry", (double)st->ssd_dirty_records);
-    metric(&b, "ssd_cache_shed_total", "counter", "Records given up under memory pressure", (double)st->ssd_shed);
-    metric(&b, "ssd_cache_skipped_nonregular_total", "counter", "Cache-file names that were not regular files",
-           (double)st->ssd_skipped_nonregular);
-    metric(&b, "ssd_cache_lost_entries_total", "counter", "Entries lost because the cache directory was deleted",
-           (double)st->ssd_lost_entries);
     /* the KV scheme as an info-style metric; label value escaped per the exposition format */
     kvt_strbuf_addstr(&b, "# HELP kvtier_kv_scheme_info KV cache scheme key\n# TYPE kvtier_kv_scheme_info gauge\n"
                           "kvtier_kv_scheme_info{scheme=\"");
@@ -731,49 +830,365 @@ char *kvt_api_metrics_text(const kvt_engine_stats *st, const kvt_server_counters
         kvt_strbuf_add(&b, p, 1);
     }
     kvt_strbuf_addstr(&b, "\"} 1\n");
-    metric(&b, "kv_pool_used_bytes", "gauge", "KV block pool bytes in use", (double)st->pool_used_bytes);
-    metric(&b, "kv_pool_peak_bytes", "gauge", "KV block pool peak bytes", (double)st->pool_peak_bytes);
-    metric(&b, "kv_pool_budget_bytes", "gauge", "KV block pool byte budget", (double)st->pool_budget_bytes);
-    metric(&b, "http_requests_total", "counter", "HTTP requests answered", (double)c->total);
-    metric(&b, "http_requests_ok_total", "counter", "HTTP requests answered with 2xx", (double)c->ok);
-    metric(&b, "http_requests_client_errors_total", "counter", "HTTP requests answered with 4xx",
-           (double)c->client_errors);
-    metric(&b, "http_requests_server_errors_total", "counter", "HTTP requests answered with 5xx",
-           (double)c->server_errors);
-    metric(&b, "requests_cancelled_total", "counter", "Generations cancelled (client gone or shutdown)",
-           (double)c->cancelled);
-    metric(&b, "requests_rejected_shutdown_total", "counter", "Requests refused while shutting down",
-           (double)c->rejected_shutdown);
-    metric(&b, "requests_in_flight", "gauge", "Generation jobs running", (double)c->in_flight);
-    metric(&b, "requests_queued", "gauge", "Generation jobs waiting", (double)c->queued);
-    metric(&b, "http_connections_open", "gauge", "HTTP connections held", (double)c->conn_open);
-    metric(&b, "http_connections_refused_total", "counter", "HTTP connections refused at accept (limits)",
-           (double)c->conn_refused);
-    metric(&b, "http_connections_evicted_total", "counter",
-           "HTTP connections still sending a request closed to make room for a new one", (double)c->conn_evicted);
-    metric(&b, "http_connections_timed_out_total", "counter",
-           "HTTP connections closed for missing the header or body deadline", (double)c->conn_timed_out);
-    metric(&b, "generations_total", "counter", "Engine generations", (double)st->requests);
-    metric(&b, "prompt_tokens_total", "counter", "Prompt tokens processed", (double)st->prompt_tokens);
-    metric(&b, "generated_tokens_total", "counter", "Tokens generated", (double)st->generated_tokens);
-    metric(&b, "cached_tokens_total", "counter", "Prompt tokens served from a cache tier", (double)st->cached_tokens);
-    metric(&b, "batch_parallel", "gauge", "Rows batched per forward step (--parallel)", (double)st->parallel);
-    metric(&b, "batch_rows_active", "gauge", "Generations holding a row", (double)st->rows_active);
-    metric(&b, "batch_rows_queued", "gauge", "Generations waiting for a row or KV memory", (double)st->rows_queued);
-    metric(&b, "batch_steps_total", "counter", "Batched forward steps", (double)st->batch_steps);
-    metric(&b, "batch_tokens_per_step", "gauge", "Tokens forwarded in the last step", st->batch_tokens_per_step_last);
-    metric(&b, "batch_tokens_per_step_avg", "gauge", "Tokens forwarded per step since start", st->batch_tokens_per_step_avg);
-    metric(&b, "batch_prefill_tokens_per_second", "gauge", "Prompt tokens forwarded per second over the last minute",
-           st->batch_prefill_tps_1m);
-    metric(&b, "batch_decode_tokens_per_second", "gauge", "Generated tokens forwarded per second over the last minute",
-           st->batch_decode_tps_1m);
-    metric(&b, "batch_queue_wait_ms_last", "gauge", "Queue wait of the last admitted generation (ms)", st->queue_wait_ms_last);
-    metric(&b, "batch_queue_wait_ms_avg", "gauge", "Mean queue wait of admitted generations (ms)", st->queue_wait_ms_avg);
-    metric(&b, "batch_queue_wait_ms_max", "gauge", "Longest queue wait (ms)", st->queue_wait_ms_max);
-    metric(&b, "batch_max_decode_stall_ms", "gauge", "Longest step carrying prefill tokens while rows decoded (ms)",
-           st->max_decode_stall_ms);
-    metric(&b, "batch_memory_waits_total", "counter", "Generations that waited for KV memory", (double)st->batch_memory_waits);
-    metric(&b, "batch_queue_full_total", "counter", "Generations refused because the wait queue was full",
-           (double)st->batch_queue_full);
+    STAT_ROWS(rows);
+    for (size_t i = 0; i < n_rows; i++)
+        if (rows[i].metric[0]) metric(&b, rows[i].metric, rows[i].kind, rows[i].help, rows[i].v);
     return kvt_strbuf_take(&b, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Choice output: reasoning / content / tool calls / logprobs (kvt_api_out, server.h)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct out_choice {
+    kvt_toolcall *tc;
+    kvt_strbuf content, reasoning;
+    cJSON *calls;      /* non-stream: message.tool_calls */
+    cJSON *lp_all;     /* non-stream chat: logprobs.content; completions: built at the end */
+    cJSON *lp_pending; /* stream: entries not sent yet */
+    cJSON *c_tokens, *c_lps, *c_tops, *c_offs; /* completions logprobs (all, or pending when streaming) */
+    size_t text_off;   /* completions: byte offset of the next token's text */
+    uint32_t n_calls;  /* calls returned (after parallel_tool_calls) */
+    kvt_finish finish;
+} out_choice;
+
+struct kvt_api_out {
+    kvt_api_out_opts o;
+    char *tools_json;
+    out_choice *ch;
+    /* the event sink's context while feeding */
+    const kvt_api_resp_info *cur_ri;
+    uint32_t cur;
+    kvt_strbuf *cur_sb;
+};
+
+kvt_status kvt_api_out_create(const kvt_api_out_opts *op, kvt_api_out **out) {
+    *out = NULL;
+    kvt_api_out *o = calloc(1, sizeof *o);
+    if (!o) return KVT_ERR_NOMEM;
+    o->o = *op;
+    if (o->o.n_choices == 0) o->o.n_choices = 1;
+    o->ch = calloc(o->o.n_choices, sizeof *o->ch);
+    if (op->tools_json) o->tools_json = strdup(op->tools_json);
+    o->o.tools_json = o->tools_json;
+    if (!o->ch || (op->tools_json && !o->tools_json)) {
+        kvt_api_out_free(o);
+        return KVT_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; i < o->o.n_choices; i++) {
+        out_choice *c = &o->ch[i];
+        kvt_tc_opts to = {.format = (kvt_tool_format)op->tool_format, .reasoning = op->reasoning,
+                          .in_think = op->in_think, .tools_json = op->tools_json,
+                          .id_seed = op->id_seed + 0x9e3779b97f4a7c15ull * (i + 1)};
+        c->calls = cJSON_CreateArray();
+        c->lp_all = cJSON_CreateArray();
+        c->lp_pending = cJSON_CreateArray();
+        c->c_tokens = cJSON_CreateArray();
+        c->c_lps = cJSON_CreateArray();
+        c->c_tops = cJSON_CreateArray();
+        c->c_offs = cJSON_CreateArray();
+        if (kvt_toolcall_create(&to, &c->tc) != KVT_OK || !c->calls || !c->lp_all || !c->lp_pending ||
+            !c->c_tokens || !c->c_lps || !c->c_tops || !c->c_offs) {
+            kvt_api_out_free(o);
+            return KVT_ERR_NOMEM;
+        }
+    }
+    *out = o;
+    return KVT_OK;
+}
+
+void kvt_api_out_free(kvt_api_out *o) {
+    if (!o) return;
+    for (uint32_t i = 0; o->ch && i < o->o.n_choices; i++) {
+        out_choice *c = &o->ch[i];
+        kvt_toolcall_free(c->tc);
+        kvt_strbuf_free(&c->content);
+        kvt_strbuf_free(&c->reasoning);
+        cJSON_Delete(c->calls);
+        cJSON_Delete(c->lp_all);
+        cJSON_Delete(c->lp_pending);
+        cJSON_Delete(c->c_tokens);
+        cJSON_Delete(c->c_lps);
+        cJSON_Delete(c->c_tops);
+        cJSON_Delete(c->c_offs);
+    }
+    free(o->ch);
+    free(o->tools_json);
+    free(o);
+}
+
+uint32_t kvt_api_out_n_calls(const kvt_api_out *o, uint32_t choice) {
+    return choice < o->o.n_choices ? o->ch[choice].n_calls : 0;
+}
+
+/* A token's text as a JSON-safe string: valid UTF-8 as is, else OpenAI's "bytes:\xNN..." form. */
+static int token_text(const kvt_tokenizer *tok, int32_t id, char *buf, size_t cap, char *shown, size_t shown_cap) {
+    int32_t n = tok ? kvt_token_to_bytes(tok, id, true, buf, (int32_t)cap) : 0;
+    if (n < 0) n = 0;
+    if ((size_t)n > cap) n = (int32_t)cap;
+    if (kvt_utf8_valid(buf, (size_t)n) && !memchr(buf, '\0', (size_t)n)) {
+        snprintf(shown, shown_cap, "%.*s", n, buf);
+    } else {
+        size_t k = (size_t)snprintf(shown, shown_cap, "bytes:");
+        for (int32_t i = 0; i < n && k + 5 < shown_cap; i++)
+            k += (size_t)snprintf(shown + k, shown_cap - k, "\\x%02x", (unsigned char)buf[i]);
+    }
+    return n;
+}
+
+static double lp_num(float x) { return isfinite(x) ? (double)x : -9999.0; }
+
+static cJSON *lp_entry(const kvt_tokenizer *tok, int32_t id, float lp, bool with_bytes) {
+    char buf[256], shown[1100];
+    int n = token_text(tok, id, buf, sizeof buf, shown, sizeof shown);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "token", shown);
+    cJSON_AddNumberToObject(e, "logprob", lp_num(lp));
+    if (with_bytes) {
+        cJSON *b = cJSON_AddArrayToObject(e, "bytes");
+        for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
+    }
+    return e;
+}
+
+void kvt_api_out_logprobs(kvt_api_out *o, uint32_t choice, const kvt_token_logprobs *lp) {
+    if (!o->o.logprobs || choice >= o->o.n_choices) return;
+    out_choice *c = &o->ch[choice];
+    const uint32_t k = KVT_MIN(lp->n_top, o->o.top_logprobs);
+    if (o->o.kind == KVT_API_CHAT) {
+        cJSON *e = lp_entry(o->o.tok, lp->id, lp->logprob, true);
+        cJSON *t = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (uint32_t i = 0; i < k; i++) cJSON_AddItemToArray(t, lp_entry(o->o.tok, lp->top_ids[i], lp->top_lps[i], true));
+        cJSON_AddItemToArray(o->o.stream ? c->lp_pending : c->lp_all, e);
+        return;
+    }
+    char buf[256], shown[1100];
+    int n = token_text(o->o.tok, lp->id, buf, sizeof buf, shown, sizeof shown);
+    cJSON_AddItemToArray(c->c_tokens, cJSON_CreateString(shown));
+    cJSON_AddItemToArray(c->c_lps, cJSON_CreateNumber(lp_num(lp->logprob)));
+    cJSON_AddItemToArray(c->c_offs, cJSON_CreateNumber((double)c->text_off));
+    c->text_off += (size_t)n;
+    cJSON *tops = cJSON_CreateObject();
+    for (uint32_t i = 0; i < k; i++) {
+        token_text(o->o.tok, lp->top_ids[i], buf, sizeof buf, shown, sizeof shown);
+        if (!cJSON_GetObjectItemCaseSensitive(tops, shown))
+            cJSON_AddNumberToObject(tops, shown, lp_num(lp->top_lps[i]));
+    }
+    cJSON_AddItemToArray(c->c_tops, tops);
+}
+
+/* Moves the completions arrays into a logprobs object (and fresh arrays in their place). */
+static cJSON *take_completion_lps(out_choice *c) {
+    cJSON *l = cJSON_CreateObject();
+    cJSON_AddItemToObject(l, "tokens", c->c_tokens);
+    cJSON_AddItemToObject(l, "token_logprobs", c->c_lps);
+    cJSON_AddItemToObject(l, "top_logprobs", c->c_tops);
+    cJSON_AddItemToObject(l, "text_offset", c->c_offs);
+    c->c_tokens = cJSON_CreateArray();
+    c->c_lps = cJSON_CreateArray();
+    c->c_tops = cJSON_CreateArray();
+    c->c_offs = cJSON_CreateArray();
+    return l;
+}
+
+static void sb_add_sse(kvt_strbuf *sb, cJSON *root) {
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s) {
+        sb->oom = true;
+        return;
+    }
+    kvt_strbuf_addstr(sb, "data: ");
+    kvt_strbuf_addstr(sb, s);
+    kvt_strbuf_addstr(sb, "\n\n");
+    free(s);
+}
+
+/* A streaming chunk for one choice: returns the root; *delta = the chat delta (NULL for completions). */
+static cJSON *chunk_for(kvt_api_out *o, const kvt_api_resp_info *ri, uint32_t idx, cJSON **delta, cJSON **choice) {
+    bool chat = o->o.kind == KVT_API_CHAT;
+    cJSON *root = resp_head(ri, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", idx);
+    *delta = chat ? cJSON_AddObjectToObject(c, "delta") : NULL;
+    *choice = c;
+    return root;
+}
+
+/* Attaches the pending logprobs of a choice to a streaming chunk's choice object. */
+static void chunk_lps(kvt_api_out *o, out_choice *c, cJSON *choice) {
+    if (!o->o.logprobs) {
+        cJSON_AddNullToObject(choice, "logprobs");
+        return;
+    }
+    if (o->o.kind == KVT_API_CHAT) {
+        cJSON *l = cJSON_AddObjectToObject(choice, "logprobs");
+        cJSON_AddItemToObject(l, "content", c->lp_pending);
+        c->lp_pending = cJSON_CreateArray();
+    } else {
+        cJSON_AddItemToObject(choice, "logprobs", take_completion_lps(c));
+    }
+}
+
+static void on_tc_event(void *ctx, const kvt_tc_event *ev) {
+    kvt_api_out *o = ctx;
+    out_choice *c = &o->ch[o->cur];
+    if (ev->kind == KVT_TC_CALL && !o->o.parallel_tool_calls && c->n_calls >= 1) return;
+    if (!o->o.stream) {
+        if (ev->kind == KVT_TC_CONTENT) kvt_strbuf_add(&c->content, ev->text, ev->len);
+        else if (ev->kind == KVT_TC_REASONING) kvt_strbuf_add(&c->reasoning, ev->text, ev->len);
+        else {
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddStringToObject(t, "id", ev->id);
+            cJSON_AddStringToObject(t, "type", "function");
+            cJSON *f = cJSON_AddObjectToObject(t, "function");
+            cJSON_AddStringToObject(f, "name", ev->name);
+            cJSON_AddStringToObject(f, "arguments", ev->arguments);
+            cJSON_AddItemToArray(c->calls, t);
+            c->n_calls++;
+        }
+        return;
+    }
+    cJSON *delta, *choice;
+    if (ev->kind == KVT_TC_CALL) {
+        /* OpenAI's order: the call's head (index, id, type, name, empty arguments), then its arguments */
+        cJSON *root = chunk_for(o, o->cur_ri, o->cur, &delta, &choice);
+        cJSON *arr = cJSON_AddArrayToObject(delta, "tool_calls");
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, t);
+        cJSON_AddNumberToObject(t, "index", c->n_calls);
+        cJSON_AddStringToObject(t, "id", ev->id);
+        cJSON_AddStringToObject(t, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "name", ev->name);
+        cJSON_AddStringToObject(f, "arguments", "");
+        chunk_lps(o, c, choice);
+        cJSON_AddNullToObject(choice, "finish_reason");
+        sb_add_sse(o->cur_sb, root);
+        root = chunk_for(o, o->cur_ri, o->cur, &delta, &choice);
+        arr = cJSON_AddArrayToObject(delta, "tool_calls");
+        t = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, t);
+        cJSON_AddNumberToObject(t, "index", c->n_calls);
+        f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "arguments", ev->arguments);
+        cJSON_AddNullToObject(choice, "logprobs");
+        cJSON_AddNullToObject(choice, "finish_reason");
+        sb_add_sse(o->cur_sb, root);
+        c->n_calls++;
+        return;
+    }
+    cJSON *root = chunk_for(o, o->cur_ri, o->cur, &delta, &choice);
+    if (delta) cJSON_AddItemToObject(delta, ev->kind == KVT_TC_REASONING ? "reasoning_content" : "content", str_n(ev->text, ev->len));
+    else cJSON_AddItemToObject(choice, "text", str_n(ev->text, ev->len));
+    chunk_lps(o, c, choice);
+    cJSON_AddNullToObject(choice, "finish_reason");
+    sb_add_sse(o->cur_sb, root);
+}
+
+void kvt_api_out_begin(kvt_api_out *o, const kvt_api_resp_info *ri, uint32_t choice, kvt_strbuf *sb) {
+    if (!o->o.stream || o->o.kind != KVT_API_CHAT || choice >= o->o.n_choices) return;
+    cJSON *delta, *ch;
+    cJSON *root = chunk_for(o, ri, choice, &delta, &ch);
+    cJSON_AddStringToObject(delta, "role", "assistant");
+    cJSON_AddStringToObject(delta, "content", "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    sb_add_sse(sb, root);
+}
+
+void kvt_api_out_text(kvt_api_out *o, const kvt_api_resp_info *ri, uint32_t choice, const char *text, size_t len,
+                      kvt_strbuf *sb) {
+    if (choice >= o->o.n_choices) return;
+    out_choice *c = &o->ch[choice];
+    o->cur_ri = ri;
+    o->cur = choice;
+    o->cur_sb = sb;
+    if (o->o.kind == KVT_API_CHAT) {
+        if (kvt_toolcall_feed(c->tc, text, len, on_tc_event, o) != KVT_OK) sb->oom = true;
+        return;
+    }
+    if (!o->o.stream) {
+        kvt_strbuf_add(&c->content, text, len);
+        return;
+    }
+    if (!len && !(o->o.logprobs && cJSON_GetArraySize(c->c_tokens))) return;
+    kvt_tc_event ev = {.kind = KVT_TC_CONTENT, .text = text, .len = len};
+    on_tc_event(o, &ev);
+}
+
+static const char *finish_reason(const out_choice *c) {
+    if (c->n_calls && c->finish == KVT_FINISH_STOP) return "tool_calls";
+    return kvt_api_finish_str(c->finish);
+}
+
+void kvt_api_out_end(kvt_api_out *o, const kvt_api_resp_info *ri, uint32_t choice, kvt_finish finish, kvt_strbuf *sb) {
+    if (choice >= o->o.n_choices) return;
+    out_choice *c = &o->ch[choice];
+    o->cur_ri = ri;
+    o->cur = choice;
+    o->cur_sb = sb;
+    c->finish = finish;
+    if (o->o.kind == KVT_API_CHAT && kvt_toolcall_finish(c->tc, on_tc_event, o) != KVT_OK) sb->oom = true;
+    if (!o->o.stream) return;
+    cJSON *delta, *ch;
+    cJSON *root = chunk_for(o, ri, choice, &delta, &ch);
+    if (!delta) cJSON_AddStringToObject(ch, "text", "");
+    chunk_lps(o, c, ch);
+    cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c));
+    sb_add_sse(sb, root);
+}
+
+void kvt_api_out_usage(const kvt_api_resp_info *ri, kvt_strbuf *sb) {
+    cJSON *root = resp_head(ri, ri->kind == KVT_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, ri);
+    sb_add_sse(sb, root);
+}
+
+char *kvt_api_out_response(const kvt_api_out *o, const kvt_api_resp_info *ri) {
+    bool chat = o->o.kind == KVT_API_CHAT;
+    cJSON *root = resp_head(ri, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    for (uint32_t i = 0; i < o->o.n_choices; i++) {
+        out_choice *c = &o->ch[i];
+        if (c->content.oom || c->reasoning.oom) {
+            cJSON_Delete(root);
+            return NULL;
+        }
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            if (c->n_calls && c->content.n == 0) cJSON_AddNullToObject(m, "content");
+            else cJSON_AddItemToObject(m, "content", str_n(c->content.p ? c->content.p : "", c->content.n));
+            if (c->reasoning.n) cJSON_AddItemToObject(m, "reasoning_content", str_n(c->reasoning.p, c->reasoning.n));
+            if (c->n_calls) cJSON_AddItemReferenceToObject(m, "tool_calls", c->calls);
+            if (o->o.logprobs) {
+                cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+                cJSON_AddItemReferenceToObject(l, "content", c->lp_all);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
+        } else {
+            cJSON_AddItemToObject(ch, "text", str_n(c->content.p ? c->content.p : "", c->content.n));
+            if (o->o.logprobs) {
+                cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+                cJSON_AddItemReferenceToObject(l, "tokens", c->c_tokens);
+                cJSON_AddItemReferenceToObject(l, "token_logprobs", c->c_lps);
+                cJSON_AddItemReferenceToObject(l, "top_logprobs", c->c_tops);
+                cJSON_AddItemReferenceToObject(l, "text_offset", c->c_offs);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
+        }
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c));
+    }
+    add_usage(root, ri);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
 }

@@ -1,9 +1,13 @@
 /* json_strict.c — a strict RFC 8259 syntax check of request bodies, run before cJSON (see
- * server.h, kvt_json_strict_check). cJSON is lenient where it matters for untrusted input: it
- * accepts a leading UTF-8 BOM, raw control characters (a newline) inside strings, and it cuts a
- * string short at an escaped \u0000. This checker accepts exactly the RFC grammar, minus \u0000
- * (a NUL cannot be carried by cJSON's NUL-terminated strings, so it is refused, never truncated),
- * with a small nesting limit. It only validates; cJSON still builds the tree.
+ * server.h, kvt_json_scan / kvt_json_strict_check). cJSON is lenient where it matters for untrusted
+ * input: it accepts a leading UTF-8 BOM, raw control characters (a newline) inside strings, it cuts
+ * a string short at an escaped \u0000, and it turns a number too small for a double (1e-400) into 0.
+ * This checker accepts exactly the RFC grammar, minus \u0000 (a NUL cannot be carried by cJSON's
+ * NUL-terminated strings, so it is refused, never truncated) and minus numbers that underflow to
+ * zero, with a small nesting limit. It also counts the values cJSON would allocate a node for, so
+ * the server can refuse a body whose tree would be out of proportion to its bytes (up to ~40 bytes
+ * of tree per body byte for `[[[[0]]]]...`) before cJSON builds it. It only validates; cJSON
+ * still builds the tree.
  *
  * One pass, no allocation: an explicit stack of open containers (depth <= KVT_JSON_MAX_DEPTH) and
  * a "what may come next" state:
@@ -14,7 +18,11 @@
  *   AFTER   a value ended: ',' or the container's closer, or the end of input at depth 0
  * Invariants: (1) depth == number of open containers, each recorded in stack[];
  * (2) the input is accepted only when the top-level value is complete (state AFTER at depth 0)
- * and only whitespace follows it. */
+ * and only whitespace follows it; (3) r->nodes == number of values begun so far (<= max_nodes when
+ * capped); (4) keys[d] holds the last key scanned in the object open at depth d, set before any
+ * value inside that object is scanned. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server.h"
@@ -120,28 +128,91 @@ static bool scan_number(const unsigned char *s, size_t n, size_t *i) {
     return true;
 }
 
-bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char **why) {
+/* True when the syntactically valid number s[a, b) has a nonzero digit but is so small that a
+ * double rounds it to zero (strtod's underflow, which cJSON silently takes as 0). The decimal
+ * exponent of the first nonzero digit decides all but a narrow band; there strtod gets the
+ * significant digits (up to 780, more than the ~750 that decide the rounding of any value). */
+static bool number_underflows(const unsigned char *s, size_t a, size_t b) {
+    size_t p = a;
+    if (s[p] == '-') p++;
+    size_t i0 = p;
+    while (p < b && is_digit(s[p])) p++;
+    size_t i1 = p, f0 = p, f1 = p;
+    if (p < b && s[p] == '.') {
+        f0 = ++p;
+        while (p < b && is_digit(s[p])) p++;
+        f1 = p;
+    }
+    long long e = 0;
+    if (p < b && (s[p] == 'e' || s[p] == 'E')) {
+        p++;
+        bool neg = p < b && s[p] == '-';
+        if (p < b && (s[p] == '+' || s[p] == '-')) p++;
+        for (; p < b; p++)
+            if (e < 1000000000LL) e = e * 10 + (s[p] - '0');
+        if (neg) e = -e;
+    }
+    /* the first nonzero digit and its power of ten */
+    size_t first = b;
+    long long pos = 0;
+    for (size_t k = i0; k < i1 && first == b; k++)
+        if (s[k] != '0') first = k, pos = (long long)(i1 - k) - 1;
+    for (size_t k = f0; k < f1 && first == b; k++)
+        if (s[k] != '0') first = k, pos = -(long long)(k - f0) - 1;
+    if (first == b) return false; /* a zero is a zero */
+    long long E = pos + e;
+    if (E >= -300) return false;
+    if (E < -330) return true;
+    char buf[800];
+    size_t m = 0;
+    buf[m++] = (char)s[first];
+    buf[m++] = '.';
+    for (size_t k = first + 1; k < f1 && m < 782; k++)
+        if (is_digit(s[k])) buf[m++] = (char)s[k];
+    snprintf(buf + m, sizeof buf - m, "e%lld", E);
+    return strtod(buf, NULL) == 0.0;
+}
+
+/* The innermost object member key enclosing the current position: the key slot of the deepest
+ * open object (keys[] holds, per depth, the last key scanned at that depth). */
+static void innermost_key(const char *stack, const size_t (*keys)[2], int depth, const char *text,
+                          kvt_json_scan_result *r) {
+    for (int d = depth - 1; d >= 0; d--)
+        if (stack[d] == '{') {
+            r->key = text + keys[d][0];
+            r->key_len = keys[d][1];
+            return;
+        }
+}
+
+bool kvt_json_scan(const char *text, size_t n, size_t max_nodes, kvt_json_scan_result *r) {
     const unsigned char *s = (const unsigned char *)text;
     char stack[KVT_JSON_MAX_DEPTH];
+    size_t keys[KVT_JSON_MAX_DEPTH][2]; /* per depth: offset and length of the last key (no quotes) */
     int depth = 0;
     js_state st = S_VALUE;
     size_t i = 0;
-    *off = 0;
-    *why = NULL;
+    memset(r, 0, sizeof *r);
     if (n >= 3 && s[0] == 0xef && s[1] == 0xbb && s[2] == 0xbf) {
-        *why = "byte order mark before the JSON text";
+        r->fail = KVT_JSON_SYNTAX;
+        r->why = "byte order mark before the JSON text";
         return false;
     }
-#define FAIL(msg)  \
-    do {           \
-        *off = i;  \
-        *why = msg; \
-        return false; \
+#define FAIL_AS(kind, msg) \
+    do {                   \
+        r->off = i;        \
+        r->why = msg;      \
+        r->fail = kind;    \
+        return false;      \
     } while (0)
+#define FAIL(msg) FAIL_AS(KVT_JSON_SYNTAX, msg)
     for (;;) {
         while (i < n && is_ws(s[i])) i++;
         if (i >= n) {
-            if (st == S_AFTER && depth == 0) return true;
+            if (st == S_AFTER && depth == 0) {
+                r->off = n;
+                return true;
+            }
             FAIL(depth ? "unexpected end of input inside a container" : "unexpected end of input");
         }
         unsigned char c = s[i];
@@ -168,10 +239,14 @@ bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char *
             /* fall through */
         case S_KEY: {
             if (c != '"') FAIL("expected a string key");
-            if (!scan_string(s, n, &i, why)) {
-                *off = i;
+            size_t k0 = i;
+            if (!scan_string(s, n, &i, &r->why)) {
+                r->off = i;
+                r->fail = KVT_JSON_SYNTAX;
                 return false;
             }
+            keys[depth - 1][0] = k0 + 1;
+            keys[depth - 1][1] = i - k0 - 2;
             while (i < n && is_ws(s[i])) i++;
             if (i >= n || s[i] != ':') FAIL("expected ':' after an object key");
             i++;
@@ -187,6 +262,8 @@ bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char *
             }
             /* fall through */
         case S_VALUE:
+            if (max_nodes && r->nodes >= max_nodes) FAIL_AS(KVT_JSON_TOO_MANY, "too many JSON values");
+            r->nodes++;
             if (c == '{' || c == '[') {
                 if (depth >= KVT_JSON_MAX_DEPTH) FAIL("JSON nested too deeply");
                 stack[depth++] = (char)c;
@@ -195,12 +272,19 @@ bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char *
                 continue;
             }
             if (c == '"') {
-                if (!scan_string(s, n, &i, why)) {
-                    *off = i;
+                if (!scan_string(s, n, &i, &r->why)) {
+                    r->off = i;
+                    r->fail = KVT_JSON_SYNTAX;
                     return false;
                 }
             } else if (c == '-' || is_digit(c)) {
+                size_t a = i;
                 if (!scan_number(s, n, &i)) FAIL("malformed number");
+                if (number_underflows(s, a, i)) {
+                    innermost_key(stack, (const size_t(*)[2])keys, depth, text, r);
+                    i = a;
+                    FAIL_AS(KVT_JSON_UNDERFLOW, "number too small for a double (it would be read as 0)");
+                }
             } else if (n - i >= 4 && !memcmp(s + i, "true", 4)) {
                 i += 4;
             } else if (n - i >= 5 && !memcmp(s + i, "false", 5)) {
@@ -215,4 +299,29 @@ bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char *
         }
     }
 #undef FAIL
+#undef FAIL_AS
+}
+
+bool kvt_json_strict_check(const char *text, size_t n, size_t *off, const char **why) {
+    static __thread char msg[160];
+    kvt_json_scan_result r;
+    bool ok = kvt_json_scan(text, n, 0, &r);
+    *off = ok ? 0 : r.off;
+    *why = r.why;
+    if (!ok && r.fail == KVT_JSON_UNDERFLOW) {
+        char key[72];
+        *why = kvt_json_key_label(r.key, r.key_len, key, sizeof key)
+                   ? (snprintf(msg, sizeof msg, "'%s': %s", key, r.why), msg)
+                   : r.why;
+    }
+    return ok;
+}
+
+bool kvt_json_key_label(const char *key, size_t len, char *out, size_t cap) {
+    if (!key || len == 0 || len + 1 > cap) return false;
+    for (size_t k = 0; k < len; k++)
+        if (key[k] < 0x20 || key[k] > 0x7e || key[k] == '\\' || key[k] == '\'') return false;
+    memcpy(out, key, len);
+    out[len] = 0;
+    return true;
 }

@@ -1,14 +1,18 @@
 /*
- * chat.c — built-in chat template renderers (string emitters, no Jinja) for ChatML, Llama 3.x,
- * Gemma 3, Mistral / Llama 2 [INST] and Phi-3, and detection of the family from
- * tokenizer.chat_template (engine-facts §4.2 order). The exact text per family is documented in
- * docs/chat-templates.md.
+ * chat.c — chat prompt rendering: the GGUF's Jinja template through text/jinja.h with Hugging
+ * Face's context, and the built-in renderers (string emitters) for ChatML, Llama 3.x, Gemma 3,
+ * Mistral / Llama 2 [INST] and Phi-3 with detection of the family from tokenizer.chat_template
+ * (engine-facts §4.2 order). The exact text per family is documented in docs/chat-templates.md.
  */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "chat.h"
+#include "jinja.h"
 #include "util/strbuf.h"
+
+static const char *g_date; /* kvt_chat_set_date; NULL = KVT_JINJA_DEFAULT_DATE */
 
 struct kvt_chat_template {
     kvt_chat_family family;
@@ -16,6 +20,9 @@ struct kvt_chat_template {
     bool llama3_date;         /* template text mentions "Cutting Knowledge Date" */
     char bos_text[32];        /* family BOS text if the vocabulary has it, else "" */
     char eos_text[32];        /* Mistral end of assistant turn */
+    char *source;             /* the template text (owned), NULL when none */
+    kvt_jinja_template *jt;   /* the compiled template when rendering through Jinja, else NULL */
+    char *bos_token, *eos_token; /* Jinja context values (owned) */
 };
 
 static const struct {
@@ -73,8 +80,85 @@ kvt_status kvt_chat_template_create(const kvt_gguf *g, const kvt_tokenizer *t, c
         tt = NULL;
         tl = 0;
     }
+    if (tt && tl && !name_override) {
+        char e2[400] = "";
+        kvt_status st = kvt_chat_template_create_jinja(tt, (size_t)tl, t, NULL, NULL, out, e2, sizeof e2);
+        if (st != KVT_OK)
+            return kvt_errf(err, errlen, st, "the model's tokenizer.chat_template: %s (--chat-template NAME uses a "
+                            "built-in renderer instead)", e2);
+        return KVT_OK;
+    }
     return kvt_chat_template_create_text(tt, (size_t)tl, t, name_override, out, err, errlen);
 }
+
+static char *dupz(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+kvt_status kvt_chat_template_create_jinja(const char *tmpl, size_t tmpl_len, const kvt_tokenizer *t,
+                                          const char *bos, const char *eos, kvt_chat_template **out, char *err,
+                                          size_t errlen) {
+    *out = NULL;
+    kvt_jinja_template *jt = NULL;
+    kvt_status st = kvt_jinja_template_create(tmpl, tmpl ? tmpl_len : 0, &jt, err, errlen);
+    if (st != KVT_OK) return st;
+    bool known;
+    kvt_chat_family f = kvt_chat_detect(tmpl, tmpl ? tmpl_len : 0, &known);
+    char tmp[16];
+    snprintf(tmp, sizeof tmp, "%s", kvt_chat_family_name(f));
+    kvt_chat_template *c = NULL;
+    st = kvt_chat_template_create_text(tmpl, tmpl_len, t, tmp, &c, err, errlen);
+    if (st != KVT_OK) {
+        kvt_jinja_template_free(jt);
+        return st;
+    }
+    c->jt = jt;
+    if (!bos) {
+        int32_t id = t ? kvt_tokenizer_bos(t) : -1;
+        bos = id >= 0 && kvt_tokenizer_token_text(t, id) ? kvt_tokenizer_token_text(t, id) : "";
+    }
+    if (!eos) {
+        int32_t id = t ? kvt_tokenizer_eos(t) : -1;
+        eos = id >= 0 && kvt_tokenizer_token_text(t, id) ? kvt_tokenizer_token_text(t, id) : "";
+    }
+    c->bos_token = dupz(bos);
+    c->eos_token = dupz(eos);
+    if (!c->bos_token || !c->eos_token) {
+        kvt_chat_template_free(c);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    }
+    *out = c;
+    return KVT_OK;
+}
+
+kvt_status kvt_chat_template_create_file(const char *path, const kvt_tokenizer *t, kvt_chat_template **out,
+                                         char *err, size_t errlen) {
+    *out = NULL;
+    enum { MAX_TEMPLATE = 4 << 20 };
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvt_errf(err, errlen, KVT_ERR_IO, "chat template file %s: cannot open", path);
+    char *buf = malloc(MAX_TEMPLATE + 1);
+    size_t n = buf ? fread(buf, 1, MAX_TEMPLATE + 1, f) : 0;
+    bool bad = buf && ferror(f);
+    fclose(f);
+    if (!buf) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    if (bad || n > MAX_TEMPLATE) {
+        free(buf);
+        return kvt_errf(err, errlen, KVT_ERR_IO, "chat template file %s: %s", path,
+                        bad ? "read error" : "larger than 4 MiB");
+    }
+    char e2[400] = "";
+    kvt_status st = kvt_chat_template_create_jinja(buf, n, t, NULL, NULL, out, e2, sizeof e2);
+    free(buf);
+    if (st != KVT_OK) return kvt_errf(err, errlen, st, "chat template file %s: %s", path, e2);
+    return KVT_OK;
+}
+
+bool kvt_chat_is_jinja(const kvt_chat_template *c) { return c->jt != NULL; }
+void kvt_chat_set_date(const char *date) { g_date = date; }
 
 const char *kvt_chat_end_of_turn(const kvt_chat_template *c) {
     switch (c->family) {
@@ -108,6 +192,15 @@ kvt_status kvt_chat_template_create_text(const char *tt, size_t tl, const kvt_to
     kvt_chat_template *c = calloc(1, sizeof *c);
     if (!c) return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
     c->family = f;
+    if (tt && tl) {
+        c->source = malloc(tl + 1);
+        if (!c->source) {
+            free(c);
+            return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+        }
+        memcpy(c->source, tt, tl);
+        c->source[tl] = 0;
+    }
     c->qwen_default_system = has(tt, tl, "You are Qwen");
     c->llama3_date = has(tt, tl, "Cutting Knowledge Date");
     const char *bos = f == KVT_CHAT_LLAMA3 ? "<|begin_of_text|>" : f == KVT_CHAT_GEMMA ? "<bos>"
@@ -122,7 +215,15 @@ kvt_status kvt_chat_template_create_text(const char *tt, size_t tl, const kvt_to
     return KVT_OK;
 }
 
-void kvt_chat_template_free(kvt_chat_template *c) { free(c); }
+void kvt_chat_template_free(kvt_chat_template *c) {
+    if (!c) return;
+    kvt_jinja_template_free(c->jt);
+    free(c->bos_token);
+    free(c->eos_token);
+    free(c->source);
+    free(c);
+}
+const char *kvt_chat_template_source(const kvt_chat_template *c) { return c->source; }
 kvt_chat_family kvt_chat_family_of(const kvt_chat_template *c) { return c->family; }
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -173,10 +274,17 @@ static size_t split_system(const kvt_chat_msg *m, size_t n, const kvt_chat_msg *
     return *sys ? 1 : 0;
 }
 
+static kvt_status render_jinja(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
+                               const kvt_chat_opts *opts, char **out, size_t *out_len, char *err, size_t errlen);
+
 kvt_status kvt_chat_render(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
                            bool add_generation_prompt, char **out, size_t *out_len, char *err, size_t errlen) {
     *out = NULL;
     if (out_len) *out_len = 0;
+    if (c->jt) {
+        kvt_chat_opts o = {.add_generation_prompt = add_generation_prompt};
+        return render_jinja(c, msgs, n_msgs, &o, out, out_len, err, errlen);
+    }
     for (size_t i = 0; i < n_msgs; i++) {
         if (role_of(msgs[i].role) < 0)
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: unknown role '%s' (message %zu)",
@@ -336,4 +444,174 @@ kvt_status kvt_chat_tokenize(const kvt_chat_template *c, const kvt_tokenizer *t,
     *ids = v;
     *n_ids = n;
     return KVT_OK;
+}
+
+/* ---- the Jinja path: HF's context as JSON ---- */
+static void json_esc(kvt_strbuf *b, const char *s, size_t n) {
+    kvt_strbuf_addstr(b, "\"");
+    size_t run = 0, i = 0;
+    for (; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch != '"' && ch != '\\') {
+            run++;
+            continue;
+        }
+        kvt_strbuf_add(b, s + i - run, run);
+        run = 0;
+        if (ch == '"' || ch == '\\') kvt_strbuf_printf(b, "\\%c", ch);
+        else if (ch == '\n') kvt_strbuf_addstr(b, "\\n");
+        else if (ch == '\t') kvt_strbuf_addstr(b, "\\t");
+        else if (ch == '\r') kvt_strbuf_addstr(b, "\\r");
+        else kvt_strbuf_printf(b, "\\u%04x", ch);
+    }
+    kvt_strbuf_add(b, s + i - run, run);
+    kvt_strbuf_addstr(b, "\"");
+}
+
+/* Validates that text is JSON of the wanted shape (cJSON_IsArray / IsObject / any when NULL). */
+static kvt_status check_json(const char *text, size_t len, cJSON_bool (*shape)(const cJSON *), const char *field,
+                             const char *want, char *err, size_t errlen) {
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    bool ok = j && (!shape || shape(j) || cJSON_IsNull(j));
+    cJSON_Delete(j);
+    if (!ok) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: %s must be %s", field, want);
+    return KVT_OK;
+}
+
+/* Everything but the messages: kwargs first (so the standard names win), then HF's variables. */
+static kvt_status ctx_rest(const kvt_chat_template *c, const kvt_chat_opts *opts, kvt_strbuf *b, char *err,
+                           size_t errlen) {
+    kvt_strbuf_addstr(b, "{");
+    if (opts && opts->kwargs_json) {
+        size_t n = strlen(opts->kwargs_json);
+        kvt_status st = check_json(opts->kwargs_json, n, cJSON_IsObject, "chat_template_kwargs", "a JSON object", err, errlen);
+        if (st != KVT_OK) return st;
+        const char *s = opts->kwargs_json, *e = s + n;
+        while (s < e && *s != '{') s++;
+        while (e > s && e[-1] != '}') e--;
+        if (e - s > 2) { /* a non-empty object: splice its members */
+            kvt_strbuf_add(b, s + 1, (size_t)(e - s - 2));
+            kvt_strbuf_addstr(b, ",");
+        }
+    }
+    kvt_strbuf_addstr(b, "\"tools\":");
+    if (opts && opts->tools_json) {
+        size_t n = strlen(opts->tools_json);
+        kvt_status st = check_json(opts->tools_json, n, cJSON_IsArray, "tools", "a list", err, errlen);
+        if (st != KVT_OK) return st;
+        kvt_strbuf_add(b, opts->tools_json, n);
+    } else kvt_strbuf_addstr(b, "null");
+    kvt_strbuf_addstr(b, ",\"documents\":null,\"add_generation_prompt\":");
+    kvt_strbuf_addstr(b, opts && opts->add_generation_prompt ? "true" : "false");
+    kvt_strbuf_addstr(b, ",\"bos_token\":");
+    json_esc(b, c->bos_token, strlen(c->bos_token));
+    kvt_strbuf_addstr(b, ",\"eos_token\":");
+    json_esc(b, c->eos_token, strlen(c->eos_token));
+    kvt_strbuf_addstr(b, ",\"messages\":");
+    return KVT_OK;
+}
+
+static kvt_status run_jinja(const kvt_chat_template *c, kvt_strbuf *ctx, char **out, size_t *out_len, char *err,
+                            size_t errlen) {
+    if (ctx->oom) {
+        kvt_strbuf_free(ctx);
+        return kvt_errf(err, errlen, KVT_ERR_NOMEM, "chat: out of memory");
+    }
+    kvt_jinja_render_opts ro = {.now = g_date};
+    char e2[512] = "";
+    kvt_status st = kvt_jinja_render(c->jt, ctx->p, ctx->n, &ro, out, out_len, e2, sizeof e2);
+    kvt_strbuf_free(ctx);
+    if (st == KVT_ERR_FORMAT) return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: %s", e2);
+    if (st != KVT_OK) return kvt_errf(err, errlen, st, "%s", e2);
+    return KVT_OK;
+}
+
+static kvt_status render_jinja(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
+                               const kvt_chat_opts *opts, char **out, size_t *out_len, char *err, size_t errlen) {
+    kvt_strbuf b = {0};
+    kvt_status st = ctx_rest(c, opts, &b, err, errlen);
+    if (st != KVT_OK) {
+        kvt_strbuf_free(&b);
+        return st;
+    }
+    kvt_strbuf_addstr(&b, "[");
+    for (size_t i = 0; i < n_msgs; i++) {
+        const kvt_chat_msg *m = &msgs[i];
+        if (!m->role || (!m->content && m->content_len)) {
+            kvt_strbuf_free(&b);
+            return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: message %zu has no role or content", i);
+        }
+        kvt_strbuf_addstr(&b, i ? ",{\"role\":" : "{\"role\":");
+        json_esc(&b, m->role, strlen(m->role));
+        kvt_strbuf_addstr(&b, ",\"content\":");
+        if (m->content) json_esc(&b, m->content, m->content_len);
+        else kvt_strbuf_addstr(&b, "null");
+        if (m->reasoning_content) {
+            kvt_strbuf_addstr(&b, ",\"reasoning_content\":");
+            json_esc(&b, m->reasoning_content, strlen(m->reasoning_content));
+        }
+        if (m->tool_calls_json) {
+            size_t n = strlen(m->tool_calls_json);
+            char field[64];
+            snprintf(field, sizeof field, "messages[%zu].tool_calls", i);
+            st = check_json(m->tool_calls_json, n, cJSON_IsArray, field, "a list", err, errlen);
+            if (st != KVT_OK) {
+                kvt_strbuf_free(&b);
+                return st;
+            }
+            kvt_strbuf_addstr(&b, ",\"tool_calls\":");
+            kvt_strbuf_add(&b, m->tool_calls_json, n);
+        }
+        if (m->tool_call_id) {
+            kvt_strbuf_addstr(&b, ",\"tool_call_id\":");
+            json_esc(&b, m->tool_call_id, strlen(m->tool_call_id));
+        }
+        if (m->name) {
+            kvt_strbuf_addstr(&b, ",\"name\":");
+            json_esc(&b, m->name, strlen(m->name));
+        }
+        kvt_strbuf_addstr(&b, "}");
+    }
+    kvt_strbuf_addstr(&b, "]}");
+    return run_jinja(c, &b, out, out_len, err, errlen);
+}
+
+kvt_status kvt_chat_render_json(const kvt_chat_template *c, const char *messages_json, size_t messages_len,
+                                const kvt_chat_opts *opts, char **out, size_t *out_len, char *err, size_t errlen) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (!c->jt)
+        return kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "chat: the %s renderer takes no JSON messages",
+                        kvt_chat_family_name(c->family));
+    /* the shape only: the interpreter's own JSON reader checks the rest (one pass over big input) */
+    size_t i = 0;
+    while (i < messages_len && (messages_json[i] == ' ' || messages_json[i] == '\t' || messages_json[i] == '\n' ||
+                                messages_json[i] == '\r'))
+        i++;
+    if (i >= messages_len || messages_json[i] != '[')
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: messages must be a list");
+    kvt_status st;
+    kvt_strbuf b = {0};
+    st = ctx_rest(c, opts, &b, err, errlen);
+    if (st != KVT_OK) {
+        kvt_strbuf_free(&b);
+        return st;
+    }
+    kvt_strbuf_add(&b, messages_json, messages_len);
+    kvt_strbuf_addstr(&b, "}");
+    return run_jinja(c, &b, out, out_len, err, errlen);
+}
+
+kvt_status kvt_chat_render_ex(const kvt_chat_template *c, const kvt_chat_msg *msgs, size_t n_msgs,
+                              const kvt_chat_opts *opts, char **out, size_t *out_len, char *err, size_t errlen) {
+    if (c->jt) {
+        *out = NULL;
+        if (out_len) *out_len = 0;
+        kvt_chat_opts o = {0};
+        return render_jinja(c, msgs, n_msgs, opts ? opts : &o, out, out_len, err, errlen);
+    }
+    if (opts && opts->tools_json)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: the %s renderer cannot render tools",
+                        kvt_chat_family_name(c->family));
+    return kvt_chat_render(c, msgs, n_msgs, opts && opts->add_generation_prompt, out, out_len, err, errlen);
 }

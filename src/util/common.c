@@ -75,6 +75,18 @@ uint64_t kvt_now_ns(void) {
 
 double kvt_now_ms(void) { return (double)kvt_now_ns() / 1e6; }
 
+const char *kvt_fmt_bytes(double bytes, char *buf, size_t n) {
+    static const char *const unit[] = {"B", "kB", "MB", "GB", "TB"};
+    int u = 0;
+    while (bytes >= 999.5 && u < 4) {
+        bytes /= 1000.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, n, "%.0f B", bytes);
+    else snprintf(buf, n, bytes < 9.995 ? "%.2f %s" : bytes < 99.95 ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
 float kvt_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;

@@ -44,6 +44,10 @@ void kvt_log(kvt_log_level lvl, const char *fmt, ...) __attribute__((format(prin
 kvt_status kvt_errf(char *err, size_t errlen, kvt_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* A byte count for messages, in decimal units with 3 significant digits ("512 B", "4.19 kB",
+ * "12.6 MB", "1.50 GB"): small sizes never print as 0 MB. Writes buf[n], returns buf. */
+const char *kvt_fmt_bytes(double bytes, char *buf, size_t n);
+
 /* ---- clocks ---- */
 uint64_t kvt_now_ns(void);    /* CLOCK_MONOTONIC */
 double kvt_now_ms(void);

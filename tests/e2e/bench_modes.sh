@@ -6,7 +6,9 @@
 #   --kv-quality: every codec and f16 get decode t/s and CPU ms/token from the side-by-side rounds;
 #   --once: a second process restores the prompt from the SSD tier (reused_from "ssd");
 #   --turns: later turns reuse the previous turn's prefix;
-#   --cache: exact repeat reuses the prompt.
+#   --cache: exact repeat reuses the prompt;
+#   --membw and the decode bandwidth fields: a positive bandwidth, weight bytes within the file, the
+#   KV read of a depth-40 decode, and a fraction consistent with bytes x tok/s / bandwidth.
 set -u
 BUILD=${BUILD:-build}
 KV=$BUILD/kvtier
@@ -32,6 +34,16 @@ check "decode-at emits json" jq -e '.mode == "decode_at" and .depth == 40 and .d
 check "decode-at repeat reuses the prefix" jq -e '.reused_last == 39' <<<"$f16"
 check "kv4 bytes/token < f16" test "$(jq -n --argjson a "$g16" --argjson b "$k4" '$b.kv_bytes_per_token_layout < $a.kv_bytes_per_token_layout')" = true
 check "pool peak covers the tokens" jq -e '.peak_kv_bytes >= .kv_bytes_per_token_layout * 43' <<<"$f16"
+fsz=$(stat -c %s "$M")
+check "decode-at: weight and KV bytes read per token" jq -e --argjson fsz "$fsz" '.decode_weight_bytes > 0 and
+  .decode_weight_bytes < $fsz and (.decode_kv_bytes_per_token - .kv_bytes_per_token_layout * 42 | fabs) < 1' <<<"$f16"
+bw=$("$KV" bench --membw -t 1 -r 2 --membw-mib 64 --json 2>/dev/null)
+check "membw json" jq -e '.mode == "membw" and .threads == 1 and .read_gbs > 0 and .triad_gbs > 0 and .runs == 2' <<<"$bw"
+tg=$("${B[@]}" -p 8 -n 4 -r 2 --membw-mib 64 2>/dev/null)
+check "decode bandwidth fraction" jq -e '.membw_read_gbs > 0 and .decode_bw_fraction > 0 and
+  ((.decode_weight_bytes + .decode_kv_bytes_per_token) * .decode_tps / (.membw_read_gbs * 1e9) / .decode_bw_fraction | . > 0.2 and . < 5)' <<<"$tg"
+t0=$("${B[@]}" -p 8 -n 4 -r 1 --membw-mib 0 2>/dev/null)
+check "membw-mib 0 skips the probe" jq -e '.membw_read_gbs == 0 and .decode_bw_fraction == 0' <<<"$t0"
 sw=$("${BG[@]}" --decode-at 400 -n 4 -r 1 --ubatch 16 --prompt-cache 0 2>/dev/null)
 check "sliding window: live peak below the computed full cache" jq -e '.window_layers > 0 and .peak_kv_bytes < 0.5 * .full_cache_bytes_computed' <<<"$sw"
 

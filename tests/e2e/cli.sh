@@ -31,6 +31,27 @@ assert isinstance(a["text"], str)
 PY
 ok "run --json (ids, text, timings), deterministic greedy"
 
+# run --json holds valid UTF-8 even when sampled byte tokens end inside a character (U+FFFD)
+for seed in 1 2 3 4 5 6; do
+  "$KV" run -m "$M" -p "hello" -n 64 --temp 1 --seed $seed --json >"$TMP/u$seed.json" 2>/dev/null || fail "run --json seed $seed"
+done
+python3 - "$TMP"/u*.json <<'PY' || fail "run --json wrote invalid UTF-8"
+import json, sys
+partial = 0
+for f in sys.argv[1:]:
+    j = json.loads(open(f, "rb").read().decode("utf-8"))  # strict: raises on invalid UTF-8
+    partial += "\ufffd" in j["text"]
+assert partial > 0, "no run sampled a partial character: the check proves nothing"
+PY
+ok "run --json: valid UTF-8 (partial characters as U+FFFD)"
+
+# clear errors for the user's own flags: no "--kv-quant-group 0" when no group was given, no "0 MB"
+"$KV" run -m "$M" -p "hello there" --kv-quant 8 -n 2 2>"$TMP/e1" && fail "--kv-quant 8 on head_dim 16 accepted"
+grep -q "needs head_dim divisible by 32" "$TMP/e1" && ! grep -q "group 0" "$TMP/e1" || fail "--kv-quant 8 message: $(cat "$TMP/e1")"
+"$KV" run -m "$M" -p "hello there friends of mine" --kv-pool-gb 0.000001 -n 2 2>"$TMP/e2" && fail "a 1 kB pool accepted"
+grep -q "needs [0-9.]* kB of KV but the pool holds 1.00 kB" "$TMP/e2" || fail "pool message: $(cat "$TMP/e2")"
+ok "errors name what the user can change (--kv-quant on head_dim 16, a tiny pool in kB)"
+
 # --repeat: second run reuses n-1 prompt tokens from the RAM tier
 r=$("$KV" run -m "$M" -p "The quick brown fox jumps over the lazy dog again and again" -n 4 --repeat 2 --json 2>/dev/null) || fail "run --repeat"
 python3 - "$r" <<'PY' || fail "run --repeat reuse"
@@ -78,6 +99,25 @@ assert b["reused_from"] == "ssd" and b["n_reused"] >= 16, b
 assert a["tokens"] == b["tokens"]
 PY
 ok "run --ssd-cache: restart restores from SSD with identical output"
+
+# --ssd-spill-queue-mb: a 1 MB queue cannot hold a 256-token prompt's blocks at once (smol-135m: 1.5 MB
+# a 64-token block): records are dropped from the queue (counted), stay dirty and are written later;
+# the flush still makes all durable
+QM=$TMP/qm.gguf
+"$KV" gen-model --shape smol-135m --type q4_k -o "$QM" >/dev/null 2>&1 || fail "gen-model (queue)"
+for q in 1 256; do
+  "$KV" bench -m "$QM" -t 2 --once -p 256 -n 1 --block-tokens 64 --ssd-cache "$TMP/q$q" --ssd-spill-queue-mb $q --json \
+    >"$TMP/q$q.json" 2>/dev/null || fail "bench --once --ssd-spill-queue-mb $q"
+done
+python3 - "$TMP/q1.json" "$TMP/q256.json" <<'PY' || fail "--ssd-spill-queue-mb: $(cat "$TMP/q1.json" "$TMP/q256.json")"
+import json, sys
+small, big = (json.load(open(f)) for f in sys.argv[1:])
+assert small["ssd_dropped"] > 0 and big["ssd_dropped"] == 0, (small, big)
+assert small["durable"] and small["ssd_entries"] == big["ssd_entries"] > 0, (small, big)
+PY
+"$KV" run -m "$QM" -p x --ssd-spill-queue-mb 0 2>"$TMP/qerr" && fail "--ssd-spill-queue-mb 0 accepted"
+grep -q "ssd-spill-queue-mb" "$TMP/qerr" || fail "--ssd-spill-queue-mb 0: $(cat "$TMP/qerr")"
+ok "--ssd-spill-queue-mb bounds the write-behind queue; dropped records are retried, nothing lost"
 "$KV" cache ls "$C" >"$TMP/ls" 2>&1 || fail "cache ls"
 grep -q "model=" "$TMP/ls" || grep -qi "entries\|files" "$TMP/ls" || fail "cache ls output: $(cat "$TMP/ls")"
 "$KV" cache verify "$C" >/dev/null 2>&1 || fail "cache verify on a good dir"

@@ -3,7 +3,11 @@
 every crash (issue 10, "Crash at random points"). Used by tests/e2e/crash.sh (CI, >= 20 trials)
 and bench/crash.sh (>= 200 trials).
 
-usage: crash.py KVTIER MODEL WORKDIR TRIALS SEED
+usage: crash.py KVTIER MODEL WORKDIR TRIALS SEED [SERVER_ARG...]
+
+Extra SERVER_ARGs go to every server (e.g. --parallel 4). With --parallel N > 1 the checks after a
+crash run their jobs concurrently and the write-behind crash hits 1..N concurrent prefills, so a
+crash lands while batched rows are mid-step.
 
 Each trial restarts the server on the same cache directory (with --generation-checkpoint 16 and a
 random --ssd-demote-idle of 0 or 1) and checks, before crashing it again:
@@ -19,6 +23,8 @@ generation, after k tokens), during a flush, during idle demotion."""
 import json, os, random, signal, subprocess, sys, threading, time, http.client
 
 KV, MODEL, WORK, TRIALS, SEED = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+EXTRA = sys.argv[6:]
+PAR = int(EXTRA[EXTRA.index("--parallel") + 1]) if "--parallel" in EXTRA else 1
 rng = random.Random(SEED)
 CACHE = os.path.join(WORK, "cache")
 BT = 16
@@ -47,7 +53,7 @@ class Server:
         for _ in range(10):
             self.port = rng.randrange(20000, 40000)
             self.p = subprocess.Popen([KV, "serve", "-m", MODEL, "--port", str(self.port), "-t", "1",
-                                       "--block-tokens", str(BT)] + extra,
+                                       "--block-tokens", str(BT)] + EXTRA + extra,
                                       stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
             t0 = time.time()
             while time.time() - t0 < 60:
@@ -161,11 +167,26 @@ for t in range(TRIALS):
     demote = rng.choice(["0", "1"])
     s = Server(["--ssd-cache", CACHE, "--generation-checkpoint", "16", "--ssd-demote-idle", demote])
     # checks after the crash
-    jobs = [rng.choice(list(ref))]
+    jobs = [rng.choice(list(ref)) for _ in range(rng.randint(1, PAR))]
     if pending_ckpt:
         jobs.insert(0, pending_ckpt)
-    for (pi, si) in jobs:
-        got, _ = s.complete(PROMPTS[pi], SAMPLING[si], rng.random() < 0.5)
+    outs = [None] * len(jobs)
+    def run_job(i, pi, si, stream):
+        try:
+            outs[i] = s.complete(PROMPTS[pi], SAMPLING[si], stream)[0]
+        except Exception as e:
+            outs[i] = e
+    ths = [threading.Thread(target=run_job, args=(i, pi, si, rng.random() < 0.5), daemon=True)
+           for i, (pi, si) in enumerate(jobs)]
+    for th in ths:
+        th.start()
+        if PAR == 1:
+            th.join()
+    for th in ths:
+        th.join(600)
+    for (pi, si), got in zip(jobs, outs):
+        if isinstance(got, Exception) or got is None:
+            fail("trial %d: job %s failed: %r" % (t, (pi, si), got), s.log)
         if got != ref[(pi, si)]:
             fail("trial %d: output of job %s differs from the uncached run:\n got %r\nwant %r" % (t, (pi, si), got[:200],
                                                                                                ref[(pi, si)][:200]), s.log)
@@ -184,17 +205,20 @@ for t in range(TRIALS):
     scen = rng.choice(["write-behind", "checkpoint", "flush", "demotion"])
     stats["scen"][scen] = stats["scen"].get(scen, 0) + 1
     if scen == "write-behind":
-        p = PROMPTS[rng.randrange(len(PROMPTS))] + " " + " ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 80)))
-        def bg():
+        def bg(p):
             try:
                 s.complete(p, SAMPLING[0], False)
             except Exception:
                 pass
-        th = threading.Thread(target=bg, daemon=True)
-        th.start()
+        ths = []
+        for _ in range(rng.randint(1, PAR)):
+            p = PROMPTS[rng.randrange(len(PROMPTS))] + " " + " ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 80)))
+            ths.append(threading.Thread(target=bg, args=(p,), daemon=True))
+            ths[-1].start()
         time.sleep(rng.uniform(0, 0.6))
         s.kill()
-        th.join(5)
+        for th in ths:
+            th.join(5)
     elif scen == "checkpoint":
         pending_ckpt = (rng.randrange(len(PROMPTS)), rng.randrange(len(SAMPLING)))
         k = rng.randrange(1, MAXT)

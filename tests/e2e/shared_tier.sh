@@ -5,50 +5,14 @@
 # run); Redis killed mid-request (also deterministically: stopped, then killed while a fetch waits
 # on it) and restarted; a value corrupted in Redis (SETRANGE); maxmemory
 # reached (noeviction -> OOM on SET); a different model on the same Redis never reuses A's blocks.
+# Issue 24: servers without --ssd-cache; a sliding-window model (gemma3); blocks reach Redis
+# without a flush; POST /admin/cache/flush?wait=shared; shutdown drains the publisher; Redis
+# stopped mid-publish (the flush reports it, nothing breaks).
 # Every wait is bounded; the trap kills every process this script started.
 set -u
-BUILD=${BUILD:-build}
-KV=${KV:-$BUILD/kvtier}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-shared-XXXXXX")
-PIDS=()
-REDIS_PID=""
-cleanup() {
-  for p in "${PIDS[@]}" $REDIS_PID; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f (tail)"; tail -15 "$f"; }; done
-  exit 1
-}
-ok() { echo "ok: $*"; }
-[ -x "$KV" ] || fail "$KV not built"
-command -v python3 >/dev/null || fail "python3 missing"
-command -v curl >/dev/null || fail "curl missing"
-# install-deps installs redis-server: its absence is a failure, not a skip
-command -v redis-server >/dev/null || fail "redis-server missing (scripts/install-deps installs it)"
-command -v redis-cli >/dev/null || fail "redis-cli missing (package redis-tools)"
-
-rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
-RPORT=$(rport)
-RDIR=$TMP/redis
-mkdir -p "$RDIR"
-redis_start() { # extra redis-server args...
-  redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no \
-    --protected-mode yes --daemonize no "$@" >"$TMP/redis.log" 2>&1 &
-  REDIS_PID=$!
-  local i
-  for i in $(seq 1 100); do
-    redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && return 0
-    kill -0 "$REDIS_PID" 2>/dev/null || fail "redis-server exited at start"
-    sleep 0.1
-  done
-  fail "redis-server not ready in 10 s"
-}
-redis_kill() { kill -KILL "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""; }
-rc() { redis-cli -p "$RPORT" "$@"; }
+TMP_TAG=shared
+. "$(dirname "$0")/shared_common.bash"
+need_cmds python3 curl redis-server redis-cli
 
 MODEL=$TMP/m.gguf
 MODEL2=$TMP/m2.gguf
@@ -58,22 +22,11 @@ MODEL2=$TMP/m2.gguf
 
 # srv NAME MODEL ARGS... -> sets PORT_<NAME>
 srv() {
-  local name=$1 model=$2 try port i pid
+  local name=$1 model=$2
   shift 2
-  for try in 1 2 3 4 5; do
-    port=$(rport)
-    "$KV" serve -m "$model" --port "$port" --block-tokens 16 --ssd-cache "$TMP/ssd-$name" \
-      --shared-cache "redis://127.0.0.1:$RPORT" "$@" >"$TMP/$name.log" 2>&1 &
-    pid=$!
-    for i in $(seq 1 300); do
-      kill -0 "$pid" 2>/dev/null || break
-      grep -q "^listening on" "$TMP/$name.log" && { PIDS+=("$pid"); eval "PORT_$name=$port PID_$name=$pid"; return 0; }
-      sleep 0.2
-    done
-    kill -0 "$pid" 2>/dev/null && fail "server $name not ready in 60 s"
-    grep -q "cannot listen" "$TMP/$name.log" || fail "server $name exited at start"
-  done
-  fail "no free port for $name"
+  local ssd=(--ssd-cache "$TMP/ssd-$name")
+  [ -n "${NOSSD:-}" ] && ssd=() # NOSSD=1: no SSD tier (the shared tier works without one)
+  srv_named "$name" -m "$model" --block-tokens 16 "${ssd[@]}" --shared-cache "redis://127.0.0.1:$RPORT" "$@"
 }
 stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"; }
 
@@ -242,4 +195,105 @@ stop_srv H
 stop_srv M
 stop_srv A
 stop_srv B
+
+# ------------------------------------------------------------------ issue 24: no SSD tier, window layers, prompt publishing
+redis_kill
+redis_start
+nkeys() { rc --scan --pattern "kvtier:v1:*$1" | wc -l; }
+text() { field "$1" "j['choices'][0]['text']"; }
+cached() { field "$1" "j['usage']['prompt_tokens_details']['cached_tokens']"; }
+wait_keys() { # PATTERN N SECONDS: the number of keys matching *PATTERN reaches N within SECONDS
+  local i n=0
+  for i in $(seq 1 $(($3 * 10))); do
+    n=$(nkeys "$1")
+    [ "$n" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "redis holds $n keys matching *$1 after $3 s, want >= $2"
+}
+reqp() { # PORT OUTFILE FIRST: the prompt after one leading token FIRST (a chain of its own)
+  curl -s --max-time 60 -o "$2" -X POST -H 'Content-Type: application/json' \
+    --data-binary "{\"prompt\":[$3,$PROMPT],\"max_tokens\":8,\"temperature\":0}" "http://127.0.0.1:$1/v1/completions"
+}
+flush() { # PORT OUTFILE [QUERY] -> HTTP status
+  curl -s --max-time 90 -o "$2" -w '%{http_code}' -X POST "http://127.0.0.1:$1/admin/cache/flush${3:-}"
+}
+# no --ssd-cache: A2 computes, its blocks reach Redis without a flush (bounded poll), B2 reuses
+NOSSD=1 srv A2 "$MODEL"
+NOSSD=1 srv B2 "$MODEL"
+req "$PORT_A2" "$TMP/a2.json" || fail "A2 request"
+[ "$(text "$TMP/a2.json")" = "$COLD" ] || fail "A2 output differs from cold"
+wait_keys ":b:*" 12 10
+req "$PORT_B2" "$TMP/b2.json" || fail "B2 request"
+[ "$(text "$TMP/b2.json")" = "$COLD" ] || fail "B2 output differs from cold"
+CT=$(cached "$TMP/b2.json")
+[ "$CT" -ge 192 ] || fail "B2 reused $CT tokens, want >= 192"
+[ "$(stats "$PORT_B2" "j['shared_cache']['fetched_blocks'] >= 12")" = True ] || fail "B2 fetched too few blocks"
+ok "no --ssd-cache: B2 reused $CT/$NP tokens computed by A2 (published without a flush); output identical to a cold run"
+stop_srv A2
+stop_srv B2
+
+# sliding-window layers (gemma3): GC computes cold (nothing of this model in Redis), GB reuses
+GEMMA=$TMP/g3.gguf
+"$KV" gen-model --arch gemma3 --shape tiny --type f16 -o "$GEMMA" >/dev/null 2>&1 || fail "gen-model gemma3 failed"
+srv GC "$GEMMA"
+NOSSD=1 srv GB "$GEMMA"
+req "$PORT_GC" "$TMP/gc.json" || fail "GC request"
+[ "$(cached "$TMP/gc.json")" = 0 ] || fail "cold gemma3 run reused tokens"
+COLDG=$(text "$TMP/gc.json")
+[ "$(flush "$PORT_GC" "$TMP/gcf.json" "?wait=shared")" = 200 ] || fail "GC flush?wait=shared: $(cat "$TMP/gcf.json")"
+[ "$(nkeys ":b:0:*")" -ge 2 ] && [ "$(nkeys ":b:1:*")" -ge 12 ] || fail "gemma3 keys: window group $(nkeys ":b:0:*"), full group $(nkeys ":b:1:*")"
+req "$PORT_GB" "$TMP/gb.json" || fail "GB request"
+[ "$(text "$TMP/gb.json")" = "$COLDG" ] || fail "GB output differs from cold (gemma3 over the shared tier)"
+CT=$(cached "$TMP/gb.json")
+[ "$CT" -ge 192 ] || fail "GB reused $CT tokens, want >= 192 ($(stats "$PORT_GB" "j['shared_cache']"))"
+ok "gemma3 (window layers): GB reused $CT/$NP tokens from the shared tier; output identical to a cold run"
+stop_srv GC
+stop_srv GB
+
+# flush?wait=shared answers when every block is in Redis
+srv P "$MODEL"
+N0=$(nkeys ":b:*")
+reqp "$PORT_P" "$TMP/p.json" 5 || fail "P request"
+CODE=$(flush "$PORT_P" "$TMP/pf.json" "?wait=shared")
+N=$(nkeys ":b:*")
+[ "$CODE" = 200 ] || fail "flush?wait=shared answered $CODE: $(cat "$TMP/pf.json")"
+[ "$(field "$TMP/pf.json" "j['shared']['pending']")" = 0 ] || fail "flush?wait=shared left publishes pending: $(cat "$TMP/pf.json")"
+[ "$(field "$TMP/pf.json" "j['shared']['lost']")" = 0 ] || fail "flush?wait=shared lost publishes: $(cat "$TMP/pf.json")"
+[ "$N" -ge $((N0 + 12)) ] || fail "when flush?wait=shared answered redis held $N full blocks (before $N0), want all 12 of P's"
+[ "$(flush "$PORT_P" "$TMP/pf2.json" "?wait=everything")" = 400 ] || fail "an unknown wait= was accepted"
+ok "flush?wait=shared: 200, pending 0, every block in redis when it answered"
+
+# shutdown publishes what is still queued: Redis stopped while Q's blocks are sent, resumed, Q
+# stopped at once
+srv Q "$MODEL" --shared-cache-timeout-ms 3000
+kill -STOP "$REDIS_PID"
+reqp "$PORT_Q" "$TMP/q.json" 6 || fail "Q request"
+sleep 0.5
+kill -CONT "$REDIS_PID"
+stop_srv Q
+N1=$(nkeys ":b:*")
+[ "$N1" -ge $((N + 12)) ] || fail "after Q's shutdown redis holds $N1 full blocks (before $N), want all 12 of Q's"
+ok "shutdown drained the publisher: all of Q's blocks in redis"
+
+# Redis stopped mid-publish: the flush reports what is pending or lost with an error, the server
+# keeps serving, and what reaches Redis later is reused correctly
+srv R "$MODEL" --shared-cache-timeout-ms 300 --shutdown-timeout 2
+kill -STOP "$REDIS_PID"
+reqp "$PORT_R" "$TMP/r.json" 7 || fail "R request"
+CODE=$(flush "$PORT_R" "$TMP/rf.json" "?wait=shared")
+kill -CONT "$REDIS_PID"
+[ "$CODE" = 503 ] || fail "flush?wait=shared with redis stopped answered $CODE: $(cat "$TMP/rf.json")"
+[ "$(field "$TMP/rf.json" "j['shared']['pending'] + j['shared']['lost'] > 0")" = True ] || fail "flush reported nothing pending or lost: $(cat "$TMP/rf.json")"
+[ -n "$(field "$TMP/rf.json" "j['shared']['error']")" ] || fail "flush reported no error: $(cat "$TMP/rf.json")"
+reqp "$PORT_R" "$TMP/r2.json" 7 || fail "R second request"
+[ "$(text "$TMP/r2.json")" = "$(text "$TMP/r.json")" ] || fail "R output changed"
+srv V "$MODEL"
+reqp "$PORT_V" "$TMP/v.json" 7 || fail "V request"
+[ "$(text "$TMP/v.json")" = "$(text "$TMP/r.json")" ] || fail "V output differs from R's after the stalled publish"
+[ "$(stats "$PORT_V" "j['shared_cache']['corrupt']")" = 0 ] || fail "V found corrupt values"
+ok "redis stopped mid-publish: flush 503 ($(field "$TMP/rf.json" "j['shared']")), server alive, V output identical"
+stop_srv R
+stop_srv V
+stop_srv P
 echo "shared_tier: all ok"

@@ -9,54 +9,17 @@
 # not tell a wrong recurrent state from the right one; sampling with a fixed seed turns every
 # logit difference into different text (checked: zeroing the fetched state fails this test).
 set -u
-BUILD=${BUILD:-build}
-KV=${KV:-$BUILD/kvtier}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-shrec-XXXXXX")
-PIDS=()
-REDIS_PID=""
-cleanup() {
-  for p in "${PIDS[@]}" $REDIS_PID; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  [ -n "${KEEP:-}" ] || rm -rf "$TMP"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f (tail)"; tail -15 "$f"; }; done
-  exit 1
-}
-ok() { echo "ok: $*"; }
-[ -x "$KV" ] || fail "$KV not built"
-for c in python3 curl redis-server redis-cli; do
-  command -v $c >/dev/null || fail "$c missing (scripts/install-deps installs it)"
-done
-rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
-RPORT=$(rport)
-mkdir -p "$TMP/redis"
-redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$TMP/redis" --save '' --appendonly no --daemonize no >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-for i in $(seq 1 100); do redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG || fail "redis-server not ready"
-rc() { redis-cli -p "$RPORT" "$@"; }
+TMP_TAG=shrec
+. "$(dirname "$0")/shared_common.bash"
+need_cmds python3 curl redis-server redis-cli
+redis_start
 
 MODEL=$TMP/q35.gguf
 "$KV" gen-model --arch qwen35 --shape tiny --type f16 --peaked -o "$MODEL" >/dev/null 2>&1 || fail "gen-model qwen35 failed"
 srv() { # NAME ARGS...
-  local name=$1 try port i pid
+  local name=$1
   shift
-  for try in 1 2 3 4 5; do
-    port=$(rport)
-    "$KV" serve -m "$MODEL" --port "$port" --block-tokens 16 --recurrent-snapshot-every 64 --ssd-cache "$TMP/ssd-$name" "$@" >"$TMP/$name.log" 2>&1 &
-    pid=$!
-    for i in $(seq 1 300); do
-      kill -0 "$pid" 2>/dev/null || break
-      grep -q "^listening on" "$TMP/$name.log" && { PIDS+=("$pid"); eval "PORT_$name=$port PID_$name=$pid"; return 0; }
-      sleep 0.2
-    done
-    kill -0 "$pid" 2>/dev/null && fail "server $name not ready in 60 s"
-    grep -q "cannot listen" "$TMP/$name.log" || fail "server $name exited at start"
-  done
-  fail "no free port for $name"
+  srv_named "$name" -m "$MODEL" --block-tokens 16 --recurrent-snapshot-every 64 --ssd-cache "$TMP/ssd-$name" "$@"
 }
 stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"
   ! grep -q "Sanitizer" "$TMP/$1.log" || fail "$1: sanitizer report"; }

@@ -8,27 +8,9 @@
 # TLS redis killed mid-request, then restarted (breaker closes).
 # Every wait is bounded; the trap kills every process this script started.
 set -u
-BUILD=${BUILD:-build}
-KV=${KV:-$BUILD/kvtier}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-e2e-shtls-XXXXXX")
-PIDS=()
-REDIS_PID=""
-cleanup() {
-  for p in "${PIDS[@]}" $REDIS_PID; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f (tail)"; tail -15 "$f"; }; done
-  exit 1
-}
-ok() { echo "ok: $*"; }
-[ -x "$KV" ] || fail "$KV not built"
-for c in python3 curl openssl redis-server redis-cli; do
-  command -v $c >/dev/null || fail "$c missing (scripts/install-deps installs it)"
-done
+TMP_TAG=shtls
+. "$(dirname "$0")/shared_common.bash"
+need_cmds python3 curl openssl redis-server redis-cli
 
 # ------------------------------------------------------------------ certificates (openssl CLI)
 C=$TMP/certs
@@ -46,6 +28,7 @@ mkdir -p "$C"
   openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 >/dev/null 2>&1
 ) || fail "openssl could not make certificates"
 
+# TLS only: rc and redis_start replace the plain ones of shared_common.bash
 rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
 RPORT=$(rport)
 RDIR=$TMP/redis
@@ -55,7 +38,7 @@ redis_start() {
   redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
     --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
     --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
-    --user kvt on '>kvt-pw' '~kvtier:*' +get +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
+    --user kvt on '>kvt-pw' '~kvtier:*' +get +getrange +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
   REDIS_PID=$!
   local i
   for i in $(seq 1 100); do
@@ -73,21 +56,9 @@ TLSARGS=(--shared-cache-tls-ca "$C/ca.crt" --shared-cache-tls-cert "$C/client.cr
 
 # srv NAME ARGS... -> sets PORT_<NAME>, PID_<NAME>
 srv() {
-  local name=$1 try port i pid
+  local name=$1
   shift
-  for try in 1 2 3 4 5; do
-    port=$(rport)
-    "$KV" serve -m "$MODEL" --port "$port" --block-tokens 16 --ssd-cache "$TMP/ssd-$name" "$@" >"$TMP/$name.log" 2>&1 &
-    pid=$!
-    for i in $(seq 1 300); do
-      kill -0 "$pid" 2>/dev/null || break
-      grep -q "^listening on" "$TMP/$name.log" && { PIDS+=("$pid"); eval "PORT_$name=$port PID_$name=$pid"; return 0; }
-      sleep 0.2
-    done
-    kill -0 "$pid" 2>/dev/null && fail "server $name not ready in 60 s"
-    grep -q "cannot listen" "$TMP/$name.log" || fail "server $name exited at start"
-  done
-  fail "no free port for $name"
+  srv_named "$name" -m "$MODEL" --block-tokens 16 --ssd-cache "$TMP/ssd-$name" "$@"
 }
 stop_srv() { local pid; eval "pid=\$PID_$1"; kill -TERM "$pid"; for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; kill -0 "$pid" 2>/dev/null && fail "$1 did not stop"
   ! grep -q "Sanitizer" "$TMP/$1.log" || fail "$1: sanitizer report"; }

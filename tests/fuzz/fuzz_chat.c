@@ -49,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_t) load();
     if (size < 1) return 0;
     const bool add_gen = data[0] & 1;
-    kvt_chat_msg msgs[8];
+    kvt_chat_msg msgs[8] = {0};
     size_t n = 0, i = 1;
     while (i < size && n < 8) {
         size_t j = i;

@@ -1,0 +1,839 @@
+/*
+ * vec.c — the f32 vector operations of vec.h: scalar references, AVX2+FMA and AVX-512 variants, and
+ * the per-ISA tables the kernels' dispatcher selects (kvt_vec_select, called from dispatch.c).
+ *
+ * Numerics (KVT_NUMERICS_VERSION 2). Every multiply-add is a fused fmaf (one rounding).
+ * dot(a, b, n): 16 lane sums, lane l taking elements i ≡ l (mod 16) of the first n & ~15 via
+ *   acc[l] = fmaf(a[i], b[i], acc[l]); then t[l] = acc[l] + acc[l+8] (l < 8) and
+ *   s = ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)); then the tail in order: s = fmaf(a[i], b[i], s).
+ *   AVX-512 keeps the 16 lanes in one register, AVX2 in two (elements 0-7 and 8-15 of each step);
+ *   adding the two 256-bit halves gives t, so every path produces the same bits. The transposed-key
+ *   form (dot_kt_q4) holds lane l of 16 keys in one register and does the tree's adds vertically.
+ * axpy, vfma, scale and the gates are elementwise, so any vector width gives the same bits.
+ * exp: one polynomial (exp_core and its 8- and 16-lane copies run the same operations per lane).
+ * Floating-point contraction is off (gcc in -std=c11 mode does not contract; clang is told below)
+ * so the SIMD paths and their scalar references produce the same bits.
+ */
+#include "vec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#if KVT_X86
+#include <immintrin.h>
+#endif
+
+/* ------------------------------------------------------------------ scalar references */
+static inline float lane_reduce(const float *t) {
+    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
+
+float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n) {
+    float acc[16] = {0};
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16)
+        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+void kvt_vec_dot_rows_ref(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                            float *out) {
+    for (uint32_t r = 0; r < n_rows; r++) out[r] = kvt_vec_dot_ref(q, k + r * stride, n) * scale;
+}
+
+void kvt_vec_axpy_rows_ref(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
+    for (uint32_t r = 0; r < n_rows; r++) kvt_vec_axpy_ref(y, w[r], x + r * stride, n);
+}
+
+/* exp, the one polynomial: Cephes-style range reduction x = k·ln2 + r with k = rint(x·log2e),
+ * r = fma(-k, C1, x), r = fma(-k, C2, r) (two-part ln2); a degree-5 Horner polynomial in fmaf;
+ * e^r = fma(p, r·r, r) + 1; times 2^k built from the exponent bits. Relative error ~2 ulp. The
+ * 8- and 16-lane copies (exp8, exp16) perform the same operations per lane. Two lower edges, both
+ * kept for bit-identical results: the softmax zeroes below EXP_LO (its numerics are part of the
+ * persisted KV's identity), the gates below EXP_LO_CLAMPED (~ln 2^-126, the last normal 2^k).
+ * k is in [-126, 127] for x in [EXP_LO_CLAMPED, EXP_HI], so 2^k is a normal float. */
+#define EXP_LO (-87.0f)
+#define EXP_LO_CLAMPED (-87.33654f)
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+/* exp_core's reduction and polynomial on a vector (VT, intrinsic prefix PF: _mm256 or _mm512) of x
+ * with k = rint(x·log2e): Y = e^r, before the scaling by 2^k. */
+#define EXP_POLY(VT, PF, X, K, Y)                                                                \
+    do {                                                                                          \
+        VT r_ = PF##_fnmadd_ps(K, PF##_set1_ps(EXP_C1), X);                                       \
+        r_ = PF##_fnmadd_ps(K, PF##_set1_ps(EXP_C2), r_);                                         \
+        VT p_ = PF##_set1_ps(EXP_P0);                                                             \
+        p_ = PF##_fmadd_ps(p_, r_, PF##_set1_ps(EXP_P1));                                         \
+        p_ = PF##_fmadd_ps(p_, r_, PF##_set1_ps(EXP_P2));                                         \
+        p_ = PF##_fmadd_ps(p_, r_, PF##_set1_ps(EXP_P3));                                         \
+        p_ = PF##_fmadd_ps(p_, r_, PF##_set1_ps(EXP_P4));                                         \
+        p_ = PF##_fmadd_ps(p_, r_, PF##_set1_ps(EXP_P5));                                         \
+        Y = PF##_add_ps(PF##_fmadd_ps(p_, PF##_mul_ps(r_, r_), r_), PF##_set1_ps(1.0f));          \
+    } while (0)
+
+/* x is not NaN. Below lo: 0; above EXP_HI: clamped. */
+static inline float exp_core(float x, float lo) {
+    if (x < lo) return 0.0f;
+    if (x > EXP_HI) x = EXP_HI;
+    const float k = rintf(x * EXP_LOG2E);
+    float r = fmaf(-k, EXP_C1, x);
+    r = fmaf(-k, EXP_C2, r);
+    float p = EXP_P0;
+    p = fmaf(p, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, 4);
+    return y * two_k;
+}
+
+float kvt_vec_exp(float x) { return x != x ? x : exp_core(x, EXP_LO); }
+float kvt_vec_exp_clamped(float x) { return exp_core(x != x ? EXP_HI : x, EXP_LO_CLAMPED); }
+
+/* sc[j] = exp(sc[j] - m) for j < n; returns their sum in the dot's order (16 lanes, lane tree,
+ * tail in order). */
+float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m) {
+    float acc[16] = {0};
+    uint32_t n16 = n & ~15u, j;
+    for (j = 0; j < n16; j += 16)
+        for (uint32_t l = 0; l < 16; l++) {
+            sc[j + l] = kvt_vec_exp(sc[j + l] - m);
+            acc[l] += sc[j + l];
+        }
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+    float s = lane_reduce(t);
+    for (; j < n; j++) {
+        sc[j] = kvt_vec_exp(sc[j] - m);
+        s += sc[j];
+    }
+    return s;
+}
+
+void kvt_vec_transpose_rows_ref(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+    const uint32_t np = (n_rows + 15) & ~15u;
+    for (uint32_t d = 0; d < n; d++)
+        for (uint32_t r = 0; r < np; r++) kt[(size_t)d * ldk + r] = r < n_rows ? k[(size_t)r * stride + d] : 0.0f;
+}
+
+void kvt_vec_transpose_f16_rows_ref(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                      size_t ldk) {
+    const uint32_t np = (n_rows + 15) & ~15u;
+    for (uint32_t d = 0; d < n; d++)
+        for (uint32_t r = 0; r < np; r++) {
+            uint16_t h = 0;
+            if (r < n_rows) memcpy(&h, src + (size_t)r * rb + 2 * (size_t)d, 2);
+            kt[(size_t)d * ldk + r] = r < n_rows ? kvt_f16_to_f32_fast(h) : 0.0f;
+        }
+}
+
+/* The scalar twin reads key r back out of kt into a row and calls the scalar dot (a row longer than
+ * the stack buffer goes to the heap; without memory the scores are NaN, never a crash). */
+void kvt_vec_dot_kt_q4_ref(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
+                             float scale, float *const *out) {
+    float stack_row[KVT_KT_MAX_DIM];
+    float *row = n <= KVT_KT_MAX_DIM ? stack_row : malloc((size_t)n * sizeof(float));
+    if (!row) {
+        for (uint32_t r = 0; r < n_keys; r++)
+            for (int j = 0; j < 4; j++) out[j][r] = NAN;
+        return;
+    }
+    for (uint32_t r = 0; r < n_keys; r++) {
+        for (uint32_t d = 0; d < n; d++) row[d] = kt[(size_t)d * ldk + r];
+        for (int j = 0; j < 4; j++) out[j][r] = kvt_vec_dot_ref(q[j], row, n) * scale;
+    }
+    if (row != stack_row) free(row);
+}
+
+/* ---- f16 rounding of attention operands (see attention.c): dst[i] = f16(src[i] * mul) widened back
+ * to f32, round to nearest even. The F16C conversion rounds the same way, so both give the same bits
+ * for every non-NaN input. */
+void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul) {
+    for (uint32_t i = 0; i < n; i++) dst[i] = kvt_f16_to_f32_fast(kvt_f32_to_f16(src[i] * mul));
+}
+
+/* Elementwise helpers of the delta rule and the gates. */
+static void vfma_ref(float *y, const float *w, const float *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) y[i] = fmaf(w[i], x[i], y[i]);
+}
+static void scale_ref(float *y, float a, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) y[i] *= a;
+}
+static void exp_clamped_ref(float *y, const float *x, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) y[i] = kvt_vec_exp_clamped(x[i]);
+}
+static void silu_mul_ref(float *y, const float *g, const float *u, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const float s = g[i] / (1.0f + kvt_vec_exp_clamped(-g[i]));
+        y[i] = u ? s * u[i] : s;
+    }
+}
+static void sigmoid_mul_ref(float *y, const float *g, const float *u, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + kvt_vec_exp_clamped(-g[i]));
+}
+
+/* Four-query forms at any level: four calls of the single-query form of the same table. */
+#define Q4_LOOPS(SFX, DOT_ROWS, AXPY_ROWS)                                                                  \
+    static void dot_q4_##SFX(const float *const *q, const float *k, size_t stride, uint32_t n_rows,       \
+                             uint32_t n, float scale, float *const *out) {                                 \
+        for (int j = 0; j < 4; j++) DOT_ROWS(q[j], k, stride, n_rows, n, scale, out[j]);                  \
+    }                                                                                                     \
+    static void axpy_q4_##SFX(float *const *y, const float *const *w, const float *x, size_t stride,       \
+                              uint32_t n_rows, uint32_t n) {                                               \
+        for (int j = 0; j < 4; j++) AXPY_ROWS(y[j], w[j], x, stride, n_rows, n);                          \
+    }
+Q4_LOOPS(ref, kvt_vec_dot_rows_ref, kvt_vec_axpy_rows_ref)
+
+#if KVT_X86
+/* ------------------------------------------------------------------ AVX2 + FMA */
+#define T2 __attribute__((target("avx2,fma")))
+/* ---- AVX2 + FMA (16 lanes in two registers) */
+T2 static float dot_avx2(const float *a, const float *b, uint32_t n) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(lo, hi));
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* The elementwise forms and axpy_rows, written once for both vector widths (W floats a register).
+ * axpy_rows keeps y in registers 4·W floats at a time while the rows stream past. */
+#define VEC_ELEMENTWISE(SFX, TGT, VT, W, LD, ST, SET1, FMADD, MUL)                                      \
+    TGT static void axpy_##SFX(float *y, float a, const float *x, uint32_t n) {                         \
+        const VT va = SET1(a);                                                                          \
+        uint32_t i = 0;                                                                                 \
+        for (; i + W <= n; i += W) ST(y + i, FMADD(va, LD(x + i), LD(y + i)));                          \
+        for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);                                                  \
+    }                                                                                                   \
+    TGT static void vfma_##SFX(float *y, const float *w, const float *x, uint32_t n) {                  \
+        uint32_t i = 0;                                                                                 \
+        for (; i + W <= n; i += W) ST(y + i, FMADD(LD(w + i), LD(x + i), LD(y + i)));                   \
+        for (; i < n; i++) y[i] = fmaf(w[i], x[i], y[i]);                                               \
+    }                                                                                                   \
+    TGT static void scale_##SFX(float *y, float a, uint32_t n) {                                        \
+        const VT va = SET1(a);                                                                          \
+        uint32_t i = 0;                                                                                 \
+        for (; i + W <= n; i += W) ST(y + i, MUL(va, LD(y + i)));                                       \
+        for (; i < n; i++) y[i] *= a;                                                                   \
+    }                                                                                                   \
+    TGT static void axpy_rows_##SFX(float *y, const float *w, const float *x, size_t stride,            \
+                                    uint32_t n_rows, uint32_t n) {                                      \
+        uint32_t i = 0;                                                                                 \
+        for (; i + 4 * W <= n; i += 4 * W) {                                                            \
+            VT y0 = LD(y + i), y1 = LD(y + i + W), y2 = LD(y + i + 2 * W), y3 = LD(y + i + 3 * W);      \
+            for (uint32_t r = 0; r < n_rows; r++) {                                                     \
+                const float *xr = x + r * stride + i;                                                   \
+                const VT a = SET1(w[r]);                                                                \
+                y0 = FMADD(a, LD(xr), y0);                                                              \
+                y1 = FMADD(a, LD(xr + W), y1);                                                          \
+                y2 = FMADD(a, LD(xr + 2 * W), y2);                                                      \
+                y3 = FMADD(a, LD(xr + 3 * W), y3);                                                      \
+            }                                                                                           \
+            ST(y + i, y0), ST(y + i + W, y1), ST(y + i + 2 * W, y2), ST(y + i + 3 * W, y3);            \
+        }                                                                                               \
+        for (; i + W <= n; i += W) {                                                                    \
+            VT y0 = LD(y + i);                                                                          \
+            for (uint32_t r = 0; r < n_rows; r++) y0 = FMADD(SET1(w[r]), LD(x + r * stride + i), y0);   \
+            ST(y + i, y0);                                                                              \
+        }                                                                                               \
+        for (; i < n; i++) {                                                                            \
+            float yi = y[i];                                                                            \
+            for (uint32_t r = 0; r < n_rows; r++) yi = fmaf(w[r], x[r * stride + i], yi);              \
+            y[i] = yi;                                                                                  \
+        }                                                                                               \
+    }
+VEC_ELEMENTWISE(avx2, T2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_mul_ps)
+
+
+
+/* exp_core on 8 lanes with the gates' edges (kvt_vec_exp_clamped): lanes below EXP_LO_CLAMPED give 0,
+ * NaN lanes become EXP_HI (min returns its second operand). fnmadd(k, C, x) is fma(-k, C, x). */
+T2 static inline __m256 exp8(__m256 x) {
+    const __m256 zero_mask = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO_CLAMPED), _CMP_LT_OQ);
+    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 y;
+    EXP_POLY(__m256, _mm256, x, k, y);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(zero_mask, y);
+}
+T2 static void exp_clamped_avx2(float *y, const float *x, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    exp_clamped_ref(y + i, x + i, n - i);
+}
+T2 static void silu_mul_avx2(float *y, const float *g, const float *u, uint32_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 vg = _mm256_loadu_ps(g + i);
+        __m256 s = _mm256_div_ps(vg, _mm256_add_ps(one, exp8(_mm256_xor_ps(vg, neg))));
+        if (u) s = _mm256_mul_ps(s, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, s);
+    }
+    silu_mul_ref(y + i, g + i, u ? u + i : NULL, n - i);
+}
+T2 static void sigmoid_mul_avx2(float *y, const float *g, const float *u, uint32_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_xor_ps(_mm256_loadu_ps(g + i), neg));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(_mm256_loadu_ps(u + i), _mm256_add_ps(one, e)));
+    }
+    sigmoid_mul_ref(y + i, g + i, u + i, n - i);
+}
+
+__attribute__((target("f16c,avx2"))) static void round_f16_f16c(const float *src, float *dst, uint32_t n, float mul) {
+    const __m256 vm = _mm256_set1_ps(mul);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vm), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++) dst[i] = kvt_f16_to_f32_fast(kvt_f32_to_f16(src[i] * mul));
+}
+
+
+/* ------------------------------------------------------------------ AVX-512F */
+#define T5 __attribute__((target("avx512f,avx2,fma")))
+/* acc[r] holds row r's 8 values t0..t7 (after adding the 256-bit halves). Result lane r is
+ * ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)) of acc[r]: the 128-bit halves are added, then two rounds
+ * of hadd (IEEE addition is commutative, so hadd's operand order does not matter). */
+T5 static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2,
+                                                                          __m256 a3, __m256 a4, __m256 a5,
+                                                                          __m256 a6, __m256 a7) {
+    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a4, 0x20), _mm256_permute2f128_ps(a0, a4, 0x31));
+    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a1, a5, 0x20), _mm256_permute2f128_ps(a1, a5, 0x31));
+    const __m256 u2 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a6, 0x20), _mm256_permute2f128_ps(a2, a6, 0x31));
+    const __m256 u3 = _mm256_add_ps(_mm256_permute2f128_ps(a3, a7, 0x20), _mm256_permute2f128_ps(a3, a7, 0x31));
+    return _mm256_hadd_ps(_mm256_hadd_ps(u0, u1), _mm256_hadd_ps(u2, u3));
+}
+
+T5 static inline __m256 half_sum(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+T5 static float dot_avx512(const float *a, const float *b, uint32_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    uint32_t n16 = n & ~15u, i;
+    for (i = 0; i < n16; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    float t[8];
+    _mm256_storeu_ps(t, half_sum(acc));
+    float s = lane_reduce(t);
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* Requires n % 16 == 0. Eight rows at a time, one accumulator each, reduced together. */
+T5 static void dot_rows_avx512(const float *q, const float *k,
+                                                                       size_t stride, uint32_t n_rows, uint32_t n,
+                                                                       float scale, float *out) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    uint32_t r = 0;
+    for (; r + 8 <= n_rows; r += 8) {
+        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        const float *k4 = k3 + stride, *k5 = k4 + stride, *k6 = k5 + stride, *k7 = k6 + stride;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (uint32_t i = 0; i < n; i += 16) {
+            const __m512 vq = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k0 + i), a0);
+            a1 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k1 + i), a1);
+            a2 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k2 + i), a2);
+            a3 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k3 + i), a3);
+            a4 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k4 + i), a4);
+            a5 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k5 + i), a5);
+            a6 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k6 + i), a6);
+            a7 = _mm512_fmadd_ps(vq, _mm512_loadu_ps(k7 + i), a7);
+        }
+        const __m256 s = reduce8(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3), half_sum(a4),
+                                 half_sum(a5), half_sum(a6), half_sum(a7));
+        _mm256_storeu_ps(out + r, _mm256_mul_ps(s, vscale));
+    }
+    for (; r < n_rows; r++) out[r] = dot_avx512(q, k + r * stride, n) * scale;
+}
+
+/* Four queries x four keys per step (16 accumulators, 8 loads per 16 FMAs). Requires n % 16 == 0.
+ * out[qi][r] = dot(q[qi], k + r*stride) * scale. */
+T5 static void dot_q4_avx512(const float *const *q, const float *k,
+                                                                     size_t stride, uint32_t n_rows, uint32_t n,
+                                                                     float scale, float *const *out) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    uint32_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        for (uint32_t i = 0; i < n; i += 16) {
+            const __m512 x0 = _mm512_loadu_ps(k0 + i), x1 = _mm512_loadu_ps(k1 + i);
+            const __m512 x2 = _mm512_loadu_ps(k2 + i), x3 = _mm512_loadu_ps(k3 + i);
+            __m512 v = _mm512_loadu_ps(q0 + i);
+            a00 = _mm512_fmadd_ps(v, x0, a00), a01 = _mm512_fmadd_ps(v, x1, a01);
+            a02 = _mm512_fmadd_ps(v, x2, a02), a03 = _mm512_fmadd_ps(v, x3, a03);
+            v = _mm512_loadu_ps(q1 + i);
+            a10 = _mm512_fmadd_ps(v, x0, a10), a11 = _mm512_fmadd_ps(v, x1, a11);
+            a12 = _mm512_fmadd_ps(v, x2, a12), a13 = _mm512_fmadd_ps(v, x3, a13);
+            v = _mm512_loadu_ps(q2 + i);
+            a20 = _mm512_fmadd_ps(v, x0, a20), a21 = _mm512_fmadd_ps(v, x1, a21);
+            a22 = _mm512_fmadd_ps(v, x2, a22), a23 = _mm512_fmadd_ps(v, x3, a23);
+            v = _mm512_loadu_ps(q3 + i);
+            a30 = _mm512_fmadd_ps(v, x0, a30), a31 = _mm512_fmadd_ps(v, x1, a31);
+            a32 = _mm512_fmadd_ps(v, x2, a32), a33 = _mm512_fmadd_ps(v, x3, a33);
+        }
+        /* lanes 0-3: query A's four keys, lanes 4-7: query B's */
+        __m256 s01 = _mm256_mul_ps(reduce8(half_sum(a00), half_sum(a01), half_sum(a02), half_sum(a03),
+                                           half_sum(a10), half_sum(a11), half_sum(a12), half_sum(a13)), vscale);
+        __m256 s23 = _mm256_mul_ps(reduce8(half_sum(a20), half_sum(a21), half_sum(a22), half_sum(a23),
+                                           half_sum(a30), half_sum(a31), half_sum(a32), half_sum(a33)), vscale);
+        _mm_storeu_ps(out[0] + r, _mm256_castps256_ps128(s01));
+        _mm_storeu_ps(out[1] + r, _mm256_extractf128_ps(s01, 1));
+        _mm_storeu_ps(out[2] + r, _mm256_castps256_ps128(s23));
+        _mm_storeu_ps(out[3] + r, _mm256_extractf128_ps(s23, 1));
+    }
+    for (; r < n_rows; r++)
+        for (int j = 0; j < 4; j++) out[j][r] = dot_avx512(q[j], k + r * stride, n) * scale;
+}
+
+/* ---- transposed keys (attention's pass 1): kt[d*ldk + r] = element d of key r.
+ * Sixteen keys sit in the lanes of one register, so a query's 16 per-lane sums of the dot (lane l:
+ * elements d ≡ l mod 16, fmaf in ascending d) are 16 registers acc_l, each built from broadcasts of
+ * q[d] times the key row d of kt, and the dot's fixed tree t_l = acc_l + acc_{l+8},
+ * ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)) becomes 15 vertical adds: no shuffles, one result per lane.
+ * Four queries share every loaded key row. Requires n % 16 == 0 (no tail) and ldk % 16 == 0. */
+#define KT_FMA4(d)                                                                                  \
+    do {                                                                                            \
+        const __m512 x_ = _mm512_loadu_ps(kt + (size_t)(d) * ldk);                                  \
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), x_, a0);                                        \
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), x_, a1);                                        \
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), x_, a2);                                        \
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), x_, a3);                                        \
+    } while (0)
+
+/* t_l = acc_l + acc_{l+8} of four queries over the 16 keys at kt (n % 16 == 0). */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+kt_t4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, size_t ldk,
+      uint32_t n, uint32_t l, __m512 *t) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    _Pragma("GCC unroll 16")
+    for (uint32_t d = l; d < n; d += 16) KT_FMA4(d);
+    const __m512 b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+    a0 = a1 = a2 = a3 = _mm512_setzero_ps();
+    _Pragma("GCC unroll 16")
+    for (uint32_t d = l + 8; d < n; d += 16) KT_FMA4(d);
+    t[0] = _mm512_add_ps(b0, a0), t[1] = _mm512_add_ps(b1, a1);
+    t[2] = _mm512_add_ps(b2, a2), t[3] = _mm512_add_ps(b3, a3);
+}
+
+/* u = t_l + t_{l+4} of four queries. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+kt_u4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt, size_t ldk,
+      uint32_t n, uint32_t l, __m512 *u) {
+    __m512 t[4], s[4];
+    kt_t4(q0, q1, q2, q3, kt, ldk, n, l, t);
+    kt_t4(q0, q1, q2, q3, kt, ldk, n, l + 4, s);
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < 4; j++) u[j] = _mm512_add_ps(t[j], s[j]);
+}
+#undef KT_FMA4
+
+/* Inlined with a constant n for the common head dims, so the lane loops unroll completely. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+dot_kt_q4_body(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+               float *const *out) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    for (uint32_t r = 0; r < n_keys; r += 16) {
+        const float *k = kt + r;
+        __m512 u0[4], u1[4], u2[4], u3[4];
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 0, u0);
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 1, u1);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < 4; j++) u0[j] = _mm512_add_ps(u0[j], u1[j]); /* (t0+t4)+(t1+t5) */
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 2, u2);
+        kt_u4(q0, q1, q2, q3, k, ldk, n, 3, u3);
+        const __mmask16 m = n_keys - r >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_keys - r)) - 1u);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < 4; j++) {
+            const __m512 s = _mm512_add_ps(u0[j], _mm512_add_ps(u2[j], u3[j])); /* + ((t2+t6)+(t3+t7)) */
+            _mm512_mask_storeu_ps(out[j] + r, m, _mm512_mul_ps(s, vscale));
+        }
+    }
+}
+
+T5 static void dot_kt_q4_avx512(const float *const *q, const float *kt,
+                                                                        size_t ldk, uint32_t n_keys, uint32_t n,
+                                                                        float scale, float *const *out) {
+    if (n == 64) dot_kt_q4_body(q, kt, ldk, n_keys, 64, scale, out);
+    else if (n == 128) dot_kt_q4_body(q, kt, ldk, n_keys, 128, scale, out);
+    else dot_kt_q4_body(q, kt, ldk, n_keys, n, scale, out);
+}
+
+/* In-register 16x16 transpose: on return r[c] holds column c of the input rows (lane i = row i).
+ * Pure data movement, so exact. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void transpose16(__m512 *r) {
+    __m512 t[16];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i += 4) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        t[i + 2] = _mm512_unpacklo_ps(r[i + 2], r[i + 3]);
+        t[i + 3] = _mm512_unpackhi_ps(r[i + 2], r[i + 3]);
+    }
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    _Pragma("GCC unroll 16")
+    for (int h = 0; h < 16; h += 8)
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < 4; c++) {
+            t[h + c] = _mm512_shuffle_f32x4(r[h + c], r[h + 4 + c], 0x88);
+            t[h + 4 + c] = _mm512_shuffle_f32x4(r[h + c], r[h + 4 + c], 0xdd);
+        }
+    _Pragma("GCC unroll 16")
+    for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+    }
+}
+
+/* kt[d*ldk + r] = k[r*stride + d] for d < n, r < n_rows; columns n_rows..pad16(n_rows)-1 are zero.
+ * n % 16 == 0. */
+T5 static void transpose_rows_avx512(const float *k, size_t stride,
+                                                                             uint32_t n_rows, uint32_t n, float *kt,
+                                                                             size_t ldk) {
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16)
+        for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+            __m512 a[16];
+            if (r0 + 16 <= n_rows) {
+                _Pragma("GCC unroll 16")
+                for (uint32_t i = 0; i < 16; i++) a[i] = _mm512_loadu_ps(k + (size_t)(r0 + i) * stride + d0);
+            } else {
+                for (uint32_t i = 0; i < 16; i++)
+                    a[i] = r0 + i < n_rows ? _mm512_loadu_ps(k + (size_t)(r0 + i) * stride + d0) : _mm512_setzero_ps();
+            }
+            transpose16(a);
+            _Pragma("GCC unroll 16")
+            for (uint32_t c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(d0 + c) * ldk + r0, a[c]);
+        }
+}
+
+/* The same from f16 rows (row r at src + r*rb bytes): decoded by vcvtph2ps, exact like every f16
+ * decoder here, and transposed without an f32 row-major copy. */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void transpose_f16_rows_avx512(const uint8_t *src, size_t rb,
+                                                                                      uint32_t n_rows, uint32_t n,
+                                                                                      float *kt, size_t ldk) {
+#define KT_LD16(i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + (size_t)(r0 + (i)) * rb + 2 * (size_t)d0)))
+    for (uint32_t r0 = 0; r0 < n_rows; r0 += 16)
+        for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+            __m512 a[16];
+            if (r0 + 16 <= n_rows) {
+                _Pragma("GCC unroll 16")
+                for (uint32_t i = 0; i < 16; i++) a[i] = KT_LD16(i);
+            } else {
+                for (uint32_t i = 0; i < 16; i++) a[i] = r0 + i < n_rows ? KT_LD16(i) : _mm512_setzero_ps();
+            }
+            transpose16(a);
+            _Pragma("GCC unroll 16")
+            for (uint32_t c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(d0 + c) * ldk + r0, a[c]);
+        }
+#undef KT_LD16
+}
+
+VEC_ELEMENTWISE(avx512, T5, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+                _mm512_mul_ps)
+
+
+
+/* Four outputs share each streamed row: y[qi] += w[qi][r] * x_r for r ascending. n % 16 == 0. */
+T5 static void axpy_q4_avx512(float *const *y, const float *const *w,
+                                                                      const float *x, size_t stride,
+                                                                      uint32_t n_rows, uint32_t n) {
+    float *y0 = y[0], *y1 = y[1], *y2 = y[2], *y3 = y[3];
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    uint32_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 b00 = _mm512_loadu_ps(y0 + i), b01 = _mm512_loadu_ps(y0 + i + 16), b02 = _mm512_loadu_ps(y0 + i + 32),
+               b03 = _mm512_loadu_ps(y0 + i + 48);
+        __m512 b10 = _mm512_loadu_ps(y1 + i), b11 = _mm512_loadu_ps(y1 + i + 16), b12 = _mm512_loadu_ps(y1 + i + 32),
+               b13 = _mm512_loadu_ps(y1 + i + 48);
+        __m512 b20 = _mm512_loadu_ps(y2 + i), b21 = _mm512_loadu_ps(y2 + i + 16), b22 = _mm512_loadu_ps(y2 + i + 32),
+               b23 = _mm512_loadu_ps(y2 + i + 48);
+        __m512 b30 = _mm512_loadu_ps(y3 + i), b31 = _mm512_loadu_ps(y3 + i + 16), b32 = _mm512_loadu_ps(y3 + i + 32),
+               b33 = _mm512_loadu_ps(y3 + i + 48);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const float *xr = x + r * stride + i;
+            const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
+            const __m512 x2 = _mm512_loadu_ps(xr + 32), x3 = _mm512_loadu_ps(xr + 48);
+            __m512 a = _mm512_set1_ps(w0[r]);
+            b00 = _mm512_fmadd_ps(a, x0, b00), b01 = _mm512_fmadd_ps(a, x1, b01);
+            b02 = _mm512_fmadd_ps(a, x2, b02), b03 = _mm512_fmadd_ps(a, x3, b03);
+            a = _mm512_set1_ps(w1[r]);
+            b10 = _mm512_fmadd_ps(a, x0, b10), b11 = _mm512_fmadd_ps(a, x1, b11);
+            b12 = _mm512_fmadd_ps(a, x2, b12), b13 = _mm512_fmadd_ps(a, x3, b13);
+            a = _mm512_set1_ps(w2[r]);
+            b20 = _mm512_fmadd_ps(a, x0, b20), b21 = _mm512_fmadd_ps(a, x1, b21);
+            b22 = _mm512_fmadd_ps(a, x2, b22), b23 = _mm512_fmadd_ps(a, x3, b23);
+            a = _mm512_set1_ps(w3[r]);
+            b30 = _mm512_fmadd_ps(a, x0, b30), b31 = _mm512_fmadd_ps(a, x1, b31);
+            b32 = _mm512_fmadd_ps(a, x2, b32), b33 = _mm512_fmadd_ps(a, x3, b33);
+        }
+        _mm512_storeu_ps(y0 + i, b00), _mm512_storeu_ps(y0 + i + 16, b01);
+        _mm512_storeu_ps(y0 + i + 32, b02), _mm512_storeu_ps(y0 + i + 48, b03);
+        _mm512_storeu_ps(y1 + i, b10), _mm512_storeu_ps(y1 + i + 16, b11);
+        _mm512_storeu_ps(y1 + i + 32, b12), _mm512_storeu_ps(y1 + i + 48, b13);
+        _mm512_storeu_ps(y2 + i, b20), _mm512_storeu_ps(y2 + i + 16, b21);
+        _mm512_storeu_ps(y2 + i + 32, b22), _mm512_storeu_ps(y2 + i + 48, b23);
+        _mm512_storeu_ps(y3 + i, b30), _mm512_storeu_ps(y3 + i + 16, b31);
+        _mm512_storeu_ps(y3 + i + 32, b32), _mm512_storeu_ps(y3 + i + 48, b33);
+    }
+    for (; i < n; i += 16) {
+        __m512 b0 = _mm512_loadu_ps(y0 + i), b1 = _mm512_loadu_ps(y1 + i);
+        __m512 b2 = _mm512_loadu_ps(y2 + i), b3 = _mm512_loadu_ps(y3 + i);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * stride + i);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[r]), xv, b0);
+            b1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[r]), xv, b1);
+            b2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[r]), xv, b2);
+            b3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[r]), xv, b3);
+        }
+        _mm512_storeu_ps(y0 + i, b0), _mm512_storeu_ps(y1 + i, b1);
+        _mm512_storeu_ps(y2 + i, b2), _mm512_storeu_ps(y3 + i, b3);
+    }
+}
+
+/* exp_core on 16 lanes: lanes below lo (x0 < lo, ordered) give 0; NaN lanes and lanes above EXP_HI
+ * give exp(EXP_HI) (min returns its second operand for NaN). Below lo x is not clamped: the masked
+ * scalef zeroes those lanes whatever they hold. fnmadd(k, C, x) is fma(-k, C, x) (negation is
+ * exact); y·2^k by scalef is one rounding of the same exact product as the scalar multiply by 2^k. */
+T5 static inline __m512 exp16(__m512 x0, __m512 lo) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x0, lo, _CMP_NLT_UQ); /* not (x0 < lo): NaNs kept */
+    const __m512 x = _mm512_min_ps(x0, _mm512_set1_ps(EXP_HI));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 y0;
+    EXP_POLY(__m512, _mm512, x, k, y0);
+    return _mm512_maskz_scalef_ps(keep, y0, k);
+}
+
+/* kvt_vec_exp per lane (NaN lanes set back to x0) and the dot's 16-lane sum. */
+T5 static float exp_sum_avx512(float *sc, uint32_t n, float m) {
+    const __m512 vm = _mm512_set1_ps(m), lo = _mm512_set1_ps(EXP_LO);
+    __m512 acc = _mm512_setzero_ps();
+    uint32_t n16 = n & ~15u, j;
+    for (j = 0; j < n16; j += 16) {
+        const __m512 x0 = _mm512_sub_ps(_mm512_loadu_ps(sc + j), vm);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
+        const __m512 y = _mm512_mask_mov_ps(exp16(x0, lo), nan, x0);
+        _mm512_storeu_ps(sc + j, y);
+        acc = _mm512_add_ps(acc, y);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, half_sum(acc));
+    float s = lane_reduce(t);
+    for (; j < n; j++) {
+        sc[j] = kvt_vec_exp(sc[j] - m);
+        s += sc[j];
+    }
+    return s;
+}
+/* Tails run the same vector code on masked lanes (inactive lanes read as 0 and are not stored). */
+T5 static void exp_clamped_avx512(float *y, const float *x, uint32_t n) {
+    const __m512 lo = _mm512_set1_ps(EXP_LO_CLAMPED);
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i), lo));
+    }
+}
+T5 static void silu_mul_avx512(float *y, const float *g, const float *u, uint32_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(EXP_LO_CLAMPED);
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 vg = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), vg), lo);
+        __m512 s = _mm512_div_ps(vg, _mm512_add_ps(one, e));
+        if (u) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i));
+        _mm512_mask_storeu_ps(y + i, k, s);
+    }
+}
+T5 static void sigmoid_mul_avx512(float *y, const float *g, const float *u, uint32_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(EXP_LO_CLAMPED);
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_maskz_loadu_ps(k, g + i)), lo);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, u + i), _mm512_add_ps(one, e)));
+    }
+}
+
+/* 16 at a time (the same conversions, 512 bits wide); the tail goes to the F16C version. */
+__attribute__((target("avx512f,f16c,avx2"))) static void round_f16_avx512(const float *src, float *dst, uint32_t n,
+                                                                           float mul) {
+    const __m512 vm = _mm512_set1_ps(mul);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(src + i), vm), _MM_FROUND_TO_NEAREST_INT);
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+    }
+    if (i < n) round_f16_f16c(src + i, dst + i, n - i, mul);
+}
+
+/* ------------------------------------------------------------------ per-level forms */
+/* AVX2: rows of single dots; the transposed-key products, the transposes and exp_sum use the
+ * scalar references (no AVX2 version). */
+static void dot_rows_avx2(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                          float *out) {
+    for (uint32_t r = 0; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
+}
+Q4_LOOPS(avx2, dot_rows_avx2, axpy_rows_avx2)
+
+/* AVX-512: the blocked kernels need n % 16 == 0 (and ldk % 16 == 0 for transposed keys); other
+ * shapes take the single-row AVX-512 forms or the scalar references, with the same bits. */
+static void dot_rows_512(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                         float *out) {
+    if (n % 16 == 0) dot_rows_avx512(q, k, stride, n_rows, n, scale, out);
+    else
+        for (uint32_t r = 0; r < n_rows; r++) out[r] = dot_avx512(q, k + r * stride, n) * scale;
+}
+static void dot_q4_512(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n,
+                       float scale, float *const *out) {
+    if (n % 16 == 0) dot_q4_avx512(q, k, stride, n_rows, n, scale, out);
+    else
+        for (int j = 0; j < 4; j++) dot_rows_512(q[j], k, stride, n_rows, n, scale, out[j]);
+}
+static void axpy_q4_512(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                        uint32_t n) {
+    if (n % 16 == 0) axpy_q4_avx512(y, w, x, stride, n_rows, n);
+    else
+        for (int j = 0; j < 4; j++) axpy_rows_avx512(y[j], w[j], x, stride, n_rows, n);
+}
+static void transpose_rows_512(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+    if (n % 16 == 0 && ldk % 16 == 0) transpose_rows_avx512(k, stride, n_rows, n, kt, ldk);
+    else kvt_vec_transpose_rows_ref(k, stride, n_rows, n, kt, ldk);
+}
+static void transpose_f16_rows_512(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                   size_t ldk) {
+    if (n % 16 == 0 && ldk % 16 == 0) transpose_f16_rows_avx512(src, rb, n_rows, n, kt, ldk);
+    else kvt_vec_transpose_f16_rows_ref(src, rb, n_rows, n, kt, ldk);
+}
+static void dot_kt_q4_512(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
+                          float scale, float *const *out) {
+    if (n % 16 == 0 && ldk % 16 == 0) dot_kt_q4_avx512(q, kt, ldk, n_keys, n, scale, out);
+    else kvt_vec_dot_kt_q4_ref(q, kt, ldk, n_keys, n, scale, out);
+}
+#endif
+
+/* ------------------------------------------------------------------ tables and dispatch */
+static const kvt_vec_ops ops_ref = {
+    .level = 0, .dot = kvt_vec_dot_ref, .axpy = kvt_vec_axpy_ref, .vfma = vfma_ref, .scale = scale_ref,
+    .dot_rows = kvt_vec_dot_rows_ref, .axpy_rows = kvt_vec_axpy_rows_ref, .dot_q4 = dot_q4_ref,
+    .axpy_q4 = axpy_q4_ref, .transpose_rows = kvt_vec_transpose_rows_ref,
+    .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref, .dot_kt_q4 = kvt_vec_dot_kt_q4_ref,
+    .exp_sum = kvt_vec_exp_sum_ref, .round_f16 = kvt_vec_round_f16_ref, .exp_clamped = exp_clamped_ref,
+    .silu_mul = silu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
+};
+#if KVT_X86
+static const kvt_vec_ops ops_avx2 = {
+    .level = 1, .dot = dot_avx2, .axpy = axpy_avx2, .vfma = vfma_avx2, .scale = scale_avx2,
+    .dot_rows = dot_rows_avx2, .axpy_rows = axpy_rows_avx2, .dot_q4 = dot_q4_avx2, .axpy_q4 = axpy_q4_avx2,
+    .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
+    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .exp_sum = kvt_vec_exp_sum_ref, .round_f16 = round_f16_f16c,
+    .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
+};
+static const kvt_vec_ops ops_avx512 = {
+    .level = 2, .dot = dot_avx512, .axpy = axpy_avx512, .vfma = vfma_avx512, .scale = scale_avx512,
+    .dot_rows = dot_rows_512, .axpy_rows = axpy_rows_avx512, .dot_q4 = dot_q4_512, .axpy_q4 = axpy_q4_512,
+    .transpose_rows = transpose_rows_512, .transpose_f16_rows = transpose_f16_rows_512,
+    .dot_kt_q4 = dot_kt_q4_512, .exp_sum = exp_sum_avx512, .round_f16 = round_f16_avx512,
+    .exp_clamped = exp_clamped_avx512, .silu_mul = silu_mul_avx512, .sigmoid_mul = sigmoid_mul_avx512,
+};
+#endif
+
+static const kvt_vec_ops *g_cur = &ops_ref;
+
+static const kvt_vec_ops *ops_at(int level) {
+#if KVT_X86
+    if (level >= 2) return &ops_avx512;
+    if (level == 1) return &ops_avx2;
+#endif
+    (void)level;
+    return &ops_ref;
+}
+
+const kvt_vec_ops *kvt_vec_ops_for(kvt_isa isa) {
+    return ops_at(isa == KVT_ISA_AVX2 ? 1 : isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX ? 2 : 0);
+}
+const kvt_vec_ops *kvt_vec(void) { return g_cur; }
+void kvt_vec_select(kvt_isa isa) { g_cur = kvt_vec_ops_for(isa); }
+int kvt_vec_level(void) { return g_cur->level; }
+void kvt_vec_force_level(int level) {
+    if (level < g_cur->level) g_cur = ops_at(level);
+}
+
+float kvt_vec_dot(const float *a, const float *b, uint32_t n) { return g_cur->dot(a, b, n); }
+void kvt_vec_axpy(float *y, float a, const float *x, uint32_t n) { g_cur->axpy(y, a, x, n); }
+void kvt_vec_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                      float *out) {
+    g_cur->dot_rows(q, k, stride, n_rows, n, scale, out);
+}
+void kvt_vec_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n) {
+    g_cur->axpy_rows(y, w, x, stride, n_rows, n);
+}
+void kvt_vec_dot_q4(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                    float *const *out) {
+    g_cur->dot_q4(q, k, stride, n_rows, n, scale, out);
+}
+void kvt_vec_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                     uint32_t n) {
+    g_cur->axpy_q4(y, w, x, stride, n_rows, n);
+}
+void kvt_vec_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+    g_cur->transpose_rows(k, stride, n_rows, n, kt, ldk);
+}
+void kvt_vec_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk) {
+    g_cur->transpose_f16_rows(src, rb, n_rows, n, kt, ldk);
+}
+void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+                       float *const *out) {
+    g_cur->dot_kt_q4(q, kt, ldk, n_keys, n, scale, out);
+}
+float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc, n, m); }
+void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }
+void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n) { g_cur->silu_mul(y, g, u, n); }

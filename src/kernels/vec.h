@@ -1,0 +1,129 @@
+/*
+ * vec.h — f32 vector math of the forward pass and of attention: dot, axpy and their multi-row and
+ * four-query forms, the transposed-key attention products, exp (softmax and gates), SiLU and
+ * sigmoid gates, f16 rounding. One scalar reference (`_ref`) per operation, AVX2+FMA and AVX-512
+ * variants, and one dispatcher: the table follows the kernels' ISA (kernels/dispatch.c: CPUID or
+ * KVT_ISA; AMX runs the AVX-512 table).
+ *
+ * Numerics: every SIMD variant gives the bits of its `_ref` twin (vec.c says how, per operation;
+ * tests/test_vec.c and tests/test_kv_codec.c compare them bit for bit), so the ISA never changes
+ * a result of these operations.
+ *
+ * Ownership: nothing here allocates except kvt_vec_dot_kt_q4_ref for rows longer than
+ * KVT_KT_MAX_DIM (freed before it returns). Pointers are borrowed for the call. The tables are
+ * static and live for the process.
+ *
+ * Threads: every operation is reentrant. kvt_vec_force_level (tests) and kvt_kernels_force_isa
+ * switch the table for the whole process; not thread-safe against concurrent use.
+ */
+#ifndef KVT_VEC_H
+#define KVT_VEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+
+/* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */
+typedef struct kvt_vec_ops {
+    int level; /* 0 scalar reference, 1 AVX2+FMA(+F16C), 2 AVX-512 */
+    float (*dot)(const float *a, const float *b, uint32_t n);
+    void (*axpy)(float *y, float a, const float *x, uint32_t n);
+    void (*vfma)(float *y, const float *w, const float *x, uint32_t n);
+    void (*scale)(float *y, float a, uint32_t n);
+    void (*dot_rows)(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                     float *out);
+    void (*axpy_rows)(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
+    void (*dot_q4)(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                   float *const *out);
+    void (*axpy_q4)(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                    uint32_t n);
+    void (*transpose_rows)(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+    void (*transpose_f16_rows)(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+    void (*dot_kt_q4)(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+                      float *const *out);
+    float (*exp_sum)(float *sc, uint32_t n, float m);
+    void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
+    void (*exp_clamped)(float *y, const float *x, uint32_t n);
+    void (*silu_mul)(float *y, const float *g, const float *u, uint32_t n);
+    void (*sigmoid_mul)(float *y, const float *g, const float *u, uint32_t n);
+} kvt_vec_ops;
+
+/* The table of an ISA (AMX: the AVX-512 one). The caller makes sure the CPU runs it
+ * (isa <= kvt_kernels_best_isa()); out-of-range values give the scalar table. */
+const kvt_vec_ops *kvt_vec_ops_for(kvt_isa isa);
+/* The table in use: kvt_kernels_isa()'s, or lower after kvt_vec_force_level. Before
+ * kvt_kernels_init has run it is the scalar table (same results, slower). */
+const kvt_vec_ops *kvt_vec(void);
+/* Called by the kernels' dispatcher whenever it selects an ISA. */
+void kvt_vec_select(kvt_isa isa);
+/* Level of the table in use (kvt_vec_ops.level). */
+int kvt_vec_level(void);
+/* Tests: lower the level (0..2) of the table in use; never raises it. */
+void kvt_vec_force_level(int level);
+
+/* ---- operations (the table in use) ----
+ * dot(a, b, n): 16 lane sums (lane l: elements i ≡ l mod 16 of the first n & ~15, fmaf in
+ *   ascending i), t[l] = acc[l] + acc[l+8], ((t0+t4)+(t1+t5)) + ((t2+t6)+(t3+t7)), then the tail in
+ *   order with fmaf.
+ * axpy: y[i] = fmaf(a, x[i], y[i]). vfma: y[i] = fmaf(w[i], x[i], y[i]). scale: y[i] *= a.
+ * dot_rows: out[r] = dot(q, k + r*stride, n) * scale, r < n_rows.
+ * axpy_rows: for r ascending, axpy(y, w[r], x + r*stride, n).
+ * dot_q4 / axpy_q4: four queries (exactly 4 distinct outputs; callers pad q/out with duplicates,
+ *   y/w with a dummy): out[j][r] = dot(q[j], k + r*stride, n) * scale; axpy_rows(y[j], w[j], ...).
+ * Transposed keys (attention's pass 1): kt holds keys as columns, element d of key r at
+ *   kt[d*ldk + r]. transpose_rows fills it from n_rows rows (row r at k + r*stride, n elements) and
+ *   zeroes columns n_rows..pad16(n_rows)-1 (kt needs that many columns; ldk >= them);
+ *   transpose_f16_rows does the same from f16 rows (row r at src + r*rb bytes, exact decode).
+ *   dot_kt_q4: out[j][r] = dot(q[j], key r, n) * scale for j < 4, r < n_keys (the dot's lanes and
+ *   tree, keys across the vector lanes); any n (the scalar twin copies rows of up to
+ *   KVT_KT_MAX_DIM on the stack, longer ones on the heap; without memory the scores are NaN). The
+ *   SIMD path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys).
+ * exp_sum (softmax): sc[j] = kvt_vec_exp(sc[j] - m) for j < n; returns their sum in the dot's
+ *   16-lane order.
+ * round_f16: dst[i] = f16(src[i] * mul) widened to f32, round to nearest even (src == dst allowed).
+ * exp_clamped: y[i] = kvt_vec_exp_clamped(x[i]).
+ * silu_mul: y[i] = g/(1 + exp_clamped(-g)) * u[i] (u NULL: the silu alone); y may alias g or u.
+ * sigmoid_mul: y[i] = u[i] / (1 + exp_clamped(-g[i])); y may alias g or u. */
+#define KVT_KT_MAX_DIM 1024
+
+float kvt_vec_dot(const float *a, const float *b, uint32_t n);
+void kvt_vec_axpy(float *y, float a, const float *x, uint32_t n);
+void kvt_vec_dot_rows(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                      float *out);
+void kvt_vec_axpy_rows(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
+void kvt_vec_dot_q4(const float *const *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                    float *const *out);
+void kvt_vec_axpy_q4(float *const *y, const float *const *w, const float *x, size_t stride, uint32_t n_rows,
+                     uint32_t n);
+void kvt_vec_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_vec_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
+                       float *const *out);
+float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
+void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
+void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
+
+/* ---- exp: one polynomial (Cephes-style range reduction x = k·ln2 + r with a two-part ln2, a
+ * degree-5 Horner polynomial in fmaf, e^r = fma(p, r·r, r) + 1, times 2^k), two edge rules:
+ * kvt_vec_exp (softmax): 0 below -87 (masked keys: -inf), NaN stays NaN, clamped above 88;
+ * kvt_vec_exp_clamped (gates, delta rule): 0 below -87.33654, NaN and x > 88 give exp(88) (what a
+ *   vector min(x, 88) does). Relative error <= 2 ulp where neither edge applies. */
+float kvt_vec_exp(float x);
+float kvt_vec_exp_clamped(float x);
+
+/* ---- scalar references (the level-0 table's entries) ---- */
+float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n);
+void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n);
+void kvt_vec_dot_rows_ref(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
+                          float *out);
+void kvt_vec_axpy_rows_ref(float *y, const float *w, const float *x, size_t stride, uint32_t n_rows, uint32_t n);
+void kvt_vec_transpose_rows_ref(const float *k, size_t stride, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
+void kvt_vec_transpose_f16_rows_ref(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt,
+                                    size_t ldk);
+void kvt_vec_dot_kt_q4_ref(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
+                           float scale, float *const *out);
+float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
+void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
+
+#endif
