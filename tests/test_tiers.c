@@ -612,6 +612,9 @@ static void test_engine_hashes_prompt_once(void **st) {
     o.prompt_cache_gb = 1.0;
     o.snapshot_min_tokens = 64;
     o.ssd_dir = ssd;
+    /* the SSD writer re-checks each record header it encodes (one chain hash) on its own thread;
+     * with write-behind it would hash beside the generation and the process-wide count would race */
+    o.ssd_writeback = false;
     kvt_engine *e = NULL;
     assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
     int32_t ids[100];

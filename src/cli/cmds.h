@@ -17,5 +17,6 @@ int cmd_serve(int argc, char **argv);      /* cmd_serve.c */
 int cmd_cache(int argc, char **argv);      /* cmd_cache.c */
 int cmd_perplexity(int argc, char **argv); /* cmd_perplexity.c */
 int cmd_template(int argc, char **argv);   /* cmd_template.c */
+int cmd_quantize(int argc, char **argv);   /* cmd_quantize.c */
 
 #endif

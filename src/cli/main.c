@@ -16,6 +16,7 @@ static const struct {
     {"bench", cmd_bench, "prefill/decode throughput (llama-bench style)"},
     {"inspect", cmd_inspect, "show a GGUF model's architecture, tensors and KV bytes per token"},
     {"tokenize", cmd_tokenize, "tokenize text with a model's tokenizer"},
+    {"quantize", cmd_quantize, "rewrite a GGUF model's weights in another type (llama-quantize)"},
     {"gen-model", cmd_gen_model, "write a deterministic random-weight GGUF model"},
     {"template", cmd_template, "render a chat template over JSON messages (debug templates)"},
     {"cache", cmd_cache, "list, inspect, verify or prune an SSD cache directory"},

@@ -917,7 +917,7 @@ kvt_status kvt_gguf_writer_finish(kvt_gguf_writer *w, const char *path, char *er
         free(tmp);
         return kvt_errf(err, errlen, KVT_ERR_NOMEM, "out of memory");
     }
-    o->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    o->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (o->fd < 0) {
         kvt_status st = kvt_errf(err, errlen, KVT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         free(tmp);
