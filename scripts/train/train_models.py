@@ -38,9 +38,9 @@ ROPE_BASE = 10000.0
 
 CONFIGS = {
     # name: dims, training schedule. The defaults are the run whose files are committed.
-    "target": dict(n_embd=384, n_layer=8, n_head=6, n_head_kv=2, n_ff=1024, seq=512, batch=4, steps=200,
+    "target": dict(n_embd=384, n_layer=8, n_head=6, n_head_kv=2, n_ff=1024, seq=512, batch=4, steps=1000,
                    lr=2.5e-3, warmup=10),
-    "draft": dict(n_embd=128, n_layer=4, n_head=2, n_head_kv=1, n_ff=384, seq=512, batch=4, steps=60,
+    "draft": dict(n_embd=128, n_layer=4, n_head=2, n_head_kv=1, n_ff=384, seq=512, batch=4, steps=300,
                   lr=4e-3, warmup=20),
 }
 

@@ -48,8 +48,8 @@ int cmd_demo(int argc, char **argv) {
            "  or:   curl -s http://127.0.0.1:%s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
            "          -d '{\"messages\":[{\"role\":\"user\",\"content\":\"And God said, Let there be light.\"}],\"max_tokens\":48}'\n"
            "        curl -s http://127.0.0.1:%s/stats\n"
-           "  (the default model is a 15.7M-parameter llama trained here on the King James Bible for a few\n"
-           "   minutes of CPU: it answers in KJV-like verse, not sense; data/models/README.md says how it was made)\n"
+           "  (the default model is a 15.7M-parameter llama trained here on the King James Bible for an hour\n"
+           "   of CPU: it answers in KJV-like verse, a small model's sense; data/models/README.md says how it was made)\n"
            "  Ctrl-C flushes the SSD tier and exits; the next start reuses what was flushed.\n",
            model, port, port, port, port, port);
     fflush(stdout);
