@@ -208,10 +208,27 @@ static void test_fmt_bytes(void **state) {
     assert_string_equal(kvt_fmt_bytes(1.5e9, tiny, sizeof tiny), "1.5"); /* truncated, terminated */
 }
 
+/* the JSON string writer escapes as Python's json.dumps(ensure_ascii=False): named escapes, other
+ * control bytes as \u00XX, UTF-8 and NUL-free text as it is, embedded NULs escaped */
+static void test_json_str(void **state) {
+    (void)state;
+    kvt_strbuf b = {0};
+    const char in[] = "a\"b\\c\n\r\t\b\f\x01\x1f \xc3\xa9\x7f";
+    kvt_strbuf_json_str(&b, in, sizeof in - 1);
+    kvt_strbuf_json_str(&b, "x\0y", 3);
+    kvt_strbuf_json_str(&b, NULL, 0);
+    size_t n = 0;
+    char *out = kvt_strbuf_take(&b, &n);
+    assert_string_equal(out, "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f \xc3\xa9\x7f\"\"x\\u0000y\"\"\"");
+    assert_int_equal(n, strlen(out));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty),        cmocka_unit_test(test_add_growth),  cmocka_unit_test(test_printf),
         cmocka_unit_test(test_embedded_nul), cmocka_unit_test(test_take_resets), cmocka_unit_test(test_oom_sticky), cmocka_unit_test(test_fmt_bytes),
+        cmocka_unit_test(test_json_str),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

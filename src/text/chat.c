@@ -447,27 +447,6 @@ kvt_status kvt_chat_tokenize(const kvt_chat_template *c, const kvt_tokenizer *t,
 }
 
 /* ---- the Jinja path: HF's context as JSON ---- */
-static void json_esc(kvt_strbuf *b, const char *s, size_t n) {
-    kvt_strbuf_addstr(b, "\"");
-    size_t run = 0, i = 0;
-    for (; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch >= 0x20 && ch != '"' && ch != '\\') {
-            run++;
-            continue;
-        }
-        kvt_strbuf_add(b, s + i - run, run);
-        run = 0;
-        if (ch == '"' || ch == '\\') kvt_strbuf_printf(b, "\\%c", ch);
-        else if (ch == '\n') kvt_strbuf_addstr(b, "\\n");
-        else if (ch == '\t') kvt_strbuf_addstr(b, "\\t");
-        else if (ch == '\r') kvt_strbuf_addstr(b, "\\r");
-        else kvt_strbuf_printf(b, "\\u%04x", ch);
-    }
-    kvt_strbuf_add(b, s + i - run, run);
-    kvt_strbuf_addstr(b, "\"");
-}
-
 /* Validates that text is JSON of the wanted shape (cJSON_IsArray / IsObject / any when NULL). */
 static kvt_status check_json(const char *text, size_t len, cJSON_bool (*shape)(const cJSON *), const char *field,
                              const char *want, char *err, size_t errlen) {
@@ -504,9 +483,9 @@ static kvt_status ctx_rest(const kvt_chat_template *c, const kvt_chat_opts *opts
     kvt_strbuf_addstr(b, ",\"documents\":null,\"add_generation_prompt\":");
     kvt_strbuf_addstr(b, opts && opts->add_generation_prompt ? "true" : "false");
     kvt_strbuf_addstr(b, ",\"bos_token\":");
-    json_esc(b, c->bos_token, strlen(c->bos_token));
+    kvt_strbuf_json_str(b, c->bos_token, strlen(c->bos_token));
     kvt_strbuf_addstr(b, ",\"eos_token\":");
-    json_esc(b, c->eos_token, strlen(c->eos_token));
+    kvt_strbuf_json_str(b, c->eos_token, strlen(c->eos_token));
     kvt_strbuf_addstr(b, ",\"messages\":");
     return KVT_OK;
 }
@@ -542,13 +521,13 @@ static kvt_status render_jinja(const kvt_chat_template *c, const kvt_chat_msg *m
             return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "chat: message %zu has no role or content", i);
         }
         kvt_strbuf_addstr(&b, i ? ",{\"role\":" : "{\"role\":");
-        json_esc(&b, m->role, strlen(m->role));
+        kvt_strbuf_json_str(&b, m->role, strlen(m->role));
         kvt_strbuf_addstr(&b, ",\"content\":");
-        if (m->content) json_esc(&b, m->content, m->content_len);
+        if (m->content) kvt_strbuf_json_str(&b, m->content, m->content_len);
         else kvt_strbuf_addstr(&b, "null");
         if (m->reasoning_content) {
             kvt_strbuf_addstr(&b, ",\"reasoning_content\":");
-            json_esc(&b, m->reasoning_content, strlen(m->reasoning_content));
+            kvt_strbuf_json_str(&b, m->reasoning_content, strlen(m->reasoning_content));
         }
         if (m->tool_calls_json) {
             size_t n = strlen(m->tool_calls_json);
@@ -564,11 +543,11 @@ static kvt_status render_jinja(const kvt_chat_template *c, const kvt_chat_msg *m
         }
         if (m->tool_call_id) {
             kvt_strbuf_addstr(&b, ",\"tool_call_id\":");
-            json_esc(&b, m->tool_call_id, strlen(m->tool_call_id));
+            kvt_strbuf_json_str(&b, m->tool_call_id, strlen(m->tool_call_id));
         }
         if (m->name) {
             kvt_strbuf_addstr(&b, ",\"name\":");
-            json_esc(&b, m->name, strlen(m->name));
+            kvt_strbuf_json_str(&b, m->name, strlen(m->name));
         }
         kvt_strbuf_addstr(&b, "}");
     }

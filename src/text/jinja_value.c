@@ -588,35 +588,9 @@ static void json_str_ascii(kvt_strbuf *b, const char *p, size_t n) {
 static void json_str_c(jctx *c, kvt_strbuf *b, const char *p, size_t n);
 #define json_str(b, p, n) json_str_c(c, b, p, n)
 
-static void json_str_raw(kvt_strbuf *b, const char *p, size_t n) {
-    kvt_strbuf_addstr(b, "\"");
-    size_t run = 0, i = 0;
-    for (; i < n; i++) {
-        uint8_t ch = (uint8_t)p[i];
-        if (ch >= 0x20 && ch != '"' && ch != '\\') {
-            run++;
-            continue;
-        }
-        kvt_strbuf_add(b, p + i - run, run);
-        run = 0;
-        switch (ch) {
-        case '"': kvt_strbuf_addstr(b, "\\\""); break;
-        case '\\': kvt_strbuf_addstr(b, "\\\\"); break;
-        case '\n': kvt_strbuf_addstr(b, "\\n"); break;
-        case '\r': kvt_strbuf_addstr(b, "\\r"); break;
-        case '\t': kvt_strbuf_addstr(b, "\\t"); break;
-        case '\b': kvt_strbuf_addstr(b, "\\b"); break;
-        case '\f': kvt_strbuf_addstr(b, "\\f"); break;
-        default: kvt_strbuf_printf(b, "\\u%04x", ch);
-        }
-    }
-    kvt_strbuf_add(b, p + i - run, run);
-    kvt_strbuf_addstr(b, "\"");
-}
-
 static void json_str_c(jctx *c, kvt_strbuf *b, const char *p, size_t n) {
     if (c->json_ascii) json_str_ascii(b, p, n);
-    else json_str_raw(b, p, n);
+    else kvt_strbuf_json_str(b, p, n);
 }
 
 static void json_nl(kvt_strbuf *b, const jstr *indent, int level) {

@@ -45,6 +45,32 @@ void kvt_strbuf_add(kvt_strbuf *b, const char *s, size_t n) {
 
 void kvt_strbuf_addstr(kvt_strbuf *b, const char *s) { kvt_strbuf_add(b, s, strlen(s)); }
 
+void kvt_strbuf_json_str(kvt_strbuf *b, const char *p, size_t n) {
+    kvt_strbuf_addstr(b, "\"");
+    size_t run = 0, i = 0;
+    for (; i < n; i++) {
+        uint8_t ch = (uint8_t)p[i];
+        if (ch >= 0x20 && ch != '"' && ch != '\\') {
+            run++;
+            continue;
+        }
+        kvt_strbuf_add(b, p + i - run, run);
+        run = 0;
+        switch (ch) {
+        case '"': kvt_strbuf_addstr(b, "\\\""); break;
+        case '\\': kvt_strbuf_addstr(b, "\\\\"); break;
+        case '\n': kvt_strbuf_addstr(b, "\\n"); break;
+        case '\r': kvt_strbuf_addstr(b, "\\r"); break;
+        case '\t': kvt_strbuf_addstr(b, "\\t"); break;
+        case '\b': kvt_strbuf_addstr(b, "\\b"); break;
+        case '\f': kvt_strbuf_addstr(b, "\\f"); break;
+        default: kvt_strbuf_printf(b, "\\u%04x", ch);
+        }
+    }
+    kvt_strbuf_add(b, p + i - run, run);
+    kvt_strbuf_addstr(b, "\"");
+}
+
 void kvt_strbuf_printf(kvt_strbuf *b, const char *fmt, ...) {
     if (b->oom) return;
     va_list ap, ap2;

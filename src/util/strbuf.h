@@ -41,6 +41,10 @@ void kvt_strbuf_add(kvt_strbuf *b, const char *s, size_t n);
 void kvt_strbuf_addstr(kvt_strbuf *b, const char *s);
 /* Appends printf-formatted text (any length). */
 void kvt_strbuf_printf(kvt_strbuf *b, const char *fmt, ...) KVT_PRINTF_FMT(2, 3);
+/* Appends bytes p[0..n) as a quoted JSON string, escaped as Python's json.dumps(ensure_ascii=False)
+ * does: \" \\ \n \r \t \b \f, other bytes below 0x20 as \u00XX, everything else (UTF-8
+ * included) as it is. */
+void kvt_strbuf_json_str(kvt_strbuf *b, const char *p, size_t n);
 /* Hands the malloc'd, NUL-terminated contents to the caller and resets *b to empty. Returns ""
  * (malloc'd) when nothing was appended. Returns NULL — and frees the partial contents — when
  * `oom` is set or the empty string cannot be allocated. *len (if len) gets the length, 0 on NULL. */
