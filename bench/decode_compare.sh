@@ -43,7 +43,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 for m in $MODELS; do
-  echo "BYTES $(basename "$m" .gguf) $(KVT_REPACK=0 $NEW bench -m "$m" -t 1 -p 16 -n 2 -r 1 --json --membw-mib 0 2>/dev/null | grep -o '"decode_weight_bytes":[0-9]*,"decode_kv_bytes_per_token":[0-9]*')"
+  echo "BYTES $(basename "$m" .gguf) $(KVT_REPACK=0 $NEW bench -m "$m" -t 1 -p 16 -n 2 -r 1 --json --membw-mib 16 2>/dev/null | grep -o '"decode_weight_bytes":[0-9]*,"decode_kv_bytes_per_token":[0-9]*')"
 done
 if [ "$DEPTH" -gt 0 ] && [ -n "${DEPTH_MODEL:-}" ]; then
   for r in $(seq 1 "$ROUNDS"); do

@@ -505,7 +505,7 @@ static void test_matmul_batch_invariance(void **st) {
         mm_free(&c);
     }
 }
-/* Single-row K-quant products (decode GEMV: the AVX-512 4-row kernel with 512-bit integer vectors,
+/* Single-row K-quant products (decode GEMV: the 4-row kernels on 512-bit and 256-bit vectors,
  * gemv_k4 in kernels_x86_tmpl.h) equal the scalar reference bit for bit over many super-blocks, for
  * column ranges that start and end off the 4-row tiles (the remainder rows take the 4x1 tile), and
  * with extreme super-block scales (f16 max and tiny d / dmin: the float expression must be the

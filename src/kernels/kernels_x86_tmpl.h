@@ -155,6 +155,12 @@ AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8
 
 /* ---------------- K-quants (act Q8_K) ---------------- */
 
+/* The 4 horizontal sums of a0..a3 as the 4 lanes of one vector (a transposing reduction) */
+AI __m128i F(hsum4y_i32)(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 /* One 32-value group g (0..7) of a Q4_K/Q5_K/Q6_K super-block as unsigned bytes, and the int16
  * scale vector for it (Q6_K: two 16-value halves with their own scales). */
 AI __m256i F(kgroup)(const uint32_t wt, const uint8_t *p, int g) {
@@ -276,10 +282,6 @@ AI __m128i F(hsum4z_i32)(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
 #undef KQ_H
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
-AI __m128i F(hsum4y_i32)(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
 AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_t *A, int64_t nb, float *y) {
     const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
     const size_t abb = sizeof(blk_q8_K);
@@ -363,6 +365,126 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
             }
         }
         const __m128i isum = F(hsum4z_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
+        const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
+        float dx;
+        memcpy(&dx, &xa->d, 4);
+        const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
+        if (wt == KVT_TYPE_Q6_K) {
+            const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
+            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
+        } else {
+            const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
+            const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
+            sumf = _mm_add_ps(sumf, _mm_sub_ps(a, c));
+        }
+    }
+    _mm_storeu_ps(y, sumf);
+}
+#else
+/* K-quant GEMV (decode: one activation row) on 4 weight rows with 256-bit vectors. tile_k with
+ * NR = 1 spent most of its time outside the multiplies (a group loop the compiler kept rolled, with
+ * a branch per group, and two horizontal sums per row and super-block); here the 8 groups are
+ * unrolled with the scale vectors made by one byte shuffle each, the activation of a group is
+ * loaded once for the 4 rows, and the 4 rows' integer sums are reduced together and scaled with
+ * 4-lane float vectors. The integer sums are exact and every lane evaluates tile_k's float
+ * expression in the same order, so y equals tile_k (and kvt_matmul_rows_ref) bit for bit. */
+/* vpshufb controls that broadcast group g's int16 scale from the scale vectors of gemv_k4: [0][g]
+ * word g in both 128-bit lanes (Q4_K/Q5_K: one scale per 32 values); [1][g] words 2g and 2g + 1
+ * mod 8 in the low and high lane (Q6_K: one scale per 16 values) */
+static const uint8_t F(kq_sidx)[2][8][32] __attribute__((aligned(32))) = {
+#define KQ_W(w) 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, \
+                2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1
+    {{KQ_W(0), KQ_W(0)}, {KQ_W(1), KQ_W(1)}, {KQ_W(2), KQ_W(2)}, {KQ_W(3), KQ_W(3)},
+     {KQ_W(4), KQ_W(4)}, {KQ_W(5), KQ_W(5)}, {KQ_W(6), KQ_W(6)}, {KQ_W(7), KQ_W(7)}},
+    {{KQ_W(0), KQ_W(1)}, {KQ_W(2), KQ_W(3)}, {KQ_W(4), KQ_W(5)}, {KQ_W(6), KQ_W(7)},
+     {KQ_W(0), KQ_W(1)}, {KQ_W(2), KQ_W(3)}, {KQ_W(4), KQ_W(5)}, {KQ_W(6), KQ_W(7)}},
+#undef KQ_W
+};
+/* Group g of the super-block at p times the activation groups at xq (Q8_K: qs at +4), each
+ * 16-bit pair sum scaled by its scale from sv: 8 exact int32 partial sums. */
+AI __m256i F(kgroup_dot)(const uint32_t wt, const uint8_t *p, const uint8_t *xq, __m256i sv, const int g) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i q;
+    if (wt == KVT_TYPE_Q6_K) {
+        const int h = g / 4, k = g % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (k & 1)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+        const __m256i lo = k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+        q = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3)), 4));
+    } else {
+        const __m256i q8 = _mm256_loadu_si256((const __m256i *)(p + (wt == KVT_TYPE_Q4_K ? 16 : 48) + 32 * (g / 2)));
+        q = (g & 1) ? _mm256_and_si256(_mm256_srli_epi16(q8, 4), m4) : _mm256_and_si256(q8, m4);
+        if (wt == KVT_TYPE_Q5_K) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g), _mm256_set1_epi8(1)), 4));
+        }
+    }
+    const __m256i yv = _mm256_loadu_si256((const __m256i *)(xq + 4 + 32 * g));
+    const __m256i s = _mm256_shuffle_epi8(sv, _mm256_load_si256((const __m256i *)F(kq_sidx)[wt == KVT_TYPE_Q6_K][g]));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), s);
+}
+AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_t *A, int64_t nb, float *y) {
+    const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
+    const size_t abb = sizeof(blk_q8_K);
+    __m128 sumf = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wp[4];
+        __m256i sv[4][2]; /* int16 scales: Q4/5_K sc[0..7] in both halves; Q6_K [0..7] / [8..15] */
+        __m256i msv[4];   /* madd(bsums, mins or scales): 8 int32 */
+        float dw[4], dmw[4];
+        const uint8_t *xq = A + (size_t)b * abb;
+        const blk_q8_K *xa = (const blk_q8_K *)xq;
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            wp[i] = p;
+#pragma GCC unroll 4
+            for (size_t cl = 0; cl < wbb + 63; cl += 64)
+                _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
+            if (wt == KVT_TYPE_Q6_K) {
+                dw[i] = F(h2f)(p + 208);
+                dmw[i] = 0.0f;
+                const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
+                sv[i][0] = _mm256_permute2x128_si256(s16, s16, 0x00);
+                sv[i][1] = _mm256_permute2x128_si256(s16, s16, 0x11);
+                msv[i] = _mm256_madd_epi16(bs, s16);
+            } else {
+                dw[i] = F(h2f)(p);
+                dmw[i] = F(h2f)(p + 2);
+                uint32_t u[4];
+                memcpy(u, p + 4, 12);
+                const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+                const uint32_t m03 = u[1] & k1;
+                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+                u[2] = m03;
+                u[0] &= k1;
+                const __m128i sm = _mm_loadu_si128((const __m128i *)u); /* sc[0..7], m[0..7] */
+                const __m128i s8 = _mm_cvtepu8_epi16(sm), m8 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+                sv[i][0] = sv[i][1] = _mm256_set_m128i(s8, s8);
+                msv[i] = _mm256_madd_epi16(bs, _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8)));
+            }
+        }
+        /* row by row (a row's scales and accumulator stay in registers; the activation groups are
+         * re-read from L1 per row) */
+        __m256i iacc[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *p = wp[i];
+            /* two accumulators (even and odd groups) for two independent add chains */
+            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int g = 0; g < 8; g += 2) {
+                acc0 = _mm256_add_epi32(acc0, F(kgroup_dot)(wt, p, xq, sv[i][wt == KVT_TYPE_Q6_K && g >= 4], g));
+                acc1 = _mm256_add_epi32(acc1, F(kgroup_dot)(wt, p, xq, sv[i][wt == KVT_TYPE_Q6_K && g >= 4], g + 1));
+                /* keep the two add chains as written: GCC otherwise rebalances the 32 sums of the 4
+                 * rows into one tree, which keeps all products live and spills them to the stack */
+                __asm__("" : "+x"(acc0), "+x"(acc1));
+            }
+            iacc[i] = _mm256_add_epi32(acc0, acc1);
+        }
+        const __m128i isum = F(hsum4y_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
         const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
         float dx;
         memcpy(&dx, &xa->d, 4);
@@ -485,13 +607,8 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         }                                                                                               \
     } while (0)
 
-/* K-quant single-row products take gemv_k4 (AVX-512 only; same bits as tile_k) */
-#if KVT_ZMM
+/* K-quant single-row products take gemv_k4 (same bits as tile_k) */
 #define KQ_GEMV_K(WT) ((WT) == KVT_TYPE_Q4_K || (WT) == KVT_TYPE_Q5_K || (WT) == KVT_TYPE_Q6_K)
-#else
-#define KQ_GEMV_K(WT) 0
-#define gemv_k4_avx2(...) ((void)0)
-#endif
 #define KQ_DEFINE_MM(NAME, TILE, WT, INNER_DIV)                                                          \
     static TGT void F(NAME)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,      \
                             int64_t ldy, int64_t o0, int64_t o1) {                                       \
