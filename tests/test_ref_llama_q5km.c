@@ -3,16 +3,38 @@
  * mix made by llama.cpp's quantizer (q5_1, q8_0, q5_K, q6_K tensors) whose large logits make the
  * greedy choice sensitive to every rounding step (see tests/fixtures/README.md).
  *
- * What it pins down: attention rounds Q and the normalized softmax weights to f16 as llama.cpp's
- * default CPU attention does (kv/attention.c). Without those two roundings kvtier picks the
- * runner-up at the first position of the 8-token case (its top-2 gap is 0.108 nats in the
- * reference) and the log-probability gaps differ by ~0.1-0.3; with them they agree to < 1e-3 at
- * the first seven positions.
+ * What it pins down, on the 8-token case (every generated position's top-5 log-probability gaps):
+ *  - attention rounds Q and the normalized softmax weights to f16 as llama.cpp's default CPU
+ *    attention does (kv/attention.c). Without those two roundings kvtier picks the runner-up at the
+ *    first position (its top-2 gap is 0.108 nats in the reference) and the gaps differ by ~0.1-0.3;
+ *  - Q8_0/Q8_1 activations round as ggml's run-time CPU quantizer (id = 127/amax, ties to even;
+ *    kernels/quant_ref.c kvt_act_quantize_ref), and the V product sums keys in 8 lanes (key position
+ *    mod 8) reduced as ggml's 8-lane horizontal sum (kv/attention.c). Before these two, the gaps
+ *    agreed to < 1e-6 (the reference's float logits, bit for bit) only up to position 6: at position
+ *    7 (the token at cache position 14) one element of layer 0's attention output, the input of
+ *    attn_output, quantizes to exactly 84.5 in kvtier; llama.cpp rounds the tie to even (84), kvtier
+ *    rounded it away from zero (85), and the gaps jumped to 0.15-0.35 nats. The tie is reached only
+ *    when the block's largest element has llama.cpp's bits, which needs the lane order of the V
+ *    product (kvtier's single ascending accumulator was 1 ulp off). With both, the gaps agree to
+ *    < 1e-6 at the first 16 positions; the test checks them at 1e-4.
  *
- * Known limit (stated, not hidden): on the 300-token case kvtier follows the reference for the
- * first 13 of 32 tokens only; the remaining differences come from roundings kvtier does not copy
- * (RoPE angles in f32, ggml's exp/silu approximations, summation orders), which this model
- * amplifies. The test checks the 13.
+ * Known limit (measured, not fixed): on the 300-token case kvtier follows the reference for the
+ * first 13 of 32 tokens only. Its gaps already differ by 0.03-0.57 nats at position 0, after the
+ * 300-token prefill, and any of the plausible orderings below changes them by a similar amount in
+ * either direction (one crossed rounding boundary of an f16 or q8 value moves this model's gaps by
+ * ~0.05-0.35 nats), so the 0.097-nat margin at token 13 can only be met by reproducing llama.cpp bit
+ * for bit through 313 tokens. What still differs from llama.cpp c392e509's CPU path:
+ *  - K·Q and V products: llama.cpp uses two orders, tinyBLAS (8 lanes) for a batch of tokens and
+ *    ggml_vec_dot_f16 (4 x 8 lanes per 32 keys) for a single token; kvtier must give decode the bits
+ *    of a full recompute, so it has one order (the batch one for V; its own 16-lane dot for K·Q);
+ *  - softmax: ggml's vector expf (ggml_v_expf) and its sum (8-lane float sums added in double, 1/sum
+ *    in double) against kvtier's exp polynomial and 16-lane float sum;
+ *  - SiLU's exp, rms_norm's sum of squares (float products summed in double, kvtier: double
+ *    products), RoPE's angles (float theta_scale powers and cosf/sinf, kvtier: double).
+ * Emulating all of these (a debug build, bench/ref_gaps.c prints the gaps) moves the first wrong
+ * position of the 8-token case no further than 16 (cache position 23, where the nearest candidate
+ * is again a q8_1 value of layer 0's attention output, 9 ulps from a tie) and does not make the
+ * 300-token case exact, so they are not copied. The test checks the 13.
  */
 #include "testutil.h"
 
@@ -167,10 +189,11 @@ static uint32_t run_case(fixture *fx, const ref_case *rc, uint32_t n_check, uint
     return agree;
 }
 
-/* The case of the issue: 0.108 nats between the reference's top two at the first position. */
+/* The case of the issue: 0.108 nats between the reference's top two at the first position. The
+ * gaps of the first 16 positions are the reference's to float precision (header). */
 static void test_case8_greedy_and_gaps(void **st) {
     fixture *fx = *st;
-    assert_int_equal(run_case(fx, &fx->cases[0], 32, 7, 2e-3), 32);
+    assert_int_equal(run_case(fx, &fx->cases[0], 32, 16, 1e-4), 32);
 }
 
 /* The scalar kernels sum each q5_1/q8_0 dot in one float (the SIMD ones, like ggml's AVX2 kernels,
