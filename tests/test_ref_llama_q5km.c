@@ -8,33 +8,40 @@
  *    attention does (kv/attention.c). Without those two roundings kvtier picks the runner-up at the
  *    first position (its top-2 gap is 0.108 nats in the reference) and the gaps differ by ~0.1-0.3;
  *  - Q8_0/Q8_1 activations round as ggml's run-time CPU quantizer (id = 127/amax, ties to even;
- *    kernels/quant_ref.c kvt_act_quantize_ref), and the V product sums keys in 8 lanes (key position
- *    mod 8) reduced as ggml's 8-lane horizontal sum (kv/attention.c). Before these two, the gaps
+ *    kernels/quant_ref.c kvt_act_quantize_ref), and the V product sums keys in 16 lanes (cache
+ *    position mod 16) reduced as _mm512_reduce_add_ps (kv/attention.c). Before these two the gaps
  *    agreed to < 1e-6 (the reference's float logits, bit for bit) only up to position 6: at position
  *    7 (the token at cache position 14) one element of layer 0's attention output, the input of
  *    attn_output, quantizes to exactly 84.5 in kvtier; llama.cpp rounds the tie to even (84), kvtier
- *    rounded it away from zero (85), and the gaps jumped to 0.15-0.35 nats. The tie is reached only
- *    when the block's largest element has llama.cpp's bits, which needs the lane order of the V
- *    product (kvtier's single ascending accumulator was 1 ulp off). With both, the gaps agree to
- *    < 1e-6 at the first 16 positions; the test checks them at 1e-4.
+ *    rounded it away from zero (85), and the gaps jumped to 0.15-0.35 nats. kvtier reaches the tie
+ *    only when the block's largest element has llama.cpp's bits, which needs a lane order in the V
+ *    product (its single ascending accumulator was 1 ulp off). With both, the gaps agree to < 1e-6
+ *    at the first 16 positions; the test checks them at 1e-4.
  *
  * Known limit (measured, not fixed): on the 300-token case kvtier follows the reference for the
- * first 13 of 32 tokens only. Its gaps already differ by 0.03-0.57 nats at position 0, after the
- * 300-token prefill, and any of the plausible orderings below changes them by a similar amount in
- * either direction (one crossed rounding boundary of an f16 or q8 value moves this model's gaps by
- * ~0.05-0.35 nats), so the 0.097-nat margin at token 13 can only be met by reproducing llama.cpp bit
- * for bit through 313 tokens. What still differs from llama.cpp c392e509's CPU path:
- *  - K·Q and V products: llama.cpp uses two orders, tinyBLAS (8 lanes) for a batch of tokens and
- *    ggml_vec_dot_f16 (4 x 8 lanes per 32 keys) for a single token; kvtier must give decode the bits
- *    of a full recompute, so it has one order (the batch one for V; its own 16-lane dot for K·Q);
- *  - softmax: ggml's vector expf (ggml_v_expf) and its sum (8-lane float sums added in double, 1/sum
- *    in double) against kvtier's exp polynomial and 16-lane float sum;
- *  - SiLU's exp, rms_norm's sum of squares (float products summed in double, kvtier: double
- *    products), RoPE's angles (float theta_scale powers and cosf/sinf, kvtier: double).
- * Emulating all of these (a debug build, bench/ref_gaps.c prints the gaps) moves the first wrong
- * position of the 8-token case no further than 16 (cache position 23, where the nearest candidate
- * is again a q8_1 value of layer 0's attention output, 9 ulps from a tie) and does not make the
- * 300-token case exact, so they are not copied. The test checks the 13.
+ * first 13 of 32 tokens only; its gaps already differ by 0.03-0.57 nats at position 0, after the
+ * 300-token prefill (one rounding boundary crossed differently moves this model's gaps by ~0.05-0.35
+ * nats, so agreement is bit-exact or not close). The cause, measured by emulating llama.cpp c392e509's
+ * CPU operations one at a time in a debug build (bench/ref_gaps.c prints the per-position gaps):
+ * the reference ran on an AVX-512 machine, and four operations round differently there:
+ *  1. K·Q: tinyBLAS's 16 lanes reduced as _mm512_reduce_add_ps, ((t0+t4)+(t2+t6))+((t1+t5)+(t3+t7))
+ *     with t_l = lane l + lane l+8; kvtier's dot (kernels/vec.h) pairs ((t0+t4)+(t1+t5))+(...);
+ *  2. softmax: ggml_v_expf's AVX-512 form (a polynomial and _mm512_scalef_ps), 16-lane float sums
+ *     added in double, weights times (float)(1.0/sum); kvtier: its own exp polynomial, one 16-lane
+ *     float sum, 1.0f/sum;
+ *  3. the V product's 16 lanes (copied above);
+ *  4. RoPE: angles theta_p,i = p * theta_scale^i as float products (theta *= theta_scale), cosf and
+ *     sinf, and the rotation with the first product fused, fmaf(x0, cos, -(x1 sin)) and
+ *     fmaf(x0, sin, x1 cos) (gcc contracting ggml's C); kvtier: double angles, unfused rotation.
+ * With 1-4 (the same order for a batch and a single token, as kvtier needs) the 300-token case's
+ * position 0 and 1 are the reference's bit for bit and the gap errors at positions 0-13 fall from
+ * 8.8 to 1.3 (sum of |error| over the top 2..5), but position 2 still differs; the 8-token case stays
+ * exact to position 15 and the 700-token case (two 512 + 188 ubatches in llama.cpp) is still off at
+ * position 0. None of 1, 2, 4 alone makes any further position exact (4 alone: errors 8.8 -> 6.1,
+ * 1 + 3 + 4: 3.4), so they are not copied yet (1 and 2 need new SIMD twins of the dot's reduction
+ * and of the exp). Emulated without effect: rms_norm's float products, SiLU's vector exp, q5_1's
+ * fused m·s sum; llama.cpp's AVX2 orders instead of AVX-512 ones leave position 0 off. The test
+ * checks the 13.
  */
 #include "testutil.h"
 

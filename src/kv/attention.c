@@ -8,15 +8,15 @@
  *   s_j = kvt_vec_dot(q16, k_j, hd_k) * scale          (same helper, same order)
  *   m = max_j s_j; e_j = kvt_vec_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_vec_exp_sum order)
  *   w_j = f16(e_j * (1/sum))                          (kvt_vec_round_f16)
- *   acc[0..7] = 0; for j ascending: kvt_vec_axpy(acc[j % 8], w_j, v_j)   (lane = absolute position % 8)
- *   o = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))   (lane_reduce)
+ *   acc[0..15] = 0; for j ascending: kvt_vec_axpy(acc[j % 16], w_j, v_j)  (lane = absolute position % 16)
+ *   o = lane_reduce(acc): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
  * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
  * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
- * the V product converts the normalized softmax weights to f16; the V product's 8 lanes over keys
- * are the order of that product for a batch (tinyBLAS, AVX2: a key's lane is its cache position
- * mod 8, each lane fused-multiply-adds in ascending order, then an 8-lane horizontal sum; for a
- * single token llama.cpp takes another order, ggml_vec_dot_f16, which kvtier does not copy:
- * decode must equal a full recompute). Models with large logits are
+ * the V product converts the normalized softmax weights to f16; the V product's 16 lanes over keys
+ * are the order of that product for a batch on AVX-512 (tinyBLAS: a key's lane is its cache
+ * position mod 16, each lane fused-multiply-adds in ascending order, then the 16-lane horizontal
+ * sum; for a single token llama.cpp takes another order, ggml_vec_dot_f16, which kvtier does not
+ * copy: decode must equal a full recompute). Models with large logits are
  * sensitive to exactly these roundings (tests/fixtures/llama-tiny-q5_k_m: without them the logits
  * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
  * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
@@ -66,9 +66,9 @@
 #define ATT_KT_MIN_PAIRS 16
 /* The V product (non-latent layers) sums key p's term into lane p % ATT_VL, each lane in ascending
  * key order with fmaf, then reduces the lanes (lane_reduce): the order of llama.cpp's CPU V product
- * over an f16 cache for a batch (tinyBLAS, 8 lanes on AVX2). The lane split matters to the reference
- * fixtures: tests/test_ref_llama_q5km.c. */
-#define ATT_VL 8
+ * over an f16 cache for a batch on an AVX-512 machine (tinyBLAS, 16 lanes; the machine of the
+ * reference fixtures, tests/test_ref_llama_q5km.c, whose agreement depends on this order). */
+#define ATT_VL 16
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -94,13 +94,14 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
            2 * (size_t)ATT_TILE * ATT_VL * pad16(l->max_head_dim); /* the V product's lane accumulators */
 }
 
-/* o[d] = the 8 lane sums acc[l*ld + d] reduced as ggml's 8-lane horizontal sum (AVX2 hsum of
- * tinyBLAS): t[l] = acc[l] + acc[l+4], then (t0 + t2) + (t1 + t3). */
+/* o[d] = the 16 lane sums acc[l*ld + d] reduced as _mm512_reduce_add_ps does (tinyBLAS's AVX-512
+ * horizontal sum): t[l] = acc[l] + acc[l+8], u[l] = t[l] + t[l+4], then (u0 + u2) + (u1 + u3). */
 static void lane_reduce(float *o, const float *acc, size_t ld, uint32_t n) {
     for (uint32_t d = 0; d < n; d++) {
-        float t[4];
-        for (int l = 0; l < 4; l++) t[l] = acc[(size_t)l * ld + d] + acc[(size_t)(l + 4) * ld + d];
-        o[d] = (t[0] + t[2]) + (t[1] + t[3]);
+        float t[8], u[4];
+        for (int l = 0; l < 8; l++) t[l] = acc[(size_t)(l + 8) * ld + d] + acc[(size_t)l * ld + d];
+        for (int l = 0; l < 4; l++) u[l] = t[l + 4] + t[l];
+        o[d] = (u[0] + u[2]) + (u[1] + u[3]);
     }
 }
 
