@@ -18,30 +18,33 @@
  *    product (its single ascending accumulator was 1 ulp off). With both, the gaps agree to < 1e-6
  *    at the first 16 positions; the test checks them at 1e-4.
  *
- * Known limit (measured, not fixed): on the 300-token case kvtier follows the reference for the
- * first 13 of 32 tokens only; its gaps already differ by 0.03-0.57 nats at position 0, after the
- * 300-token prefill (one rounding boundary crossed differently moves this model's gaps by ~0.05-0.35
- * nats, so agreement is bit-exact or not close). The cause, measured by emulating llama.cpp c392e509's
- * CPU operations one at a time in a debug build (bench/ref_gaps.c prints the per-position gaps):
- * the reference ran on an AVX-512 machine, and four operations round differently there:
+ * The 300- and 700-token cases: kvtier gives all 32 greedy tokens of both, but not the reference's
+ * bits. The 300-token case is the issue's: token 13's top-2 margin is 0.097 nats in the reference,
+ * and kvtier's gaps were already 0.03-0.57 nats off at position 0 (after the 300-token prefill; one
+ * rounding boundary crossed differently moves this model's gaps by ~0.05-0.35 nats, so agreement is
+ * bit-exact or not close), so it picked the runner-up there (13 of 32 tokens). Measured by emulating
+ * llama.cpp c392e509's CPU operations one at a time in a debug build (bench/ref_gaps.c prints the
+ * per-position gaps): the reference ran on an AVX-512 machine, and four operations round differently:
  *  1. K·Q: tinyBLAS's 16 lanes reduced as _mm512_reduce_add_ps, ((t0+t4)+(t2+t6))+((t1+t5)+(t3+t7))
  *     with t_l = lane l + lane l+8; kvtier's dot (kernels/vec.h) pairs ((t0+t4)+(t1+t5))+(...);
  *  2. softmax: ggml_v_expf's AVX-512 form (a polynomial and _mm512_scalef_ps), 16-lane float sums
  *     added in double, weights times (float)(1.0/sum); kvtier: its own exp polynomial, one 16-lane
  *     float sum, 1.0f/sum;
- *  3. the V product's 16 lanes (copied above);
- *  4. RoPE: angles theta_p,i = p * theta_scale^i as float products (theta *= theta_scale), cosf and
- *     sinf, and the rotation with the first product fused, fmaf(x0, cos, -(x1 sin)) and
- *     fmaf(x0, sin, x1 cos) (gcc contracting ggml's C); kvtier: double angles, unfused rotation.
- * With 1-4 (the same order for a batch and a single token, as kvtier needs) the 300-token case's
- * position 0 and 1 are the reference's bit for bit and the gap errors at positions 0-13 fall from
- * 8.8 to 1.3 (sum of |error| over the top 2..5), but position 2 still differs; the 8-token case stays
- * exact to position 15 and the 700-token case (two 512 + 188 ubatches in llama.cpp) is still off at
- * position 0. None of 1, 2, 4 alone makes any further position exact (4 alone: errors 8.8 -> 6.1,
- * 1 + 3 + 4: 3.4), so they are not copied yet (1 and 2 need new SIMD twins of the dot's reduction
- * and of the exp). Emulated without effect: rms_norm's float products, SiLU's vector exp, q5_1's
- * fused m·s sum; llama.cpp's AVX2 orders instead of AVX-512 ones leave position 0 off. The test
- * checks the 13.
+ *  3. the V product's 16 lanes (copied, above);
+ *  4. RoPE: angles p * theta_scale^i as float products (theta *= theta_scale), cosf/sinf, and the
+ *     rotation with the first product of each output fused, fmaf(x0, cos, -(x1 sin)) and
+ *     fmaf(x0, sin, x1 cos) (gcc contracting ggml's C). Copied (model.c): with it the 300-token
+ *     case's margin at token 13 is 0.071 (was -0.071) and all 32 tokens agree; the other two
+ *     fusions put the 8-token case off at position 9.
+ * With all four (in the same order for a batch and a single token, as kvtier needs) the 300-token
+ * case's positions 0 and 1 are the reference's bit for bit and its gap errors at positions 0-13
+ * (sum of |error| over the top 2..5) fall from 8.8 to 1.3 (6.1 with 3 and 4 only, as committed), but
+ * position 2 still differs, and the 700-token case (ubatches of 512 + 188 in llama.cpp) is off at
+ * position 0. 1 and 2 are not copied yet (they need new SIMD twins of the dot's reduction and of the
+ * exp). Emulated without effect: rms_norm's float products, SiLU's vector exp, q5_1's fused m·s
+ * sum; llama.cpp's AVX2 orders instead of AVX-512 ones leave position 0 off. For a single token
+ * llama.cpp also changes its K·Q and V orders (ggml_vec_dot_f16), which kvtier cannot copy: decode
+ * must equal a full recompute.
  */
 #include "testutil.h"
 
@@ -214,9 +217,11 @@ static void test_case8_scalar_kernels(void **st) {
     assert_int_equal(agree, 32);
 }
 
-static void test_case300_prefix(void **st) {
+/* All 32 greedy tokens, but not the reference's bits (header): at token 13 kvtier's top-2 margin is
+ * 0.071 nats against the reference's 0.097. */
+static void test_case300_greedy(void **st) {
     fixture *fx = *st;
-    assert_true(run_case(fx, &fx->cases[1], 13, 0, 0.0) == 13);
+    assert_int_equal(run_case(fx, &fx->cases[1], 32, 0, 0.0), 32);
 }
 
 static void test_case700_greedy(void **st) {
@@ -228,7 +233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_case8_greedy_and_gaps),
         cmocka_unit_test(test_case8_scalar_kernels),
-        cmocka_unit_test(test_case300_prefix),
+        cmocka_unit_test(test_case300_greedy),
         cmocka_unit_test(test_case700_greedy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
