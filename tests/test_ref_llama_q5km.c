@@ -34,8 +34,8 @@
  *  4. RoPE: angles p * theta_scale^i as float products (theta *= theta_scale), cosf/sinf, and the
  *     rotation with the first product of each output fused, fmaf(x0, cos, -(x1 sin)) and
  *     fmaf(x0, sin, x1 cos) (gcc contracting ggml's C). Copied (model.c): with it the 300-token
- *     case's margin at token 13 is 0.071 (was -0.071) and all 32 tokens agree; the other two
- *     fusions put the 8-token case off at position 9.
+ *     case's margin at token 13 is 0.071 (negative before) and all 32 tokens agree; fusing
+ *     x1 cos instead of x0 sin in the second output puts the 8-token case off at position 9.
  * With all four (in the same order for a batch and a single token, as kvtier needs) the 300-token
  * case's positions 0 and 1 are the reference's bit for bit and its gap errors at positions 0-13
  * (sum of |error| over the top 2..5) fall from 8.8 to 1.3 (6.1 with 3 and 4 only, as committed), but

@@ -760,8 +760,8 @@ static inline float gelu_tanh(float x) {
 
 /* Rotate the first n_rot dims of one head vector by the (cos, sin) table of its position, with the
  * first product of each output fused as in ggml's CPU RoPE compiled by gcc (which contracts
- * x0*cos - x1*sin and x0*sin + x1*cos so): the other fusions put tests/test_ref_llama_q5km.c's
- * fixture off the reference at its 10th token. */
+ * x0*cos - x1*sin and x0*sin + x1*cos so): fusing x1*cos instead puts tests/test_ref_llama_q5km.c's
+ * 8-token case off the reference at position 9. */
 static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
     uint32_t half = n_rot / 2;
     for (uint32_t i = 0; i < half; i++) {
