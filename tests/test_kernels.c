@@ -255,6 +255,22 @@ static void test_act_quantize(void **st) {
         memcpy(&got, buf + 260 + 2 * g, 2);
         assert_int_equal(got, bs);
     }
+    /* Q8_0/Q8_1 activations round as ggml's CPU quantizer: id = 127/amax and ties to even
+     * (84.5 -> 84, -2.5 -> -2, 3.5 -> 4), where the weight quantizer (kvt_quantize_ref, ggml's
+     * _ref) rounds them away from zero */
+    float tx[32] = {127.0f, 84.5f, -2.5f, 3.5f};
+    for (int t = 0; t < 2; t++) {
+        kvt_act_quantize(t ? KVT_TYPE_Q5_1 : KVT_TYPE_Q8_0, tx, 32, 0, 1, buf);
+        const int8_t *qs = (const int8_t *)(buf + (t ? 4 : 2));
+        assert_int_equal(qs[0], 127);
+        assert_int_equal(qs[1], 84);
+        assert_int_equal(qs[2], -2);
+        assert_int_equal(qs[3], 4);
+    }
+    uint8_t wq[34];
+    kvt_quantize_ref(KVT_TYPE_Q8_0, tx, wq, 32);
+    assert_int_equal((int8_t)wq[2 + 1], 85);
+    assert_int_equal((int8_t)wq[2 + 2], -3);
     /* disjoint row ranges give the same buffer as one call */
     uint8_t a1[2 * 292], a2[2 * 292];
     kvt_act_quantize(KVT_TYPE_Q6_K, x, 256, 0, 2, a1);
@@ -263,8 +279,8 @@ static void test_act_quantize(void **st) {
     assert_memory_equal(a1, a2, sizeof a1);
 }
 
-/* Dispatched (SIMD) activation quantization writes the same bytes as kvt_quantize_ref of the
- * vec-dot type, including exact .5 ties (roundf rounds them away from zero, lrintf to even). */
+/* Dispatched (SIMD) activation quantization writes the same bytes as kvt_act_quantize_ref of the
+ * vec-dot type, including exact .5 ties (Q8_0/Q8_1 and Q8_K round them to even). */
 static void test_act_quantize_dispatch(void **st) {
     (void)st;
     const int64_t n = 1024, nr = 3;
@@ -286,7 +302,7 @@ static void test_act_quantize_dispatch(void **st) {
         const uint32_t vt = kvt_vec_dot_type(wts[w]);
         const size_t rb = kvt_act_bytes(wts[w], n, 1);
         uint8_t *ref = malloc(rb * nr), *got = malloc(rb * nr);
-        for (int64_t r = 0; r < nr; r++) kvt_quantize_ref(vt, x + r * n, ref + r * rb, n);
+        for (int64_t r = 0; r < nr; r++) kvt_act_quantize_ref(vt, x + r * n, ref + r * rb, n);
         for (int k = 0; k < ni; k++) {
             assert_true(kvt_kernels_force_isa(isas[k]));
             memset(got, 0xAA, rb * nr);

@@ -109,7 +109,7 @@ static void mv(const double *w, uint32_t wtype, int64_t n_in, int64_t n_out, con
     for (int64_t i = 0; i < n_in; i++) xf[i] = (float)x[i];
     if (vt != KVT_TYPE_F32) {
         void *q = malloc(kvt_type_row_bytes(vt, (uint64_t)n_in));
-        kvt_quantize_ref(vt, xf, q, n_in);
+        kvt_act_quantize_ref(vt, xf, q, n_in);
         kvt_dequant_ref(vt, q, xf, n_in);
         free(q);
     }

@@ -3,16 +3,48 @@
  * mix made by llama.cpp's quantizer (q5_1, q8_0, q5_K, q6_K tensors) whose large logits make the
  * greedy choice sensitive to every rounding step (see tests/fixtures/README.md).
  *
- * What it pins down: attention rounds Q and the normalized softmax weights to f16 as llama.cpp's
- * default CPU attention does (kv/attention.c). Without those two roundings kvtier picks the
- * runner-up at the first position of the 8-token case (its top-2 gap is 0.108 nats in the
- * reference) and the log-probability gaps differ by ~0.1-0.3; with them they agree to < 1e-3 at
- * the first seven positions.
+ * What it pins down, on the 8-token case (every generated position's top-5 log-probability gaps):
+ *  - attention rounds Q and the normalized softmax weights to f16 as llama.cpp's default CPU
+ *    attention does (kv/attention.c). Without those two roundings kvtier picks the runner-up at the
+ *    first position (its top-2 gap is 0.108 nats in the reference) and the gaps differ by ~0.1-0.3;
+ *  - Q8_0/Q8_1 activations round as ggml's run-time CPU quantizer (id = 127/amax, ties to even;
+ *    kernels/quant_ref.c kvt_act_quantize_ref), and the V product sums keys in 16 lanes (cache
+ *    position mod 16) reduced as _mm512_reduce_add_ps (kv/attention.c). Before these two the gaps
+ *    agreed to < 1e-6 (the reference's float logits, bit for bit) only up to position 6: at position
+ *    7 (the token at cache position 14) one element of layer 0's attention output, the input of
+ *    attn_output, quantizes to exactly 84.5 in kvtier; llama.cpp rounds the tie to even (84), kvtier
+ *    rounded it away from zero (85), and the gaps jumped to 0.15-0.35 nats. kvtier reaches the tie
+ *    only when the block's largest element has llama.cpp's bits, which needs a lane order in the V
+ *    product (its single ascending accumulator was 1 ulp off). With both, the gaps agree to < 1e-6
+ *    at the first 16 positions; the test checks them at 1e-4.
  *
- * Known limit (stated, not hidden): on the 300-token case kvtier follows the reference for the
- * first 13 of 32 tokens only; the remaining differences come from roundings kvtier does not copy
- * (RoPE angles in f32, ggml's exp/silu approximations, summation orders), which this model
- * amplifies. The test checks the 13.
+ * The 300- and 700-token cases: kvtier gives all 32 greedy tokens of both, but not the reference's
+ * bits. The 300-token case is the issue's: token 13's top-2 margin is 0.097 nats in the reference,
+ * and kvtier's gaps were already 0.03-0.57 nats off at position 0 (after the 300-token prefill; one
+ * rounding boundary crossed differently moves this model's gaps by ~0.05-0.35 nats, so agreement is
+ * bit-exact or not close), so it picked the runner-up there (13 of 32 tokens). Measured by emulating
+ * llama.cpp c392e509's CPU operations one at a time in a debug build (bench/ref_gaps.c prints the
+ * per-position gaps): the reference ran on an AVX-512 machine, and four operations round differently:
+ *  1. K·Q: tinyBLAS's 16 lanes reduced as _mm512_reduce_add_ps, ((t0+t4)+(t2+t6))+((t1+t5)+(t3+t7))
+ *     with t_l = lane l + lane l+8; kvtier's dot (kernels/vec.h) pairs ((t0+t4)+(t1+t5))+(...);
+ *  2. softmax: ggml_v_expf's AVX-512 form (a polynomial and _mm512_scalef_ps), 16-lane float sums
+ *     added in double, weights times (float)(1.0/sum); kvtier: its own exp polynomial, one 16-lane
+ *     float sum, 1.0f/sum;
+ *  3. the V product's 16 lanes (copied, above);
+ *  4. RoPE: angles p * theta_scale^i as float products (theta *= theta_scale), cosf/sinf, and the
+ *     rotation with the first product of each output fused, fmaf(x0, cos, -(x1 sin)) and
+ *     fmaf(x0, sin, x1 cos) (gcc contracting ggml's C). Copied (model.c): with it the 300-token
+ *     case's margin at token 13 is 0.071 (negative before) and all 32 tokens agree; fusing
+ *     x1 cos instead of x0 sin in the second output puts the 8-token case off at position 9.
+ * With all four (in the same order for a batch and a single token, as kvtier needs) the 300-token
+ * case's positions 0 and 1 are the reference's bit for bit and its gap errors at positions 0-13
+ * (sum of |error| over the top 2..5) fall from 8.8 to 1.3 (6.1 with 3 and 4 only, as committed), but
+ * position 2 still differs, and the 700-token case (ubatches of 512 + 188 in llama.cpp) is off at
+ * position 0. 1 and 2 are not copied yet (they need new SIMD twins of the dot's reduction and of the
+ * exp). Emulated without effect: rms_norm's float products, SiLU's vector exp, q5_1's fused m·s
+ * sum; llama.cpp's AVX2 orders instead of AVX-512 ones leave position 0 off. For a single token
+ * llama.cpp also changes its K·Q and V orders (ggml_vec_dot_f16), which kvtier cannot copy: decode
+ * must equal a full recompute.
  */
 #include "testutil.h"
 
@@ -167,10 +199,11 @@ static uint32_t run_case(fixture *fx, const ref_case *rc, uint32_t n_check, uint
     return agree;
 }
 
-/* The case of the issue: 0.108 nats between the reference's top two at the first position. */
+/* The case of the issue: 0.108 nats between the reference's top two at the first position. The
+ * gaps of the first 16 positions are the reference's to float precision (header). */
 static void test_case8_greedy_and_gaps(void **st) {
     fixture *fx = *st;
-    assert_int_equal(run_case(fx, &fx->cases[0], 32, 7, 2e-3), 32);
+    assert_int_equal(run_case(fx, &fx->cases[0], 32, 16, 1e-4), 32);
 }
 
 /* The scalar kernels sum each q5_1/q8_0 dot in one float (the SIMD ones, like ggml's AVX2 kernels,
@@ -184,9 +217,11 @@ static void test_case8_scalar_kernels(void **st) {
     assert_int_equal(agree, 32);
 }
 
-static void test_case300_prefix(void **st) {
+/* All 32 greedy tokens, but not the reference's bits (header): at token 13 kvtier's top-2 margin is
+ * 0.071 nats against the reference's 0.097. */
+static void test_case300_greedy(void **st) {
     fixture *fx = *st;
-    assert_true(run_case(fx, &fx->cases[1], 13, 0, 0.0) == 13);
+    assert_int_equal(run_case(fx, &fx->cases[1], 32, 0, 0.0), 32);
 }
 
 static void test_case700_greedy(void **st) {
@@ -198,7 +233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_case8_greedy_and_gaps),
         cmocka_unit_test(test_case8_scalar_kernels),
-        cmocka_unit_test(test_case300_prefix),
+        cmocka_unit_test(test_case300_greedy),
         cmocka_unit_test(test_case700_greedy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -205,7 +205,7 @@ void kvt_act_quantize(uint32_t wtype, const float *x, int64_t n_in, int64_t r0, 
     for (int64_t r = r0; r < r1; r++) {
         void *dst = (uint8_t *)buf + (size_t)r * rb;
         if (g_tab.act_quant[vt]) g_tab.act_quant[vt](x + r * n_in, dst, n_in);
-        else kvt_quantize_ref(vt, x + r * n_in, dst, n_in);
+        else kvt_act_quantize_ref(vt, x + r * n_in, dst, n_in);
     }
 }
 

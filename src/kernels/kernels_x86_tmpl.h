@@ -1055,21 +1055,13 @@ static TGT void F(dq_q6_K)(const void *src, float *dst, int64_t n) {
     }
 }
 
-/* ---------------- activation quantization (bytes identical to kvt_quantize_ref) ---------------- */
+/* ---------------- activation quantization (bytes identical to kvt_act_quantize_ref) ---------------- */
 
 AI float F(hmax_ps)(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
-}
-/* roundf (half away from zero), exactly: trunc, then adjust by the exact remainder */
-AI __m256i F(roundf_epi32)(__m256 v) {
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_sub_ps(v, t), one = _mm256_set1_ps(1.0f);
-    __m256 u = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
-    u = _mm256_sub_ps(u, _mm256_and_ps(_mm256_cmp_ps(r, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one));
-    return _mm256_cvttps_epi32(u);
 }
 /* 4 × 8 int32 (each in [-127,127]) → 32 int8 in order */
 AI __m256i F(pack32)(__m256i a, __m256i b, __m256i c, __m256i d) {
@@ -1090,10 +1082,13 @@ AI void F(aq_q8_block)(const float *x, uint8_t *out, bool with_sum) {
         am = _mm256_max_ps(am, _mm256_and_ps(v[k], absmask));
     }
     const float amax = F(hmax_ps)(am);
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    /* kvt_act_quantize_ref: id = 127/amax (0 when not finite), ties to even (the MXCSR default) */
+    const float d = amax / 127.0f;
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    if (!isfinite(id)) id = 0.0f;
     const __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
-    for (int k = 0; k < 4; k++) q[k] = F(roundf_epi32)(_mm256_mul_ps(v[k], vid));
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));
     const uint16_t dh = F(f2h)(d);
     memcpy(out, &dh, 2);
     _mm256_storeu_si256((__m256i *)(out + (with_sum ? 4 : 2)), F(pack32)(q[0], q[1], q[2], q[3]));

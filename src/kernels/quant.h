@@ -12,7 +12,8 @@
  *    int8 qs[256], int16 bsums[16]) for K-quants. F32, F16 and BF16 weights use the f32 activations
  *    unchanged (F16 weights are widened to f32 in registers; activations are not rounded to f16),
  *    except where loaders packed them as KVT_TYPE_BF16X (bf16 activations; see below).
- *    kvt_act_quantize's SIMD versions write exactly the bytes of kvt_quantize_ref(vec_dot_type).
+ *    kvt_act_quantize's SIMD versions write exactly the bytes of kvt_act_quantize_ref(vec_dot_type)
+ *    (Q8_0/Q8_1 as ggml's run-time CPU quantizer rounds them; weights keep kvt_quantize_ref's).
  *  - kvt_matmul_rows tiles 4 weight rows × (4 on AVX-512, 2 on AVX2) activation rows. K-quant
  *    results equal kvt_matmul_rows_ref bit for bit on every ISA; the other types differ from the
  *    reference only by float summation order (lane-parallel), |diff| <= 1e-5·Σ|w·x| in the tests.
@@ -52,6 +53,10 @@ uint64_t kvt_type_row_bytes(uint32_t t, uint64_t n);
 void kvt_dequant_ref(uint32_t t, const void *src, float *dst, int64_t n);
 /* Reference quantization (ggml's reference quantizers), used by gen-model and tests. */
 void kvt_quantize_ref(uint32_t t, const float *src, void *dst, int64_t n);
+/* Activation quantization to the vec-dot type t (what kvt_act_quantize writes): Q8_0/Q8_1 with the
+ * rounding of ggml's CPU quantizer (id = 127/amax, ties to even; quant_ref.c), other types as
+ * kvt_quantize_ref. */
+void kvt_act_quantize_ref(uint32_t t, const float *src, void *dst, int64_t n);
 /* Dispatched dequantization (SIMD where available). */
 void kvt_dequant_row(uint32_t t, const void *src, float *dst, int64_t n);
 

@@ -528,7 +528,42 @@ size_t kvt_act_bytes(uint32_t wtype, int64_t n_in, int64_t n_rows) {
     return (size_t)kvt_type_row_bytes(kvt_vec_dot_type(wtype), (uint64_t)n_in) * (size_t)n_rows;
 }
 
-/* kvt_act_quantize (dispatch.c) uses the SIMD quantizers, which produce the same bytes as these. */
+/* Activation quantization (kvt_act_quantize; its SIMD versions write the same bytes). Q8_0/Q8_1 round
+ * as ggml's CPU quantizer does at run time (quantize_row_q8_0/q8_1, not their _ref twins, which
+ * kvt_quantize_ref keeps for weight files): id = 127/amax rather than 1/d, and x·id rounded to the
+ * nearest integer with ties to even rather than away from zero. d = amax/127 and s = d·Σq as before.
+ * An id that is not finite (amax below ~3.7e-37) is taken as 0. Other types: kvt_quantize_ref. */
+static void act_q8(const float *x, uint8_t *out, int64_t nb, bool with_sum) {
+    const size_t bb = with_sum ? 36 : 34, qo = with_sum ? 4 : 2;
+    for (int64_t i = 0; i < nb; i++, x += 32, out += bb) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        if (!isfinite(id)) id = 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int q = (int)lrintf(x[j] * id); /* |x·id| <= 127 (to within an ulp) */
+            out[qo + j] = (uint8_t)(int8_t)q;
+            sum += q;
+        }
+        const uint16_t dh = kvt_f32_to_f16(d);
+        memcpy(out, &dh, 2);
+        if (with_sum) {
+            const uint16_t sh = kvt_f32_to_f16((float)sum * d);
+            memcpy(out + 2, &sh, 2);
+        }
+    }
+}
+
+void kvt_act_quantize_ref(uint32_t t, const float *src, void *dst, int64_t n) {
+    kvt_f16_table_init();
+    if ((t == KVT_TYPE_Q8_0 || t == KVT_TYPE_Q8_1) && n > 0 && n % 32 == 0) {
+        act_q8(src, dst, n / 32, t == KVT_TYPE_Q8_1);
+        return;
+    }
+    kvt_quantize_ref(t, src, dst, n);
+}
 
 /* ======================= scalar reference dots ======================= */
 

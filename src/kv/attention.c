@@ -8,10 +8,15 @@
  *   s_j = kvt_vec_dot(q16, k_j, hd_k) * scale          (same helper, same order)
  *   m = max_j s_j; e_j = kvt_vec_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_vec_exp_sum order)
  *   w_j = f16(e_j * (1/sum))                          (kvt_vec_round_f16)
- *   o = 0; for j ascending: kvt_vec_axpy(o, w_j, v_j)
+ *   acc[0..15] = 0; for j ascending: kvt_vec_axpy(acc[j % 16], w_j, v_j)  (lane = absolute position % 16)
+ *   o = lane_reduce(acc): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
  * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
  * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
- * the V product converts the normalized softmax weights to f16. Models with large logits are
+ * the V product converts the normalized softmax weights to f16; the V product's 16 lanes over keys
+ * are the order of that product for a batch on AVX-512 (tinyBLAS: a key's lane is its cache
+ * position mod 16, each lane fused-multiply-adds in ascending order, then the 16-lane horizontal
+ * sum; for a single token llama.cpp takes another order, ggml_vec_dot_f16, which kvtier does not
+ * copy: decode must equal a full recompute). Models with large logits are
  * sensitive to exactly these roundings (tests/fixtures/llama-tiny-q5_k_m: without them the logits
  * differ from the reference by ~0.1-0.3 nats; with them by < 1e-3). MLA (latent) layers skip both
  * roundings: the reference engines run absorbed latent attention in f32 (tests/test_deepseek2.c). The block walker never gathers the
@@ -21,12 +26,14 @@
  * for up to ATT_TILE (query, head) pairs that share the KV head (GQA and multi-row prefill). Scores
  * come from kvt_vec_dot_rows / kvt_vec_dot_q4 (or, on AVX-512 with at least ATT_KT_MIN_PAIRS pairs,
  * kvt_vec_dot_kt_q4 over the chunk transposed so keys run across the vector lanes; f16 chunks are
- * decoded straight into that layout) and the weighted sum from kvt_vec_axpy_rows / kvt_vec_axpy_q4,
+ * decoded straight into that layout) and the weighted sum from kvt_vec_axpy_rows (per lane, the
+ * lane's keys as a strided run of tile rows; MLA layers keep one accumulator and kvt_vec_axpy_q4),
  * all bit-identical to looping kvt_vec_dot / kvt_vec_axpy over the keys in ascending order (codec.c).
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
- * rotation), TURBO blocks' weighted values accumulate in a second, rotated accumulator, and after
+ * rotation), TURBO blocks' weighted values accumulate in a second, rotated set of lane accumulators
+ * (reduced like the first), and after
  * the 1/sum scaling that accumulator is un-rotated once (Π_V^T) and added to the base-codec part
  * (or copied, when the pair sees no base-codec keys). Base-codec blocks before quant_start are read
  * as usual with the unrotated query. For an all-TURBO pair this equals, bit for bit, Π_V^T applied
@@ -57,6 +64,11 @@
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
  * row-major kernel). Either kernel gives the same bits. */
 #define ATT_KT_MIN_PAIRS 16
+/* The V product (non-latent layers) sums key p's term into lane p % ATT_VL, each lane in ascending
+ * key order with fmaf, then reduces the lanes (lane_reduce): the order of llama.cpp's CPU V product
+ * over an f16 cache for a batch on an AVX-512 machine (tinyBLAS, 16 lanes; the machine of the
+ * reference fixtures, tests/test_ref_llama_q5km.c, whose agreement depends on this order). */
+#define ATT_VL 16
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -78,7 +90,19 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
         const size_t big = (size_t)ATT_TILE_SMALL * pad16((size_t)n_ctx + 1);
         sc = big > sc ? big : sc;
     }
-    return (size_t)(ATT_TILE + 2 * ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim);
+    return (size_t)(ATT_TILE + 2 * ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim) +
+           2 * (size_t)ATT_TILE * ATT_VL * pad16(l->max_head_dim); /* the V product's lane accumulators */
+}
+
+/* o[d] = the 16 lane sums acc[l*ld + d] reduced as _mm512_reduce_add_ps does (tinyBLAS's AVX-512
+ * horizontal sum): t[l] = acc[l] + acc[l+8], u[l] = t[l] + t[l+4], then (u0 + u2) + (u1 + u3). */
+static void lane_reduce(float *o, const float *acc, size_t ld, uint32_t n) {
+    for (uint32_t d = 0; d < n; d++) {
+        float t[8], u[4];
+        for (int l = 0; l < 8; l++) t[l] = acc[(size_t)(l + 8) * ld + d] + acc[(size_t)l * ld + d];
+        for (int l = 0; l < 4; l++) u[l] = t[l + 4] + t[l];
+        o[d] = (u[0] + u[2]) + (u[1] + u[3]);
+    }
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
@@ -140,9 +164,11 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
     const uint32_t rep = n_head / n_kv_heads;
     float *sc = malloc(((size_t)n_kv + 1) * sizeof(float));
     float *q16 = malloc(((size_t)hd_k + 1) * sizeof(float));
-    if (!sc || !q16) {
+    float *acc = malloc(((size_t)ATT_VL * hd_v + 1) * sizeof(float));
+    if (!sc || !q16 || !acc) {
         free(sc);
         free(q16);
+        free(acc);
         return;
     }
     for (uint32_t i = 0; i < n_q; i++) {
@@ -162,12 +188,16 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             float inv = softmax_inplace(sc, n, true);
             if (inv == 0.0f) continue;
             kvt_vec_round_f16(sc, sc, n, inv);
+            memset(acc, 0, (size_t)ATT_VL * hd_v * sizeof(float));
             for (uint32_t j = 0; j < n; j++)
-                kvt_vec_axpy(o, sc[j], v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
+                kvt_vec_axpy(acc + (size_t)((lo + j) % ATT_VL) * hd_v, sc[j],
+                             v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
+            lane_reduce(o, acc, hd_v, hd_v);
         }
     }
     free(sc);
     free(q16);
+    free(acc);
 }
 
 /* Decodes n consecutive rows (row r at src + r*rb) into dst (row r at dst + r*dim). Unpadded f16
@@ -228,6 +258,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
     const bool kt = kvt_vec_level() == 2 && hd_k % 16 == 0;
     float *rot_base = sc_base + (size_t)tile_pairs((uint64_t)pos0 + n_q) * pad16((size_t)pos0 + n_q + 1); /* 2*ATT_TILE rows */
     const size_t rot_stride = hdp;
+    /* lane accumulators of pair j: lane_base + j*ATT_VL*hdp (rotated: pair ATT_TILE + j), lane l at +l*hdp */
+    float *lane_base = rot_base + 2 * (size_t)ATT_TILE * rot_stride;
+    const bool lanes = !mla;
     kvt_block *const *slots = s->slots[g];
     float dummy[ATT_DUMMY] = {0}; /* output row for padding slots of the 4-output V kernel */
 
@@ -338,6 +371,11 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 else
                     for (uint32_t t = 0; t < nj; t++) scj[t] *= pr[j].inv;
             }
+            for (uint32_t j = 0; j < np && lanes; j++) { /* zero the pairs' lane accumulators */
+                if (pr[j].inv == 0.0f) continue;
+                memset(lane_base + (size_t)j * ATT_VL * hdp, 0, (size_t)ATT_VL * hdp * sizeof(float));
+                if (turbo) memset(lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, 0, (size_t)ATT_VL * hdp * sizeof(float));
+            }
             /* Pass 2: V rows, weighted accumulation in ascending key order. Keys of dropped blocks
              * have weight exactly 0, and adding 0*v changes nothing, so they are skipped. MLA: the
              * V rows are the K rows, decoded whole (vdim wide) and read as their hd_v prefix. */
@@ -359,6 +397,23 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
                     decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, vdim, p1 - p0 + 1, tile);
+                    if (lanes) { /* key p into lane p % ATT_VL: per lane a strided run of rows */
+                        for (uint32_t g = 0; g < na; g++) {
+                            const uint32_t j = act[g], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
+                            float *acc = lane_base + (size_t)((rotv ? ATT_TILE : 0) + j) * ATT_VL * hdp;
+                            const float *wj = sc_base + j * span;
+                            for (uint32_t ln = 0; ln < ATT_VL; ln++) {
+                                const uint32_t f = a + (ln + ATT_VL - a % ATT_VL) % ATT_VL; /* first key of lane ln */
+                                if (f > e) continue;
+                                const uint32_t cnt = (e - f) / ATT_VL + 1;
+                                float wl[ATT_KC / ATT_VL + 1];
+                                for (uint32_t r = 0; r < cnt; r++) wl[r] = wj[f + r * ATT_VL - ulo];
+                                kvt_vec_axpy_rows(acc + (size_t)(f % ATT_VL) * hdp, wl, tile + (size_t)(f - p0) * vdim,
+                                                  (size_t)ATT_VL * vdim, cnt, hd_v);
+                            }
+                        }
+                        continue;
+                    }
                     uint32_t g0 = 0;
                     if (na >= 2 && hd_v <= ATT_DUMMY)
                         for (; g0 < na; g0 += 4) {
@@ -402,6 +457,12 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #undef OUT
                 }
             }
+            if (lanes)
+                for (uint32_t j = 0; j < np; j++) {
+                    if (pr[j].inv == 0.0f) continue;
+                    lane_reduce(pr[j].o, lane_base + (size_t)j * ATT_VL * hdp, hdp, hd_v);
+                    if (turbo) lane_reduce(pr[j].orot, lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, hdp, hd_v);
+                }
             /* The weights were normalized before the V pass (f16-rounded), so no 1/sum here. */
             for (uint32_t j = 0; j < np && turbo; j++) {
                 if (pr[j].inv == 0.0f) continue;

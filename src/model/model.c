@@ -40,6 +40,7 @@ struct kvt_model {
     float *vecs;          /* owned f32 copies of every 1-D tensor (norms, biases, rope_freqs) */
     size_t vecs_used, vecs_cap;
     double *inv_freq[2];  /* [0] global / default layers, [1] window layers (ops->window_rope): n_rot/2 each */
+    const float *rope_freqs; /* rope_freqs.weight (llama3 factors) or NULL, in vecs */
     bool latent;          /* some layer is KVT_KIND_MLA (its chunks are set up by mla.c) */
     uint64_t weight_bytes;
     void *arch_state;     /* ops->pass only: its state (pass->load), owned */
@@ -417,6 +418,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
         KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
                  m->n_bf16x);
     if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
+    m->rope_freqs = rope_freqs;
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
     *out = m;
     return KVT_OK;
@@ -756,15 +758,18 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(s * x * (1.0f + 0.044715f * x * x)));
 }
 
-/* Rotate the first n_rot dims of one head vector by the (cos, sin) table of its position. */
+/* Rotate the first n_rot dims of one head vector by the (cos, sin) table of its position, with the
+ * first product of each output fused as in ggml's CPU RoPE compiled by gcc (which contracts
+ * x0*cos - x1*sin and x0*sin + x1*cos so): fusing x1*cos instead puts tests/test_ref_llama_q5km.c's
+ * 8-token case off the reference at position 9. */
 static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
     uint32_t half = n_rot / 2;
     for (uint32_t i = 0; i < half; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        x[a] = fmaf(x0, c, -(x1 * s));
+        x[b] = fmaf(x0, s, x1 * c);
     }
 }
 
@@ -1043,10 +1048,23 @@ static void forward_chunk(void *arg, int ith, int nth) {
         double pos = (double)c->row_pos[r];
         for (int cfg = 0; cfg < (o->window_rope ? 2 : 1); cfg++) { /* cfg 1: window layers */
             float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
-            for (uint32_t i = 0; i < half; i++) {
-                double th = pos * m->inv_freq[cfg][i];
-                cs[2 * i] = (float)cos(th);
-                cs[2 * i + 1] = (float)sin(th);
+            if (hp->mla.yarn) { /* YaRN's per-dimension factors (mla.c), in double */
+                for (uint32_t i = 0; i < half; i++) {
+                    double th = pos * m->inv_freq[cfg][i];
+                    cs[2 * i] = (float)cos(th);
+                    cs[2 * i + 1] = (float)sin(th);
+                }
+                continue;
+            }
+            /* ggml's angles: theta_i = p * theta_scale^i as float products (theta *= theta_scale),
+             * divided by rope_freqs' factor and times the linear scale (global layers), cosf/sinf */
+            const float ts = powf(cfg ? hp->rope_base_swa : hp->rope_base, -2.0f / (float)hp->n_rot);
+            float th = (float)c->row_pos[r];
+            for (uint32_t i = 0; i < half; i++, th *= ts) {
+                float ang = th;
+                if (cfg == 0) ang = hp->rope_freq_scale * (m->rope_freqs ? ang / m->rope_freqs[i] : ang);
+                cs[2 * i] = cosf(ang);
+                cs[2 * i + 1] = sinf(ang);
             }
         }
     }
