@@ -527,7 +527,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         if (jb->n && jb->inv[h0 + r] != 0.0f) act[na++] = h0 + r;
     }
     if (na == 0) return;
-    float dummy[ATT_DUMMY] = {0}; /* output of the padding slots of the 4-output kernel (never read) */
+    float dummy[ATT_DUMMY] = {0}; /* output of the padding slots of the 4-output kernel (discarded) */
     const uint32_t hi = jb->lo + jb->n - 1;
     for (uint32_t bi = jb->lo / bt; bi <= hi / bt; bi++) {
         const kvt_block *b = jb->slots[bi];
@@ -541,8 +541,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
             const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
             const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
             if (w == hd_v) decode_chunk(c, src, rb, hd_v, nr, tile);
-            else
-                for (uint32_t r = 0; r < nr; r++) kvt_decode_row_part(c, src + (size_t)r * rb, hd_v, d0, w, tile + (size_t)r * w);
+            else kvt_decode_rows_part(c, src, rb, hd_v, d0, w, nr, tile);
             uint32_t g0 = 0;
             if (na >= 2 && w <= ATT_DUMMY)
                 for (; g0 < na; g0 += 4) {

@@ -289,6 +289,12 @@ __attribute__((target("f16c,avx2,fma"))) static void f16_decode_f16c(const uint8
         dst[i] = kvt_f16_to_f32_fast(h);
     }
 }
+/* Rows of w halves (row r at src + r*rb) into dst (row r at dst + r*w): one call for a chunk of
+ * rows, so a decode of a few columns per row does not pay a dispatch per row. */
+__attribute__((target("f16c,avx2,fma"))) static void f16_decode_rows_f16c(const uint8_t *src, size_t rb, uint32_t w,
+                                                                          uint32_t n, float *dst) {
+    for (uint32_t r = 0; r < n; r++) f16_decode_f16c(src + r * rb, w, dst + (size_t)r * w);
+}
 /* f32 → f16, round to nearest even: F16C gives kvt_f32_to_f16's bits for every non-NaN value
  * (inf and overflow included); a group of 8 holding a NaN takes the scalar path (canonical NaN). */
 __attribute__((target("f16c,avx2,fma"))) static void f16_encode_f16c(const float *x, uint32_t dim, uint8_t *d) {
@@ -374,29 +380,54 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
 #endif
         bf16_decode(src, dim, dst);
         return;
-    case KVT_CODEC_AFFINE: kvt_decode_row_part(c, src, dim, 0, dim, dst); return;
+    case KVT_CODEC_AFFINE:
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1 && (c.bits == 8 || c.bits == 4)) {
+            affine_decode_avx2(c, src, dim, 0, dim / c.group_size, dst);
+            return;
+        }
+#endif
+        affine_decode_groups(c, src, dim, 0, dim / c.group_size, dst);
+        return;
     case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, kvt_kv_turbo_level()); return;
     }
 }
 
-void kvt_decode_row_part(kvt_codec c, const uint8_t *src, uint32_t dim, uint32_t d0, uint32_t n, float *dst) {
+void kvt_decode_rows_part(kvt_codec c, const uint8_t *src, size_t rb, uint32_t dim, uint32_t d0, uint32_t w, uint32_t n,
+                          float *dst) {
     switch (c.kind) {
     case KVT_CODEC_F16:
-    case KVT_CODEC_BF16: kvt_decode_row_fast(c, src + 2 * (size_t)d0, n, dst); return;
-    case KVT_CODEC_AFFINE: {
-        const uint32_t g0 = d0 / c.group_size, g1 = (d0 + n) / c.group_size;
 #ifdef KVT_X86
-        if (kvt_vec_level() >= 1 && (c.bits == 8 || c.bits == 4)) {
-            affine_decode_avx2(c, src, dim, g0, g1, dst);
+        if (kvt_vec_level() >= 1) {
+            f16_decode_rows_f16c(src + 2 * (size_t)d0, rb, w, n, dst);
             return;
         }
 #endif
-        affine_decode_groups(c, src, dim, g0, g1, dst);
+        for (uint32_t r = 0; r < n; r++) f16_decode_table(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+        return;
+    case KVT_CODEC_BF16:
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1) {
+            for (uint32_t r = 0; r < n; r++) bf16_decode_avx2(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+            return;
+        }
+#endif
+        for (uint32_t r = 0; r < n; r++) bf16_decode(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+        return;
+    case KVT_CODEC_AFFINE: {
+        const uint32_t g0 = d0 / c.group_size, g1 = (d0 + w) / c.group_size;
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1 && (c.bits == 8 || c.bits == 4)) {
+            for (uint32_t r = 0; r < n; r++) affine_decode_avx2(c, src + r * rb, dim, g0, g1, dst + (size_t)r * w);
+            return;
+        }
+#endif
+        for (uint32_t r = 0; r < n; r++) affine_decode_groups(c, src + r * rb, dim, g0, g1, dst + (size_t)r * w);
         return;
     }
     case KVT_CODEC_TURBO: break; /* whole rows only (kvt_decode_row_fast) */
     }
-    assert(!"kvt_decode_row_part: TURBO rows decode whole");
+    assert(!"kvt_decode_rows_part: TURBO rows decode whole");
 }
 
 void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst) {
