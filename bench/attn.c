@@ -15,8 +15,9 @@
 // all heads) of 8 layers taken in turn (96 MiB of f16 KV for smol-135m at 16384, more than a
 // last-level cache), split across THREADS threads two ways: "heads", the forward pass's split
 // without split-K (KV heads when they divide among the threads, else query heads), and "split-K"
-// (kvt_attention_split). Wall time, median of 7 alternated repetitions of ~0.2 s each; the two
-// outputs are checked equal bit for bit.
+// (kvt_attention_split). Wall time, median of 7 alternated repetitions of ~0.2 s each, and the
+// process CPU time per row of the same repetition (all threads; on a shared machine it moves less
+// than the wall time, barrier spinning included); the two outputs are checked equal bit for bit.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,14 +156,23 @@ static void split_task(void *arg, int ith, int nth) {
                       b->scratch[ith]);
 }
 
-/* Seconds per decode row over ~0.2 s of rows, the layers in turn. */
-static double split_rep(split_bench *b) {
-    double t0 = wall_sec(), t = 0;
+static double proc_cpu_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wall seconds per decode row over ~0.2 s of rows, the layers in turn; *cpu gets the process CPU
+ * seconds per row. */
+static double split_rep(split_bench *b, double *cpu) {
+    const double c0 = proc_cpu_sec(), t0 = wall_sec();
+    double t = 0;
     uint32_t calls = 0;
     while ((t = wall_sec() - t0) < 0.2) {
         b->layer = calls++ % SPLIT_LAYERS;
         kvt_threadpool_run(b->tp, split_task, b);
     }
+    *cpu = (proc_cpu_sec() - c0) / calls;
     return t / calls;
 }
 
@@ -190,19 +200,22 @@ static int split_main(int nth, uint32_t depth, const char *only_shape, const cha
             float **scr = malloc((size_t)nth * sizeof(float *));
             for (int t = 0; t < nth; t++) scr[t] = malloc(kvt_attention_scratch_floats(c.l, depth) * sizeof(float));
             split_bench b[2];
-            double r[2][7];
+            double r[2][7], cpu[2][7];
             for (int m = 0; m < 2; m++) {
                 b[m] = (split_bench){&c, depth - 1, 0, m, outs[m], shared, scr, tp};
                 kvt_threadpool_run(tp, split_task, &b[m]); /* layer 0: the outputs compared below */
             }
             const int same = memcmp(outs[0], outs[1], od * sizeof(float)) == 0;
             for (int rep = 0; rep < 7; rep++)
-                for (int m = 0; m < 2; m++) r[m][rep] = split_rep(&b[m]);
-            qsort(r[0], 7, sizeof(double), cmpd);
-            qsort(r[1], 7, sizeof(double), cmpd);
-            printf("%-11s %-10s depth %5u, %d threads: heads %7.3f ms/row, split-K %7.3f ms/row (%.2fx), outputs %s\n",
-                   shapes[si].name, cn, depth, nth, r[0][3] * 1e3, r[1][3] * 1e3, r[0][3] / r[1][3],
-                   same ? "identical" : "DIFFER");
+                for (int m = 0; m < 2; m++) r[m][rep] = split_rep(&b[m], &cpu[m][rep]);
+            for (int m = 0; m < 2; m++) {
+                qsort(r[m], 7, sizeof(double), cmpd);
+                qsort(cpu[m], 7, sizeof(double), cmpd);
+            }
+            printf("%-11s %-10s depth %5u, %d threads: heads %7.3f ms/row (cpu %7.3f), split-K %7.3f ms/row (cpu %7.3f), "
+                   "wall %.2fx, outputs %s\n",
+                   shapes[si].name, cn, depth, nth, r[0][3] * 1e3, cpu[0][3] * 1e3, r[1][3] * 1e3, cpu[1][3] * 1e3,
+                   r[0][3] / r[1][3], same ? "identical" : "DIFFER");
             fflush(stdout);
             for (int t = 0; t < nth; t++) free(scr[t]);
             free(scr), free(shared), free(outs[0]), free(outs[1]);
