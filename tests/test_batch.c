@@ -1,7 +1,7 @@
 /* test_batch.c — kvt_model_forward_batch (continuous batching, docs/batching.md): several
  * sequences in one pass give each sequence bit-identical logits to running it alone, whatever the
- * mix of prefill chunks and decode rows, the thread count (head split / row split / replicated
- * mode), or the other rows beside it; a sequence the pool cannot grow fails alone; malformed calls
+ * mix of prefill chunks and decode rows, the thread count (head split / row split / split-K /
+ * replicated mode), or the other rows beside it; a sequence the pool cannot grow fails alone; malformed calls
  * are refused before anything runs. */
 #include "testutil.h"
 
@@ -172,6 +172,19 @@ static void test_batch_qwen2(void **st) { (void)st; check_arch("qwen2", "f16"); 
 static void test_batch_qwen3(void **st) { (void)st; check_arch("qwen3", "bf16"); }
 static void test_batch_gemma3(void **st) { (void)st; check_arch("gemma3", "q8_0"); }
 
+/* Split-K forced on every decode row (KVT_SPLITK=1): a step's decode rows each run
+ * kvt_attention_split in turn over the shared buffer, beside prefill chunks, and still give the
+ * logits of the sequence alone (itself split-K). */
+static void test_batch_splitk(void **st) {
+    (void)st;
+    setenv("KVT_SPLITK", "1", 1);
+    const uint64_t calls = kvt_attention_split_calls();
+    check_arch("llama", "f16");
+    check_arch("gemma3", "q8_0");
+    assert_true(kvt_attention_split_calls() > calls);
+    unsetenv("KVT_SPLITK");
+}
+
 /* Malformed calls are refused before anything runs; a sequence the pool cannot grow fails alone. */
 static void test_batch_errors(void **st) {
     (void)st;
@@ -233,7 +246,7 @@ static void test_batch_errors(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_llama_q8_0), cmocka_unit_test(test_batch_qwen2), cmocka_unit_test(test_batch_qwen3),
-        cmocka_unit_test(test_batch_gemma3),     cmocka_unit_test(test_batch_errors),
+        cmocka_unit_test(test_batch_gemma3),     cmocka_unit_test(test_batch_splitk), cmocka_unit_test(test_batch_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* test_kv_attention.c — block-reading attention must equal kvt_attention_ref over the decoded f32
  * K/V bit for bit: across block boundaries, with GQA, windows (before/after the window slides and
- * blocks are dropped), mixed base/affine variants, head splits, and after clone/trim/append. */
+ * blocks are dropped), mixed base/affine variants, head splits, and after clone/trim/append; and
+ * split-K decode (kvt_attention_split) must equal kvt_attention on 1-4 threads. */
 #include <math.h>
 
 #include "testutil.h"
@@ -395,6 +396,154 @@ static void test_prefill_tiles_match_ref(void **st) {
     for (size_t i = 0; i < KVT_ARRAY_LEN(PSHAPES); i++) prefill_shape(&PSHAPES[i]);
 }
 
+/* ---- split-K single-row attention (kvt_attention_split) against kvt_attention and the reference ---- */
+
+typedef struct sshape {
+    uint32_t n_kv, rep, hdk, hdv, bt, window;
+    kvt_codec base, codec;
+    uint32_t quant_start;
+    uint32_t depths[4]; /* keys seen by the checked decode rows, increasing (0 ends) */
+} sshape;
+
+typedef struct split_run {
+    const kvt_seq *s;
+    const float *q;
+    uint32_t pos, n_head;
+    float scale;
+    float *out, *shared, **scratch;
+    kvt_threadpool *tp;
+} split_run;
+
+static void split_task(void *ctx, int ith, int nth) {
+    const split_run *r = ctx;
+    kvt_attention_split(r->s, 0, r->q, r->pos, r->n_head, r->scale, r->out, r->shared, r->scratch[ith], r->tp, ith,
+                        nth);
+}
+
+/* Streams K/V up to each depth d (the row at d - 1 written but not committed, as in a decode step),
+ * then: kvt_attention equals kvt_attention_ref, and kvt_attention_split on 1, 2, 3 and 4 threads
+ * equals kvt_attention, bit for bit. */
+static void split_shape(const sshape *ss, kvt_threadpool *const *tps) {
+    const uint32_t n_head = ss->n_kv * ss->rep, qd = n_head * ss->hdk, od = n_head * ss->hdv;
+    uint32_t n_ctx = 0;
+    for (int i = 0; i < 4 && ss->depths[i]; i++) n_ctx = ss->depths[i];
+    kvt_layer_desc d = {.kind = ss->window ? KVT_KIND_WINDOW : KVT_KIND_FULL, .window = ss->window,
+                        .n_kv_heads = ss->n_kv, .head_dim_k = ss->hdk, .head_dim_v = ss->hdv, .codec = ss->codec};
+    kvt_kv_layout *l;
+    char err[200];
+    assert_int_equal(kvt_kv_layout_create(&d, 1, ss->bt, ss->base, ss->quant_start, &l, err, sizeof err), KVT_OK);
+    assert_true(kvt_attention_split_ok(l, 0, n_head));
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    kvt_seq *s;
+    assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+    float *kr = malloc(sizeof(float) * n_ctx * ss->n_kv * ss->hdk);
+    float *vr = malloc(sizeof(float) * n_ctx * ss->n_kv * ss->hdv);
+    float *k = malloc(sizeof(float) * ss->n_kv * ss->hdk), *v = malloc(sizeof(float) * ss->n_kv * ss->hdv);
+    float *q = malloc(sizeof(float) * qd), *o1 = malloc(sizeof(float) * od), *o2 = malloc(sizeof(float) * od);
+    float *o3 = malloc(sizeof(float) * od);
+    float *shared = malloc(sizeof(float) * kvt_attention_split_floats(n_head, n_ctx));
+    float *scr[4];
+    for (int t = 0; t < 4; t++) scr[t] = malloc(sizeof(float) * kvt_attention_scratch_floats(l, n_ctx));
+    uint8_t row[512];
+    uint64_t rng = n_ctx * 31 + ss->hdv * 7 + ss->rep + ss->codec.kind;
+    const float scale = 1.0f / sqrtf((float)ss->hdk);
+    for (int di = 0; di < 4 && ss->depths[di]; di++) {
+        const uint32_t pos = ss->depths[di] - 1, len = kvt_seq_len(s);
+        assert_int_equal(kvt_seq_prepare(s, pos + 1 - len), KVT_OK);
+        for (uint32_t t = len; t <= pos; t++) {
+            for (uint32_t i = 0; i < ss->n_kv * ss->hdk; i++) k[i] = tu_randf(&rng) * 2;
+            for (uint32_t i = 0; i < ss->n_kv * ss->hdv; i++) v[i] = tu_randf(&rng);
+            kvt_seq_write_kv(s, 0, t, k, v);
+            const kvt_codec c = kvt_kv_layout_codec_at(l, 0, t / ss->bt);
+            for (uint32_t h = 0; h < ss->n_kv; h++) {
+                kvt_codec_encode_row(c, k + h * ss->hdk, ss->hdk, row);
+                kvt_codec_decode_row(c, row, ss->hdk, kr + ((size_t)t * ss->n_kv + h) * ss->hdk);
+                kvt_codec_encode_row(c, v + h * ss->hdv, ss->hdv, row);
+                kvt_codec_decode_row(c, row, ss->hdv, vr + ((size_t)t * ss->n_kv + h) * ss->hdv);
+            }
+            if (t < pos) { /* earlier rows are committed one by one (windows drop their blocks) */
+                const int32_t tok = (int32_t)(t % 1000);
+                assert_int_equal(kvt_seq_commit(s, &tok, 1), KVT_OK);
+            }
+        }
+        for (uint32_t i = 0; i < qd; i++) q[i] = tu_randf(&rng) * 3;
+        memset(o1, 0xff, sizeof(float) * od);
+        kvt_attention(s, 0, q, 1, qd, pos, n_head, scale, 0, n_head, o1, od, scr[0]);
+        kvt_attention_ref(kr, vr, pos + 1, ss->n_kv, ss->hdk, ss->hdv, q, 1, qd, pos, n_head, scale, ss->window, o2, od);
+        assert_memory_equal(o1, o2, sizeof(float) * od);
+        for (int nth = 1; nth <= 4; nth++) {
+            memset(o3, 0xff, sizeof(float) * od); /* NaN garbage: every element must be written */
+            split_run r = {s, q, pos, n_head, scale, o3, shared, scr, tps[nth - 1]};
+            const uint64_t calls = kvt_attention_split_calls();
+            kvt_threadpool_run(tps[nth - 1], split_task, &r);
+            assert_true(kvt_attention_split_calls() == calls + 1);
+            for (uint32_t i = 0; i < od; i++)
+                if (memcmp(&o1[i], &o3[i], 4))
+                    fail_msg("split kv%u rep%u hd%u/%u bt%u w%u: depth %u, %d threads, elem %u: %.9g vs %.9g",
+                             ss->n_kv, ss->rep, ss->hdk, ss->hdv, ss->bt, ss->window, pos + 1, nth, i, o3[i], o1[i]);
+        }
+        const int32_t tok = (int32_t)(pos % 1000);
+        assert_int_equal(kvt_seq_commit(s, &tok, 1), KVT_OK);
+    }
+    kvt_seq_free(s);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+    for (int t = 0; t < 4; t++) free(scr[t]);
+    free(kr), free(vr), free(k), free(v), free(q), free(o1), free(o2), free(o3), free(shared);
+}
+
+static const sshape SSHAPES[] = {
+    /* smol-135m's heads (3 KV heads, GQA 3, head dim 64): 1 key, depths off the block and thread
+     * counts, and past the split threshold (1024) */
+    {3, 3, 64, 64, 16, 0, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_F16}, 0, {1, 37, 301, 1100}},
+    /* one KV head, GQA 8; f16 blocks then q8g32 (V columns in whole 32-wide groups) */
+    {1, 8, 64, 64, 32, 0, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_AFFINE, .bits = 8, .group_size = 32}, 40, {50, 333}},
+    /* bf16 blocks then q4g64 with bf16 scales, head dim 128 */
+    {2, 2, 128, 128, 16, 0, {.kind = KVT_CODEC_BF16},
+     {.kind = KVT_CODEC_AFFINE, .bits = 4, .group_size = 64, .scale_bf16 = 1}, 20, {17, 250}},
+    /* odd head dims (V rows not in 16-column units), GQA 3 */
+    {2, 3, 48, 40, 8, 0, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_F16}, 0, {29, 103}},
+    /* window layer: the window slides, blocks are dropped */
+    {2, 4, 64, 64, 16, 40, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_F16}, 0, {10, 45, 130, 200}},
+    /* no GQA (one query head per KV head: the single-row kernels), 3-bit affine (scalar decode) */
+    {4, 1, 32, 64, 256, 0, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_AFFINE, .bits = 3, .group_size = 32}, 256, {300}},
+    /* window over 2-bit affine blocks of 4 tokens */
+    {1, 2, 64, 64, 4, 9, {.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_AFFINE, .bits = 2, .group_size = 64}, 8, {5, 23}},
+};
+
+static void split_shapes(void) {
+    kvt_threadpool *tps[4];
+    for (int t = 0; t < 4; t++) assert_non_null(tps[t] = kvt_threadpool_create(t + 1));
+    for (size_t i = 0; i < KVT_ARRAY_LEN(SSHAPES); i++) split_shape(&SSHAPES[i], tps);
+    for (int t = 0; t < 4; t++) kvt_threadpool_free(tps[t]);
+}
+
+static void test_split_matches_unsplit(void **st) {
+    (void)st;
+    split_shapes();
+}
+
+/* Layers split-K cannot compute bit for bit are refused (their decode keeps kvt_attention). */
+static void test_split_ok(void **st) {
+    (void)st;
+    const kvt_codec turbo = {.kind = KVT_CODEC_TURBO, .bits = 8, .vbits = 3};
+    kvt_layer_desc d[3] = {
+        {.kind = KVT_KIND_FULL, .n_kv_heads = 2, .head_dim_k = 64, .head_dim_v = 64, .codec = F16},
+        {.kind = KVT_KIND_FULL, .n_kv_heads = 2, .head_dim_k = 64, .head_dim_v = 64, .codec = turbo},
+        {.kind = KVT_KIND_MLA, .n_kv_heads = 1, .head_dim_k = 96, .head_dim_v = 64, .codec = F16},
+    };
+    kvt_kv_layout *l;
+    char err[200];
+    assert_int_equal(kvt_kv_layout_create(d, 3, 16, F16, 0, &l, err, sizeof err), KVT_OK);
+    assert_true(kvt_attention_split_ok(l, 0, 8));
+    assert_false(kvt_attention_split_ok(l, 0, 7));   /* not a GQA multiple */
+    assert_false(kvt_attention_split_ok(l, 0, 130)); /* more than 64 query heads per KV head */
+    assert_false(kvt_attention_split_ok(l, 1, 8));   /* TURBO */
+    assert_false(kvt_attention_split_ok(l, 2, 8));   /* MLA */
+    assert_false(kvt_attention_split_ok(l, 3, 8));   /* no such layer */
+    kvt_kv_layout_free(l);
+}
+
 /* The SIMD softmax maximum equals the scalar one (NaNs ignored, -inf only, every tail length). */
 static void test_max_scores(void **st) {
     (void)st;
@@ -431,6 +580,7 @@ static void test_prefill_simd_levels(void **st) {
         for (size_t i = 0; i < KVT_ARRAY_LEN(PSHAPES); i++) prefill_shape(&PSHAPES[i]);
         h[lv] = g_out_hash;
         if (lv < top) assert_true(h[lv] == h[top]);
+        split_shapes(); /* split-K against kvt_attention at this level */
     }
 }
 
@@ -440,6 +590,7 @@ int main(void) {
         cmocka_unit_test(test_affine_mixed_variants), cmocka_unit_test(test_clone_trim_append),
         cmocka_unit_test(test_affine_error_small), cmocka_unit_test(test_ref_f16_roundings),
         cmocka_unit_test(test_max_scores),          cmocka_unit_test(test_prefill_tiles_match_ref),
+        cmocka_unit_test(test_split_matches_unsplit), cmocka_unit_test(test_split_ok),
         cmocka_unit_test(test_prefill_simd_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

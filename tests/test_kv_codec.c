@@ -315,12 +315,64 @@ static void test_simd_vs_scalar(void **st) {
     assert_memory_equal(o1, o2, 253 * sizeof(float));
 }
 
+/* kvt_decode_rows_part (split-K attention's V columns) equals the same elements of the scalar whole-row
+ * decode of each row: f16/bf16 at every start and width, affine over every group range (every width
+ * and group, f16 and bf16 scales), rows at a stride longer than a row, at the native SIMD level and
+ * the scalar one. */
+static void test_decode_rows_part(void **st) {
+    (void)st;
+    kvt_kv_cpu_init();
+    enum { NR = 3, RB = 400 }; /* rows of at most 384 bytes (256 dims of 8-bit affine + scales) */
+    float xr[NR * 256], full[NR * 256], part[NR * 256];
+    uint8_t rows[NR * RB];
+    uint64_t rng = 11;
+    for (int i = 0; i < NR * 256; i++) xr[i] = tu_randf(&rng) * 4;
+    const int top = kvt_vec_level();
+    for (int lv = top; lv >= 0; lv -= top > 0 ? top : 1) {
+        kvt_vec_force_level(lv);
+        const kvt_codec half[2] = {{.kind = KVT_CODEC_F16}, {.kind = KVT_CODEC_BF16}};
+        for (int k = 0; k < 2; k++) {
+            for (int r = 0; r < NR; r++) {
+                kvt_codec_encode_row(half[k], xr + r * 40, 40, rows + r * RB);
+                kvt_decode_row_scalar(half[k], rows + r * RB, 40, full + r * 40);
+            }
+            for (uint32_t d0 = 0; d0 < 40; d0++)
+                for (uint32_t w = 1; d0 + w <= 40; w++) {
+                    memset(part, 0xff, sizeof part);
+                    kvt_decode_rows_part(half[k], rows, RB, 40, d0, w, NR, part);
+                    for (int r = 0; r < NR; r++) assert_memory_equal(part + r * w, full + r * 40 + d0, w * sizeof(float));
+                }
+        }
+        const uint32_t bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+        for (int b = 0; b < 6; b++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int sb = 0; sb < 2; sb++) {
+                    kvt_codec c = aff(bits[b], groups[gi]);
+                    c.scale_bf16 = (uint8_t)sb;
+                    const uint32_t G = groups[gi], ng = 256 / G;
+                    assert_true(kvt_codec_row_bytes(c, 256) <= RB);
+                    for (int r = 0; r < NR; r++) {
+                        kvt_codec_encode_row(c, xr + r * 256, 256, rows + r * RB);
+                        kvt_decode_row_scalar(c, rows + r * RB, 256, full + r * 256);
+                    }
+                    for (uint32_t g0 = 0; g0 < ng; g0++)
+                        for (uint32_t g1 = g0 + 1; g1 <= ng; g1++) {
+                            const uint32_t w = (g1 - g0) * G;
+                            memset(part, 0xff, sizeof part);
+                            kvt_decode_rows_part(c, rows, RB, 256, g0 * G, w, NR, part);
+                            for (int r = 0; r < NR; r++)
+                                assert_memory_equal(part + r * w, full + r * 256 + g0 * G, w * sizeof(float));
+                        }
+                }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worked_vectors), cmocka_unit_test(test_special_groups),
         cmocka_unit_test(test_roundtrip_all),  cmocka_unit_test(test_validity),
         cmocka_unit_test(test_bf16_f16_rounding), cmocka_unit_test(test_simd_vs_scalar),
-        cmocka_unit_test(test_f16_encode_matches),
+        cmocka_unit_test(test_f16_encode_matches), cmocka_unit_test(test_decode_rows_part),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -360,8 +360,8 @@ static void test_chunked_prefill(void **st) {
     }
 }
 
-static void test_threads_identical(void **st) {
-    (void)st;
+/* 1, 2 and 3 threads give the same tokens and logits (prompt then 12 greedy steps). */
+static void threads_identical(void) {
     const char *archs[] = {"qwen2", "gemma3"};
     for (size_t ai = 0; ai < 2; ai++) {
         spec s = tiny(archs[ai]);
@@ -394,6 +394,66 @@ static void test_threads_identical(void **st) {
         for (int t = 0; t < 3; t++) free(last[t]);
         fx_close(&f);
     }
+}
+
+static void test_threads_identical(void **st) {
+    (void)st;
+    threads_identical();
+}
+
+/* Split-K decode (kvt_attention_split), forced at every context by KVT_SPLITK=1: decode still equals
+ * the full recompute (GQA, head dims 32 and 64, window layers dropping blocks) and 2 or 3 threads
+ * still equal 1; the forward pass really took it. */
+static void test_decode_splitk(void **st) {
+    (void)st;
+    setenv("KVT_SPLITK", "1", 1);
+    const uint64_t calls = kvt_attention_split_calls();
+    spec s = tiny("llama");
+    check_decode_eq_full(&s, 24, 16);
+    assert_true(kvt_attention_split_calls() > calls);
+    s = tiny_quant(KVT_TYPE_F16);
+    check_decode_eq_full(&s, 20, 16);
+    s = tiny("gemma3");
+    s.n_embd = 32, s.n_ff = 64, s.head_dim = 16, s.n_head = 2, s.n_kv = 1, s.n_vocab = 128;
+    check_decode_eq_full(&s, 110, 16);
+    threads_identical();
+    unsetenv("KVT_SPLITK");
+}
+
+/* By default (KVT_SPLITK unset) 3 threads over 2 KV heads take split-K exactly from
+ * KVT_ATT_SPLIT_MIN_KEYS visible keys on, and the logits equal the query-head split's (KVT_SPLITK=0). */
+static void test_decode_splitk_auto(void **st) {
+    (void)st;
+    spec s = tiny("llama");
+    fx f;
+    fx_open(&f, &s, 64);
+    const uint32_t V = kvt_model_hparams(f.m)->n_vocab, n_layer = kvt_model_hparams(f.m)->n_layer;
+    const uint32_t n_pre = KVT_ATT_SPLIT_MIN_KEYS - 2, n_dec = 4;
+    int32_t *tok = malloc((n_pre + n_dec) * sizeof(int32_t));
+    make_tokens(tok, n_pre + n_dec, V, 17);
+    float *lg_mode[2];
+    for (int mode = 0; mode < 2; mode++) { /* 0: default, 1: KVT_SPLITK=0 */
+        if (mode) setenv("KVT_SPLITK", "0", 1);
+        kvt_ctx *c = new_ctx(&f, 3, 256);
+        kvt_seq *sq = new_seq(&f);
+        float *lg;
+        assert_int_equal(kvt_model_forward(c, sq, tok, n_pre, false, NULL, &lg), KVT_OK);
+        lg_mode[mode] = malloc((size_t)n_dec * V * sizeof(float));
+        for (uint32_t i = 0; i < n_dec; i++) {
+            const uint64_t calls = kvt_attention_split_calls();
+            assert_int_equal(kvt_model_forward(c, sq, tok + n_pre + i, 1, false, NULL, &lg), KVT_OK);
+            /* the row at position n_pre + i sees n_pre + i + 1 keys */
+            const bool split = mode == 0 && n_pre + i + 1 >= KVT_ATT_SPLIT_MIN_KEYS;
+            assert_true(kvt_attention_split_calls() == calls + (split ? n_layer : 0));
+            memcpy(lg_mode[mode] + (size_t)i * V, lg, V * sizeof(float));
+        }
+        kvt_seq_free(sq);
+        kvt_ctx_free(c);
+        unsetenv("KVT_SPLITK");
+    }
+    assert_memory_equal(lg_mode[0], lg_mode[1], (size_t)n_dec * V * sizeof(float));
+    free(lg_mode[0]), free(lg_mode[1]), free(tok);
+    fx_close(&f);
 }
 
 /* ------------------------------------------------------------------ clone / trim / append */
@@ -884,6 +944,8 @@ int main(void) {
         cmocka_unit_test(test_gen_model_archs),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_threads_identical),
+        cmocka_unit_test(test_decode_splitk),
+        cmocka_unit_test(test_decode_splitk_auto),
         cmocka_unit_test(test_clone_trim_append),
         cmocka_unit_test(test_forward_errors),
         cmocka_unit_test(test_pool_exhausted),

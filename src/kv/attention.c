@@ -38,6 +38,16 @@
  * (or copied, when the pair sees no base-codec keys). Base-codec blocks before quant_start are read
  * as usual with the unrotated query. For an all-TURBO pair this equals, bit for bit, Π_V^T applied
  * to kvt_attention_ref over (Π_K q, decoded rotated rows) — what test_kv_turbo checks.
+ *
+ * Split-K (kvt_attention_split, the decode row of a multi-threaded forward pass): the threads share
+ * every KV head instead of splitting heads, in three phases separated by barriers: (1) each thread
+ * scores all query heads against its range of the visible keys (each score is one kvt_vec_dot, the
+ * same bits whoever computes it); (2) each thread runs the softmax of whole heads (softmax_inplace
+ * and the f16 rounding, as above: the exp sum's order stays kvt_vec_exp_sum's over all keys); (3)
+ * each thread accumulates its range of V columns over all keys in ascending order (axpy is an
+ * elementwise fmaf chain, so a column range has the bits of the whole row). Every K and V row is
+ * thus read by one thread, whatever the head counts, and the output equals kvt_attention's bit for
+ * bit (tests/test_kv_attention.c). TURBO and MLA layers are not split this way.
  */
 #include <assert.h>
 #include <math.h>
@@ -473,5 +483,191 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     memcpy(pr[j].o, pr[j].orot, (size_t)hd_v * sizeof(float));
             }
         }
+    }
+}
+
+/* ------------------------------------------------------------------ split-K single-row attention */
+
+/* Phase 1 splits the visible keys into ranges of whole ATT_SPLIT_KEYS keys (a cache line of scores,
+ * so no two threads write one line); phase 3 splits the V columns of all KV heads into units of
+ * ATT_SPLIT_COLS columns (f16/bf16; an AFFINE codec's group otherwise, whose scale and bias cover
+ * whole groups). */
+#define ATT_SPLIT_KEYS 16
+#define ATT_SPLIT_COLS 16
+
+static _Atomic uint64_t g_split_calls;
+
+uint64_t kvt_attention_split_calls(void) { return atomic_load_explicit(&g_split_calls, memory_order_relaxed); }
+
+bool kvt_attention_split_ok(const kvt_kv_layout *l, uint32_t layer, uint32_t n_head) {
+    if (layer >= l->n_layers || l->info[layer].group == UINT32_MAX) return false;
+    const kvt_layer_desc *d = &l->layers[layer];
+    if (d->kind == KVT_KIND_MLA || n_head == 0 || n_head % d->n_kv_heads != 0 || n_head / d->n_kv_heads > ATT_TILE)
+        return false;
+    for (int v = 0; v < KVT_N_VARIANTS; v++)
+        if (l->info[layer].codec[v].kind == KVT_CODEC_TURBO) return false;
+    return true;
+}
+
+size_t kvt_attention_split_floats(uint32_t n_head, uint32_t n_ctx) {
+    return (size_t)n_head * pad16(n_ctx) + pad16(n_head);
+}
+
+/* Width of a phase 3 column unit of a layer: ATT_SPLIT_COLS, or the AFFINE group of its configured
+ * codec (a multiple of 16 that divides hd_v), or the whole row when hd_v is not a multiple of 16. */
+static uint32_t split_col_unit(const kvt_layer_info *li, uint32_t hd_v) {
+    if (hd_v % ATT_SPLIT_COLS != 0) return hd_v;
+    uint32_t u = ATT_SPLIT_COLS;
+    for (int v = 0; v < KVT_N_VARIANTS; v++)
+        if (li->codec[v].kind == KVT_CODEC_AFFINE) u = KVT_MAX(u, li->codec[v].group_size);
+    return u;
+}
+
+/* What the three phases share: the layer, the visible keys [lo, lo + n) and the shared buffer. */
+typedef struct split_job {
+    const kvt_seq *s;
+    const kvt_layer_info *li;
+    kvt_block *const *slots;
+    uint32_t bt, rep, hd_k, hd_v, kc, lo, n;
+    size_t stride; /* floats between two heads' scores in sc */
+    float *sc;     /* head h's score (then weight) of key lo + j at sc[h*stride + j] */
+    float *inv;    /* [n_head] 1/sum of each head, 0 = nothing visible */
+} split_job;
+
+/* Phase 1: scores of the rep query heads of KV head kvh over keys [ka, kb), into the job's sc.
+ * Queries are rounded to f16 and the keys decoded by chunks exactly as kvt_attention does, and
+ * kvt_vec_dot_rows / kvt_vec_dot_q4 give every score the bits of kvt_vec_dot, so each score equals
+ * the unsplit one. */
+static void split_scores(const split_job *jb, uint32_t kvh, const float *q, float scale, uint32_t ka, uint32_t kb,
+                         float *q16, size_t hdp, float *tile) {
+    const kvt_kv_layout *l = jb->s->layout;
+    const uint32_t bt = jb->bt, rep = jb->rep, hd_k = jb->hd_k, h0 = kvh * rep;
+    for (uint32_t r = 0; r < rep; r++) kvt_vec_round_f16(q + (size_t)(h0 + r) * hd_k, q16 + r * hdp, hd_k, 1.0f);
+    for (uint32_t bi = ka / bt; bi <= (kb - 1) / bt; bi++) {
+        const uint32_t pa = KVT_MAX(ka, bi * bt), pb = KVT_MIN(kb - 1, bi * bt + bt - 1);
+        const kvt_block *b = jb->slots[bi];
+        if (!b) { /* dropped WINDOW block: its keys are masked */
+            for (uint32_t r = 0; r < rep; r++)
+                for (uint32_t p = pa; p <= pb; p++) jb->sc[(h0 + r) * jb->stride + (p - jb->lo)] = -INFINITY;
+            continue;
+        }
+        const int var = kvt_layout_variant(l, bi);
+        const kvt_codec c = jb->li->codec[var];
+        const size_t rb = jb->li->row_bytes[var][0];
+        const uint8_t *base = b->data + jb->li->offset[var][0] + (size_t)kvh * bt * rb;
+        for (uint32_t p0 = pa; p0 <= pb; p0 += jb->kc) {
+            const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
+            decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, hd_k, nr, tile);
+            if (rep == 1) {
+                kvt_vec_dot_rows(q16, tile, hd_k, nr, hd_k, scale, jb->sc + h0 * jb->stride + (p0 - jb->lo));
+                continue;
+            }
+            for (uint32_t g0 = 0; g0 < rep; g0 += 4) { /* short groups repeat a head (same bits, same place) */
+                const float *qq[4];
+                float *oo[4];
+                for (uint32_t t = 0; t < 4; t++) {
+                    const uint32_t r = g0 + t < rep ? g0 + t : g0;
+                    qq[t] = q16 + r * hdp;
+                    oo[t] = jb->sc + (h0 + r) * jb->stride + (p0 - jb->lo);
+                }
+                kvt_vec_dot_q4(qq, tile, hd_k, nr, hd_k, scale, oo);
+            }
+        }
+    }
+}
+
+/* Phase 3: columns [d0, d1) of the outputs of KV head kvh's query heads, every visible key in
+ * ascending order. The axpy kernels are elementwise fmaf chains, so a column range of an output
+ * gets the bits of the whole-row accumulation. */
+static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_t d1, float *out, float *tile) {
+    const kvt_kv_layout *l = jb->s->layout;
+    const uint32_t bt = jb->bt, hd_v = jb->hd_v, w = d1 - d0, h0 = kvh * jb->rep;
+    uint32_t act[ATT_TILE], na = 0;
+    for (uint32_t r = 0; r < jb->rep; r++) {
+        memset(out + (size_t)(h0 + r) * hd_v + d0, 0, (size_t)w * sizeof(float));
+        if (jb->n && jb->inv[h0 + r] != 0.0f) act[na++] = h0 + r;
+    }
+    if (na == 0) return;
+    float dummy[ATT_DUMMY] = {0}; /* output of the padding slots of the 4-output kernel (discarded) */
+    const uint32_t hi = jb->lo + jb->n - 1;
+    for (uint32_t bi = jb->lo / bt; bi <= hi / bt; bi++) {
+        const kvt_block *b = jb->slots[bi];
+        if (!b) continue; /* dropped WINDOW block: weight exactly 0, adding 0*v changes nothing */
+        const uint32_t pa = KVT_MAX(jb->lo, bi * bt), pb = KVT_MIN(hi, bi * bt + bt - 1);
+        const int var = kvt_layout_variant(l, bi);
+        const kvt_codec c = jb->li->codec[var];
+        const size_t rb = jb->li->row_bytes[var][1];
+        const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
+        for (uint32_t p0 = pa; p0 <= pb; p0 += jb->kc) {
+            const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
+            const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+            if (w == hd_v) decode_chunk(c, src, rb, hd_v, nr, tile);
+            else kvt_decode_rows_part(c, src, rb, hd_v, d0, w, nr, tile);
+            uint32_t g0 = 0;
+            if (na >= 2 && w <= ATT_DUMMY)
+                for (; g0 < na; g0 += 4) {
+                    const uint32_t ng = KVT_MIN(4u, na - g0);
+                    float *yy[4];
+                    const float *ww[4];
+                    for (uint32_t t = 0; t < 4; t++) {
+                        const uint32_t h = act[g0 + (t < ng ? t : 0)];
+                        yy[t] = t < ng ? out + (size_t)h * hd_v + d0 : dummy;
+                        ww[t] = jb->sc + h * jb->stride + (p0 - jb->lo);
+                    }
+                    kvt_vec_axpy_q4(yy, ww, tile, w, nr, w);
+                }
+            for (; g0 < na; g0++)
+                kvt_vec_axpy_rows(out + (size_t)act[g0] * hd_v + d0, jb->sc + act[g0] * jb->stride + (p0 - jb->lo), tile,
+                                  w, nr, w);
+        }
+    }
+}
+
+void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint32_t pos, uint32_t n_head, float scale,
+                         float *out, float *shared, float *scratch, kvt_threadpool *tp, int ith, int nth) {
+    kvt_kv_cpu_init();
+    const kvt_kv_layout *l = s->layout;
+    assert(kvt_attention_split_ok(l, layer, n_head));
+    const kvt_layer_desc *d = &l->layers[layer];
+    const kvt_layer_info *li = &l->info[layer];
+    const uint32_t bt = l->block_tokens, n_kv = d->n_kv_heads;
+    const uint32_t window = d->kind == KVT_KIND_WINDOW ? d->window : 0;
+    const uint64_t held = (uint64_t)s->n_slots * bt; /* keys beyond the held blocks cannot have been written */
+    const uint32_t lo = window && pos + 1 > window ? pos + 1 - window : 0;
+    const uint32_t hi = held == 0 ? 0 : (uint32_t)KVT_MIN((uint64_t)pos, held - 1);
+    const uint32_t n = held == 0 || lo > hi ? 0 : hi - lo + 1;
+    const size_t hdp = pad16(l->max_head_dim);
+    split_job jb = {.s = s, .li = li, .slots = s->slots[li->group], .bt = bt, .rep = n_head / n_kv,
+                    .hd_k = d->head_dim_k, .hd_v = d->head_dim_v, .kc = chunk_keys(KVT_MAX(d->head_dim_k, d->head_dim_v)),
+                    .lo = lo, .n = n, .stride = pad16(n), .sc = shared};
+    jb.inv = shared + (size_t)n_head * jb.stride;
+    float *q16 = scratch, *tile = scratch + ATT_TILE * hdp; /* this thread's: as kvt_attention's */
+    if (ith == 0) atomic_fetch_add_explicit(&g_split_calls, 1, memory_order_relaxed);
+
+    /* Phase 1: this thread's key range, every KV head (each K row is read by one thread). */
+    const uint64_t nu = (n + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS;
+    const uint32_t ka = lo + (uint32_t)(nu * (uint64_t)ith / (uint64_t)nth) * ATT_SPLIT_KEYS;
+    const uint32_t kb = lo + (uint32_t)KVT_MIN(nu * (uint64_t)(ith + 1) / (uint64_t)nth * ATT_SPLIT_KEYS, (uint64_t)n);
+    for (uint32_t kvh = 0; kvh < n_kv && ka < kb; kvh++) split_scores(&jb, kvh, q, scale, ka, kb, q16, hdp, tile);
+    if (nth > 1) kvt_threadpool_barrier(tp);
+
+    /* Phase 2: softmax of whole heads (the maximum, then the exp sum in kvt_vec_exp_sum's order, is
+     * kvt_attention's per-pair code), weights normalized and rounded to f16. */
+    const uint32_t ha = (uint32_t)((uint64_t)n_head * ith / nth), hb = (uint32_t)((uint64_t)n_head * (ith + 1) / nth);
+    for (uint32_t h = ha; h < hb; h++) {
+        float *sch = jb.sc + h * jb.stride;
+        jb.inv[h] = n ? softmax_inplace(sch, n, false) : 0.0f;
+        if (jb.inv[h] != 0.0f) kvt_vec_round_f16(sch, sch, n, jb.inv[h]);
+    }
+    if (nth > 1) kvt_threadpool_barrier(tp);
+
+    /* Phase 3: this thread's V column units (KV head major), consecutive units of one head as one
+     * range, so each V byte is read by one thread. */
+    const uint32_t cu = split_col_unit(li, jb.hd_v), per = jb.hd_v / cu, nu3 = n_kv * per;
+    const uint32_t u0 = (uint32_t)((uint64_t)nu3 * ith / nth), u1 = (uint32_t)((uint64_t)nu3 * (ith + 1) / nth);
+    for (uint32_t u = u0; u < u1;) {
+        const uint32_t kvh = u / per, ue = KVT_MIN(u1, (kvh + 1) * per);
+        split_values(&jb, kvh, (u - kvh * per) * cu, (ue - kvh * per) * cu, out, tile);
+        u = ue;
     }
 }

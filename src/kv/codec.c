@@ -10,6 +10,7 @@
  * Affine row layout: D*bits/32 little-endian u32 words (LSB-first bit stream, element j at bits
  * [j*bits, j*bits+bits)), then D/G scales (u16), then D/G biases (u16).
  */
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -170,15 +171,17 @@ static inline uint32_t get_code(const uint8_t *p, uint32_t j, uint32_t b) {
     return (v >> off) & ((1u << b) - 1u);
 }
 
-static void affine_decode_row(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst) {
+/* Groups [g0, g1) of an affine row of dim elements: group g's values go to dst + (g - g0)*G (each
+ * group decodes from its own codes, scale and bias, so any group range gives the full decode's bits). */
+static void affine_decode_groups(kvt_codec c, const uint8_t *src, uint32_t dim, uint32_t g0, uint32_t g1, float *dst) {
     const uint32_t b = c.bits, G = c.group_size, n_groups = dim / G;
     const uint8_t *sc = src + (size_t)dim * b / 8, *bi = sc + 2 * (size_t)n_groups;
-    for (uint32_t g = 0; g < n_groups; g++) {
+    for (uint32_t g = g0; g < g1; g++) {
         uint16_t hs, hb;
         memcpy(&hs, sc + 2 * (size_t)g, 2);
         memcpy(&hb, bi + 2 * (size_t)g, 2);
         const float s = load_scale(hs, c.scale_bf16), bias = load_scale(hb, c.scale_bf16);
-        float *o = dst + (size_t)g * G;
+        float *o = dst + (size_t)(g - g0) * G;
         const uint32_t j0 = g * G;
         switch (b) {
         case 8: {
@@ -211,16 +214,16 @@ static void affine_decode_row(kvt_codec c, const uint8_t *src, uint32_t dim, flo
  * rounded (no "fma" in the target), exactly the scalar expression above. Other widths use the
  * scalar path. Requires G % 8 == 0 (always true: G in {32,64,128}). */
 __attribute__((target("avx2"))) static void affine_decode_avx2(kvt_codec c, const uint8_t *src, uint32_t dim,
-                                                              float *dst) {
+                                                              uint32_t g0, uint32_t g1, float *dst) {
     const uint32_t b = c.bits, G = c.group_size, n_groups = dim / G;
     const uint8_t *sc = src + (size_t)dim * b / 8, *bi = sc + 2 * (size_t)n_groups;
     const __m256i lo4 = _mm256_set1_epi32(15);
-    for (uint32_t g = 0; g < n_groups; g++) {
+    for (uint32_t g = g0; g < g1; g++) {
         uint16_t hs, hb;
         memcpy(&hs, sc + 2 * (size_t)g, 2);
         memcpy(&hb, bi + 2 * (size_t)g, 2);
         const __m256 vs = _mm256_set1_ps(load_scale(hs, c.scale_bf16)), vb = _mm256_set1_ps(load_scale(hb, c.scale_bf16));
-        float *o = dst + (size_t)g * G;
+        float *o = dst + (size_t)(g - g0) * G;
         const uint32_t j0 = g * G;
         if (b == 8) {
             for (uint32_t i = 0; i < G; i += 8) {
@@ -286,6 +289,12 @@ __attribute__((target("f16c,avx2,fma"))) static void f16_decode_f16c(const uint8
         dst[i] = kvt_f16_to_f32_fast(h);
     }
 }
+/* Rows of w halves (row r at src + r*rb) into dst (row r at dst + r*w): one call for a chunk of
+ * rows, so a decode of a few columns per row does not pay a dispatch per row. */
+__attribute__((target("f16c,avx2,fma"))) static void f16_decode_rows_f16c(const uint8_t *src, size_t rb, uint32_t w,
+                                                                          uint32_t n, float *dst) {
+    for (uint32_t r = 0; r < n; r++) f16_decode_f16c(src + r * rb, w, dst + (size_t)r * w);
+}
 /* f32 → f16, round to nearest even: F16C gives kvt_f32_to_f16's bits for every non-NaN value
  * (inf and overflow included); a group of 8 holding a NaN takes the scalar path (canonical NaN). */
 __attribute__((target("f16c,avx2,fma"))) static void f16_encode_f16c(const float *x, uint32_t dim, uint8_t *d) {
@@ -345,7 +354,7 @@ void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float 
     switch (c.kind) {
     case KVT_CODEC_F16: f16_decode_scalar(src, dim, dst); return;
     case KVT_CODEC_BF16: bf16_decode(src, dim, dst); return;
-    case KVT_CODEC_AFFINE: affine_decode_row(c, src, dim, dst); return;
+    case KVT_CODEC_AFFINE: affine_decode_groups(c, src, dim, 0, dim / c.group_size, dst); return;
     case KVT_CODEC_TURBO: kvt_turbo_decode_row_scalar(c.bits, src, dim, dst); return;
     }
 }
@@ -374,14 +383,51 @@ void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *d
     case KVT_CODEC_AFFINE:
 #ifdef KVT_X86
         if (kvt_vec_level() >= 1 && (c.bits == 8 || c.bits == 4)) {
-            affine_decode_avx2(c, src, dim, dst);
+            affine_decode_avx2(c, src, dim, 0, dim / c.group_size, dst);
             return;
         }
 #endif
-        affine_decode_row(c, src, dim, dst);
+        affine_decode_groups(c, src, dim, 0, dim / c.group_size, dst);
         return;
     case KVT_CODEC_TURBO: kvt_turbo_decode_row(c.bits, src, dim, dst, kvt_kv_turbo_level()); return;
     }
+}
+
+void kvt_decode_rows_part(kvt_codec c, const uint8_t *src, size_t rb, uint32_t dim, uint32_t d0, uint32_t w, uint32_t n,
+                          float *dst) {
+    switch (c.kind) {
+    case KVT_CODEC_F16:
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1) {
+            f16_decode_rows_f16c(src + 2 * (size_t)d0, rb, w, n, dst);
+            return;
+        }
+#endif
+        for (uint32_t r = 0; r < n; r++) f16_decode_table(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+        return;
+    case KVT_CODEC_BF16:
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1) {
+            for (uint32_t r = 0; r < n; r++) bf16_decode_avx2(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+            return;
+        }
+#endif
+        for (uint32_t r = 0; r < n; r++) bf16_decode(src + r * rb + 2 * (size_t)d0, w, dst + (size_t)r * w);
+        return;
+    case KVT_CODEC_AFFINE: {
+        const uint32_t g0 = d0 / c.group_size, g1 = (d0 + w) / c.group_size;
+#ifdef KVT_X86
+        if (kvt_vec_level() >= 1 && (c.bits == 8 || c.bits == 4)) {
+            for (uint32_t r = 0; r < n; r++) affine_decode_avx2(c, src + r * rb, dim, g0, g1, dst + (size_t)r * w);
+            return;
+        }
+#endif
+        for (uint32_t r = 0; r < n; r++) affine_decode_groups(c, src + r * rb, dim, g0, g1, dst + (size_t)r * w);
+        return;
+    }
+    case KVT_CODEC_TURBO: break; /* whole rows only (kvt_decode_row_fast) */
+    }
+    assert(!"kvt_decode_rows_part: TURBO rows decode whole");
 }
 
 void kvt_codec_decode_row(kvt_codec c, const void *src, uint32_t dim, float *dst) {

@@ -47,6 +47,7 @@
 #define KVT_KV_H
 
 #include "../util/common.h"
+#include "../util/threadpool.h"
 
 #define KVT_MAX_LAYERS 512
 #define KVT_MAX_GROUPS 4
@@ -340,6 +341,30 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx);
 void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q, uint32_t q_stride,
                    uint32_t pos0, uint32_t n_head, float scale, uint32_t h0, uint32_t h1, float *out,
                    uint32_t out_stride, float *scratch);
+
+/* Split-K attention for one query row at position pos, all n_head heads (the decode step): the
+ * nth threads of a kvt_threadpool_run each call it with their ith and private scratch
+ * (kvt_attention_scratch_floats), the same other arguments, and `shared`, one buffer of
+ * kvt_attention_split_floats(n_head, n_ctx) floats for all of them (n_ctx > pos). Three phases,
+ * a kvt_threadpool_barrier between them (none when nth == 1; tp may then be NULL):
+ *   1. scores: the visible keys split into nth ranges, every KV head, so each K row is read once;
+ *   2. softmax of whole heads, heads split across threads (kvt_attention's per-head code);
+ *   3. weighted V sum: the V columns of all KV heads split across threads, every key in ascending
+ *      order, so each V row is read once (a thread decodes only its columns).
+ * out (n_head * head_dim_v floats) gets, bit for bit, what kvt_attention(s, layer, q, 1, ., pos,
+ * n_head, scale, 0, n_head, out, ., scratch) computes, for any nth. The caller must reach a barrier
+ * before `shared` is used again or out is read. Only layers kvt_attention_split_ok accepts: FULL
+ * and WINDOW layers whose codecs are f16, bf16 or AFFINE (TURBO keeps V rotated per head; MLA reads
+ * V from the K rows), with at most 64 query heads per KV head; the others use kvt_attention. */
+bool kvt_attention_split_ok(const kvt_kv_layout *l, uint32_t layer, uint32_t n_head);
+size_t kvt_attention_split_floats(uint32_t n_head, uint32_t n_ctx);
+void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint32_t pos, uint32_t n_head, float scale,
+                         float *out, float *shared, float *scratch, kvt_threadpool *tp, int ith, int nth);
+/* Process-wide number of kvt_attention_split calls so far (counted by thread 0; relaxed atomic):
+ * tests check that the forward pass took the split. */
+uint64_t kvt_attention_split_calls(void);
+/* Split-K pays from this many visible keys (below, its two extra barriers cost about what it saves). */
+#define KVT_ATT_SPLIT_MIN_KEYS 1024u
 
 /* Naive reference over contiguous f32 K/V ([n_kv][n_kv_heads][hd]) with the same semantics;
  * window = 0 means full attention. For tests. */

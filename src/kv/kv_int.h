@@ -135,6 +135,11 @@ bool kvt_turbo_test_vbmi8_sym(bool on);
  * their multi-row, four-query and transposed-key forms, exp, f16 rounding) is kernels/vec.h. */
 void kvt_decode_row_fast(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
 void kvt_decode_row_scalar(kvt_codec c, const uint8_t *src, uint32_t dim, float *dst);
+/* Elements [d0, d0 + w) of n rows of dim elements (row r at src + r*rb) into dst (row r at
+ * dst + r*w), the bits of kvt_decode_row_fast's (split-K attention decodes the V columns of its
+ * thread). f16/bf16: any range; AFFINE: d0 and w multiples of the group size; not TURBO (asserted). */
+void kvt_decode_rows_part(kvt_codec c, const uint8_t *src, size_t rb, uint32_t dim, uint32_t d0, uint32_t w, uint32_t n,
+                          float *dst);
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY (attention.c, softmax): the SIMD dispatch and its
  * scalar reference; equal except possibly the sign of a zero maximum. */
 float kvt_attention_max_scores(const float *sc, uint32_t n);

@@ -13,7 +13,10 @@
  *   row ops (norms, residuals, RoPE, activation quantization): rows split across threads;
  *   matmuls: output columns split in contiguous ranges aligned to 16, all rows at once, sharing one
  *            quantized copy of the input;
- *   attention: query heads split across threads, each thread with private scratch.
+ *   attention: KV heads split across threads, each thread with private scratch; a decode row whose
+ *            KV heads do not divide among the threads runs split-K (kvt_attention_split: keys,
+ *            then heads, then V columns split across threads) past KVT_ATT_SPLIT_MIN_KEYS keys,
+ *            else splits its query heads; a prefill chunk splits its rows then.
  * Every per-row computation depends only on that row (and the KV of earlier positions), so results
  * are bit-identical whatever the chunking or thread count (kernels/quant.h batch invariance).
  */
@@ -556,6 +559,9 @@ struct kvt_ctx {
     void *act[KVT_N_ACT];    /* quantized activations, act_bytes each */
     size_t act_bytes;
     float **att_scratch;     /* per thread */
+    float *att_shared;       /* split-K's buffer shared by the threads (kvt_attention_split), or NULL */
+    uint32_t att_shared_ctx; /* contexts att_shared covers */
+    int splitk;              /* SPLITK_* from KVT_SPLITK (see use_split) */
     kvt_thread_buf *tbuf;    /* per thread */
     size_t att_scratch_floats;
     uint32_t logits_rows;    /* rows the logits buffer holds */
@@ -580,6 +586,10 @@ struct kvt_ctx {
     uint32_t *row_pos;       /* [ubatch] */
     float *out_logits;       /* logits or blogits */
 };
+
+/* KVT_SPLITK: "0" never runs split-K (A/B measurements), "1" runs it for every single-row attention
+ * it can compute (tests reach it at short contexts); unset or anything else: where it pays. */
+enum { SPLITK_OFF, SPLITK_ON, SPLITK_AUTO };
 
 static size_t max_act(size_t cur, const kvt_wmat *w, uint32_t rows) {
     size_t b = kvt_act_bytes(w->type, w->n_in, rows);
@@ -621,6 +631,8 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
     c->m = m;
     c->nth = n_threads;
     c->ubatch = ubatch;
+    const char *sk = getenv("KVT_SPLITK");
+    c->splitk = !sk ? SPLITK_AUTO : !strcmp(sk, "0") ? SPLITK_OFF : !strcmp(sk, "1") ? SPLITK_ON : SPLITK_AUTO;
     size_t U = ubatch, E = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
     size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     c->x = falloc(U * E);
@@ -688,6 +700,7 @@ void kvt_ctx_free(kvt_ctx *c) {
     if (c->att_scratch)
         for (int i = 0; i < c->nth; i++) free(c->att_scratch[i]);
     free(c->att_scratch);
+    free(c->att_shared);
     if (c->tbuf)
         for (int t = 0; t < c->nth; t++) {
             free(c->tbuf[t].x);
@@ -711,6 +724,7 @@ uint64_t kvt_ctx_bytes(const kvt_ctx *c) {
                   (uint64_t)hp->n_vocab * (c->logits_rows + c->blogits_rows);
     uint64_t b = fl * sizeof(float) + (uint64_t)KVT_N_ACT * (c->act_bytes + 64) +
                  (uint64_t)c->nth * c->att_scratch_floats * sizeof(float);
+    if (c->att_shared) b += kvt_attention_split_floats(hp->n_head, c->att_shared_ctx) * sizeof(float);
     if (c->nth > 1) /* per-thread replica rows and activations */
         b += (uint64_t)c->nth * ((2 * (uint64_t)KVT_REPL_ROWS * E + E) * sizeof(float) +
                                  KVT_N_ACT * (model_act_bytes(c->m, KVT_REPL_ROWS) + 64));
@@ -735,8 +749,34 @@ static kvt_status ensure_scratch(kvt_ctx *c, size_t need) {
     return KVT_OK;
 }
 
+/* Split-K's shared buffer (several threads, the dense layer loop, split-K not off) for contexts of
+ * end keys, allocated for want >= end of them when it must grow. */
+static kvt_status ensure_split(kvt_ctx *c, uint64_t end, uint64_t want) {
+    if (c->nth == 1 || c->m->ops->pass || c->splitk == SPLITK_OFF || end <= c->att_shared_ctx) return KVT_OK;
+    float *p = kvt_aligned_alloc(64, kvt_attention_split_floats(c->m->hp.n_head, (uint32_t)want) * sizeof(float));
+    if (!p) return KVT_ERR_NOMEM;
+    free(c->att_shared);
+    c->att_shared = p;
+    c->att_shared_ctx = (uint32_t)want;
+    return KVT_OK;
+}
+
+/* Attention buffers for a pass whose keys end at end: grown geometrically (to twice that, at least
+ * 1024 keys) here, never inside the chunk loop. */
+static kvt_status ensure_attention(kvt_ctx *c, const kvt_kv_layout *l, uint64_t end) {
+    const uint64_t target = end * 2 > 1024 ? end * 2 : 1024, want = target < UINT32_MAX / 2 ? target : end;
+    const size_t need = kvt_attention_scratch_floats(l, (uint32_t)end);
+    if (need > c->att_scratch_floats) {
+        const size_t grow = kvt_attention_scratch_floats(l, (uint32_t)want);
+        kvt_status st = ensure_scratch(c, grow > need ? grow : need);
+        if (st != KVT_OK) return st;
+    }
+    return ensure_split(c, end, want);
+}
+
 kvt_status kvt_ctx_reserve(kvt_ctx *c, const kvt_kv_layout *l, uint32_t n_ctx) {
-    return ensure_scratch(c, kvt_attention_scratch_floats(l, n_ctx));
+    kvt_status st = ensure_scratch(c, kvt_attention_scratch_floats(l, n_ctx));
+    return st != KVT_OK ? st : ensure_split(c, n_ctx, n_ctx);
 }
 
 void kvt_ctx_set_mla_prefill(kvt_ctx *c, kvt_mla_prefill mode) { c->mla_prefill = mode; }
@@ -867,6 +907,20 @@ size_t kvt_act_row_bytes(const kvt_wmat *const *ws, int nw, int slot) {
 
 /* ------------------------------------------------------------------ forward: the chunk */
 
+/* Whether segment sg's attention in layer il runs split-K (kvt_attention_split): a single row, several
+ * threads, a layer it can compute, and (KVT_SPLITK unset) where it pays: the KV heads do not divide
+ * among the threads (else each thread reads its own KV heads once anyway) and the row sees at least
+ * KVT_ATT_SPLIT_MIN_KEYS keys. The same on every thread, so they all reach its barriers. */
+static bool use_split(const kvt_ctx *c, const kvt_seg *sg, uint32_t il, int nth) {
+    if (sg->n != 1 || nth == 1 || !c->att_shared) return false;
+    const kvt_kv_layout *l = kvt_block_pool_layout(kvt_seq_pool(sg->seq));
+    if (!kvt_attention_split_ok(l, il, c->m->hp.n_head)) return false;
+    if (c->splitk == SPLITK_ON) return true;
+    const kvt_layer_desc *d = kvt_kv_layout_layer(l, il);
+    const uint32_t seen = d->kind == KVT_KIND_WINDOW && d->window < sg->pos0 + 1 ? d->window : sg->pos0 + 1;
+    return d->n_kv_heads % (uint32_t)nth != 0 && seen >= KVT_ATT_SPLIT_MIN_KEYS;
+}
+
 /* Steps 1-6 of a dense layer: attention norm, Q/K/V, bias / QK-norm / RoPE, K/V written to the
  * chunk's sequences, attention, output projection into c->tmp (every thread; ends on a barrier). */
 static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w, uint32_t il) {
@@ -928,17 +982,22 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
         kvt_threadpool_barrier(tp);
     }
     /* 5. attention, per segment over its own sequence. Threads split on KV-head boundaries so
-     *    no KV row is read by two threads; when the KV heads do not divide evenly, a prefill
-     *    segment is split by query rows instead (each thread all heads), and a single-row
-     *    segment (decode) falls back to a query-head split. Every (row, head) output is computed
-     *    the same way under any split. */
+     *    no KV row is read by two threads; when the KV heads do not divide evenly, a long enough
+     *    single-row segment (decode) runs split-K (use_split: the threads share every KV head's
+     *    keys, then its V columns), a prefill segment is split by query rows (each thread all
+     *    heads), and a short single-row segment falls back to a query-head split. Every
+     *    (row, head) output is computed the same way under any split (kvt_attention_split
+     *    included). */
     {
         const float sc = o->q_prescale ? 1.0f : hp->attn_scale;
         for (uint32_t s = 0; s < c->n_segs; s++) {
             const kvt_seg *sg = &c->segs[s];
             const float *q = c->q + (size_t)sg->off * QD;
             float *att = c->att + (size_t)sg->off * QD;
-            if (NKV % nth == 0 || sg->n == 1) {
+            if (use_split(c, sg, il, nth)) {
+                kvt_attention_split(sg->seq, il, q, sg->pos0, NH, sc, att, c->att_shared, c->att_scratch[ith], tp, ith, nth);
+                if (s + 1 < c->n_segs) kvt_threadpool_barrier(tp); /* a later split reuses att_shared */
+            } else if (NKV % nth == 0 || sg->n == 1) {
                 uint32_t h0, h1;
                 if (NKV % nth == 0) {
                     split_range(NKV, ith, nth, &h0, &h1);
@@ -1159,13 +1218,7 @@ kvt_status kvt_model_forward(kvt_ctx *c, kvt_seq *seq, const int32_t *tokens, ui
     if (st != KVT_OK) return st;
     uint64_t end = (uint64_t)kvt_seq_len(seq) + n;
     if (end > UINT32_MAX / 2) return KVT_ERR_RANGE;
-    /* Grow attention scratch geometrically here, never inside the chunk loop. */
-    size_t need = kvt_attention_scratch_floats(l, (uint32_t)end);
-    if (need > c->att_scratch_floats) {
-        uint64_t target = end * 2 > 1024 ? end * 2 : 1024;
-        size_t want = kvt_attention_scratch_floats(l, (uint32_t)(target < UINT32_MAX / 2 ? target : end));
-        if ((st = ensure_scratch(c, want > need ? want : need)) != KVT_OK) return st;
-    }
+    if ((st = ensure_attention(c, l, end)) != KVT_OK) return st;
     if (all_logits && n > c->logits_rows) { /* grown here, never inside the chunk loop */
         float *nl = falloc((size_t)n * m->hp.n_vocab);
         if (!nl) return KVT_ERR_NOMEM;
@@ -1248,13 +1301,8 @@ kvt_status kvt_model_forward_batch(kvt_ctx *c, kvt_batch_item *items, uint32_t n
         uint64_t end = (uint64_t)kvt_seq_len(it->seq) + it->n;
         if (it->st == KVT_OK && end > UINT32_MAX / 2) it->st = KVT_ERR_RANGE;
         if (it->st == KVT_OK) {
-            size_t need = kvt_attention_scratch_floats(l, (uint32_t)end);
-            if (need > c->att_scratch_floats) {
-                uint64_t target = end * 2 > 1024 ? end * 2 : 1024;
-                size_t want = kvt_attention_scratch_floats(l, (uint32_t)(target < UINT32_MAX / 2 ? target : end));
-                kvt_status st = ensure_scratch(c, want > need ? want : need);
-                if (st != KVT_OK) return st;
-            }
+            kvt_status st = ensure_attention(c, l, end);
+            if (st != KVT_OK) return st;
         }
     }
     /* prepare (blocks from the pool); an item the pool cannot hold fails alone */
