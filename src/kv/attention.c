@@ -577,9 +577,12 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
 }
 
 /* Phase 3: columns [d0, d1) of the outputs of KV head kvh's query heads, every visible key in
- * ascending order. The axpy kernels are elementwise fmaf chains, so a column range of an output
- * gets the bits of the whole-row accumulation. */
-static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_t d1, float *out, float *tile) {
+ * ascending order into the lane of its position (p % ATT_VL), then the lanes reduced: kvt_attention's
+ * V product. The axpy kernels are elementwise fmaf chains and lane_reduce is per column, so a column
+ * range of an output gets the bits of the whole-row accumulation. lanes: ATT_TILE * ATT_VL * w
+ * floats of this thread's scratch. */
+static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_t d1, float *out, float *tile,
+                         float *lanes) {
     const kvt_kv_layout *l = jb->s->layout;
     const uint32_t bt = jb->bt, hd_v = jb->hd_v, w = d1 - d0, h0 = kvh * jb->rep;
     uint32_t act[ATT_TILE], na = 0;
@@ -588,7 +591,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         if (jb->n && jb->inv[h0 + r] != 0.0f) act[na++] = h0 + r;
     }
     if (na == 0) return;
-    float dummy[ATT_DUMMY] = {0}; /* output of the padding slots of the 4-output kernel (discarded) */
+    memset(lanes, 0, (size_t)na * ATT_VL * w * sizeof(float));
     const uint32_t hi = jb->lo + jb->n - 1;
     for (uint32_t bi = jb->lo / bt; bi <= hi / bt; bi++) {
         const kvt_block *b = jb->slots[bi];
@@ -603,24 +606,22 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
             const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
             if (w == hd_v) decode_chunk(c, src, rb, hd_v, nr, tile);
             else kvt_decode_rows_part(c, src, rb, hd_v, d0, w, nr, tile);
-            uint32_t g0 = 0;
-            if (na >= 2 && w <= ATT_DUMMY)
-                for (; g0 < na; g0 += 4) {
-                    const uint32_t ng = KVT_MIN(4u, na - g0);
-                    float *yy[4];
-                    const float *ww[4];
-                    for (uint32_t t = 0; t < 4; t++) {
-                        const uint32_t h = act[g0 + (t < ng ? t : 0)];
-                        yy[t] = t < ng ? out + (size_t)h * hd_v + d0 : dummy;
-                        ww[t] = jb->sc + h * jb->stride + (p0 - jb->lo);
-                    }
-                    kvt_vec_axpy_q4(yy, ww, tile, w, nr, w);
+            for (uint32_t g = 0; g < na; g++) {
+                const float *wj = jb->sc + act[g] * jb->stride;
+                float *acc = lanes + (size_t)g * ATT_VL * w;
+                for (uint32_t ln = 0; ln < ATT_VL; ln++) { /* lane ln: keys f, f + ATT_VL, ... of the chunk */
+                    const uint32_t f = p0 + (ln + ATT_VL - p0 % ATT_VL) % ATT_VL;
+                    if (f > p1) continue;
+                    const uint32_t cnt = (p1 - f) / ATT_VL + 1;
+                    float wl[ATT_KC / ATT_VL + 1];
+                    for (uint32_t r = 0; r < cnt; r++) wl[r] = wj[f + r * ATT_VL - jb->lo];
+                    kvt_vec_axpy_rows(acc + (size_t)(f % ATT_VL) * w, wl, tile + (size_t)(f - p0) * w, (size_t)ATT_VL * w,
+                                      cnt, w);
                 }
-            for (; g0 < na; g0++)
-                kvt_vec_axpy_rows(out + (size_t)act[g0] * hd_v + d0, jb->sc + act[g0] * jb->stride + (p0 - jb->lo), tile,
-                                  w, nr, w);
+            }
         }
     }
+    for (uint32_t g = 0; g < na; g++) lane_reduce(out + (size_t)act[g] * hd_v + d0, lanes + (size_t)g * ATT_VL * w, w, w);
 }
 
 void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint32_t pos, uint32_t n_head, float scale,
@@ -641,7 +642,10 @@ void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint3
                     .hd_k = d->head_dim_k, .hd_v = d->head_dim_v, .kc = chunk_keys(KVT_MAX(d->head_dim_k, d->head_dim_v)),
                     .lo = lo, .n = n, .stride = pad16(n), .sc = shared};
     jb.inv = shared + (size_t)n_head * jb.stride;
-    float *q16 = scratch, *tile = scratch + ATT_TILE * hdp; /* this thread's: as kvt_attention's */
+    /* this thread's scratch (kvt_attention_scratch_floats): q16 and tile as kvt_attention's, the V
+     * lanes in the part that holds kvt_attention's lane accumulators */
+    float *q16 = scratch, *tile = scratch + ATT_TILE * hdp;
+    float *lanes = scratch + (size_t)(ATT_TILE + 2 * ATT_KC) * hdp;
     if (ith == 0) atomic_fetch_add_explicit(&g_split_calls, 1, memory_order_relaxed);
 
     /* Phase 1: this thread's key range, every KV head (each K row is read by one thread). */
@@ -667,7 +671,7 @@ void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint3
     const uint32_t u0 = (uint32_t)((uint64_t)nu3 * ith / nth), u1 = (uint32_t)((uint64_t)nu3 * (ith + 1) / nth);
     for (uint32_t u = u0; u < u1;) {
         const uint32_t kvh = u / per, ue = KVT_MIN(u1, (kvh + 1) * per);
-        split_values(&jb, kvh, (u - kvh * per) * cu, (ue - kvh * per) * cu, out, tile);
+        split_values(&jb, kvh, (u - kvh * per) * cu, (ue - kvh * per) * cu, out, tile, lanes);
         u = ue;
     }
 }
