@@ -407,6 +407,8 @@ static void test_sampled(void **st) {
     free(other);
 }
 
+static int g_draft_threads = 1; /* expect_refused's --draft-threads */
+
 static void expect_refused(const char *target, const char *draft, uint32_t draft_max, uint32_t draft_min, float p_min,
                            uint32_t ubatch, uint32_t ckpt, kvt_status want, const char *msg) {
     kvt_engine_opts o;
@@ -421,6 +423,7 @@ static void expect_refused(const char *target, const char *draft, uint32_t draft
     o.draft_min = draft_min;
     o.draft_p_min = p_min;
     o.generation_checkpoint = ckpt;
+    o.draft_threads = g_draft_threads;
     kvt_engine *e = NULL;
     char err[512] = "";
     const kvt_status s = kvt_engine_create(&o, &e, err, sizeof err);
@@ -442,6 +445,9 @@ static void test_refusals(void **st) {
     expect_refused(t, t, 4, 0, 1.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-p-min must be in [0, 1]");
     expect_refused(t, t, 16, 0, 0.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-max 16 needs --ubatch of at least 34");
     expect_refused(t, t, 4, 0, 0.5f, 32, 8, KVT_ERR_INVALID_ARG, "--generation-checkpoint");
+    g_draft_threads = 0;
+    expect_refused(t, t, 4, 0, 0.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-threads must be in [1, 512] (got 0)");
+    g_draft_threads = 1;
     expect_refused(t, "/nonexistent/draft.gguf", 4, 0, 0.5f, 32, 0, KVT_ERR_IO, "--draft-model /nonexistent/draft.gguf");
     expect_refused(rec, t, 4, 0, 0.5f, 32, 0, KVT_ERR_UNSUPPORTED, "recurrent layers");
     expect_refused(t, rec, 4, 0, 0.5f, 32, 0, KVT_ERR_UNSUPPORTED, "recurrent layers");

@@ -72,7 +72,8 @@ const char kvt_engine_flags_help[] =
     "                            --ubatch >= 2N+2)\n"
     "      --draft-min N         use a proposal only when it has at least N tokens (default 0)\n"
     "      --draft-p-min P       the draft stops proposing where its top probability is below P (0..1,\n"
-    "                            default 0.75)\n";
+    "                            default 0.75)\n"
+    "      --draft-threads N     the draft's compute threads (default 1)\n";
 
 const char kvt_sampling_flags_help[] =
     "sampling options:\n"
@@ -187,6 +188,9 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     } else if (kvt_args_is(a, NULL, "--draft-p-min")) {
         o->draft_p_min = (float)kvt_args_f64(a, 0, 1);
         g_draft_subflags = true;
+    } else if (kvt_args_is(a, NULL, "--draft-threads")) {
+        o->draft_threads = (int)kvt_args_u32(a, 1, 512);
+        g_draft_subflags = true;
     } else return false;
     return true;
 }
@@ -220,7 +224,8 @@ bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
         return false;
     }
     if (!o->draft_model && g_draft_subflags) {
-        fprintf(stderr, "kvtier %s: --draft-max, --draft-min and --draft-p-min need --draft-model FILE\n", cmd);
+        fprintf(stderr, "kvtier %s: --draft-max, --draft-min, --draft-p-min and --draft-threads need --draft-model FILE\n",
+                cmd);
         return false;
     }
     if (o->draft_model && o->draft_min > o->draft_max) {

@@ -76,6 +76,7 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->draft_max = 16;
     o->draft_min = 0;
     o->draft_p_min = 0.75f;
+    o->draft_threads = 1;
 }
 
 void kvt_sampling_default(kvt_sampling *s) {
@@ -159,6 +160,8 @@ static kvt_status check_draft_opts(const kvt_engine_opts *o, char *err, size_t e
                         o->draft_max);
     if (!(o->draft_p_min >= 0.0f && o->draft_p_min <= 1.0f))
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-p-min must be in [0, 1] (got %g)", (double)o->draft_p_min);
+    if (o->draft_threads < 1 || o->draft_threads > 512)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-threads must be in [1, 512] (got %d)", o->draft_threads);
     /* a verify pass (next + draft_max tokens) is one forward chunk, and the window blocks kept for
      * its rollback stay within the row's KV reservation (kvt_row_kv_bytes over one ubatch) */
     const uint32_t ub = o->ubatch ? o->ubatch : 512;
@@ -277,7 +280,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         }
         /* one draft sequence per row: --parallel rows, and an inline --parallel 1 generation beside them */
         kvt_spec_opts so = {.model_path = o->draft_model, .draft_max = o->draft_max, .draft_min = o->draft_min,
-                            .p_min = o->draft_p_min, .n_threads = o->n_threads, .ubatch = e->o.ubatch,
+                            .p_min = o->draft_p_min, .n_threads = o->draft_threads, .ubatch = e->o.ubatch,
                             .n_ctx = e->n_ctx, .block_tokens = o->block_tokens,
                             .rows = (o->parallel ? o->parallel : 1) + 1};
         st = kvt_spec_create(&so, e->tok, e->n_vocab, &e->spec, err, errlen);

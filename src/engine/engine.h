@@ -77,6 +77,9 @@ typedef struct kvt_engine_opts {
     uint32_t draft_min;         /* --draft-min: shorter proposals are dropped (<= draft_max), default 0 */
     float draft_p_min;          /* --draft-p-min: the draft stops where its top probability is below
                                  * this, [0, 1], default 0.75 */
+    int draft_threads;          /* --draft-threads: the draft's compute threads, 1..512, default 1 (a
+                                 * small draft's passes are too short to split, and its idle workers
+                                 * would spin against the target's) */
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);

@@ -30,7 +30,7 @@ typedef struct kvt_spec_opts {
     uint32_t draft_max;     /* tokens proposed per round at most, 1..KVT_SPEC_MAX_DRAFT */
     uint32_t draft_min;     /* a shorter proposal is dropped (the row decodes one token plainly) */
     float p_min;            /* the draft stops proposing where its top probability is below this */
-    int n_threads;          /* the draft's compute threads (0 = cores) */
+    int n_threads;          /* the draft's compute threads (--draft-threads) */
     uint32_t ubatch;        /* its forward chunk (the target's) */
     uint32_t n_ctx;         /* the target's context: the longest a draft sequence gets */
     uint32_t block_tokens;  /* KV block size of the draft's layout */

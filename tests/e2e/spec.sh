@@ -25,7 +25,8 @@ expect() { # expect CODE 'MESSAGE' ARGS...: kvtier run ARGS exits CODE and says 
   [ $rc -eq "$code" ] || fail "run $*: exit $rc, expected $code ($(cat "$TMP/e"))"
   grep -qF -- "$msg" "$TMP/e" || fail "run $*: message '$(cat "$TMP/e")' lacks '$msg'"
 }
-expect 2 "--draft-max, --draft-min and --draft-p-min need --draft-model FILE" --draft-max 4
+expect 2 "--draft-max, --draft-min, --draft-p-min and --draft-threads need --draft-model FILE" --draft-max 4
+expect 2 "bad value '0' for --draft-threads: expected an integer in [1, 512]" --draft-model $DR --draft-threads 0
 expect 2 "bad value '0' for --draft-max: expected an integer in [1, 64]" --draft-model $DR --draft-max 0
 expect 2 "bad value '65' for --draft-max: expected an integer in [1, 64]" --draft-model $DR --draft-max 65
 expect 2 "--draft-min 5 is more than --draft-max 4" --draft-model $DR --draft-max 4 --draft-min 5
