@@ -4,8 +4,9 @@
  * for verification is the one its draws follow; greedy output with a draft equals plain decoding
  * bit for bit on llama, qwen3 and gemma3 (sliding window: rollback across dropped blocks), alone
  * and in batched rows, with a random draft (rejections) and with the target as its own draft
- * (every proposal accepted, also under sampling: p == q); the vocabulary check names the first
- * differing token; bad option values are refused with their names. */
+ * (every proposal accepted, also under sampling: p == q); a logits processor and logprobs see a
+ * round as plain steps; the vocabulary check names the first differing token; bad option values
+ * are refused with their names. */
 #include <math.h>
 #include <pthread.h>
 
@@ -377,6 +378,63 @@ static void test_greedy_llama(void **st) { (void)st, check_greedy("llama", false
 static void test_greedy_qwen3(void **st) { (void)st, check_greedy("qwen3", true); }
 static void test_greedy_gemma3(void **st) { (void)st, check_greedy("gemma3", false); }
 
+/* A logits processor (here: only even token ids) and logprobs go through a round exactly as
+ * through plain steps: the same tokens, and the same log-probabilities reported for each. */
+typedef struct lp_log {
+    kvt_token_logprobs lp[N_GEN];
+    uint32_t n, accepted;
+} lp_log;
+static void even_apply(void *ctx, float *logits, uint32_t n) {
+    (void)ctx;
+    for (uint32_t i = 1; i < n; i += 2) logits[i] = -INFINITY;
+}
+static void even_accept(void *ctx, int32_t id) {
+    lp_log *l = ctx;
+    assert_true(id % 2 == 0);
+    l->accepted++;
+}
+static void on_lp(void *ctx, const kvt_token_logprobs *lp) {
+    lp_log *l = ctx;
+    if (l->n < N_GEN) l->lp[l->n++] = *lp;
+}
+static void test_processor_logprobs(void **st) {
+    (void)st;
+    char *target = model_path("llama", 7, false), *other = model_path("qwen3", 8, false);
+    static lp_log logs[2];
+    int32_t *out[2];
+    for (int pass = 0; pass < 2; pass++) {
+        kvt_engine *e = must_open(target, pass ? other : NULL, 1, 4);
+        int32_t prompt[N_PROMPT];
+        fill(prompt, N_PROMPT, kvt_engine_n_vocab(e), 31);
+        lp_log *l = &logs[pass];
+        memset(l, 0, sizeof *l);
+        kvt_gen_request rq = {.prompt = prompt, .n_prompt = N_PROMPT, .max_tokens = N_GEN, .ignore_eog = true,
+                              .n_logprobs = 3, .on_logprobs = on_lp, .cb_ctx = l,
+                              .proc = {.apply = even_apply, .accept = even_accept, .ctx = l}};
+        kvt_sampling_default(&rq.sampling);
+        kvt_gen_result res;
+        char err[256] = "";
+        if (kvt_engine_generate(e, &rq, &res, err, sizeof err) != KVT_OK) fail_msg("generate: %s", err);
+        assert_int_equal(res.n_gen, N_GEN);
+        assert_int_equal(l->n, N_GEN);
+        assert_int_equal(l->accepted, N_GEN);
+        out[pass] = res.tokens;
+        if (pass) assert_true(stats_of(e).spec_rounds > 0);
+        kvt_engine_free(e);
+    }
+    assert_memory_equal(out[0], out[1], sizeof(int32_t) * N_GEN);
+    for (uint32_t i = 0; i < N_GEN; i++) {
+        assert_int_equal(logs[0].lp[i].id, logs[1].lp[i].id);
+        assert_true(logs[0].lp[i].logprob == logs[1].lp[i].logprob);
+        assert_int_equal(logs[0].lp[i].n_top, logs[1].lp[i].n_top);
+        assert_memory_equal(logs[0].lp[i].top_ids, logs[1].lp[i].top_ids, sizeof(int32_t) * logs[0].lp[i].n_top);
+    }
+    free(out[0]);
+    free(out[1]);
+    free(target);
+    free(other);
+}
+
 /* Sampling with the target as its own draft: q == p at every position, so every proposal is
  * accepted (the draft's q and the target's p are computed alike); with a random draft the rows
  * still emit max_tokens tokens from the target's candidates. */
@@ -475,7 +533,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rule_preserves_p), cmocka_unit_test(test_draw_edges), cmocka_unit_test(test_sampler_probs),
         cmocka_unit_test(test_greedy_llama),     cmocka_unit_test(test_greedy_qwen3), cmocka_unit_test(test_greedy_gemma3),
-        cmocka_unit_test(test_sampled),          cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_processor_logprobs), cmocka_unit_test(test_sampled), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
