@@ -355,6 +355,49 @@ static void test_window_release_and_trim(void **st) {
     kvt_kv_layout_free(l);
 }
 
+/* kvt_seq_set_rollback (speculative decoding): a window sequence that keeps its blocks n tokens
+ * longer can be cut back by up to n tokens from every length, over chunks of up to n + 1 tokens as
+ * a verify pass commits them; without it some such cut is refused. */
+static void test_window_rollback(void **st) {
+    (void)st;
+    kvt_layer_desc d[1] = {win(5, F16)};
+    kvt_kv_layout *l = mk(d, 1, 4, 0);
+    kvt_block_pool *p = kvt_block_pool_create(l, 0);
+    enum { BACK = 3 };
+    for (int keep = 0; keep < 2; keep++) {
+        uint64_t rng = 9;
+        kvt_seq *s;
+        assert_int_equal(kvt_seq_create(p, 1, &s), KVT_OK);
+        if (keep) kvt_seq_set_rollback(s, BACK);
+        bool all = true;
+        for (uint32_t step = 0; step < 12; step++) {
+            const uint32_t before = kvt_seq_len(s);
+            fill(s, l, BACK + 1, &rng, 0); /* a verify pass: next + BACK drafts */
+            const uint32_t back = step % (BACK + 1); /* 0..BACK drafts rejected */
+            const bool ok = kvt_seq_can_trim(s, kvt_seq_len(s) - back);
+            all = all && ok;
+            if (keep) {
+                assert_true(ok);
+                assert_int_equal(kvt_seq_trim(s, kvt_seq_len(s) - back), KVT_OK);
+                assert_true(kvt_seq_len(s) > before);
+            } else if (ok) {
+                assert_int_equal(kvt_seq_trim(s, kvt_seq_len(s) - back), KVT_OK);
+            } else {
+                break;
+            }
+        }
+        if (!keep) assert_false(all); /* the default drops a block some cut needs */
+        /* what is held is at most one block per BACK tokens more than the window needs */
+        uint32_t held = 0;
+        for (uint32_t i = 0; i < kvt_seq_n_blocks(s); i++) held += kvt_seq_block(s, 0, i) != NULL;
+        assert_true(held <= (5 + BACK + 2 * 4 - 2) / 4 + 1);
+        kvt_seq_free(s);
+    }
+    assert_int_equal(kvt_block_pool_used_bytes(p), 0);
+    kvt_block_pool_free(p);
+    kvt_kv_layout_free(l);
+}
+
 static void test_can_trim_exact(void **st) {
     (void)st;
     /* window 3, block 2, len 5: block 0 (pos 0,1) is dropped (1 <= 5-3), block 1 (2,3) is held. */
@@ -680,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_clone_cow_donor_unchanged),
         cmocka_unit_test(test_window_release_and_trim),
         cmocka_unit_test(test_can_trim_exact),
+        cmocka_unit_test(test_window_rollback),
         cmocka_unit_test(test_prepare_exhaustion_no_partial_state),
         cmocka_unit_test(test_append_blocks),
         cmocka_unit_test(test_recurrent_snapshot),

@@ -337,6 +337,9 @@ static void fill_stats(kvt_engine_stats *s, kvt_server_counters *c) {
     U(mem_live_rows_bytes); U(mem_rows_reserved_bytes); U(mem_ram_tier_bytes); U(mem_ram_tier_used_bytes);
     U(mem_rss_bytes); U(mem_rss_peak_bytes); U(mem_pressure_events); U(mem_pressure_freed_bytes); U(mem_pressure_failed);
     U(ssd_staged); /* last: the values above stay those of the golden files before it */
+    s->spec_enabled = true;
+    U(spec_rounds); U(spec_proposed); U(spec_accepted); D(spec_acceptance_rate); D(spec_draft_ms);
+    D(spec_draft_time_share); U(spec_off_rows);
 #undef U
 #undef D
     memset(c, 0, sizeof *c);
@@ -373,7 +376,7 @@ static void test_stats_names_golden(void **unused) {
         kvt_engine_stats es;
         kvt_server_counters c;
         fill_stats(&es, &c);
-        if (off) es.pc_enabled = es.ssd_enabled = es.ckpt_enabled = es.shared_enabled = false;
+        if (off) es.pc_enabled = es.ssd_enabled = es.ckpt_enabled = es.shared_enabled = es.spec_enabled = false;
         char *got = kvt_api_stats_json(&es, &c, "tiny", NULL);
         char *want = slurp_fixture(off ? "off.json" : "all.json");
         cJSON *g = cJSON_Parse(got), *w = cJSON_Parse(want);

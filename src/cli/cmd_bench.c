@@ -938,8 +938,14 @@ static int bench_cmd(int argc, char **argv) {
         if (json) {
             printf("{\"model\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"reps\":%u,"
                    "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,"
-                   "\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f}\n",
+                   "\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f",
                    kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, n_g, reps, mpp, mtg, wbytes, kvb, bw_med, frac_med);
+            if (st.spec_enabled)
+                printf(",\"draft_max\":%u,\"spec_proposed\":%llu,\"spec_accepted\":%llu,\"spec_acceptance_rate\":%.4f,"
+                       "\"spec_draft_time_share\":%.4f",
+                       eo.draft_max, (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+                       st.spec_acceptance_rate, st.spec_draft_time_share);
+            printf("}\n");
         } else {
             printf("| model | threads | kv | test | t/s (median of %u) |\n|---|---|---|---|---|\n", reps);
             printf("| %s | %d | %s | pp%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, mpp);
@@ -949,6 +955,11 @@ static int bench_cmd(int argc, char **argv) {
                        "read bandwidth %.2f GB/s (%d threads; median of per-repetition fractions)\n",
                        step_bytes / 1e6, wbytes / 1e6, kvb / 1e6, step_bytes * mtg / 1e9, 100 * frac_med, bw_med,
                        bench_threads(&eo));
+            if (st.spec_enabled)
+                printf("speculative (--draft-max %u): %llu of %llu draft tokens accepted (%.1f%%), %.1f%% of decode time in "
+                       "the draft\n",
+                       eo.draft_max, (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_proposed,
+                       100 * st.spec_acceptance_rate, 100 * st.spec_draft_time_share);
         }
     } else {
         if (suffix >= n_p) suffix = n_p / 2;

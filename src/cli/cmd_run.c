@@ -212,6 +212,14 @@ int cmd_run(int argc, char **argv) {
             cJSON_AddNumberToObject(t, "prefill_tps", res.prefill_tps);
             cJSON_AddNumberToObject(t, "decode_tps", res.decode_tps);
             cJSON_AddNumberToObject(t, "peak_kv_bytes", (double)res.peak_kv_bytes);
+            kvt_engine_stats es;
+            kvt_engine_stats_get(e, &es);
+            if (es.spec_enabled) { /* --draft-model: this process's rounds so far (docs/speculative.md) */
+                cJSON *sp = cJSON_AddObjectToObject(o, "speculative");
+                cJSON_AddNumberToObject(sp, "rounds", (double)es.spec_rounds);
+                cJSON_AddNumberToObject(sp, "proposed", (double)es.spec_proposed);
+                cJSON_AddNumberToObject(sp, "accepted", (double)es.spec_accepted);
+            }
             char *s = cJSON_PrintUnformatted(o);
             printf("%s\n", s);
             free(s);

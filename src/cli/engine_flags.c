@@ -12,6 +12,8 @@
 static int g_ssd_subflags;
 /* --memory-budget was given (else kvt_engine_flags_check makes it auto) */
 static bool g_memory_budget_given;
+/* a --draft-* tuning flag was given (an error without --draft-model) */
+static bool g_draft_subflags;
 
 const char kvt_engine_flags_help[] =
     "model and cache options:\n"
@@ -62,7 +64,16 @@ const char kvt_engine_flags_help[] =
     "      --shared-cache-tls-insecure   rediss:// WITHOUT certificate or host name verification (testing only)\n"
     "      --chat-template NAME  a built-in renderer instead of the GGUF's Jinja template:\n"
     "                            chatml | qwen35 | llama3 | gemma | mistral | llama2 | phi3\n"
-    "      --chat-template-file F  render prompts with the Jinja template in F (default: the GGUF's)\n";
+    "      --chat-template-file F  render prompts with the Jinja template in F (default: the GGUF's)\n"
+    "      --draft-model FILE    speculative decoding: a small GGUF with the target's vocabulary proposes\n"
+    "                            tokens the target checks in one pass; output unchanged (greedy: the same\n"
+    "                            tokens; sampling: the same distribution) (docs/speculative.md)\n"
+    "      --draft-max N         tokens the draft proposes per round at most (1..64, default 16; needs\n"
+    "                            --ubatch >= 2N+2)\n"
+    "      --draft-min N         use a proposal only when it has at least N tokens (default 0)\n"
+    "      --draft-p-min P       the draft stops proposing where its top probability is below P (0..1,\n"
+    "                            default 0.75)\n"
+    "      --draft-threads N     the draft's compute threads (default 1)\n";
 
 const char kvt_sampling_flags_help[] =
     "sampling options:\n"
@@ -167,7 +178,20 @@ bool kvt_parse_engine_flag(kvt_args *a, kvt_engine_opts *o) {
     else if (kvt_args_flag(a, NULL, "--shared-cache-tls-insecure")) o->shared_tls_insecure = true;
     else if (kvt_args_is(a, NULL, "--chat-template")) o->chat_template = kvt_args_str(a);
     else if (kvt_args_is(a, NULL, "--chat-template-file")) o->chat_template_file = kvt_args_str(a);
-    else return false;
+    else if (kvt_args_is(a, NULL, "--draft-model")) o->draft_model = kvt_args_str(a);
+    else if (kvt_args_is(a, NULL, "--draft-max")) {
+        o->draft_max = kvt_args_u32(a, 1, KVT_SPEC_MAX_DRAFT);
+        g_draft_subflags = true;
+    } else if (kvt_args_is(a, NULL, "--draft-min")) {
+        o->draft_min = kvt_args_u32(a, 0, KVT_SPEC_MAX_DRAFT);
+        g_draft_subflags = true;
+    } else if (kvt_args_is(a, NULL, "--draft-p-min")) {
+        o->draft_p_min = (float)kvt_args_f64(a, 0, 1);
+        g_draft_subflags = true;
+    } else if (kvt_args_is(a, NULL, "--draft-threads")) {
+        o->draft_threads = (int)kvt_args_u32(a, 1, 512);
+        g_draft_subflags = true;
+    } else return false;
     return true;
 }
 
@@ -197,6 +221,15 @@ bool kvt_engine_flags_check(const char *cmd, kvt_engine_opts *o) {
     }
     if (o->generation_checkpoint && !o->ssd_dir) {
         fprintf(stderr, "kvtier %s: --generation-checkpoint needs the SSD tier (--ssd-cache DIR)\n", cmd);
+        return false;
+    }
+    if (!o->draft_model && g_draft_subflags) {
+        fprintf(stderr, "kvtier %s: --draft-max, --draft-min, --draft-p-min and --draft-threads need --draft-model FILE\n",
+                cmd);
+        return false;
+    }
+    if (o->draft_model && o->draft_min > o->draft_max) {
+        fprintf(stderr, "kvtier %s: --draft-min %u is more than --draft-max %u\n", cmd, o->draft_min, o->draft_max);
         return false;
     }
     if (!o->ssd_dir && g_ssd_subflags) {

@@ -28,10 +28,11 @@
  * What the tiers held before the change was checked on its way in and stays valid under the key.
  *
  * The steps are the phases of a row (row.h, row.c): kvt_row_begin (2 and the prefill setup),
- * kvt_row_plan + kvt_row_advance per forward (one prefill chunk or one decode token; sampling and
- * streaming in advance), kvt_row_end (5). With --parallel 1 kvt_engine_generate drives its row
- * inline under gen_mu; otherwise, and for every kvt_engine_submit (the server), the batching
- * scheduler (sched.c) drives the rows, one kvt_model_forward_batch per step (docs/batching.md).
+ * kvt_row_plan + kvt_row_advance per forward (one prefill chunk, one decode token, or a speculative
+ * round's verify pass with --draft-model: spec.h; sampling and streaming in advance), kvt_row_end
+ * (5). With --parallel 1 kvt_engine_generate drives its row inline under gen_mu; otherwise, and for
+ * every kvt_engine_submit (the server), the batching scheduler (sched.c) drives the rows, one
+ * kvt_model_forward_batch per step (docs/batching.md).
  */
 #include "engine.h"
 
@@ -72,6 +73,10 @@ void kvt_engine_opts_default(kvt_engine_opts *o) {
     o->ssd_demote_idle_s = 300.0;
     o->shared_timeout_ms = 1000;
     o->pin_budget_mb = -1;
+    o->draft_max = 16;
+    o->draft_min = 0;
+    o->draft_p_min = 0.75f;
+    o->draft_threads = 1;
 }
 
 void kvt_sampling_default(kvt_sampling *s) {
@@ -144,6 +149,30 @@ static kvt_status plan_memory(kvt_engine *e, uint64_t *pc_bytes, uint64_t *pool_
 
 /* ---- tier wiring -------------------------------------------------------------------------- */
 
+/* The speculative-decoding options (docs/speculative.md), before anything is loaded. */
+static kvt_status check_draft_opts(const kvt_engine_opts *o, char *err, size_t errlen) {
+    if (!o->draft_model) return KVT_OK;
+    if (o->draft_max < 1 || o->draft_max > KVT_SPEC_MAX_DRAFT)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-max must be in [1, %u] (got %u)", KVT_SPEC_MAX_DRAFT,
+                        o->draft_max);
+    if (o->draft_min > o->draft_max)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-min %u is more than --draft-max %u", o->draft_min,
+                        o->draft_max);
+    if (!(o->draft_p_min >= 0.0f && o->draft_p_min <= 1.0f))
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-p-min must be in [0, 1] (got %g)", (double)o->draft_p_min);
+    if (o->draft_threads < 1 || o->draft_threads > 512)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-threads must be in [1, 512] (got %d)", o->draft_threads);
+    /* a verify pass (next + draft_max tokens) is one forward chunk, and the window blocks kept for
+     * its rollback stay within the row's KV reservation (kvt_row_kv_bytes over one ubatch) */
+    const uint32_t ub = o->ubatch ? o->ubatch : 512;
+    if (2 * o->draft_max + 2 > ub)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-max %u needs --ubatch of at least %u (got %u)",
+                        o->draft_max, 2 * o->draft_max + 2, ub);
+    if (o->generation_checkpoint)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "--draft-model cannot be combined with --generation-checkpoint yet (docs/speculative.md)");
+    return KVT_OK;
+}
 
 kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *err, size_t errlen) {
     *out = NULL;
@@ -154,6 +183,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--block-tokens must be in [16, 4096]");
     if (o->mla_prefill < KVT_MLA_PREFILL_ABSORBED || o->mla_prefill > KVT_MLA_PREFILL_AUTO)
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--mla-prefill must be absorbed, expanded or auto");
+    kvt_status st = check_draft_opts(o, err, errlen);
+    if (st) return st;
     kvt_engine *e = calloc(1, sizeof *e);
     if (!e) return KVT_ERR_NOMEM;
     e->o = *o;
@@ -165,7 +196,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (e->o.ubatch == 0) e->o.ubatch = 512;
     kvt_kernels_init();
     /* [watch] opened first: the mapping and the identity hash below must read the watched file */
-    kvt_status st = kvt_file_watch_open(o->model_path, &e->watch, err, errlen);
+    st = kvt_file_watch_open(o->model_path, &e->watch, err, errlen);
     if (st) goto fail;
     st = kvt_gguf_open(o->model_path, &e->gguf, err, errlen);
     if (st) goto fail;
@@ -238,6 +269,22 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (st) {
         kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
         goto fail;
+    }
+    if (o->draft_model) {
+        if (e->recurrent) {
+            st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                          "--draft-model: the target (%s) has recurrent layers, whose state cannot be cut back to the "
+                          "accepted tokens; speculative decoding needs a target with attention layers only",
+                          kvt_arch_name(hp->arch));
+            goto fail;
+        }
+        /* one draft sequence per row: --parallel rows, and an inline --parallel 1 generation beside them */
+        kvt_spec_opts so = {.model_path = o->draft_model, .draft_max = o->draft_max, .draft_min = o->draft_min,
+                            .p_min = o->draft_p_min, .n_threads = o->draft_threads, .ubatch = e->o.ubatch,
+                            .n_ctx = e->n_ctx, .block_tokens = o->block_tokens,
+                            .rows = (o->parallel ? o->parallel : 1) + 1};
+        st = kvt_spec_create(&so, e->tok, e->n_vocab, &e->spec, err, errlen);
+        if (st) goto fail;
     }
     /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
      * memory budget's split (budget.h) */
@@ -333,6 +380,7 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_engine_pins_warm_stop(e); /* its generation is a row: before the scheduler goes */
     kvt_sched_free(e->sched); /* cancels what still runs; no row touches the tiers after this */
     e->sched = NULL;
+    kvt_spec_free(e->spec); /* every row (and its draft state) ended with the scheduler */
     if (e->ssd) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
@@ -475,7 +523,7 @@ kvt_status kvt_engine_generate(kvt_engine *e, const kvt_gen_request *req, kvt_ge
         uint32_t m = kvt_row_plan(&r, UINT32_MAX, &tok);
         if (!m) break;
         float *logits = NULL;
-        kvt_status st = kvt_model_forward(e->ctx, r.seq, tok, m, false, req->cancel, &logits);
+        kvt_status st = kvt_model_forward(e->ctx, r.seq, tok, m, kvt_row_verifies(&r), req->cancel, &logits);
         kvt_row_advance(&r, m, st, logits);
     }
     kvt_row_end(&r);
@@ -635,6 +683,18 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
     out->max_decode_stall_ms = b.max_decode_stall_ms;
     out->max_decode_step_ms = b.max_decode_step_ms;
     memory_stats(e, &b, out);
+    if (e->spec) {
+        kvt_spec_stats ss;
+        kvt_spec_stats_get(e->spec, &ss);
+        out->spec_enabled = true;
+        out->spec_rounds = ss.rounds;
+        out->spec_proposed = ss.proposed;
+        out->spec_accepted = ss.accepted;
+        out->spec_acceptance_rate = ss.proposed ? (double)ss.accepted / (double)ss.proposed : 0;
+        out->spec_draft_ms = ss.draft_ms;
+        out->spec_draft_time_share = ss.decode_ms > 0 ? KVT_MIN(1.0, ss.draft_ms / ss.decode_ms) : 0;
+        out->spec_off_rows = ss.off_rows;
+    }
 }
 
 uint32_t kvt_engine_cache_prefixes(kvt_engine *e, kvt_cached_prefix *out, uint32_t max, uint64_t *n_prefixes) {

@@ -24,6 +24,8 @@
 
 typedef struct kvt_engine kvt_engine;
 
+#define KVT_SPEC_MAX_DRAFT 64u /* --draft-max upper bound (speculative decoding, docs/speculative.md) */
+
 typedef struct kvt_engine_opts {
     const char *model_path;
     int n_threads;              /* 0 = number of cores */
@@ -68,6 +70,16 @@ typedef struct kvt_engine_opts {
                                  * (0, default), expanded or auto; non-default modes enter the compat key */
     double pin_budget_mb;       /* --pin-budget-mb: RAM the pinned prefixes may hold together; < 0 =
                                  * default: 1024 MiB, at most half the RAM tier */
+    /* speculative decoding (docs/speculative.md, engine/spec.h) */
+    const char *draft_model;    /* --draft-model: a draft with the target's vocabulary; NULL = off */
+    uint32_t draft_max;         /* --draft-max: tokens proposed per round, 1..64, default 16; at most
+                                 * (ubatch - 2) / 2 */
+    uint32_t draft_min;         /* --draft-min: shorter proposals are dropped (<= draft_max), default 0 */
+    float draft_p_min;          /* --draft-p-min: the draft stops where its top probability is below
+                                 * this, [0, 1], default 0.75 */
+    int draft_threads;          /* --draft-threads: the draft's compute threads, 1..512, default 1 (a
+                                 * small draft's passes are too short to split, and its idle workers
+                                 * would spin against the target's) */
 } kvt_engine_opts;
 
 void kvt_engine_opts_default(kvt_engine_opts *o);
@@ -227,6 +239,7 @@ typedef struct kvt_engine_stats {
     int shared_fetch_breaker, shared_publish_breaker; /* kvt_breaker_state: 0 closed, 1 open, 2 half-open */
     char shared_last_error[200]; /* latest shared-tier connect failure ("" after a success) */
     char scheme[128];
+    bool spec_enabled; /* --draft-model: the "speculative" section */
     KVT_STATS_ALL(KVT_STATS_FIELD_)
 } kvt_engine_stats;
 void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out);

@@ -33,6 +33,7 @@ struct kvt_engine {
     uint64_t stale_dropped; /* [watch] hand-offs refused after the model file changed (atomic) */
     kvt_tiers *tier; /* the tier manager: every cache policy (lookup, put, flush, tick, checkpoints) */
     kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
+    kvt_spec *spec;       /* speculative decoding's draft (--draft-model, spec.h), NULL = off */
     kvt_ctx *ctx;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */

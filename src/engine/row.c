@@ -27,18 +27,37 @@
  *      passed; kvt_row_end puts the sequence back and counts the request only then.
  *   4. decoding is set (in advance, before the first sample) exactly when the row reached decode;
  *      kvt_row_end flushes held-back text and reports decode figures only then.
- *   5. A row forwards at most one token per step in DECODE and at most min(chunk, budget) prompt
- *      tokens per step in PREFILL, never past a recurrent snapshot position (kvt_row_plan): every
- *      `every` tokens, and n-1 (snap_at), so an identical retry reuses n-1 tokens (the lookup's
- *      n-1 cap excludes the boundary snapshot at n).
+ *   5. A row forwards at most one token per step in DECODE (1 + k in a speculative round, with
+ *      k <= min(draft_max, budget - 1)) and at most min(chunk, budget) prompt tokens per step in
+ *      PREFILL, never past a recurrent snapshot position (kvt_row_plan): every `every` tokens, and
+ *      n-1 (snap_at), so an identical retry reuses n-1 tokens (the lookup's n-1 cap excludes the
+ *      boundary snapshot at n).
  *   6. kvt_row_end runs once per row, in any state, and frees everything the row holds (sequence,
- *      chain, checkpoint run, detokenizer, sampler, text buffer, emitted tokens not handed to res).
+ *      chain, checkpoint run, detokenizer, sampler, text buffer, emitted tokens not handed to res,
+ *      draft state).
+ *
+ * Speculative rounds (spec.h, docs/speculative.md). A DECODE row with a draft state plans next and
+ * the draft's k proposals d_0..d_{k-1} (kvt_spec_propose); the verify pass forwards all k + 1 and
+ * returns the logits of each position: row j is the target's distribution after next, d_0..d_{j-1}.
+ * advance walks the rows in order, emitting through the same sample() as a plain step:
+ *   greedy settings: the target's own draw at row j; d_j is accepted when it is that token;
+ *   sampled settings: d_j is accepted or replaced by kvt_spec_verify against the target's
+ *   distribution (kvt_sampler_probs after the constraint mask), the token it returns is emitted;
+ * the walk stops at the first replaced token, at the end of the row, or after row k (every draft
+ * accepted: the target's token there is the bonus). Invariants:
+ *   7. With the same logits, a row emits under greedy settings exactly the tokens plain decoding
+ *      emits: each is the sampler's draw from the target's row at its position, with the same
+ *      history, and the verify pass's rows are bit-identical to one-token steps (model.h numerics).
+ *   8. After a round the target's sequence holds exactly the row's tokens before next's successor
+ *      (base + 1 + accepted): no rejected draft token stays (the window groups keep the blocks the
+ *      cut needs: kvt_seq_set_rollback), and only then are sealed blocks handed to the tiers.
  */
 #include "row.h"
 
 #include <stdlib.h>
 
 #include "engine_int.h"
+#include "spec_verify.h"
 #include "stop.h"
 
 static const char *const state_names[KVT_ROW_N_STATES] = {"QUEUED", "PREFILL", "DECODE", "DONE"};
@@ -94,6 +113,23 @@ kvt_status kvt_rows_forward(kvt_engine *e, kvt_batch_item *items, uint32_t n_ite
 }
 
 void kvt_rows_set_decoding(kvt_engine *e, bool any) { kvt_engine_set_decoding(e, any); }
+
+kvt_status kvt_rows_forward_verify(kvt_engine *e, kvt_seq *seq, const int32_t *tokens, uint32_t n, float **buf,
+                                   size_t *cap) {
+    const size_t need = (size_t)n * e->n_vocab;
+    if (need > *cap) {
+        float *nb = realloc(*buf, need * sizeof(float));
+        if (!nb) return KVT_ERR_NOMEM;
+        *buf = nb;
+        *cap = need;
+    }
+    pthread_mutex_lock(&e->gen_mu);
+    float *logits = NULL;
+    kvt_status st = kvt_model_forward(e->ctx, seq, tokens, n, true, NULL, &logits);
+    if (st == KVT_OK) memcpy(*buf, logits, need * sizeof(float));
+    pthread_mutex_unlock(&e->gen_mu);
+    return st;
+}
 
 static bool row_cancelled(const kvt_row *r) {
     return (r->req->cancel && __atomic_load_n(r->req->cancel, __ATOMIC_RELAXED)) || /* set by another thread */
@@ -181,6 +217,12 @@ static bool begin(kvt_row *r) {
         }
     }
     r->begun = true;
+    /* speculative decoding: the row's draft state, and a target sequence a round can cut back by its
+     * draft tokens (invariant 8); out of memory for it, the row decodes plainly */
+    if (e->spec) {
+        r->sp = kvt_spec_row_create(e->spec, &req->sampling, req->prompt, n, r->max_new);
+        if (r->sp) kvt_seq_set_rollback(r->seq, kvt_spec_draft_max(e->spec));
+    }
 
     /* 3. prefill setup */
     kvt_sampler_reset(r->sampler, &req->sampling);
@@ -223,8 +265,14 @@ uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
         return 0;
     }
     if (r->state == KVT_ROW_DECODE) {
+        if (!budget) return 0;
+        /* a speculative round: k drafts and the target's own token may all be emitted, so
+         * k <= max_new - n_gen - 1 (n_gen < max_new in DECODE): the sequence never outgrows a plain
+         * decode's, nor the context */
+        r->n_verify = r->sp ? kvt_spec_propose(r->sp, KVT_MIN(budget - 1, r->max_new - r->n_gen - 1), tokens) : 0;
+        if (r->n_verify) return 1 + r->n_verify;
         *tokens = &r->next;
-        return budget ? 1 : 0;
+        return 1;
     }
     uint32_t m = KVT_MIN(KVT_MIN(r->chunk, r->pn - r->done_tok), budget);
     if (r->every) m = KVT_MIN(m, (r->done_tok / r->every + 1) * r->every - r->done_tok);
@@ -234,8 +282,10 @@ uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
 }
 
 /* 4. one sampled token: stream its text (stop strings held back until they can no longer match).
- * True when the row forwards it next (r->next), false when the row ends. */
-static bool sample(kvt_row *r, float *logits) {
+ * True when the row forwards it next (r->next), false when the row ends. forced >= 0: a speculative
+ * round's verification drew that token from these logits (already masked and penalised), so it is
+ * taken instead of a draw. */
+static bool sample(kvt_row *r, float *logits, int32_t forced) {
     kvt_engine *e = r->e;
     const kvt_gen_request *req = r->req;
     kvt_gen_result *res = r->res;
@@ -243,11 +293,16 @@ static bool sample(kvt_row *r, float *logits) {
         int32_t id;
         const kvt_ckpt_src src = kvt_ckpt_next(&r->ck, &id); /* [ckpt] replayed / pending tokens first */
         if (src == KVT_CKPT_SAMPLE) {
-            /* a constraint masks first; logprobs describe the distribution actually drawn from */
-            if (req->proc.apply) req->proc.apply(req->proc.ctx, logits, e->n_vocab);
             kvt_token_logprobs lp;
             const bool want_lp = req->n_logprobs && req->on_logprobs;
-            id = kvt_sampler_sample_lp(r->sampler, logits, want_lp ? req->n_logprobs - 1 : 0, want_lp ? &lp : NULL);
+            if (forced >= 0) {
+                id = forced;
+                if (want_lp) kvt_logprobs_of(logits, e->n_vocab, id, req->n_logprobs - 1, &lp);
+            } else {
+                /* a constraint masks first; logprobs describe the distribution actually drawn from */
+                if (req->proc.apply) req->proc.apply(req->proc.ctx, logits, e->n_vocab);
+                id = kvt_sampler_sample_lp(r->sampler, logits, want_lp ? req->n_logprobs - 1 : 0, want_lp ? &lp : NULL);
+            }
             if (want_lp) req->on_logprobs(req->cb_ctx, &lp);
         }
         if (req->proc.accept) req->proc.accept(req->proc.ctx, id);
@@ -261,6 +316,7 @@ static bool sample(kvt_row *r, float *logits) {
                           kvt_sampler_rng_state(r->sampler));
         r->gen[r->n_gen++] = id;
         kvt_sampler_accept(r->sampler, id);
+        if (r->sp) kvt_spec_row_push(r->sp, id);
         size_t dl = 0;
         const char *d = kvt_detok_push(r->dt, id, &dl);
         bool stop_hit = false;
@@ -312,7 +368,48 @@ static bool sample(kvt_row *r, float *logits) {
 }
 
 /* The row either ends (DONE) or forwards the sampled token next (DECODE). */
-static void row_sample(kvt_row *r, float *logits) { kvt_row_set_state(r, sample(r, logits) ? KVT_ROW_DECODE : KVT_ROW_DONE); }
+static void row_sample(kvt_row *r, float *logits) {
+    kvt_row_set_state(r, sample(r, logits, -1) ? KVT_ROW_DECODE : KVT_ROW_DONE);
+}
+
+/* A speculative round's verify pass came back (k draft tokens after next; logits: k + 1 rows): emit
+ * what the target accepts, then cut both sequences back to it (the top of this file). */
+static void verify(kvt_row *r, uint32_t k, float *logits) {
+    kvt_engine *e = r->e;
+    const kvt_gen_request *req = r->req;
+    const uint32_t nv = e->n_vocab, base = kvt_seq_len(r->seq) - (k + 1);
+    const bool greedy = kvt_sampling_greedy(&req->sampling);
+    uint32_t j = 0; /* draft tokens accepted */
+    bool more = true;
+    for (;; j++) {
+        float *row = logits + (size_t)j * nv;
+        const int32_t d = j < k ? kvt_spec_row_token(r->sp, j) : -1;
+        int32_t forced = -1;
+        bool acc = false;
+        if (d >= 0 && !greedy) { /* speculative rejection sampling: the output is drawn from p exactly */
+            if (req->proc.apply) req->proc.apply(req->proc.ctx, row, nv);
+            float *p = kvt_spec_row_p(r->sp);
+            kvt_sampler_probs(r->sampler, row, p);
+            const double u_accept = kvt_sampler_uniform(r->sampler), u_resample = kvt_sampler_uniform(r->sampler);
+            forced = kvt_spec_verify(p, kvt_spec_row_q(r->sp, j), nv, d, u_accept, u_resample, &acc);
+        }
+        more = sample(r, row, forced);
+        if (!more || d < 0) break; /* the row ended, or row k: the bonus token after every draft */
+        if (greedy) acc = r->next == d;
+        if (!acc) break;
+    }
+    kvt_spec_row_verified(r->sp, k, j);
+    const kvt_status ts = kvt_seq_trim(r->seq, base + 1 + j); /* invariant 8 */
+    if (ts != KVT_OK) {
+        kvt_row_set_state(r, KVT_ROW_DONE);
+        r->st = kvt_errf(r->err, r->errlen, ts, "speculative decoding: cannot cut the sequence back to its accepted tokens (%s)",
+                         kvt_status_str(ts));
+        return;
+    }
+    const uint32_t bt = e->o.block_tokens;
+    if (r->keep_window && (base + 1 + j) / bt > base / bt) kvt_engine_put_blocks(e, r->seq);
+    kvt_row_set_state(r, more ? KVT_ROW_DECODE : KVT_ROW_DONE);
+}
 
 void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
     kvt_engine *e = r->e;
@@ -374,6 +471,12 @@ void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status st, float *logits) {
         return;
     }
     if (r->state != KVT_ROW_DECODE) return;
+    const uint32_t k = r->n_verify;
+    r->n_verify = 0;
+    if (st == KVT_OK && k) {
+        verify(r, k, logits);
+        return;
+    }
     if (st == KVT_OK && r->keep_window && kvt_seq_len(r->seq) % e->o.block_tokens == 0) kvt_engine_put_blocks(e, r->seq);
     if (st) {
         kvt_row_set_state(r, KVT_ROW_DONE);
@@ -412,6 +515,8 @@ void kvt_row_end(kvt_row *r) {
         /* [ckpt] normal completion invalidates the checkpoint; cancellation and errors keep it */
         kvt_ckpt_end(&r->ck, e->tier, r->st == KVT_OK && res->finish != KVT_FINISH_CANCELLED);
     }
+    kvt_spec_row_free(r->sp, r->decoding ? res->decode_ms : 0);
+    r->sp = NULL;
     if (r->begun) {
         if (!r->batched) kvt_engine_set_decoding(e, false);
         /* 5. what was computed stays cached, also for cancelled requests */

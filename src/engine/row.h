@@ -21,6 +21,7 @@
 #include "checkpoint.h"
 #include "engine.h"
 #include "sampler.h"
+#include "spec.h"
 
 /* Row states; the legal transitions are drawn at the top of row.c (kvt_row_set_state). */
 typedef enum kvt_row_state {
@@ -61,6 +62,9 @@ typedef struct kvt_row {
     size_t emitted;
     int32_t *gen;
     int32_t next; /* DECODE: the token to forward */
+    /* speculative decoding (spec.h, docs/speculative.md; row.c "Speculative rounds") */
+    kvt_spec_row *sp;  /* the row's draft state; NULL: the row decodes one token per step */
+    uint32_t n_verify; /* DECODE: draft tokens the planned forward carries after next (0: a plain step) */
     /* scheduler bookkeeping (sched.c, under its mutex) */
     bool batched;     /* driven by the scheduler (it reports decoding for all rows), not inline */
     uint64_t reserve; /* KV bytes this row may need (admission) */
@@ -90,13 +94,17 @@ void kvt_row_cancel_queued(kvt_row *r, const char *msg);
 
 /* Phases. begin: lookup + admission + sampler/prefill setup; state PREFILL, or DONE with st on an
  * error. plan: the tokens this row forwards in the next step (at most budget; PREFILL: a chunk,
- * DECODE: 1), or 0 and state DONE when it was cancelled. advance: after the forward of those m
- * tokens (fst its status, logits its last token's row). end: put back into the tiers, fill res,
- * free the row's resources. */
+ * DECODE: 1, or 1 + k when the row speculates: next and k draft tokens, kvt_row_verifies), or 0
+ * and state DONE when it was cancelled. advance: after the forward of those m tokens (fst its
+ * status; logits its last token's row, or all m rows, one after another, when the row verifies).
+ * end: put back into the tiers, fill res, free the row's resources. */
 void kvt_row_begin(kvt_row *r);
 uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens);
 void kvt_row_advance(kvt_row *r, uint32_t m, kvt_status fst, float *logits);
 void kvt_row_end(kvt_row *r);
+/* The planned forward is a verify pass: its caller must return the logits of all m rows
+ * (kvt_model_forward with all_logits; m <= ubatch). */
+static inline bool kvt_row_verifies(const kvt_row *r) { return r->n_verify > 0; }
 
 /* What a driver of many rows needs of the engine. forward: one kvt_model_forward_batch over the
  * items under the engine's context mutex (steps, scoring and maintenance never overlap); logits
@@ -104,5 +112,11 @@ void kvt_row_end(kvt_row *r);
  * decodes; the driver calls it when that changes. */
 kvt_status kvt_rows_forward(kvt_engine *e, kvt_batch_item *items, uint32_t n_items, float **logits);
 void kvt_rows_set_decoding(kvt_engine *e, bool any);
+/* A verify pass (kvt_row_verifies) of one row on its own: kvt_model_forward with all logits, under
+ * the same mutex as kvt_rows_forward. The n rows are copied into *buf (grown to n * n_vocab floats
+ * as needed; the caller owns it and frees it with free()), where no other thread's forward (an
+ * inline --parallel 1 generation) can overwrite them before the row's advance reads them. */
+kvt_status kvt_rows_forward_verify(kvt_engine *e, kvt_seq *seq, const int32_t *tokens, uint32_t n, float **buf,
+                                   size_t *cap);
 
 #endif

@@ -157,16 +157,20 @@ int32_t kvt_sampler_sample_lp(kvt_sampler *s, float *logits, uint32_t n_top, kvt
     return id;
 }
 
-/* The draw from logits whose penalties and bias are applied. */
-static int32_t sample_processed(kvt_sampler *s, float *logits) {
-    const uint32_t nv = s->n_vocab;
+bool kvt_sampling_greedy(const kvt_sampling *p) { return !(p->temperature > 0.0f) || p->top_k == 1; }
 
-    /* argmax (lowest id wins ties) */
+static uint32_t argmax(const float *logits, uint32_t nv) { /* lowest id wins ties */
     uint32_t best = 0;
     for (uint32_t i = 1; i < nv; i++)
         if (logits[i] > logits[best]) best = i;
-    if (!(s->p.temperature > 0.0f) || s->p.top_k == 1) return (int32_t)best;
+    return best;
+}
 
+/* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n) most likely first, with
+ * their probabilities after top-k, temperature softmax, top-p and min-p (not renormalised after
+ * the cuts); *tot gets their sum. */
+static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, double *tot) {
+    const uint32_t nv = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
     const float maxl = logits[best] * inv_t;
     uint32_t n = 0;
@@ -206,9 +210,18 @@ static int32_t sample_processed(kvt_sampler *s, float *logits) {
         while (keep < n && s->c[keep].p >= thr) keep++;
         n = keep;
     }
+    *tot = 0;
+    for (uint32_t i = 0; i < n; i++) *tot += s->c[i].p;
+    return n;
+}
+
+/* The draw from logits whose penalties and bias are applied. */
+static int32_t sample_processed(kvt_sampler *s, float *logits) {
+    const uint32_t best = argmax(logits, s->n_vocab);
+    if (kvt_sampling_greedy(&s->p)) return (int32_t)best;
     double tot = 0;
-    for (uint32_t i = 0; i < n; i++) tot += s->c[i].p;
-    double r = (double)(rng_next(&s->rng) >> 11) / 9007199254740992.0 * tot;
+    const uint32_t n = candidates(s, logits, best, &tot);
+    double r = kvt_sampler_uniform(s) * tot;
     double acc = 0;
     for (uint32_t i = 0; i < n; i++) {
         acc += s->c[i].p;
@@ -216,6 +229,22 @@ static int32_t sample_processed(kvt_sampler *s, float *logits) {
     }
     return s->c[n - 1].id;
 }
+
+void kvt_sampler_probs(kvt_sampler *s, float *logits, float *probs) {
+    if (penalties_active(&s->p)) apply_penalties(s, logits);
+    if (s->p.n_bias && s->p.bias_ids && s->p.bias_vals) apply_bias(&s->p, s->n_vocab, logits);
+    memset(probs, 0, sizeof(float) * s->n_vocab);
+    const uint32_t best = argmax(logits, s->n_vocab);
+    if (kvt_sampling_greedy(&s->p)) {
+        probs[best] = 1.0f;
+        return;
+    }
+    double tot = 0;
+    const uint32_t n = candidates(s, logits, best, &tot);
+    for (uint32_t i = 0; i < n; i++) probs[s->c[i].id] = (float)(s->c[i].p / tot);
+}
+
+double kvt_sampler_uniform(kvt_sampler *s) { return (double)(rng_next(&s->rng) >> 11) / 9007199254740992.0; }
 
 uint64_t kvt_sampler_rng_state(const kvt_sampler *s) { return s->rng; }
 void kvt_sampler_set_rng_state(kvt_sampler *s, uint64_t state) { s->rng = state; }

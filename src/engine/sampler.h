@@ -28,6 +28,15 @@ int32_t kvt_sampler_sample_lp(kvt_sampler *s, float *logits, uint32_t n_top, kvt
 /* Log-softmax facts of a logits row without drawing: *lp for token id (n_top best as above).
  * Pure (no sampler state); exposed for tests and `kvtier run --json`. */
 void kvt_logprobs_of(const float *logits, uint32_t n_vocab, int32_t id, uint32_t n_top, kvt_token_logprobs *lp);
+/* Whether these settings make every draw the argmax (temperature 0, or top-k 1). */
+bool kvt_sampling_greedy(const kvt_sampling *p);
+/* Speculative decoding (engine/spec.h): the distribution the next draw from these logits would use,
+ * as n_vocab probabilities in probs (0 outside the candidates that top-k, top-p and min-p keep;
+ * one-hot on the argmax under greedy settings). Applies the penalties and the logit bias to logits
+ * in place first, exactly as kvt_sampler_sample does; draws nothing. */
+void kvt_sampler_probs(kvt_sampler *s, float *logits, float *probs);
+/* A uniform number in [0, 1) from the sampler's RNG (the draws of speculative verification). */
+double kvt_sampler_uniform(kvt_sampler *s);
 /* Generation checkpoints (src/engine/checkpoint.h): the RNG position (its whole state) after the
  * last draw, and setting it back. With the same settings (reset) and the same accepted history,
  * a sampler whose RNG is set to a saved state continues exactly as the saved one would have. */

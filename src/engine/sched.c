@@ -15,9 +15,12 @@
  *      in order, never OOM). A row that ended in begin frees its slot for the next admission at once.
  *   2. The queue never holds more than queue_max rows submitted bounded; such a submit beyond that
  *      fails at once (unbounded submitters, the server, bound their own submissions).
- *   3. Every step forwards at most ubatch tokens: first one token of every DECODE row, then
- *      prefill chunks, fewest prompt tokens left first, with what is left, so no decode waits more
- *      than one step for a prefill and a short prompt never waits behind a long one.
+ *   3. Every step forwards at most ubatch tokens: first the tokens of every DECODE row (one, or one
+ *      plus its draft tokens in a speculative round, leaving at least one for each DECODE row after
+ *      it), then prefill chunks, fewest prompt tokens left first, with what is left, so no decode
+ *      waits more than one step for a prefill and a short prompt never waits behind a long one.
+ *      A speculative round's verify pass needs the logits of every position, so it runs on its own
+ *      after the batched pass, in the same step (docs/speculative.md).
  *   4. kvt_row_begin runs after admission off the scheduler thread (a slow restore pauses no other
  *      row): on the submitting thread for kvt_sched_run, on the begin thread, in admission order,
  *      for kvt_sched_submit; every other phase and every forward pass run on the scheduler thread, the forward
@@ -54,6 +57,10 @@ struct kvt_sched {
     kvt_batch_item *items;  /* [parallel] */
     kvt_row **rows;         /* [parallel] the ready rows of one step (scheduler thread) */
     kvt_row **item_row;     /* [parallel] */
+    kvt_batch_item *vitems; /* [parallel] the step's verify passes (speculative rounds) */
+    kvt_row **vitem_row;    /* [parallel] */
+    float *vlogits;         /* a verify pass's logits (kvt_rows_forward_verify), vlogits_cap floats */
+    size_t vlogits_cap;
     /* the begin thread (async rows): admitted rows waiting for kvt_row_begin, in admission order */
     pthread_t begin_th;
     bool begin_started, begin_stop;
@@ -177,7 +184,7 @@ static bool reap(kvt_sched *s) {
 
 /* One forward pass over the active rows (invariant 3). Runs without mu. */
 static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
-    uint32_t budget = s->o.ubatch, ni = 0, n_dec = 0, n_pre_tok = 0;
+    uint32_t budget = s->o.ubatch, ni = 0, nvi = 0, n_dec = 0, n_pre_tok = 0, dec_left = 0;
     bool any_decoding = false;
     if (stopping) /* shutdown: every row's next plan ends it cancelled */
         for (uint32_t i = 0; i < n_rows; i++) __atomic_store_n(&rows[i]->abort, 1, __ATOMIC_RELAXED);
@@ -190,31 +197,45 @@ static void step(kvt_sched *s, kvt_row **rows, uint32_t n_rows, bool stopping) {
         for (; j > 0 && rows[j - 1]->n - rows[j - 1]->done_tok > r->n - r->done_tok; j--) rows[j] = rows[j - 1];
         rows[j] = r;
     }
+    for (uint32_t i = 0; i < n_rows; i++) dec_left += rows[i]->state == KVT_ROW_DECODE;
     for (int pass = 0; pass < 2; pass++) /* pass 0: decode rows, pass 1: prefill rows */
         for (uint32_t i = 0; i < n_rows && budget; i++) {
             kvt_row *r = rows[i];
             if (r->state != (pass == 0 ? KVT_ROW_DECODE : KVT_ROW_PREFILL)) continue;
             const int32_t *tok = NULL;
-            uint32_t m = kvt_row_plan(r, budget, &tok);
+            if (pass == 0) dec_left--; /* one token stays for each decode row after this one */
+            uint32_t m = kvt_row_plan(r, pass == 0 ? budget - dec_left : budget, &tok);
             if (!m) continue; /* cancelled: DONE */
-            s->items[ni] = (kvt_batch_item){r->seq, tok, m, KVT_OK};
-            s->item_row[ni++] = r;
+            if (kvt_row_verifies(r)) {
+                s->vitems[nvi] = (kvt_batch_item){r->seq, tok, m, KVT_OK};
+                s->vitem_row[nvi++] = r;
+            } else {
+                s->items[ni] = (kvt_batch_item){r->seq, tok, m, KVT_OK};
+                s->item_row[ni++] = r;
+            }
             budget -= m;
-            if (pass == 0) n_dec++;
+            if (pass == 0) n_dec += m;
             else n_pre_tok += m;
         }
     for (uint32_t i = 0; i < n_rows; i++) any_decoding = any_decoding || rows[i]->state == KVT_ROW_DECODE;
-    if (!ni) return;
+    if (!ni && !nvi) return;
     kvt_rows_set_decoding(s->e, any_decoding);
     const double t0 = kvt_now_ms();
-    float *logits = NULL;
-    kvt_status st = kvt_rows_forward(s->e, s->items, ni, &logits);
-    const double t1 = kvt_now_ms();
-    const uint32_t V = kvt_engine_n_vocab(s->e);
-    for (uint32_t i = 0; i < ni; i++) {
-        kvt_status fst = st != KVT_OK ? st : s->items[i].st;
-        kvt_row_advance(s->item_row[i], s->items[i].n, fst, fst == KVT_OK ? logits + (size_t)i * V : NULL);
+    if (ni) {
+        float *logits = NULL;
+        kvt_status st = kvt_rows_forward(s->e, s->items, ni, &logits);
+        const uint32_t V = kvt_engine_n_vocab(s->e);
+        for (uint32_t i = 0; i < ni; i++) {
+            kvt_status fst = st != KVT_OK ? st : s->items[i].st;
+            kvt_row_advance(s->item_row[i], s->items[i].n, fst, fst == KVT_OK ? logits + (size_t)i * V : NULL);
+        }
     }
+    for (uint32_t i = 0; i < nvi; i++) { /* verify passes: every position's logits, one row at a time */
+        const kvt_batch_item *it = &s->vitems[i];
+        kvt_status st = kvt_rows_forward_verify(s->e, it->seq, it->tokens, it->n, &s->vlogits, &s->vlogits_cap);
+        kvt_row_advance(s->vitem_row[i], it->n, st, st == KVT_OK ? s->vlogits : NULL);
+    }
+    const double t1 = kvt_now_ms();
     pthread_mutex_lock(&s->mu);
     s->steps++;
     s->step_tokens += n_dec + n_pre_tok;
@@ -281,12 +302,14 @@ kvt_status kvt_sched_create(kvt_engine *e, const kvt_sched_opts *o, kvt_sched **
     s->items = calloc(s->o.parallel, sizeof *s->items);
     s->item_row = calloc(s->o.parallel, sizeof *s->item_row);
     s->rows = calloc(s->o.parallel, sizeof *s->rows);
+    s->vitems = calloc(s->o.parallel, sizeof *s->vitems);
+    s->vitem_row = calloc(s->o.parallel, sizeof *s->vitem_row);
     s->t_start = kvt_now_ms();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
     pthread_cond_init(&s->begin_cv, NULL);
-    if (!s->active || !s->items || !s->item_row || !s->rows || pthread_create(&s->begin_th, NULL, begin_main, s) != 0) {
+    if (!s->active || !s->items || !s->item_row || !s->rows || !s->vitems || !s->vitem_row || pthread_create(&s->begin_th, NULL, begin_main, s) != 0) {
         kvt_sched_free(s);
         return KVT_ERR_NOMEM;
     }
@@ -327,6 +350,9 @@ void kvt_sched_free(kvt_sched *s) {
     free(s->items);
     free(s->item_row);
     free(s->rows);
+    free(s->vitems);
+    free(s->vitem_row);
+    free(s->vlogits);
     free(s);
 }
 

@@ -208,9 +208,27 @@
     X(mem_pressure_failed, uint64_t, "memory", "pressure.failed", "memory_pressure_failed_total", counter,             \
       "Pool pressure events where no tier had anything to free")
 
+/* speculative decoding (engine/spec.h, --draft-model; docs/speculative.md) */
+#define KVT_STATS_SPEC(X)                                                                                               \
+    X(spec_rounds, uint64_t, "speculative", "rounds", "spec_rounds_total", counter,                                    \
+      "Speculative verify passes of the target")                                                                       \
+    X(spec_proposed, uint64_t, "speculative", "proposed_tokens", "spec_proposed_tokens_total", counter,               \
+      "Draft tokens proposed and checked by the target")                                                               \
+    X(spec_accepted, uint64_t, "speculative", "accepted_tokens", "spec_accepted_tokens_total", counter,               \
+      "Draft tokens the target accepted")                                                                              \
+    X(spec_acceptance_rate, double, "speculative", "acceptance_rate", "spec_acceptance_rate", gauge,                   \
+      "Accepted over proposed draft tokens since start")                                                               \
+    X(spec_draft_ms, double, "speculative", "draft_ms", "spec_draft_ms_total", counter,                                \
+      "Time in the draft model's forward passes and draws (ms)")                                                       \
+    X(spec_draft_time_share, double, "speculative", "draft_time_share", "spec_draft_time_share", gauge,                \
+      "Share of the speculating rows' decode time spent in the draft")                                                 \
+    X(spec_off_rows, uint64_t, "speculative", "rows_off", "spec_rows_off_total", counter,                              \
+      "Rows that stopped speculating (draft out of KV memory)")
+
 /* every table of the engine, in /stats and /metrics order */
 #define KVT_STATS_ALL(X)                                                                                                \
-    KVT_STATS_PROMPT_CACHE(X) KVT_STATS_SSD(X) KVT_STATS_CKPT(X) KVT_STATS_SHARED(X) KVT_STATS_ENGINE(X) KVT_STATS_MEMORY(X)
+    KVT_STATS_PROMPT_CACHE(X) KVT_STATS_SSD(X) KVT_STATS_CKPT(X) KVT_STATS_SHARED(X) KVT_STATS_ENGINE(X) KVT_STATS_MEMORY(X) \
+    KVT_STATS_SPEC(X)
 
 #define KVT_STATS_FIELD_(field, ctype, section, key, metric, kind, help) ctype field;
 

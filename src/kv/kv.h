@@ -283,6 +283,11 @@ kvt_status kvt_seq_clone(kvt_seq *src, kvt_seq **out);
  * Exactly: for each WINDOW group, the blocks covering positions [n - window + 1, n) (what a query at
  * position n sees) must not have been dropped. n == len is always trimmable (a no-op). */
 bool kvt_seq_can_trim(const kvt_seq *s, uint32_t n);
+/* Keep WINDOW blocks until no query at position >= len - n can see them (from the next commit on),
+ * so kvt_seq_trim back by up to n tokens from any length stays possible: speculative decoding
+ * (engine/spec.h) cuts rejected draft tokens this way. A window group then holds up to n more
+ * tokens of blocks. 0 (the default) releases blocks as soon as no later query can see them. */
+void kvt_seq_set_rollback(kvt_seq *s, uint32_t n);
 /* Drops tokens >= n (releases block refs past the cut). KVT_ERR_UNTRIMMABLE when !can_trim. */
 kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
 

@@ -102,6 +102,7 @@ struct kvt_seq {
     uint64_t *chain;    /* [cap_slots] chain hash of each full block below len */
     uint8_t *state;     /* kvt_kv_layout_state_bytes bytes */
     kvt_chain *hint;    /* the request's chain (retained; kvt_seq_set_chain): sealing reuses its hashes */
+    uint32_t rollback;  /* WINDOW blocks stay held this many tokens longer (kvt_seq_set_rollback) */
 };
 
 /* Internal helpers (block.c). */

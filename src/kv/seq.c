@@ -146,13 +146,14 @@ static uint64_t seq_chain_now(const kvt_seq *s) {
     return kvt_chain_hash(parent_of(s, i), s->tokens + (size_t)i * bt, r);
 }
 
-/* Release WINDOW blocks that no query at position >= len can see: last position <= len - window. */
+/* Release WINDOW blocks that no query at position >= len - rollback can see: last position
+ * <= len - rollback - window (kvt_seq_set_rollback; rollback 0: the blocks no later query sees). */
 static void window_release(kvt_seq *s) {
     const kvt_kv_layout *l = s->layout;
     const uint64_t bt = l->block_tokens;
     for (uint32_t g = 0; g < l->n_groups; g++) {
         if (l->groups[g].kind != KVT_KIND_WINDOW) continue;
-        const uint64_t w = l->groups[g].window;
+        const uint64_t w = (uint64_t)l->groups[g].window + s->rollback;
         uint32_t i = s->first_held[g];
         while (i < s->n_slots && (i + 1) * bt <= s->len && (i + 1) * bt - 1 + w <= s->len) {
             kvt_block_release(s->slots[g][i]);
@@ -386,6 +387,8 @@ kvt_status kvt_seq_clone(kvt_seq *src, kvt_seq **out) {
     *out = d;
     return KVT_OK;
 }
+
+void kvt_seq_set_rollback(kvt_seq *s, uint32_t n) { s->rollback = n; }
 
 bool kvt_seq_can_trim(const kvt_seq *s, uint32_t n) {
     if (n > s->len) return false;

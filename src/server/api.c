@@ -781,6 +781,7 @@ char *kvt_api_stats_json(const kvt_engine_stats *st, const kvt_server_counters *
     cJSON *ssd = section(root, "ssd_cache", st->ssd_enabled);
     if (ssd) cJSON_AddStringToObject(ssd, "dir", st->ssd_dir);
     section(root, "generation_checkpoints", st->ckpt_enabled);
+    section(root, "speculative", st->spec_enabled); /* --draft-model */
     cJSON *sh = section(root, "shared_cache", st->shared_enabled);
     if (sh) {
         cJSON_AddStringToObject(sh, "fetch_breaker", br[st->shared_fetch_breaker % 3]);

@@ -1,0 +1,359 @@
+/*
+ * spec.c — the draft side of speculative decoding (see spec.h, docs/speculative.md).
+ *
+ * A row's draft state:
+ *
+ *   hist[0..n_hist)  every token of the row so far: the prompt, then each emitted token (pushed by
+ *                    the row); hist[n_hist-1] is the token the target forwards next.
+ *   seq              the draft's KV: always a prefix of hist, then possibly proposals of the last
+ *                    round (cut back when the round is verified).
+ *   vt[0..1+k)       the round's verify tokens: hist[n_hist-1], then the k proposals.
+ *   q[i]             sampled settings: the draft distribution proposal i was drawn from.
+ *
+ * Invariants:
+ *   1. Outside a round the draft sequence is a prefix of hist: kvt_spec_propose extends it with
+ *      the proposals, and cuts it back to hist at once when it drops them (shorter than
+ *      draft_min); kvt_spec_row_verified cuts it back to at most n_hist - 1 tokens (those before
+ *      the row's new next). The draft never keeps a token the row did not emit past its round.
+ *   2. A proposal is decided by the draft state alone: whether to propose at position i (top
+ *      probability >= p_min) is fixed before token i is drawn, so the target's acceptance rule
+ *      (spec_verify.h) sees a token drawn from exactly q[i] and the output stays the target's
+ *      distribution.
+ *   3. The draft's compute context is used under s->mu only; a row's other state only by the thread
+ *      driving the row.
+ */
+#include "spec.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../model/model.h"
+#include "budget.h"
+#include "spec_verify.h"
+
+struct kvt_spec {
+    kvt_spec_opts o;
+    char *path;
+    kvt_gguf *gguf;
+    kvt_model *model;
+    kvt_tokenizer *tok;
+    kvt_kv_layout *layout;
+    kvt_block_pool *pool;
+    kvt_ctx *ctx;
+    uint32_t n_vocab;
+    uint64_t root;
+    pthread_mutex_t mu;       /* the compute context (invariant 3) */
+    pthread_mutex_t stats_mu; /* st */
+    kvt_spec_stats st;
+};
+
+struct kvt_spec_row {
+    kvt_spec *s;
+    kvt_seq *seq;
+    kvt_sampler *sampler; /* the draft's draws under sampled settings */
+    bool greedy, off;
+    int32_t *hist;
+    uint32_t n_hist, cap_hist;
+    int32_t *vt; /* [1 + draft_max] */
+    uint32_t k;
+    float *q; /* [draft_max][n_vocab], sampled settings only */
+    float *p; /* [n_vocab] the target's distribution (row.c's verification) */
+};
+
+/* A token's text for an error message: control bytes and quotes escaped, cut at 48 bytes. */
+static void token_desc(const kvt_tokenizer *t, int32_t id, char *buf, size_t n) {
+    const char *s = kvt_tokenizer_token_text(t, id);
+    size_t o = 0;
+    if (!s) s = "";
+    for (; *s && o + 5 < n && o < 48; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c == '\'' || c == '\\' || c == 0x7f) o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
+    }
+    buf[o < n ? o : n - 1] = 0;
+}
+
+/* The same vocabulary: every token's text and type, and as many logits per token. */
+static kvt_status vocab_check(const kvt_tokenizer *target, uint32_t target_n_vocab, const kvt_tokenizer *draft,
+                              uint32_t draft_n_vocab, char *err, size_t errlen) {
+    const uint32_t nt = kvt_tokenizer_n_vocab(target), nd = kvt_tokenizer_n_vocab(draft);
+    char a[256], b[256];
+    for (uint32_t i = 0; i < nt && i < nd; i++) {
+        const char *x = kvt_tokenizer_token_text(target, (int32_t)i), *y = kvt_tokenizer_token_text(draft, (int32_t)i);
+        const int32_t tx = kvt_tokenizer_token_type(target, (int32_t)i), ty = kvt_tokenizer_token_type(draft, (int32_t)i);
+        if (strcmp(x ? x : "", y ? y : "") == 0 && tx == ty) continue;
+        token_desc(target, (int32_t)i, a, sizeof a);
+        token_desc(draft, (int32_t)i, b, sizeof b);
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "the draft model's vocabulary differs from the target's at token %u: target '%s' (type %d), "
+                        "draft '%s' (type %d)", i, a, tx, b, ty);
+    }
+    if (nt != nd) {
+        const bool t_longer = nt > nd;
+        token_desc(t_longer ? target : draft, (int32_t)(t_longer ? nd : nt), a, sizeof a);
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "the draft model's vocabulary differs from the target's at token %u: the %s has %u tokens, "
+                        "the %s %u ('%s' has no counterpart)", t_longer ? nd : nt, t_longer ? "target" : "draft",
+                        t_longer ? nt : nd, t_longer ? "draft" : "target", t_longer ? nd : nt, a);
+    }
+    if (target_n_vocab != draft_n_vocab)
+        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
+                        "the draft model gives %u logits per token but the target %u (the vocabularies' %u tokens match)",
+                        draft_n_vocab, target_n_vocab, nt);
+    return KVT_OK;
+}
+
+kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_tok, uint32_t target_n_vocab,
+                           kvt_spec **out, char *err, size_t errlen) {
+    *out = NULL;
+    kvt_spec *s = calloc(1, sizeof *s);
+    if (!s) return KVT_ERR_NOMEM;
+    s->o = *o;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->stats_mu, NULL);
+    s->path = strdup(o->model_path);
+    s->o.model_path = s->path;
+    char e2[400] = "";
+    kvt_status st = s->path ? KVT_OK : KVT_ERR_NOMEM;
+    if (st == KVT_OK) st = kvt_gguf_open(o->model_path, &s->gguf, e2, sizeof e2);
+    if (st == KVT_OK) st = kvt_model_load(s->gguf, &s->model, e2, sizeof e2);
+    if (st == KVT_OK) st = kvt_tokenizer_create(s->gguf, &s->tok, e2, sizeof e2);
+    if (st) {
+        kvt_errf(err, errlen, st, "--draft-model %s: %s", o->model_path, e2[0] ? e2 : kvt_status_str(st));
+        goto fail;
+    }
+    const kvt_hparams *hp = kvt_model_hparams(s->model);
+    s->n_vocab = hp->n_vocab;
+    if ((st = vocab_check(target_tok, target_n_vocab, s->tok, s->n_vocab, e2, sizeof e2))) {
+        kvt_errf(err, errlen, st, "--draft-model %s: %s", o->model_path, e2);
+        goto fail;
+    }
+    /* the draft's KV: f16 blocks of every layer, whatever --kv-quant says for the target */
+    kvt_codec codecs[KVT_MAX_LAYERS];
+    kvt_layer_desc d[KVT_MAX_LAYERS];
+    if (hp->n_layer > KVT_MAX_LAYERS) {
+        st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED, "--draft-model %s: %u layers (at most %u)", o->model_path,
+                      hp->n_layer, KVT_MAX_LAYERS);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < hp->n_layer; i++) codecs[i] = (kvt_codec){.kind = KVT_CODEC_F16};
+    kvt_model_layer_descs(s->model, codecs, d);
+    st = kvt_kv_layout_create(d, hp->n_layer, o->block_tokens, (kvt_codec){.kind = KVT_CODEC_F16}, 0, &s->layout, e2,
+                              sizeof e2);
+    if (st) {
+        kvt_errf(err, errlen, st, "--draft-model %s: KV layout: %s", o->model_path, e2);
+        goto fail;
+    }
+    if (kvt_kv_layout_state_bytes(s->layout) > 0) {
+        st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
+                      "--draft-model %s: a %s draft has recurrent layers, whose state cannot be cut back to the "
+                      "accepted tokens; use a draft with attention layers only", o->model_path, kvt_arch_name(hp->arch));
+        goto fail;
+    }
+    const uint64_t row = kvt_row_kv_bytes(s->layout, o->n_ctx, o->ubatch);
+    s->pool = kvt_block_pool_create(s->layout, row * (o->rows ? o->rows : 1));
+    if (!s->pool) {
+        st = KVT_ERR_NOMEM;
+        goto fail;
+    }
+    if ((st = kvt_ctx_create(s->model, o->n_threads, o->ubatch, &s->ctx))) {
+        kvt_errf(err, errlen, st, "--draft-model %s: cannot create its compute context", o->model_path);
+        goto fail;
+    }
+    if ((st = kvt_ctx_reserve(s->ctx, s->layout, o->n_ctx))) {
+        kvt_errf(err, errlen, st, "--draft-model %s: cannot reserve attention scratch for %u tokens", o->model_path,
+                 o->n_ctx);
+        goto fail;
+    }
+    s->root = kvt_root_hash("kvtier-draft", o->model_path);
+    *out = s;
+    return KVT_OK;
+fail:
+    if (err && !err[0]) kvt_errf(err, errlen, st, "--draft-model %s: %s", o->model_path, kvt_status_str(st));
+    kvt_spec_free(s);
+    return st;
+}
+
+void kvt_spec_free(kvt_spec *s) {
+    if (!s) return;
+    kvt_ctx_free(s->ctx);
+    kvt_block_pool_free(s->pool);
+    kvt_kv_layout_free(s->layout);
+    kvt_tokenizer_free(s->tok);
+    kvt_model_free(s->model);
+    kvt_gguf_free(s->gguf);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->stats_mu);
+    free(s->path);
+    free(s);
+}
+
+uint32_t kvt_spec_draft_max(const kvt_spec *s) { return s->o.draft_max; }
+
+void kvt_spec_stats_get(kvt_spec *s, kvt_spec_stats *out) {
+    pthread_mutex_lock(&s->stats_mu);
+    *out = s->st;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+/* ---- a row's draft state --------------------------------------------------------------------- */
+
+kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int32_t *prompt, uint32_t n_prompt,
+                                  uint32_t max_new) {
+    kvt_spec_row *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->s = s;
+    r->greedy = kvt_sampling_greedy(sp);
+    r->cap_hist = n_prompt + max_new;
+    r->hist = malloc(sizeof(int32_t) * r->cap_hist);
+    r->vt = malloc(sizeof(int32_t) * (1 + s->o.draft_max));
+    r->p = malloc(sizeof(float) * s->n_vocab);
+    bool ok = r->hist && r->vt && r->p && kvt_seq_create(s->pool, s->root, &r->seq) == KVT_OK;
+    if (ok && !r->greedy) {
+        r->q = malloc(sizeof(float) * s->n_vocab * s->o.draft_max);
+        r->sampler = kvt_sampler_create(s->n_vocab);
+        ok = r->q && r->sampler;
+        if (ok) { /* the request's draw settings; no penalties or bias: q is whatever the draft proposes from */
+            kvt_sampling d = *sp;
+            d.repeat_penalty = 1.0f;
+            d.presence_penalty = d.frequency_penalty = 0.0f;
+            d.n_bias = 0;
+            d.seed = sp->seed ^ 0x64726166742d7267ull; /* its own stream: the target's draws stay the target's */
+            kvt_sampler_reset(r->sampler, &d);
+        }
+    }
+    if (!ok) {
+        kvt_spec_row_free(r, 0);
+        return NULL;
+    }
+    kvt_seq_set_rollback(r->seq, s->o.draft_max);
+    memcpy(r->hist, prompt, sizeof(int32_t) * n_prompt);
+    r->n_hist = n_prompt;
+    return r;
+}
+
+void kvt_spec_row_free(kvt_spec_row *r, double decode_ms) {
+    if (!r) return;
+    pthread_mutex_lock(&r->s->stats_mu);
+    r->s->st.decode_ms += decode_ms;
+    pthread_mutex_unlock(&r->s->stats_mu);
+    if (r->seq) kvt_seq_free(r->seq);
+    kvt_sampler_free(r->sampler);
+    free(r->hist);
+    free(r->vt);
+    free(r->q);
+    free(r->p);
+    free(r);
+}
+
+/* This row decodes plainly from now on; counted once. */
+static void turn_off(kvt_spec_row *r) {
+    if (r->off) return;
+    r->off = true;
+    pthread_mutex_lock(&r->s->stats_mu);
+    r->s->st.off_rows++;
+    pthread_mutex_unlock(&r->s->stats_mu);
+}
+
+void kvt_spec_row_push(kvt_spec_row *r, int32_t id) {
+    /* the row emits at most max_new tokens, the capacity's share beyond the prompt; the bound
+     * keeps a caller's mistake from writing past hist (the row then stops speculating) */
+    if (r->n_hist < r->cap_hist) r->hist[r->n_hist++] = id;
+    else turn_off(r);
+}
+
+/* The draft's choice from logits at proposal i: the token and its top probability (under greedy
+ * settings the softmax at temperature 1 of its argmax; else the largest of q[i], written here). */
+static int32_t choose(kvt_spec_row *r, float *logits, uint32_t i, float *top) {
+    const uint32_t nv = r->s->n_vocab;
+    if (r->greedy) {
+        uint32_t best = 0;
+        for (uint32_t v = 1; v < nv; v++)
+            if (logits[v] > logits[best]) best = v;
+        double sum = 0;
+        for (uint32_t v = 0; v < nv; v++) sum += exp((double)logits[v] - logits[best]);
+        *top = (float)(1.0 / sum);
+        return (int32_t)best;
+    }
+    float *q = r->q + (size_t)i * nv;
+    kvt_sampler_probs(r->sampler, logits, q);
+    float m = 0;
+    for (uint32_t v = 0; v < nv; v++)
+        if (q[v] > m) m = q[v];
+    *top = m;
+    return -1; /* drawn by the caller once the top probability passed (invariant 2) */
+}
+
+uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, const int32_t **verify) {
+    kvt_spec *s = r->s;
+    r->k = 0;
+    if (r->off || r->n_hist == 0 || k_max < 1 || k_max < s->o.draft_min) return 0;
+    if (k_max > s->o.draft_max) k_max = s->o.draft_max;
+    pthread_mutex_lock(&s->mu);
+    const double t0 = kvt_now_ms();
+    /* the draft needs the logits after hist[n_hist-1]: it forwards at least that token */
+    kvt_status st = KVT_OK;
+    if (kvt_seq_len(r->seq) >= r->n_hist) st = kvt_seq_trim(r->seq, r->n_hist - 1);
+    const uint32_t have = kvt_seq_len(r->seq);
+    float *logits = NULL;
+    if (st == KVT_OK) st = kvt_model_forward(s->ctx, r->seq, r->hist + have, r->n_hist - have, false, NULL, &logits);
+    uint32_t k = 0;
+    while (st == KVT_OK) {
+        float top = 0;
+        int32_t d = choose(r, logits, k, &top);
+        if (top < s->o.p_min) break; /* decided before the draw (invariant 2) */
+        if (d < 0) d = kvt_spec_draw(r->q + (size_t)k * s->n_vocab, s->n_vocab, kvt_sampler_uniform(r->sampler));
+        r->vt[1 + k++] = d;
+        if (k == k_max) break;
+        st = kvt_model_forward(s->ctx, r->seq, &r->vt[k], 1, false, NULL, &logits);
+    }
+    const double dt = kvt_now_ms() - t0;
+    pthread_mutex_unlock(&s->mu);
+    if (st != KVT_OK) { /* the draft's pool is full: this row decodes plainly from now on */
+        KVT_WARN("speculative decoding: the draft failed (%s); the row continues without it",
+                 kvt_status_str(st));
+        turn_off(r);
+        k = 0;
+    }
+    if (k < s->o.draft_min) { /* dropped: the draft keeps only the row's tokens (invariant 1) */
+        k = 0;
+        if (!r->off && kvt_seq_len(r->seq) > r->n_hist && kvt_seq_trim(r->seq, r->n_hist) != KVT_OK) turn_off(r);
+    }
+    pthread_mutex_lock(&s->stats_mu);
+    s->st.draft_ms += dt;
+    pthread_mutex_unlock(&s->stats_mu);
+    r->k = k;
+    r->vt[0] = r->hist[r->n_hist - 1];
+    *verify = r->vt;
+    return k;
+}
+
+int32_t kvt_spec_row_token(const kvt_spec_row *r, uint32_t i) { return i < r->k ? r->vt[1 + i] : -1; }
+const float *kvt_spec_row_q(const kvt_spec_row *r, uint32_t i) {
+    return r->greedy || i >= r->k ? NULL : r->q + (size_t)i * r->s->n_vocab;
+}
+float *kvt_spec_row_p(kvt_spec_row *r) { return r->p; }
+
+void kvt_spec_row_verified(kvt_spec_row *r, uint32_t proposed, uint32_t accepted) {
+    kvt_spec *s = r->s;
+    const uint32_t keep = r->n_hist - 1;
+    if (kvt_seq_len(r->seq) > keep && kvt_seq_trim(r->seq, keep) != KVT_OK) {
+        /* invariant 1 by starting over: the next round recomputes the draft's KV from the tokens */
+        kvt_seq *fresh = NULL;
+        if (kvt_seq_create(s->pool, s->root, &fresh) == KVT_OK) {
+            kvt_seq_set_rollback(fresh, s->o.draft_max);
+            kvt_seq_free(r->seq);
+            r->seq = fresh;
+        } else {
+            turn_off(r);
+        }
+    }
+    r->k = 0;
+    pthread_mutex_lock(&s->stats_mu);
+    s->st.rounds++;
+    s->st.proposed += proposed;
+    s->st.accepted += accepted;
+    pthread_mutex_unlock(&s->stats_mu);
+}
