@@ -44,8 +44,10 @@
  * scores all query heads against its range of the visible keys (each score is one kvt_vec_dot, the
  * same bits whoever computes it); (2) each thread runs the softmax of whole heads (softmax_inplace
  * and the f16 rounding, as above: the exp sum's order stays kvt_vec_exp_sum's over all keys); (3)
- * each thread accumulates its range of V columns over all keys in ascending order (axpy is an
- * elementwise fmaf chain, so a column range has the bits of the whole row). Every K and V row is
+ * each thread accumulates its range of V columns over all keys, each key into the lane of its
+ * position and every lane in ascending order, then reduces the lanes per column (axpy is an
+ * elementwise fmaf chain and lane_reduce works per column, so a column range has the bits of the
+ * whole row). Every K and V row is
  * thus read by one thread, whatever the head counts, and the output equals kvt_attention's bit for
  * bit (tests/test_kv_attention.c). TURBO and MLA layers are not split this way.
  */
