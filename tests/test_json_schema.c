@@ -126,6 +126,23 @@ static void test_matcher(void **st) {
     assert_true(kvt_json_schema_accepts(s, "{\"a\":[1,{\"b\":null}],\"\u00fc\":\"x\"}", strlen("{\"a\":[1,{\"b\":null}],\"\u00fc\":\"x\"}")));
     assert_false(kvt_json_schema_accepts(s, "[1]", 3));
     assert_false(kvt_json_schema_accepts(s, "{\"a\":1", 6));
+    { /* a free key holds at most 256 bytes, and a character starts only where all of it fits: a
+       * lead byte at byte 256 (or a 3-byte character from byte 255) is refused, not a dead end */
+        char k[300];
+        memcpy(k, "{\"", 2);
+        memset(k + 2, 'a', 255);
+        memcpy(k + 257, "\xc3\xa9", 2);
+        assert_false(kvt_json_schema_prefix_ok(s, k, 258)); /* 2-byte character from byte 256 */
+        assert_true(kvt_json_schema_prefix_ok(s, k, 257));
+        k[256] = '"';
+        memcpy(k + 257, ":1}", 3);
+        assert_true(kvt_json_schema_accepts(s, k, 260)); /* a key of 254 bytes */
+        memset(k + 2, 'a', 254);
+        memcpy(k + 256, "\xc3\xa9\":1}", 6);
+        assert_true(kvt_json_schema_accepts(s, k, 262)); /* 254 + a 2-byte character = 256 */
+        memcpy(k + 256, "\xe2\x82\xac", 3);
+        assert_false(kvt_json_schema_prefix_ok(s, k, 257)); /* a 3-byte character from byte 255 */
+    }
     kvt_json_schema_release(s);
     assert_int_equal(compile_text("{\"type\":\"number\"}", &s, err, sizeof err), KVT_OK);
     assert_true(kvt_json_schema_accepts(s, "12.5", 4));

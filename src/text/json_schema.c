@@ -824,10 +824,13 @@ static void step(const kvt_json_schema *s, const thread *in, uint8_t c, jstate *
         if (!was_cont) {
             const int cont = utf8_cont(c);
             if (c < 0x20 || c == '\\' || cont < 0) return;
+            /* a character starts only if all its bytes fit the key bound: a lead byte at the
+             * bound's last bytes would leave no continuation allowed (a dead end, against
+             * invariant 1) */
+            if (pos + 1 + (uint32_t)cont > MAX_FREE_KEY) return;
             f->phase = (uint8_t)cont;
             f->ws = utf8_second(c);
         }
-        if (pos >= MAX_FREE_KEY) return;
         uint32_t lo = UINT32_MAX, hi = 0;
         for (uint32_t i = f->a; i < f->b; i++)
             if (s->prop_len[i] > pos && (uint8_t)s->prop_name[i][pos] == c && !(o->used & (1ull << (i - on->props)))) {
