@@ -269,6 +269,35 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int j = 0; j < NR; j++) y[(int64_t)j * ldy + i] = sumf[i][j];
 }
 
+/* gemv_k4 helpers (both vector widths). The 12 packed scale bytes of a Q4_K/Q5_K super-block at p
+ * as 8 scales then 8 mins, one byte each (the values of kq_scale_min_k4). */
+AI __m128i F(kq_scales_mins)(const uint8_t *p) {
+    uint32_t u[4];
+    memcpy(u, p + 4, 12);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t m03 = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = m03;
+    u[0] &= k1;
+    return _mm_loadu_si128((const __m128i *)u);
+}
+/* One super-block's contribution to the 4 rows' sums: tile_k's float expression on 4 lanes, from the
+ * exact integer sums isum (weights x activations) and msum (bsums x mins, or x scales for Q6_K). */
+AI __m128 F(gemv_k4_sb)(const uint32_t wt, __m128 sumf, __m128i isum, __m128i msum, const blk_q8_K *xa, const float *dw,
+                        const float *dmw) {
+    float dx;
+    memcpy(&dx, &xa->d, 4);
+    const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
+    if (wt == KVT_TYPE_Q6_K) {
+        const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
+        return _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
+    }
+    const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
+    const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
+    return _mm_add_ps(sumf, _mm_sub_ps(a, c));
+}
+
 #if KVT_ZMM
 /* K-quant GEMV (decode: one activation row) on 4 weight rows with 512-bit integer vectors: one
  * vector holds two 32-value groups, so a super-block takes 4 multiply steps instead of 8, and the
@@ -317,15 +346,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
             } else {
                 dw[i] = F(h2f)(p);
                 dmw[i] = F(h2f)(p + 2);
-                uint32_t u[4];
-                memcpy(u, p + 4, 12);
-                const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
-                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-                const uint32_t m03 = u[1] & k1;
-                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-                u[2] = m03;
-                u[0] &= k1;
-                const __m128i sm = _mm_loadu_si128((const __m128i *)u); /* sc[0..7], m[0..7] */
+                const __m128i sm = F(kq_scales_mins)(p); /* sc[0..7], m[0..7] */
                 sv[i] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
                 const __m128i m8 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
                 msv[i] = _mm256_madd_epi16(bs, _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8)));
@@ -366,17 +387,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         }
         const __m128i isum = F(hsum4z_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
         const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
-        float dx;
-        memcpy(&dx, &xa->d, 4);
-        const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
-        if (wt == KVT_TYPE_Q6_K) {
-            const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
-            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
-        } else {
-            const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
-            const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
-            sumf = _mm_add_ps(sumf, _mm_sub_ps(a, c));
-        }
+        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, dw, dmw);
     }
     _mm_storeu_ps(y, sumf);
 }
@@ -452,15 +463,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
             } else {
                 dw[i] = F(h2f)(p);
                 dmw[i] = F(h2f)(p + 2);
-                uint32_t u[4];
-                memcpy(u, p + 4, 12);
-                const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
-                u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-                const uint32_t m03 = u[1] & k1;
-                u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-                u[2] = m03;
-                u[0] &= k1;
-                const __m128i sm = _mm_loadu_si128((const __m128i *)u); /* sc[0..7], m[0..7] */
+                const __m128i sm = F(kq_scales_mins)(p); /* sc[0..7], m[0..7] */
                 const __m128i s8 = _mm_cvtepu8_epi16(sm), m8 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
                 sv[i][0] = sv[i][1] = _mm256_set_m128i(s8, s8);
                 msv[i] = _mm256_madd_epi16(bs, _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8)));
@@ -486,17 +489,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         }
         const __m128i isum = F(hsum4y_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
         const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
-        float dx;
-        memcpy(&dx, &xa->d, 4);
-        const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
-        if (wt == KVT_TYPE_Q6_K) {
-            const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
-            sumf = _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
-        } else {
-            const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
-            const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
-            sumf = _mm_add_ps(sumf, _mm_sub_ps(a, c));
-        }
+        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, dw, dmw);
     }
     _mm_storeu_ps(y, sumf);
 }
