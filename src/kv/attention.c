@@ -109,11 +109,17 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
 /* o[d] = the 16 lane sums acc[l*ld + d] reduced as _mm512_reduce_add_ps does (tinyBLAS's AVX-512
  * horizontal sum): t[l] = acc[l] + acc[l+8], u[l] = t[l] + t[l+4], then (u0 + u2) + (u1 + u3). */
 static void lane_reduce(float *o, const float *acc, size_t ld, uint32_t n) {
-    for (uint32_t d = 0; d < n; d++) {
-        float t[8], u[4];
-        for (int l = 0; l < 8; l++) t[l] = acc[(size_t)(l + 8) * ld + d] + acc[(size_t)l * ld + d];
-        for (int l = 0; l < 4; l++) u[l] = t[l + 4] + t[l];
-        o[d] = (u[0] + u[2]) + (u[1] + u[3]);
+    /* columns in runs of 16 with the lane loops outside, so the compiler vectorizes over columns
+     * (each column's additions are the same, in the same order) */
+    for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+        const uint32_t w = n - d0 < 16 ? n - d0 : 16;
+        const float *a = acc + d0;
+        float t[8][16], u[4][16];
+        for (int l = 0; l < 8; l++)
+            for (uint32_t d = 0; d < w; d++) t[l][d] = a[(size_t)(l + 8) * ld + d] + a[(size_t)l * ld + d];
+        for (int l = 0; l < 4; l++)
+            for (uint32_t d = 0; d < w; d++) u[l][d] = t[l + 4][d] + t[l][d];
+        for (uint32_t d = 0; d < w; d++) o[d0 + d] = (u[0][d] + u[2][d]) + (u[1][d] + u[3][d]);
     }
 }
 
