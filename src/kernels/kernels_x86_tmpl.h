@@ -272,29 +272,31 @@ AI void F(tile_k)(const uint32_t wt, const int NW, const int NR, const uint8_t *
 /* gemv_k4 helpers (both vector widths). The 12 packed scale bytes of a Q4_K/Q5_K super-block at p
  * as 8 scales then 8 mins, one byte each (the values of kq_scale_min_k4). */
 AI __m128i F(kq_scales_mins)(const uint8_t *p) {
-    uint32_t u[4];
-    memcpy(u, p + 4, 12);
-    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t m03 = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = m03;
-    u[0] &= k1;
-    return _mm_loadu_si128((const __m128i *)u);
+    /* 32-bit lanes l0..l2 = bytes 0-3, 4-7, 8-11 (l3: 4 bytes of qs, unused); per byte:
+     * sc[0..3] = l0 & 63, sc[4..7] = (l2 & 15) | (l0 >> 6) << 4, m[0..3] = l1 & 63,
+     * m[4..7] = (l2 >> 4) | (l1 >> 6) << 4 (whole-lane shifts: the bits shifted in from the
+     * neighbouring byte are masked off) */
+    const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* l0, l2, l1, l2 */
+    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* l0, l0, l1, l1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_set_epi32(4, 0, 0, 0)),
+                                     _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_set_epi32(0x30303030, 0, 0x30303030, 0));
+    return _mm_or_si128(lo, hi);
 }
 /* One super-block's contribution to the 4 rows' sums: tile_k's float expression on 4 lanes, from the
  * exact integer sums isum (weights x activations) and msum (bsums x mins, or x scales for Q6_K). */
-AI __m128 F(gemv_k4_sb)(const uint32_t wt, __m128 sumf, __m128i isum, __m128i msum, const blk_q8_K *xa, const float *dw,
-                        const float *dmw) {
+AI __m128 F(gemv_k4_sb)(const uint32_t wt, __m128 sumf, __m128i isum, __m128i msum, const blk_q8_K *xa, __m128 dwv,
+                        __m128 dmv) {
     float dx;
     memcpy(&dx, &xa->d, 4);
-    const __m128 dxv = _mm_set1_ps(dx), dwv = _mm_loadu_ps(dw);
+    const __m128 dxv = _mm_set1_ps(dx);
     if (wt == KVT_TYPE_Q6_K) {
         const __m128i t = _mm_sub_epi32(isum, _mm_slli_epi32(msum, 5)); /* isum - 32 * msum */
         return _mm_add_ps(sumf, _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(t)));
     }
     const __m128 a = _mm_mul_ps(_mm_mul_ps(dwv, dxv), _mm_cvtepi32_ps(isum));
-    const __m128 c = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dmw), dxv), _mm_cvtepi32_ps(msum));
+    const __m128 c = _mm_mul_ps(_mm_mul_ps(dmv, dxv), _mm_cvtepi32_ps(msum));
     return _mm_add_ps(sumf, _mm_sub_ps(a, c));
 }
 
@@ -387,7 +389,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         }
         const __m128i isum = F(hsum4z_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
         const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
-        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, dw, dmw);
+        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, _mm_loadu_ps(dw), _mm_loadu_ps(dmw));
     }
     _mm_storeu_ps(y, sumf);
 }
@@ -442,7 +444,7 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         const uint8_t *wp[4];
         __m256i sv[4][2]; /* int16 scales: Q4/5_K sc[0..7] in both halves; Q6_K [0..7] / [8..15] */
         __m256i msv[4];   /* madd(bsums, mins or scales): 8 int32 */
-        float dw[4], dmw[4];
+        uint32_t dd[4];   /* per row the f16 d and dmin (Q6_K: d in the low half) */
         const uint8_t *xq = A + (size_t)b * abb;
         const blk_q8_K *xa = (const blk_q8_K *)xq;
         const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
@@ -454,15 +456,15 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
             for (size_t cl = 0; cl < wbb + 63; cl += 64)
                 _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
             if (wt == KVT_TYPE_Q6_K) {
-                dw[i] = F(h2f)(p + 208);
-                dmw[i] = 0.0f;
+                uint16_t h;
+                memcpy(&h, p + 208, 2);
+                dd[i] = h;
                 const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));
                 sv[i][0] = _mm256_permute2x128_si256(s16, s16, 0x00);
                 sv[i][1] = _mm256_permute2x128_si256(s16, s16, 0x11);
                 msv[i] = _mm256_madd_epi16(bs, s16);
             } else {
-                dw[i] = F(h2f)(p);
-                dmw[i] = F(h2f)(p + 2);
+                memcpy(&dd[i], p, 4);
                 const __m128i sm = F(kq_scales_mins)(p); /* sc[0..7], m[0..7] */
                 const __m128i s8 = _mm_cvtepu8_epi16(sm), m8 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
                 sv[i][0] = sv[i][1] = _mm256_set_m128i(s8, s8);
@@ -489,7 +491,11 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         }
         const __m128i isum = F(hsum4y_i32)(iacc[0], iacc[1], iacc[2], iacc[3]);
         const __m128i msum = F(hsum4y_i32)(msv[0], msv[1], msv[2], msv[3]);
-        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, dw, dmw);
+        /* the 4 rows' f16 d (and dmin) to f32 at once: exact conversions, as h2f */
+        const __m256 df = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dd)); /* d0 m0 d1 m1 d2 m2 d3 m3 */
+        const __m128 dlo = _mm256_castps256_ps128(df), dhi = _mm256_extractf128_ps(df, 1);
+        const __m128 dwv = _mm_shuffle_ps(dlo, dhi, _MM_SHUFFLE(2, 0, 2, 0)), dmv = _mm_shuffle_ps(dlo, dhi, _MM_SHUFFLE(3, 1, 3, 1));
+        sumf = F(gemv_k4_sb)(wt, sumf, isum, msum, xa, dwv, dmv);
     }
     _mm_storeu_ps(y, sumf);
 }
