@@ -297,6 +297,38 @@ T2 static void exp_clamped_avx2(float *y, const float *x, uint32_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
     exp_clamped_ref(y + i, x + i, n - i);
 }
+/* kvt_vec_exp per lane (lanes below EXP_LO give 0, NaN lanes set back to x0) and the dot's 16-lane
+ * sum: two 8-lane accumulators hold lanes 0-7 and 8-15, added pairwise before the lane tree, the
+ * scalar order exactly. */
+T2 static float exp_sum_avx2(float *sc, uint32_t n, float m) {
+    const __m256 vm = _mm256_set1_ps(m), lo = _mm256_set1_ps(EXP_LO), hi = _mm256_set1_ps(EXP_HI);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const uint32_t n16 = n & ~15u;
+    uint32_t j;
+    for (j = 0; j < n16; j += 16)
+        for (int h = 0; h < 2; h++) {
+            const __m256 x0 = _mm256_sub_ps(_mm256_loadu_ps(sc + j + 8 * h), vm);
+            const __m256 nan = _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q), zero = _mm256_cmp_ps(x0, lo, _CMP_LT_OQ);
+            const __m256 x = _mm256_min_ps(x0, hi);
+            const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m256 y;
+            EXP_POLY(__m256, _mm256, x, k, y);
+            const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+            y = _mm256_andnot_ps(zero, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+            y = _mm256_blendv_ps(y, x0, nan);
+            _mm256_storeu_ps(sc + j + 8 * h, y);
+            acc[h] = _mm256_add_ps(acc[h], y);
+        }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(acc[0], acc[1]));
+    float s = lane_reduce(t);
+    for (; j < n; j++) {
+        sc[j] = kvt_vec_exp(sc[j] - m);
+        s += sc[j];
+    }
+    return s;
+}
 T2 static void silu_mul_avx2(float *y, const float *g, const float *u, uint32_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
     uint32_t i = 0;
@@ -774,7 +806,7 @@ static const kvt_vec_ops ops_avx2 = {
     .level = 1, .dot = dot_avx2, .axpy = axpy_avx2, .vfma = vfma_avx2, .scale = scale_avx2,
     .dot_rows = dot_rows_avx2, .axpy_rows = axpy_rows_avx2, .dot_q4 = dot_q4_avx2, .axpy_q4 = axpy_q4_avx2,
     .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
-    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .exp_sum = kvt_vec_exp_sum_ref, .round_f16 = round_f16_f16c,
+    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .exp_sum = exp_sum_avx2, .round_f16 = round_f16_f16c,
     .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
 };
 static const kvt_vec_ops ops_avx512 = {
