@@ -60,6 +60,8 @@ static void usage(void) {
            "      --turns K       K-turn conversation: -p first prompt, -n answer, --suffix new tokens a turn\n"
            "      --restart-after K  with --turns: flush, close and reopen the engine after turn K\n"
            "      --prompt-seed S seed of the random prompt (default 1)\n"
+           "      --prompt-text FILE  throughput run on text: repetition r's prompt is tokens [r*p, (r+1)*p) of\n"
+           "                      FILE instead of random tokens (a draft model's acceptance needs real text)\n"
            "      --json    machine-readable output\n\n%s",
            kvt_engine_flags_help);
 }
@@ -834,7 +836,7 @@ static int bench_cmd(int argc, char **argv) {
     bool json = false, cache = false, cold = false, once = false;
     uint32_t decode_at = 0, agreement = 0, turns = 0, restart_after = 0, quality = 0, quality_ctx = 4096, bw_mib = 512;
     bool membw = false;
-    const char *codecs = NULL, *qtext = NULL;
+    const char *codecs = NULL, *qtext = NULL, *ptext = NULL;
     uint64_t pseed = 1;
     kvt_args a;
     kvt_args_init(&a, argc, argv, "bench", usage);
@@ -857,6 +859,7 @@ static int bench_cmd(int argc, char **argv) {
         else if (kvt_args_is(&a, NULL, "--kv-quality-ctx")) quality_ctx = kvt_args_u32(&a, 0, 1u << 20);
         else if (kvt_args_is(&a, NULL, "--kv-codecs")) codecs = kvt_args_str(&a);
         else if (kvt_args_is(&a, NULL, "--kv-quality-text")) qtext = kvt_args_str(&a);
+        else if (kvt_args_is(&a, NULL, "--prompt-text")) ptext = kvt_args_str(&a);
         else if (kvt_args_flag(&a, NULL, "--once")) once = true;
         else if (kvt_args_is(&a, NULL, "--turns")) turns = kvt_args_u32(&a, 1, 1000);
         else if (kvt_args_is(&a, NULL, "--restart-after")) restart_after = kvt_args_u32(&a, 1, 1000);
@@ -876,6 +879,10 @@ static int bench_cmd(int argc, char **argv) {
     }
     if (membw) return bench_membw(&eo, bw_mib, reps, json);
     g_progress = kvt_progress_create(stderr, json);
+    if (ptext && (cache || decode_at || agreement || quality || once || turns)) {
+        fprintf(stderr, "kvtier bench: --prompt-text goes with the throughput run only\n");
+        return 2;
+    }
     if (qtext && !quality && !agreement) {
         fprintf(stderr, "kvtier bench: --kv-quality-text goes with --kv-quality or --agreement\n");
         return 2;
@@ -901,7 +908,7 @@ static int bench_cmd(int argc, char **argv) {
     }
     kvt_progress_attach(g_progress, e);
     uint32_t nv = kvt_engine_n_vocab(e);
-    int32_t *ids = malloc(sizeof(int32_t) * (n_p + suffix + 1));
+    int32_t *ids = malloc(sizeof(int32_t) * (n_p + suffix + 1)), *text = NULL;
     double *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double)), *t3 = calloc(reps, sizeof(double));
     double *bw = calloc(reps, sizeof(double)), *frac = calloc(reps, sizeof(double));
     int rc = 0;
@@ -912,8 +919,15 @@ static int bench_cmd(int argc, char **argv) {
     }
     if (!cache) {
         uint32_t n_bw = 0;
+        /* --prompt-text: repetition r's prompt is the text's tokens [r*p, (r+1)*p) */
+        if (ptext && !(text = text_tokens(e, ptext, n_p * reps, err, sizeof err))) {
+            fprintf(stderr, "kvtier bench: --prompt-text: %s\n", err);
+            rc = 1;
+            goto out;
+        }
         for (uint32_t r = 0; r < reps; r++) {
-            fill_prompt(ids, n_p, nv, r + 1);
+            if (text) memcpy(ids, text + (size_t)r * n_p, sizeof(int32_t) * n_p);
+            else fill_prompt(ids, n_p, nv, r + 1);
             kvt_gen_request req = {.prompt = ids, .n_prompt = n_p, .max_tokens = n_g + 1, .ignore_eog = true, .no_cache = true};
             kvt_sampling_default(&req.sampling);
             kvt_gen_result res;
@@ -997,6 +1011,7 @@ gen_fail:
     rc = 1;
 out:
     free(ids);
+    free(text);
     free(pp);
     free(tg);
     free(t3);
