@@ -149,6 +149,43 @@ static kvt_status plan_memory(kvt_engine *e, uint64_t *pc_bytes, uint64_t *pool_
 
 /* ---- tier wiring -------------------------------------------------------------------------- */
 
+static bool weights_ok_cb(void *e);
+static bool both_weights_ok_cb(void *ctx) { /* the companion's admit gate: target and draft unchanged */
+    kvt_engine *e = ctx;
+    return weights_ok_cb(e) && kvt_spec_weights_ok(e->spec);
+}
+
+/* The draft's own tier set (companion.h) beside the target's: the same RAM-tier token capacity, the
+ * SSD tier's byte cap split between the two by bytes per token, the same shared tier settings. */
+static kvt_status open_companion(kvt_engine *e, char *err, size_t errlen) {
+    const kvt_engine_opts *o = &e->o;
+    char key[KVT_SSD_COMPAT_KEY_MAX];
+    kvt_status st = kvt_spec_companion_key(e->spec, e->compat, o->ssd_dir, o->ssd_dir || o->shared_url, key, sizeof key,
+                                           err, errlen);
+    if (st) return st;
+    const double tb = kvt_kv_layout_bytes_per_token(e->layout), db = kvt_kv_layout_bytes_per_token(kvt_spec_layout(e->spec));
+    const uint64_t ssd_max = (uint64_t)(o->ssd_max_gb * 1e9);
+    kvt_shared_opts sho;
+    if (o->shared_url) {
+        kvt_shared_opts_default(&sho);
+        sho.url = o->shared_url;
+        if (o->shared_timeout_ms) sho.timeout_ms = o->shared_timeout_ms;
+        sho.tls_ca_file = o->shared_tls_ca;
+        sho.tls_cert_file = o->shared_tls_cert;
+        sho.tls_key_file = o->shared_tls_key;
+        sho.tls_insecure = o->shared_tls_insecure;
+    }
+    kvt_companion_opts co = {.key = key, .layout = kvt_spec_layout(e->spec), .pool = kvt_spec_pool(e->spec),
+                             .ram_bytes = KVT_MAX(kvt_spec_cache_bytes(e->spec), (uint64_t)1 << 20),
+                             .ssd_dir = o->ssd_dir, .ssd_max_bytes = (uint64_t)((double)ssd_max * db / (tb + db)),
+                             .ssd_queue_bytes = (uint64_t)o->ssd_spill_queue_mb << 20, .ssd_verify = o->ssd_verify,
+                             .writeback = o->ssd_writeback, .demote_idle_s = o->ssd_demote_idle_s,
+                             .shared = o->shared_url ? &sho : NULL, .admit = both_weights_ok_cb, .admit_ctx = e};
+    if ((st = kvt_companion_create(&co, &e->companion, err, errlen))) return st;
+    kvt_spec_set_tiers(e->spec, kvt_companion_tiers(e->companion), key);
+    return KVT_OK;
+}
+
 /* The speculative-decoding options (docs/speculative.md), before anything is loaded. */
 static kvt_status check_draft_opts(const kvt_engine_opts *o, char *err, size_t errlen) {
     if (!o->draft_model) return KVT_OK;
@@ -270,6 +307,18 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
         goto fail;
     }
+    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
+     * memory budget's split (budget.h) */
+    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9), budget = 0;
+    if (o->memory_budget || o->memory_budget_auto) {
+        st = plan_memory(e, &pc_bytes, &budget, err, errlen);
+        if (st) goto fail;
+    } else {
+        double bpt = kvt_kv_layout_bytes_per_token(e->layout);
+        uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
+        live *= o->parallel ? o->parallel : 1;
+        budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
+    }
     if (o->draft_model) {
         if (e->recurrent) {
             st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
@@ -282,21 +331,11 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_spec_opts so = {.model_path = o->draft_model, .draft_max = o->draft_max, .draft_min = o->draft_min,
                             .p_min = o->draft_p_min, .n_threads = o->draft_threads, .ubatch = e->o.ubatch,
                             .n_ctx = e->n_ctx, .block_tokens = o->block_tokens,
-                            .rows = (o->parallel ? o->parallel : 1) + 1};
+                            .rows = (o->parallel ? o->parallel : 1) + 1,
+                            /* the draft's RAM tier holds as many tokens as the target's */
+                            .cache_tokens = (uint64_t)((double)pc_bytes / kvt_kv_layout_bytes_per_token(e->layout))};
         st = kvt_spec_create(&so, e->tok, e->n_vocab, &e->spec, err, errlen);
         if (st) goto fail;
-    }
-    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
-     * memory budget's split (budget.h) */
-    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9), budget = 0;
-    if (o->memory_budget || o->memory_budget_auto) {
-        st = plan_memory(e, &pc_bytes, &budget, err, errlen);
-        if (st) goto fail;
-    } else {
-        double bpt = kvt_kv_layout_bytes_per_token(e->layout);
-        uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
-        live *= o->parallel ? o->parallel : 1;
-        budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
     }
     e->pool = kvt_block_pool_create(e->layout, budget);
     if (!e->pool) {
@@ -316,6 +355,10 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         so.dir = o->ssd_dir;
         so.compat_key = e->compat;
         so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
+        if (e->spec) /* the draft's state has its share of the cap (open_companion) */
+            so.max_bytes = (uint64_t)((double)so.max_bytes * kvt_kv_layout_bytes_per_token(e->layout) /
+                                      (kvt_kv_layout_bytes_per_token(e->layout) +
+                                       kvt_kv_layout_bytes_per_token(kvt_spec_layout(e->spec))));
         so.verify = o->ssd_verify;
         so.queue_max_bytes = (uint64_t)o->ssd_spill_queue_mb << 20;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
@@ -355,6 +398,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
             st = KVT_ERR_NOMEM;
             goto fail;
         }
+        if (e->spec && (st = open_companion(e, err, errlen))) goto fail;
     }
     /* the scheduler runs at every --parallel: kvt_engine_submit always queues there; with
      * --parallel 1 kvt_engine_generate still drives its row inline (one row at a time either way) */
@@ -380,7 +424,9 @@ void kvt_engine_free(kvt_engine *e) {
     kvt_engine_pins_warm_stop(e); /* its generation is a row: before the scheduler goes */
     kvt_sched_free(e->sched); /* cancels what still runs; no row touches the tiers after this */
     e->sched = NULL;
-    kvt_spec_free(e->spec); /* every row (and its draft state) ended with the scheduler */
+    kvt_companion_free(e->companion); /* every row (and its draft state) ended with the scheduler */
+    e->companion = NULL;
+    kvt_spec_free(e->spec); /* after the companion tiers: they borrow the draft's pool */
     if (e->ssd) {
         kvt_flush_result fr;
         kvt_engine_flush(e, 30000, &fr);
@@ -456,6 +502,7 @@ void kvt_engine_set_decoding(kvt_engine *e, bool any) {
     if (any == e->decoding) return;
     e->decoding = any;
     kvt_tiers_set_busy(e->tier, any);
+    if (e->companion) kvt_tiers_set_busy(kvt_companion_tiers(e->companion), any);
 }
 
 /* 1. validate the request; *max_new: the new tokens it may make. */
@@ -694,6 +741,16 @@ void kvt_engine_stats_get(kvt_engine *e, kvt_engine_stats *out) {
         out->spec_draft_ms = ss.draft_ms;
         out->spec_draft_time_share = ss.decode_ms > 0 ? KVT_MIN(1.0, ss.draft_ms / ss.decode_ms) : 0;
         out->spec_off_rows = ss.off_rows;
+        out->spec_reused_ram = ss.reused[KVT_TIER_RAM];
+        out->spec_reused_ssd = ss.reused[KVT_TIER_SSD];
+        out->spec_reused_shared = ss.reused[KVT_TIER_SHARED];
+        out->spec_recomputed = ss.recomputed;
+        out->spec_recompute_rows = ss.recompute_rows;
+        kvt_companion_stats cs;
+        kvt_companion_stats_get(e->companion, &cs);
+        out->spec_state_ram_bytes = cs.ram_bytes;
+        out->spec_state_ssd_entries = cs.ssd_entries;
+        out->spec_state_ssd_bytes = cs.ssd_bytes;
     }
 }
 
@@ -719,6 +776,11 @@ static void flush_result_of(const kvt_tiers_flush_result *r, kvt_flush_result *o
 void kvt_engine_flush(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result *out) {
     kvt_tiers_flush_result r;
     kvt_tiers_flush(e->tier, timeout_ms, &r);
+    if (e->companion) { /* the draft's state (companion.h): durable only with the target's */
+        kvt_tiers_flush_result d;
+        kvt_tiers_flush(kvt_companion_tiers(e->companion), timeout_ms, &d);
+        kvt_companion_merge_flush(&r, &d);
+    }
     flush_result_of(&r, out);
 }
 
@@ -727,6 +789,10 @@ kvt_status kvt_engine_drain(kvt_engine *e, uint32_t timeout_ms, kvt_flush_result
     if (!e->ssd) return KVT_ERR_UNSUPPORTED;
     kvt_tiers_flush_result r;
     kvt_status st = e->tier ? kvt_tiers_drain(e->tier, timeout_ms, &r) : KVT_ERR_UNSUPPORTED;
+    if (st == KVT_OK && e->companion) {
+        kvt_tiers_flush_result d;
+        if (kvt_tiers_drain(kvt_companion_tiers(e->companion), timeout_ms, &d) == KVT_OK) kvt_companion_merge_flush(&r, &d);
+    }
     if (st == KVT_OK) flush_result_of(&r, out);
     return st;
 }
@@ -735,6 +801,7 @@ void kvt_engine_tick(kvt_engine *e) {
     (void)kvt_file_watch_ok(e->watch); /* [watch] an idle server notices (and logs) a change too */
     /* idle demotion: between steps only (the scheduler holds gen_mu while it forwards) */
     kvt_tiers_tick(e->tier, &e->gen_mu);
+    if (e->companion) kvt_tiers_tick(kvt_companion_tiers(e->companion), &e->gen_mu);
 }
 
 /* ---- scoring (quality harness) ---------------------------------------------------------------- */

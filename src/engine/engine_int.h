@@ -14,6 +14,7 @@
 #include "../cache/tier.h" /* the one cache header the engine needs: it names every backend */
 #include "../model/file_watch.h"
 #include "budget.h"
+#include "companion.h"
 #include "row.h"
 #include "sched.h"
 
@@ -34,6 +35,7 @@ struct kvt_engine {
     kvt_tiers *tier; /* the tier manager: every cache policy (lookup, put, flush, tick, checkpoints) */
     kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
     kvt_spec *spec;       /* speculative decoding's draft (--draft-model, spec.h), NULL = off */
+    kvt_companion *companion; /* the draft's tier set (companion.h), with spec and the RAM tier; else NULL */
     kvt_ctx *ctx;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */

@@ -220,7 +220,8 @@ static bool begin(kvt_row *r) {
     /* speculative decoding: the row's draft state, and a target sequence a round can cut back by its
      * draft tokens (invariant 8); out of memory for it, the row decodes plainly */
     if (e->spec) {
-        r->sp = kvt_spec_row_create(e->spec, &req->sampling, req->prompt, n, r->max_new);
+        r->sp = kvt_spec_row_create(e->spec, &req->sampling, req->prompt, n, r->max_new, r->use_cache, req->ns,
+                                    KVT_MIN(r->reused, n));
         if (r->sp) kvt_seq_set_rollback(r->seq, kvt_spec_draft_max(e->spec));
     }
 

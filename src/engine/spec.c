@@ -21,6 +21,9 @@
  *      distribution.
  *   3. The draft's compute context is used under s->mu only; a row's other state only by the thread
  *      driving the row.
+ *   4. Only tokens the row emitted reach the draft's tiers: a row ending inside a round (between
+ *      propose and verified) cuts its draft sequence back to the round's start before the put, and
+ *      nothing is put while the draft file differs from the one loaded (kvt_spec_weights_ok).
  */
 #include "spec.h"
 
@@ -28,7 +31,14 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include <openssl/evp.h>
+#include <sys/stat.h>
+
+#include "../kernels/quant.h"
+#include "../model/file_watch.h"
 #include "../model/model.h"
 #include "budget.h"
 #include "spec_verify.h"
@@ -36,6 +46,7 @@
 struct kvt_spec {
     kvt_spec_opts o;
     char *path;
+    kvt_file_watch *watch; /* the draft file, held open from before it was mapped */
     kvt_gguf *gguf;
     kvt_model *model;
     kvt_tokenizer *tok;
@@ -43,7 +54,11 @@ struct kvt_spec {
     kvt_block_pool *pool;
     kvt_ctx *ctx;
     uint32_t n_vocab;
-    uint64_t root;
+    uint64_t root;            /* of a draft sequence without tiers */
+    uint64_t cache_bytes;     /* the RAM tier's share of the pool */
+    kvt_tiers *tiers;         /* the companion tiers (companion.h), borrowed; NULL: none */
+    char key[KVT_SSD_COMPAT_KEY_MAX]; /* their compatibility key */
+    pthread_mutex_t lookup_mu; /* one companion lookup at a time (the shared tier's connection) */
     pthread_mutex_t mu;       /* the compute context (invariant 3) */
     pthread_mutex_t stats_mu; /* st */
     kvt_spec_stats st;
@@ -52,6 +67,10 @@ struct kvt_spec {
 struct kvt_spec_row {
     kvt_spec *s;
     kvt_seq *seq;
+    kvt_chain *chain;     /* the prompt's chain under the companion key (tiers on), else NULL */
+    uint64_t root;        /* of its sequence: the companion key and namespace, or the draft's own */
+    bool cache;           /* the sequence enters the companion tiers when the row ends */
+    uint32_t round_base;  /* n_hist when the current round's proposal was made (invariant 4) */
     kvt_sampler *sampler; /* the draft's draws under sampled settings */
     bool greedy, off;
     int32_t *hist;
@@ -112,11 +131,13 @@ kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_t
     if (!s) return KVT_ERR_NOMEM;
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->lookup_mu, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);
     s->path = strdup(o->model_path);
     s->o.model_path = s->path;
     char e2[400] = "";
     kvt_status st = s->path ? KVT_OK : KVT_ERR_NOMEM;
+    if (st == KVT_OK) st = kvt_file_watch_open(o->model_path, &s->watch, e2, sizeof e2);
     if (st == KVT_OK) st = kvt_gguf_open(o->model_path, &s->gguf, e2, sizeof e2);
     if (st == KVT_OK) st = kvt_model_load(s->gguf, &s->model, e2, sizeof e2);
     if (st == KVT_OK) st = kvt_tokenizer_create(s->gguf, &s->tok, e2, sizeof e2);
@@ -153,7 +174,8 @@ kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_t
         goto fail;
     }
     const uint64_t row = kvt_row_kv_bytes(s->layout, o->n_ctx, o->ubatch);
-    s->pool = kvt_block_pool_create(s->layout, row * (o->rows ? o->rows : 1));
+    s->cache_bytes = (uint64_t)((double)o->cache_tokens * kvt_kv_layout_bytes_per_token(s->layout));
+    s->pool = kvt_block_pool_create(s->layout, row * (o->rows ? o->rows : 1) + s->cache_bytes);
     if (!s->pool) {
         st = KVT_ERR_NOMEM;
         goto fail;
@@ -184,13 +206,58 @@ void kvt_spec_free(kvt_spec *s) {
     kvt_tokenizer_free(s->tok);
     kvt_model_free(s->model);
     kvt_gguf_free(s->gguf);
+    kvt_file_watch_free(s->watch);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->lookup_mu);
     pthread_mutex_destroy(&s->stats_mu);
     free(s->path);
     free(s);
 }
 
 uint32_t kvt_spec_draft_max(const kvt_spec *s) { return s->o.draft_max; }
+
+/* ---- the draft's state in the tiers ---------------------------------------------------------- */
+
+const kvt_kv_layout *kvt_spec_layout(const kvt_spec *s) { return s->layout; }
+kvt_block_pool *kvt_spec_pool(kvt_spec *s) { return s->pool; }
+uint64_t kvt_spec_cache_bytes(const kvt_spec *s) { return s->cache_bytes; }
+bool kvt_spec_weights_ok(kvt_spec *s) { return kvt_file_watch_ok(s->watch); }
+
+kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const char *cache_dir, bool persist, char *out,
+                                  size_t outlen, char *err, size_t errlen) {
+    char th[32], num[96], dkey[KVT_SSD_COMPAT_KEY_MAX];
+    snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(s->tok));
+    snprintf(num, sizeof num, "%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(s->model));
+    if (persist) {
+        /* hash the held file (its /proc/self/fd name), not whatever the path names now */
+        char held[64];
+        snprintf(held, sizeof held, "/proc/self/fd/%d", kvt_file_watch_fd(s->watch));
+        kvt_status st = kvt_ssd_compat_key(cache_dir, access(held, R_OK) == 0 ? held : s->path, s->layout, th, num,
+                                           dkey, sizeof dkey, err, errlen);
+        if (st) return st;
+    } else {
+        struct stat sb;
+        char scheme[128];
+        if (stat(s->path, &sb) != 0) memset(&sb, 0, sizeof sb);
+        kvt_kv_layout_key(s->layout, scheme, sizeof scheme);
+        snprintf(dkey, sizeof dkey, "model=%s:%lld:%lld;scheme=%s;tok=%s;num=%s", s->path, (long long)sb.st_size,
+                 (long long)sb.st_mtime, scheme, th, num);
+    }
+    uint8_t md[32];
+    unsigned int mdl = 0;
+    EVP_Digest(target_key, strlen(target_key), md, &mdl, EVP_sha256(), NULL);
+    char hex[33];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    const int n = snprintf(out, outlen, "kvtier-companion;target=%s;draft=%s", hex, dkey);
+    if (n < 0 || (size_t)n >= outlen || (size_t)n >= KVT_SSD_COMPAT_KEY_MAX)
+        return kvt_errf(err, errlen, KVT_ERR_RANGE, "--draft-model %s: its cache key is too long", s->path);
+    return KVT_OK;
+}
+
+void kvt_spec_set_tiers(kvt_spec *s, kvt_tiers *t, const char *key) {
+    s->tiers = t;
+    snprintf(s->key, sizeof s->key, "%s", key ? key : "");
+}
 
 void kvt_spec_stats_get(kvt_spec *s, kvt_spec_stats *out) {
     pthread_mutex_lock(&s->stats_mu);
@@ -200,8 +267,35 @@ void kvt_spec_stats_get(kvt_spec *s, kvt_spec_stats *out) {
 
 /* ---- a row's draft state --------------------------------------------------------------------- */
 
+/* The draft sequence from the companion tiers' longest prefix of the prompt (a miss: NULL), counted
+ * by source and against the target's reuse. */
+static void row_lookup(kvt_spec_row *r, const int32_t *prompt, uint32_t n_prompt, const char *ns,
+                       uint32_t target_reused) {
+    kvt_spec *s = r->s;
+    const uint64_t root = kvt_root_hash(s->key, ns ? ns : "");
+    if (kvt_chain_create(root, prompt, n_prompt, s->o.block_tokens, &r->chain) != KVT_OK) return;
+    kvt_tiers_hit hit = {0};
+    pthread_mutex_lock(&s->lookup_mu);
+    const kvt_status st = kvt_tiers_lookup(s->tiers, r->chain, &hit);
+    pthread_mutex_unlock(&s->lookup_mu);
+    if (st == KVT_OK && hit.seq) r->seq = hit.seq;
+    const uint32_t got = r->seq ? hit.n_reused : 0;
+    uint64_t by[4] = {0};
+    for (uint32_t i = 0; i < hit.n_blocks && r->seq; i++) {
+        const uint32_t a = i * s->o.block_tokens, b = KVT_MIN(got, a + s->o.block_tokens);
+        if (b > a) by[kvt_tiers_block_source(&hit, i) & 3] += b - a;
+    }
+    pthread_mutex_lock(&s->stats_mu);
+    for (int i = 1; i < 4; i++) s->st.reused[i] += by[i];
+    if (target_reused > got) {
+        s->st.recomputed += target_reused - got;
+        s->st.recompute_rows++;
+    }
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
 kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int32_t *prompt, uint32_t n_prompt,
-                                  uint32_t max_new) {
+                                  uint32_t max_new, bool use_cache, const char *ns, uint32_t target_reused) {
     kvt_spec_row *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->s = s;
@@ -210,7 +304,12 @@ kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int
     r->hist = malloc(sizeof(int32_t) * r->cap_hist);
     r->vt = malloc(sizeof(int32_t) * (1 + s->o.draft_max));
     r->p = malloc(sizeof(float) * s->n_vocab);
-    bool ok = r->hist && r->vt && r->p && kvt_seq_create(s->pool, s->root, &r->seq) == KVT_OK;
+    r->cache = use_cache && s->tiers;
+    if (r->cache && r->hist && r->vt && r->p) row_lookup(r, prompt, n_prompt, ns, target_reused);
+    r->root = r->cache ? kvt_root_hash(s->key, ns ? ns : "") : s->root;
+    if (!r->seq && r->hist && r->vt && r->p) (void)kvt_seq_create(s->pool, r->root, &r->seq);
+    if (r->seq && r->chain) kvt_seq_set_chain(r->seq, r->chain);
+    bool ok = r->hist && r->vt && r->p && r->seq;
     if (ok && !r->greedy) {
         r->q = malloc(sizeof(float) * s->n_vocab * s->o.draft_max);
         r->sampler = kvt_sampler_create(s->n_vocab);
@@ -239,7 +338,14 @@ void kvt_spec_row_free(kvt_spec_row *r, double decode_ms) {
     pthread_mutex_lock(&r->s->stats_mu);
     r->s->st.decode_ms += decode_ms;
     pthread_mutex_unlock(&r->s->stats_mu);
+    if (r->seq && r->cache && !r->off) {
+        /* invariant 4: a round not verified leaves only the tokens before it */
+        if (r->k > 0 && kvt_seq_len(r->seq) > r->round_base) (void)kvt_seq_trim(r->seq, r->round_base);
+        if (kvt_seq_len(r->seq) > 0 && kvt_seq_len(r->seq) <= r->n_hist && kvt_spec_weights_ok(r->s))
+            (void)kvt_tiers_put(r->s->tiers, r->seq);
+    }
     if (r->seq) kvt_seq_free(r->seq);
+    kvt_chain_release(r->chain);
     kvt_sampler_free(r->sampler);
     free(r->hist);
     free(r->vt);
@@ -325,6 +431,7 @@ uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, const int32_t **verif
     s->st.draft_ms += dt;
     pthread_mutex_unlock(&s->stats_mu);
     r->k = k;
+    r->round_base = r->n_hist;
     r->vt[0] = r->hist[r->n_hist - 1];
     *verify = r->vt;
     return k;
@@ -342,7 +449,7 @@ void kvt_spec_row_verified(kvt_spec_row *r, uint32_t proposed, uint32_t accepted
     if (kvt_seq_len(r->seq) > keep && kvt_seq_trim(r->seq, keep) != KVT_OK) {
         /* invariant 1 by starting over: the next round recomputes the draft's KV from the tokens */
         kvt_seq *fresh = NULL;
-        if (kvt_seq_create(s->pool, s->root, &fresh) == KVT_OK) {
+        if (kvt_seq_create(s->pool, r->root, &fresh) == KVT_OK) {
             kvt_seq_set_rollback(fresh, s->o.draft_max);
             kvt_seq_free(r->seq);
             r->seq = fresh;

@@ -10,8 +10,12 @@
  * The target side (verify pass, acceptance, rollback of the target's sequence) is in row.c; the
  * acceptance rule itself in spec_verify.h.
  *
+ * The draft's state in the tiers (companion.h): with a tier manager attached (kvt_spec_set_tiers), a
+ * row's draft sequence starts from the longest prefix of the prompt the draft's tiers hold (RAM,
+ * SSD, shared) and enters them when the row ends, so a restored conversation pays no draft prefill.
+ *
  * Ownership / threading: the engine creates kvt_spec after its own model and frees it after the
- * scheduler stopped (no row left). A kvt_spec_row is owned by its row (row.h) and used by the one
+ * scheduler stopped (no row left) and after the companion tiers (they borrow the draft's pool). A kvt_spec_row is owned by its row (row.h) and used by the one
  * thread that drives the row at a time; kvt_spec_propose serialises the rows' use of the draft's
  * compute context with a mutex of kvt_spec (rows of the scheduler and an inline --parallel 1
  * generation may propose at the same time). Stats may be read from any thread.
@@ -19,6 +23,7 @@
 #ifndef KVT_SPEC_H
 #define KVT_SPEC_H
 
+#include "../cache/tier.h"
 #include "../text/tokenizer.h"
 #include "sampler.h"
 
@@ -35,9 +40,11 @@ typedef struct kvt_spec_opts {
     uint32_t n_ctx;         /* the target's context: the longest a draft sequence gets */
     uint32_t block_tokens;  /* KV block size of the draft's layout */
     uint32_t rows;          /* draft sequences alive at once at most (sizes the draft's block pool) */
+    uint64_t cache_tokens;  /* tokens the draft's RAM tier is sized for (the target's RAM tier cap
+                             * over its bytes per token); the pool holds them beside the rows. 0: none */
 } kvt_spec_opts;
 
-/* Loads the draft and checks it against the target: the same vocabulary (every token's text and
+/* Loads the draft (its file held open and watched from before it is mapped, file_watch.h) and checks it against the target: the same vocabulary (every token's text and
  * type, and the number of logits), else KVT_ERR_INVALID_ARG naming the first differing token; a
  * draft with recurrent layers (its state cannot be cut back) is KVT_ERR_UNSUPPORTED. */
 kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_tok, uint32_t target_n_vocab,
@@ -46,6 +53,10 @@ void kvt_spec_free(kvt_spec *s);
 uint32_t kvt_spec_draft_max(const kvt_spec *s);
 
 typedef struct kvt_spec_stats {
+    uint64_t reused[4];         /* prompt tokens of draft state the tiers supplied, by kvt_tier (RAM, SSD,
+                                 * shared; [0] unused) */
+    uint64_t recomputed;        /* prompt tokens the draft computed although the target's tiers had them */
+    uint64_t recompute_rows;    /* rows whose draft recomputed such tokens */
     uint64_t rounds;   /* verify passes of the target */
     uint64_t proposed; /* draft tokens they checked */
     uint64_t accepted; /* draft tokens the target accepted */
@@ -55,12 +66,36 @@ typedef struct kvt_spec_stats {
 } kvt_spec_stats;
 void kvt_spec_stats_get(kvt_spec *s, kvt_spec_stats *out);
 
+/* ---- the draft's state in the tiers (companion.h) ---- */
+/* The draft's KV layout and block pool (owned by kvt_spec: valid until kvt_spec_free). */
+const kvt_kv_layout *kvt_spec_layout(const kvt_spec *s);
+kvt_block_pool *kvt_spec_pool(kvt_spec *s);
+/* Bytes the draft's RAM tier may hold (opts.cache_tokens at the draft's bytes per token). */
+uint64_t kvt_spec_cache_bytes(const kvt_spec *s);
+/* The companion compatibility key, "kvtier-companion;target=<first 32 hex of SHA-256(target_key)>;
+ * draft=<draft key>": with persist, the draft key is kvt_ssd_compat_key of the held draft file (its
+ * content SHA-256, memoized under cache_dir; its KV layout key, so its block size and KV codec;
+ * its tokenizer hash; the kernel numerics and the draft model's numerics tag); without, the path,
+ * size and mtime with the same scheme and numerics (keys that never leave the process). */
+kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const char *cache_dir, bool persist, char *out,
+                                  size_t outlen, char *err, size_t errlen);
+/* True when the draft file is unchanged since it was loaded (what it computes may enter a tier). */
+bool kvt_spec_weights_ok(kvt_spec *s);
+/* Attaches the companion tiers (borrowed: they outlive every row) under the companion key. Call once,
+ * before any row is created. */
+void kvt_spec_set_tiers(kvt_spec *s, kvt_tiers *t, const char *key);
+
 /* A row's draft state for a request of prompt[0..n_prompt) and at most max_new new tokens, with the
  * request's sampling settings (the draft draws with its temperature, top-k, top-p and min-p; greedy
- * settings make it propose its argmax). NULL when out of memory (the row then decodes plainly). */
+ * settings make it propose its argmax). With tiers attached and use_cache, the draft sequence starts
+ * from the longest prefix they hold under namespace ns (one lookup, on the caller's thread; counted
+ * in the stats by source, and against target_reused, the prompt tokens the target's tiers
+ * supplied). NULL when out of memory (the row then decodes plainly). */
 kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int32_t *prompt, uint32_t n_prompt,
-                                  uint32_t max_new);
-/* Frees the row's draft state; decode_ms (the row's decode time) enters the stats. NULL is a no-op. */
+                                  uint32_t max_new, bool use_cache, const char *ns, uint32_t target_reused);
+/* Frees the row's draft state; with tiers and use_cache its sequence (its tokens emitted by the row,
+ * never a proposal that was not verified) enters the companion tiers first (kvt_tiers_put: never
+ * waits for the disk). decode_ms (the row's decode time) enters the stats. NULL is a no-op. */
 void kvt_spec_row_free(kvt_spec_row *r, double decode_ms);
 /* The row emitted token id (appended to the tokens the draft follows). */
 void kvt_spec_row_push(kvt_spec_row *r, int32_t id);

@@ -223,7 +223,23 @@
     X(spec_draft_time_share, double, "speculative", "draft_time_share", "spec_draft_time_share", gauge,                \
       "Share of the speculating rows' decode time spent in the draft")                                                 \
     X(spec_off_rows, uint64_t, "speculative", "rows_off", "spec_rows_off_total", counter,                              \
-      "Rows that stopped speculating (draft out of KV memory)")
+      "Rows that stopped speculating (draft out of KV memory)")                                                        \
+    X(spec_reused_ram, uint64_t, "speculative", "draft_state.reused_ram_tokens", "spec_draft_reused_ram_tokens_total", \
+      counter, "Prompt tokens of draft state reused from the draft's RAM tier")                                       \
+    X(spec_reused_ssd, uint64_t, "speculative", "draft_state.reused_ssd_tokens", "spec_draft_reused_ssd_tokens_total", \
+      counter, "Prompt tokens of draft state restored from the draft's SSD tier")                                     \
+    X(spec_reused_shared, uint64_t, "speculative", "draft_state.reused_shared_tokens",                               \
+      "spec_draft_reused_shared_tokens_total", counter, "Prompt tokens of draft state fetched from the shared tier")  \
+    X(spec_recomputed, uint64_t, "speculative", "draft_state.recomputed_tokens", "spec_draft_recomputed_tokens_total", \
+      counter, "Prompt tokens the draft recomputed although the target's tiers supplied them")                        \
+    X(spec_recompute_rows, uint64_t, "speculative", "draft_state.recompute_rows", "spec_draft_recompute_rows_total",   \
+      counter, "Requests whose draft recomputed tokens the target reused")                                            \
+    X(spec_state_ram_bytes, uint64_t, "speculative", "draft_state.ram_bytes", "spec_draft_ram_bytes", gauge,          \
+      "Bytes of draft state in the draft's RAM tier")                                                                  \
+    X(spec_state_ssd_entries, uint64_t, "speculative", "draft_state.ssd_entries", "spec_draft_ssd_entries", gauge,    \
+      "Files of draft state in the draft's SSD compat directory")                                                      \
+    X(spec_state_ssd_bytes, uint64_t, "speculative", "draft_state.ssd_bytes", "spec_draft_ssd_bytes", gauge,          \
+      "Bytes of draft state in the draft's SSD compat directory")
 
 /* every table of the engine, in /stats and /metrics order */
 #define KVT_STATS_ALL(X)                                                                                                \
