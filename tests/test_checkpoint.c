@@ -23,7 +23,15 @@
 
 static char *g_dir;
 static char *g_model;
+static char *g_draft; /* --draft-model for the speculative cases (NULL: none) */
 static uint32_t g_parallel = 4; /* the engine default (scheduler); the _inline tests run with 1 */
+
+static void set_draft(kvt_engine_opts *o) {
+    o->draft_model = g_draft;
+    o->draft_max = 4;
+    o->draft_p_min = 0.0f; /* propose at every position: rounds of 5 tokens, rejections included */
+    o->draft_threads = 1;
+}
 
 static kvt_engine *open_engine(const char *ssd, uint32_t every) {
     kvt_engine_opts o;
@@ -38,6 +46,7 @@ static kvt_engine *open_engine(const char *ssd, uint32_t every) {
     o.ssd_dir = ssd;
     o.generation_checkpoint = every;
     o.parallel = g_parallel;
+    set_draft(&o);
     kvt_engine *e = NULL;
     char err[512] = "";
     kvt_status st = kvt_engine_create(&o, &e, err, sizeof err);
@@ -136,7 +145,9 @@ static void reference(const kvt_sampling *sp, sink *ref) {
     o.n_threads = 2;
     o.n_ctx = 512;
     o.block_tokens = 16;
+    o.ubatch = 32;
     o.prompt_cache_gb = 0;
+    set_draft(&o);
     kvt_engine *e = NULL;
     char err[256];
     assert_int_equal(kvt_engine_create(&o, &e, err, sizeof err), KVT_OK);
@@ -174,6 +185,11 @@ static void check_resume(const kvt_sampling *sp, const sink *ref, uint32_t cut, 
     assert_int_equal(st.ckpt_resumed, expect ? 1 : 0);
     assert_int_equal(st.ckpt_invalidated, 1); /* completion removes the record (written anew by this run too) */
     assert_int_equal(count_kvc(ssd), 0);
+    if (g_draft) { /* the draft's state came back with the checkpoint: nothing of it recomputed */
+        assert_true(st.spec_rounds > 0);
+        assert_int_equal(st.spec_recomputed, 0);
+        if (expect) assert_true(st.spec_reused_ssd >= 16);
+    }
     kvt_engine_free(e);
 }
 
@@ -204,6 +220,39 @@ static void test_resume_seeded(void **s) {
     reference(&sp, &ref);
     uint32_t cuts[] = {10, 27, 50, 88, 118};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) check_resume(&sp, &ref, cuts[i], 8);
+}
+
+/* With a draft (speculative decoding): a checkpoint falls due inside a round and is saved at the
+ * round's end (the target's sequence then holds only accepted tokens); the draft's blocks are saved
+ * beside the target's; a resume restores both, forwards the pending token in a round as the
+ * uninterrupted run did, and seeds the draft's draws from the recorded RNG: the text equals an
+ * uninterrupted run with the same draft, greedy and seeded. Every cut here is past a round that
+ * ended after the first checkpoint point (a round emits at most 5 tokens). */
+static void resume_draft(const kvt_sampling *sp, uint64_t draft_seed) {
+    char *d = malloc(strlen(g_dir) + 32);
+    sprintf(d, "%s/draft-%llu.gguf", g_dir, (unsigned long long)draft_seed);
+    kvt_gen_model_opts mo = {.arch = "llama", .shape = "tiny", .type = "f16", .seed = draft_seed};
+    char err[256] = "";
+    assert_int_equal(kvt_gen_model(&mo, d, err, sizeof err), KVT_OK);
+    g_draft = d;
+    sink ref;
+    reference(sp, &ref);
+    uint32_t cuts[] = {20, 45, 91};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) check_resume(sp, &ref, cuts[i], 8);
+    g_draft = NULL;
+    free(d);
+}
+/* greedy: another random model, most proposals rejected */
+static void test_resume_draft_greedy(void **s) {
+    kvt_sampling sp;
+    kvt_sampling_default(&sp);
+    resume_draft(&sp, 8);
+}
+/* seeded: the target's own weights as the draft (q close to p: the draft's draws decide which
+ * proposals are accepted, so a resume whose draft drew otherwise would emit another text) */
+static void test_resume_draft_seeded(void **s) {
+    kvt_sampling sp = seeded();
+    resume_draft(&sp, 7);
 }
 
 /* A changed sampling field (or prompt) starts normally: no resume, and its own text. */
@@ -579,6 +628,7 @@ int main(void) {
         cmocka_unit_test(test_changed_field_no_resume), cmocka_unit_test(test_corrupt_rejected),
         cmocka_unit_test(test_store_failed_write), cmocka_unit_test(test_failed_write_retried),
         cmocka_unit_test(test_failed_write_retried_inline), cmocka_unit_test(test_hybrid_resume_restores),
+        cmocka_unit_test(test_resume_draft_greedy), cmocka_unit_test(test_resume_draft_seeded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

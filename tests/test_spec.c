@@ -502,7 +502,7 @@ static void test_refusals(void **st) {
     expect_refused(t, t, 4, 0, -0.1f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-p-min must be in [0, 1]");
     expect_refused(t, t, 4, 0, 1.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-p-min must be in [0, 1]");
     expect_refused(t, t, 16, 0, 0.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-max 16 needs --ubatch of at least 34");
-    expect_refused(t, t, 4, 0, 0.5f, 32, 8, KVT_ERR_INVALID_ARG, "--generation-checkpoint");
+    expect_refused(t, t, 4, 0, 0.5f, 32, 8, KVT_ERR_INVALID_ARG, "--generation-checkpoint needs the SSD tier");
     g_draft_threads = 0;
     expect_refused(t, t, 4, 0, 0.5f, 32, 0, KVT_ERR_INVALID_ARG, "--draft-threads must be in [1, 512] (got 0)");
     g_draft_threads = 1;

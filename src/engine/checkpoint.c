@@ -125,9 +125,9 @@ bool kvt_ckpt_due(kvt_ckpt_run *r, kvt_ckpt_src src, uint32_t n_gen) {
 }
 
 void kvt_ckpt_save(kvt_ckpt_run *r, kvt_tiers *tiers, kvt_seq *seq, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
-                   int32_t pending, uint64_t rng) {
+                   int32_t pending, uint64_t rng, bool regular) {
     if (!r->on) return;
-    if (n_gen % r->every) kvt_tiers_checkpoint_note(tiers, KVT_TIERS_CKPT_RETRY, 0); /* off the regular points (C2) */
+    if (!regular) kvt_tiers_checkpoint_note(tiers, KVT_TIERS_CKPT_RETRY, 0); /* off the regular points (C2) */
     kvt_ckpt_rec rec = {.n_prompt = n_prompt, .n_emitted = n_gen, .pending = pending, .rng = rng, .emitted = (int32_t *)gen};
     memcpy(rec.key, r->key, 32);
     kvt_ckpt_watch_release(r->watch); /* a regular point while one is in flight: follow the newest */

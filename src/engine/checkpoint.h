@@ -91,9 +91,11 @@ bool kvt_ckpt_due(kvt_ckpt_run *r, kvt_ckpt_src src, uint32_t n_gen);
 /* Records a checkpoint through the tier manager (kvt_tiers_checkpoint_put): the sealed blocks of seq
  * (the prompt + emitted prefix) go to the SSD tier and, for recurrent layouts, the frozen tail and a
  * state snapshot at its length; then the record is queued. Never waits for the disk. seq's tail may
- * be frozen (its next write copies it). */
+ * be frozen (its next write copies it). regular: a regular point (else counted as a retry, C2).
+ * A speculating row saves at the end of a round in which a checkpoint fell due (row.c): n_gen is
+ * then the tokens before the round's last one, which is `pending`. */
 void kvt_ckpt_save(kvt_ckpt_run *r, kvt_tiers *tiers, kvt_seq *seq, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
-                   int32_t pending, uint64_t rng);
+                   int32_t pending, uint64_t rng, bool regular);
 /* At the end of the request: completed (length/stop) invalidates the record; otherwise it stays. */
 void kvt_ckpt_end(kvt_ckpt_run *r, kvt_tiers *tiers, bool completed);
 void kvt_ckpt_run_free(kvt_ckpt_run *r);

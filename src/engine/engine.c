@@ -205,9 +205,6 @@ static kvt_status check_draft_opts(const kvt_engine_opts *o, char *err, size_t e
     if (2 * o->draft_max + 2 > ub)
         return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG, "--draft-max %u needs --ubatch of at least %u (got %u)",
                         o->draft_max, 2 * o->draft_max + 2, ub);
-    if (o->generation_checkpoint)
-        return kvt_errf(err, errlen, KVT_ERR_INVALID_ARG,
-                        "--draft-model cannot be combined with --generation-checkpoint yet (docs/speculative.md)");
     return KVT_OK;
 }
 

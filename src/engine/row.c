@@ -54,6 +54,8 @@
  */
 #include "row.h"
 
+#include <stdio.h>
+
 #include <stdlib.h>
 
 #include "engine_int.h"
@@ -161,7 +163,11 @@ static bool begin(kvt_row *r) {
      * record is read here, on the submitting thread, never on the scheduler's token loop. */
     /* a logits processor or bias is not part of the checkpoint key: such requests take none */
     const bool ckpt_ok = r->use_cache && !req->proc.apply && !req->sampling.n_bias;
-    kvt_ckpt_begin(&r->ck, ckpt_ok ? e->tier : NULL, e->o.generation_checkpoint, e->compat, req, r->max_new, e->n_vocab);
+    /* with a draft the key names it too: its proposals shape the RNG's use, so a record of another
+     * configuration would not resume byte-identically */
+    char ck_compat[sizeof e->compat + KVT_SSD_COMPAT_KEY_MAX + 16];
+    snprintf(ck_compat, sizeof ck_compat, "%s%s%s", e->compat, e->spec ? ";draft=" : "", e->spec ? kvt_spec_key(e->spec) : "");
+    kvt_ckpt_begin(&r->ck, ckpt_ok ? e->tier : NULL, e->o.generation_checkpoint, ck_compat, req, r->max_new, e->n_vocab);
     r->pp = r->ck.resumed ? r->ck.look : req->prompt;
     r->pn = r->ck.resumed ? r->ck.n_look : n;
     kvt_status st;
@@ -220,8 +226,9 @@ static bool begin(kvt_row *r) {
     /* speculative decoding: the row's draft state, and a target sequence a round can cut back by its
      * draft tokens (invariant 8); out of memory for it, the row decodes plainly */
     if (e->spec) {
-        r->sp = kvt_spec_row_create(e->spec, &req->sampling, req->prompt, n, r->max_new, r->use_cache, req->ns,
-                                    KVT_MIN(r->reused, n));
+        /* [ckpt] a resume looks up prompt ++ emitted ++ pending: the draft's state saved with it */
+        r->sp = kvt_spec_row_create(e->spec, &req->sampling, req->prompt, n, r->max_new, r->use_cache, req->ns, r->pp,
+                                    r->pn, r->reused);
         if (r->sp) kvt_seq_set_rollback(r->seq, kvt_spec_draft_max(e->spec));
     }
 
@@ -270,7 +277,9 @@ uint32_t kvt_row_plan(kvt_row *r, uint32_t budget, const int32_t **tokens) {
         /* a speculative round: k drafts and the target's own token may all be emitted, so
          * k <= max_new - n_gen - 1 (n_gen < max_new in DECODE): the sequence never outgrows a plain
          * decode's, nor the context */
-        r->n_verify = r->sp ? kvt_spec_propose(r->sp, KVT_MIN(budget - 1, r->max_new - r->n_gen - 1), tokens) : 0;
+        r->n_verify = r->sp ? kvt_spec_propose(r->sp, KVT_MIN(budget - 1, r->max_new - r->n_gen - 1),
+                                               kvt_sampler_rng_state(r->sampler), tokens)
+                            : 0;
         if (r->n_verify) return 1 + r->n_verify;
         *tokens = &r->next;
         return 1;
@@ -312,9 +321,13 @@ static bool sample(kvt_row *r, float *logits, int32_t forced) {
             res->finish = KVT_FINISH_STOP;
             return false;
         }
-        if (kvt_ckpt_due(&r->ck, src, r->n_gen) && kvt_engine_weights_ok(e)) /* [ckpt] n_gen emitted, id sampled but not yet emitted; W1 */
-            kvt_ckpt_save(&r->ck, e->tier, r->seq, r->n, r->gen, r->n_gen, id,
-                          kvt_sampler_rng_state(r->sampler));
+        if (kvt_ckpt_due(&r->ck, src, r->n_gen) && kvt_engine_weights_ok(e)) { /* [ckpt] n_gen emitted, id sampled but not yet emitted; W1 */
+            if (r->in_verify) /* the target's sequence still holds the round's draft tokens: at its end */
+                r->ck_owed = KVT_MAX(r->ck_owed, r->n_gen % r->ck.every ? 2 : 1);
+            else
+                kvt_ckpt_save(&r->ck, e->tier, r->seq, r->n, r->gen, r->n_gen, id, kvt_sampler_rng_state(r->sampler),
+                              r->n_gen % r->ck.every == 0);
+        }
         r->gen[r->n_gen++] = id;
         kvt_sampler_accept(r->sampler, id);
         if (r->sp) kvt_spec_row_push(r->sp, id);
@@ -362,6 +375,17 @@ static bool sample(kvt_row *r, float *logits, int32_t forced) {
             return false;
         }
         if (r->n_gen >= r->max_new) return false;
+        if (src == KVT_CKPT_REPLAYED && r->sp && r->ck.replay_i > r->ck.rec.n_emitted) {
+            /* [ckpt] a speculating row resumes as the uninterrupted run went on: the pending token
+             * is the next one forwarded, in a round (its KV, prefilled, is cut off and recomputed
+             * bit-identically by the verify pass; the prefill's logits after it are not used) */
+            if (kvt_seq_trim(r->seq, kvt_seq_len(r->seq) - 1) != KVT_OK) {
+                r->st = kvt_errf(r->err, r->errlen, KVT_ERR_NOMEM, "checkpoint resume: cannot cut the pending token");
+                return false;
+            }
+            r->next = id;
+            return true;
+        }
         if (src == KVT_CKPT_REPLAYED) continue; /* [ckpt] its KV was restored or prefilled: no forward */
         r->next = id;
         return true;
@@ -382,6 +406,8 @@ static void verify(kvt_row *r, uint32_t k, float *logits) {
     const bool greedy = kvt_sampling_greedy(&req->sampling);
     uint32_t j = 0; /* draft tokens accepted */
     bool more = true;
+    r->in_verify = true;
+    r->ck_owed = 0;
     for (;; j++) {
         float *row = logits + (size_t)j * nv;
         const int32_t d = j < k ? kvt_spec_row_token(r->sp, j) : -1;
@@ -399,6 +425,7 @@ static void verify(kvt_row *r, uint32_t k, float *logits) {
         if (greedy) acc = r->next == d;
         if (!acc) break;
     }
+    r->in_verify = false;
     kvt_spec_row_verified(r->sp, k, j);
     const kvt_status ts = kvt_seq_trim(r->seq, base + 1 + j); /* invariant 8 */
     if (ts != KVT_OK) {
@@ -407,6 +434,15 @@ static void verify(kvt_row *r, uint32_t k, float *logits) {
                          kvt_status_str(ts));
         return;
     }
+    /* [ckpt] a checkpoint due inside the round, at its boundary: the tokens before the new next
+     * emitted, next pending (its KV not computed yet), the RNG the next round starts from; the
+     * draft's blocks beside the target's */
+    if (r->ck_owed && more && kvt_engine_weights_ok(e)) {
+        kvt_ckpt_save(&r->ck, e->tier, r->seq, r->n, r->gen, r->n_gen - 1, r->next, kvt_sampler_rng_state(r->sampler),
+                      r->ck_owed == 1);
+        kvt_spec_row_checkpoint(r->sp);
+    }
+    r->ck_owed = 0;
     const uint32_t bt = e->o.block_tokens;
     if (r->keep_window && (base + 1 + j) / bt > base / bt) kvt_engine_put_blocks(e, r->seq);
     kvt_row_set_state(r, more ? KVT_ROW_DECODE : KVT_ROW_DONE);

@@ -65,6 +65,8 @@ typedef struct kvt_row {
     /* speculative decoding (spec.h, docs/speculative.md; row.c "Speculative rounds") */
     kvt_spec_row *sp;  /* the row's draft state; NULL: the row decodes one token per step */
     uint32_t n_verify; /* DECODE: draft tokens the planned forward carries after next (0: a plain step) */
+    bool in_verify;    /* a speculative round's tokens are being emitted (checkpoints wait for its end) */
+    int ck_owed;       /* a checkpoint fell due inside the round: 1 regular point, 2 a retry; 0 none */
     /* scheduler bookkeeping (sched.c, under its mutex) */
     bool batched;     /* driven by the scheduler (it reports decoding for all rows), not inline */
     uint64_t reserve; /* KV bytes this row may need (admission) */

@@ -221,6 +221,7 @@ uint32_t kvt_spec_draft_max(const kvt_spec *s) { return s->o.draft_max; }
 const kvt_kv_layout *kvt_spec_layout(const kvt_spec *s) { return s->layout; }
 kvt_block_pool *kvt_spec_pool(kvt_spec *s) { return s->pool; }
 uint64_t kvt_spec_cache_bytes(const kvt_spec *s) { return s->cache_bytes; }
+const char *kvt_spec_key(const kvt_spec *s) { return s->key; }
 bool kvt_spec_weights_ok(kvt_spec *s) { return kvt_file_watch_ok(s->watch); }
 
 kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const char *cache_dir, bool persist, char *out,
@@ -295,7 +296,8 @@ static void row_lookup(kvt_spec_row *r, const int32_t *prompt, uint32_t n_prompt
 }
 
 kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int32_t *prompt, uint32_t n_prompt,
-                                  uint32_t max_new, bool use_cache, const char *ns, uint32_t target_reused) {
+                                  uint32_t max_new, bool use_cache, const char *ns, const int32_t *look, uint32_t n_look,
+                                  uint32_t target_reused) {
     kvt_spec_row *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->s = s;
@@ -305,7 +307,7 @@ kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int
     r->vt = malloc(sizeof(int32_t) * (1 + s->o.draft_max));
     r->p = malloc(sizeof(float) * s->n_vocab);
     r->cache = use_cache && s->tiers;
-    if (r->cache && r->hist && r->vt && r->p) row_lookup(r, prompt, n_prompt, ns, target_reused);
+    if (r->cache && r->hist && r->vt && r->p) row_lookup(r, look, n_look, ns, target_reused);
     r->root = r->cache ? kvt_root_hash(s->key, ns ? ns : "") : s->root;
     if (!r->seq && r->hist && r->vt && r->p) (void)kvt_seq_create(s->pool, r->root, &r->seq);
     if (r->seq && r->chain) kvt_seq_set_chain(r->seq, r->chain);
@@ -331,6 +333,11 @@ kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int
     memcpy(r->hist, prompt, sizeof(int32_t) * n_prompt);
     r->n_hist = n_prompt;
     return r;
+}
+
+void kvt_spec_row_checkpoint(kvt_spec_row *r) {
+    if (r && r->cache && !r->off && r->k == 0 && kvt_seq_len(r->seq) <= r->n_hist && kvt_spec_weights_ok(r->s))
+        (void)kvt_tiers_put_blocks(r->s->tiers, r->seq);
 }
 
 void kvt_spec_row_free(kvt_spec_row *r, double decode_ms) {
@@ -392,10 +399,19 @@ static int32_t choose(kvt_spec_row *r, float *logits, uint32_t i, float *top) {
     return -1; /* drawn by the caller once the top probability passed (invariant 2) */
 }
 
-uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, const int32_t **verify) {
+/* The draft's stream for a round: splitmix64 of the seed, apart from the target's own stream. */
+static uint64_t round_stream(uint64_t seed) {
+    uint64_t z = seed ^ 0x64726166742d7267ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, uint64_t seed, const int32_t **verify) {
     kvt_spec *s = r->s;
     r->k = 0;
     if (r->off || r->n_hist == 0 || k_max < 1 || k_max < s->o.draft_min) return 0;
+    if (r->sampler) kvt_sampler_set_rng_state(r->sampler, round_stream(seed));
     if (k_max > s->o.draft_max) k_max = s->o.draft_max;
     pthread_mutex_lock(&s->mu);
     const double t0 = kvt_now_ms();

@@ -79,6 +79,8 @@ uint64_t kvt_spec_cache_bytes(const kvt_spec *s);
  * size and mtime with the same scheme and numerics (keys that never leave the process). */
 kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const char *cache_dir, bool persist, char *out,
                                   size_t outlen, char *err, size_t errlen);
+/* The companion key given to kvt_spec_set_tiers ("" without tiers); valid until kvt_spec_free. */
+const char *kvt_spec_key(const kvt_spec *s);
 /* True when the draft file is unchanged since it was loaded (what it computes may enter a tier). */
 bool kvt_spec_weights_ok(kvt_spec *s);
 /* Attaches the companion tiers (borrowed: they outlive every row) under the companion key. Call once,
@@ -88,11 +90,16 @@ void kvt_spec_set_tiers(kvt_spec *s, kvt_tiers *t, const char *key);
 /* A row's draft state for a request of prompt[0..n_prompt) and at most max_new new tokens, with the
  * request's sampling settings (the draft draws with its temperature, top-k, top-p and min-p; greedy
  * settings make it propose its argmax). With tiers attached and use_cache, the draft sequence starts
- * from the longest prefix they hold under namespace ns (one lookup, on the caller's thread; counted
- * in the stats by source, and against target_reused, the prompt tokens the target's tiers
- * supplied). NULL when out of memory (the row then decodes plainly). */
+ * from the longest prefix of look[0..n_look) they hold under namespace ns (one lookup, on the
+ * caller's thread; counted in the stats by source, and against target_reused, the tokens of look the
+ * target's tiers supplied). look is the prompt, or for a resumed generation checkpoint prompt ++
+ * emitted ++ pending (the row's tokens still start from the prompt: the replay pushes the rest). NULL when out of memory (the row then decodes plainly). */
 kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int32_t *prompt, uint32_t n_prompt,
-                                  uint32_t max_new, bool use_cache, const char *ns, uint32_t target_reused);
+                                  uint32_t max_new, bool use_cache, const char *ns, const int32_t *look, uint32_t n_look,
+                                  uint32_t target_reused);
+/* A generation checkpoint is being saved at a round boundary: the draft's sealed blocks enter the
+ * companion tiers (write-behind), so a resume restores them instead of recomputing the draft. */
+void kvt_spec_row_checkpoint(kvt_spec_row *r);
 /* Frees the row's draft state; with tiers and use_cache its sequence (its tokens emitted by the row,
  * never a proposal that was not verified) enters the companion tiers first (kvt_tiers_put: never
  * waits for the disk). decode_ms (the row's decode time) enters the stats. NULL is a no-op. */
@@ -105,7 +112,10 @@ void kvt_spec_row_push(kvt_spec_row *r, int32_t id);
  * dropped. Returns the number k of proposed tokens (0: decode plainly this round) and points
  * *verify at the k + 1 tokens the target forwards: the last emitted token, then the proposal. A
  * draft failure (out of its KV memory) turns the row's speculation off for good (0 from then on). */
-uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, const int32_t **verify);
+/* seed: the draft's draws of this round (sampled settings) come from a stream seeded by it; the row
+ * passes its own sampler's RNG state, so the proposals are a function of state a generation
+ * checkpoint records, and a resume proposes what the uninterrupted run did. */
+uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, uint64_t seed, const int32_t **verify);
 /* Proposal i of the current round, and (sampled settings) the draft distribution it was drawn from
  * (n_vocab floats; NULL under greedy settings). */
 int32_t kvt_spec_row_token(const kvt_spec_row *r, uint32_t i);
