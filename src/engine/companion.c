@@ -79,6 +79,10 @@ void kvt_companion_free(kvt_companion *c) {
 
 kvt_tiers *kvt_companion_tiers(kvt_companion *c) { return c ? c->tiers : NULL; }
 
+bool kvt_companion_shared_flush(kvt_companion *c, uint32_t timeout_ms) {
+    return !c || !c->shared || kvt_shared_flush(c->shared, timeout_ms);
+}
+
 void kvt_companion_stats_get(kvt_companion *c, kvt_companion_stats *out) {
     memset(out, 0, sizeof *out);
     if (!c) return;

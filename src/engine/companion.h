@@ -54,6 +54,9 @@ kvt_status kvt_companion_create(const kvt_companion_opts *o, kvt_companion **out
  * (bounded: kvt_tiers_flush), then frees everything. NULL is a no-op. */
 void kvt_companion_free(kvt_companion *c);
 kvt_tiers *kvt_companion_tiers(kvt_companion *c);
+/* Waits (up to timeout_ms) until the draft's shared-tier publishes are done (kvt_shared_flush).
+ * True when nothing is left, also without a shared tier or with c NULL. */
+bool kvt_companion_shared_flush(kvt_companion *c, uint32_t timeout_ms);
 
 typedef struct kvt_companion_stats {
     uint64_t ram_entries, ram_bytes; /* the companion RAM tier */

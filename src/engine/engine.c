@@ -836,4 +836,10 @@ kvt_status kvt_engine_score(kvt_engine *e, const int32_t *prompt, uint32_t n_pro
     return st;
 }
 
-bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms) { return kvt_shared_flush(e->shared, timeout_ms); }
+bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms) {
+    const double t0 = kvt_now_ms();
+    const bool ok = kvt_shared_flush(e->shared, timeout_ms);
+    const double left = (double)timeout_ms - (kvt_now_ms() - t0);
+    /* the draft's publishes too (companion.h), within what is left of the timeout */
+    return kvt_companion_shared_flush(e->companion, left > 1 ? (uint32_t)left : 1) && ok;
+}

@@ -291,7 +291,8 @@ kvt_status kvt_engine_unpin(kvt_engine *e, uint64_t id);
 /* The pins (*out malloc'd, caller frees). */
 kvt_status kvt_engine_pins(kvt_engine *e, kvt_pin_info **out, uint32_t *n);
 
-/* Wait (up to timeout_ms) until the shared tier's publish queue is empty; true if it is (or no tier). */
+/* Wait (up to timeout_ms) until the shared tier's publish queues (the target's and the draft's) are empty;
+ * true if they are (or no tier). */
 bool kvt_engine_shared_flush(kvt_engine *e, uint32_t timeout_ms);
 /* Whether the model file changed after it was loaded (checks now; the state is sticky). If so and
  * what != NULL, a description of the change is copied into what. Any thread. */

@@ -69,7 +69,8 @@ struct kvt_spec_row {
     kvt_seq *seq;
     kvt_chain *chain;     /* the prompt's chain under the companion key (tiers on), else NULL */
     uint64_t root;        /* of its sequence: the companion key and namespace, or the draft's own */
-    bool cache;           /* the sequence enters the companion tiers when the row ends */
+    bool cache;           /* the sequence enters the companion tiers at the prompt's end and the row's */
+    uint32_t n_prompt;    /* hist[0..n_prompt) is the prompt */
     uint32_t round_base;  /* n_hist when the current round's proposal was made (invariant 4) */
     kvt_sampler *sampler; /* the draft's draws under sampled settings */
     bool greedy, off;
@@ -332,6 +333,7 @@ kvt_spec_row *kvt_spec_row_create(kvt_spec *s, const kvt_sampling *sp, const int
     kvt_seq_set_rollback(r->seq, s->o.draft_max);
     memcpy(r->hist, prompt, sizeof(int32_t) * n_prompt);
     r->n_hist = n_prompt;
+    r->n_prompt = n_prompt;
     return r;
 }
 
@@ -418,8 +420,15 @@ uint32_t kvt_spec_propose(kvt_spec_row *r, uint32_t k_max, uint64_t seed, const 
     /* the draft needs the logits after hist[n_hist-1]: it forwards at least that token */
     kvt_status st = KVT_OK;
     if (kvt_seq_len(r->seq) >= r->n_hist) st = kvt_seq_trim(r->seq, r->n_hist - 1);
-    const uint32_t have = kvt_seq_len(r->seq);
+    uint32_t have = kvt_seq_len(r->seq);
     float *logits = NULL;
+    if (st == KVT_OK && r->cache && have < r->n_prompt && r->n_hist > r->n_prompt) {
+        /* the prompt's end is a put of its own, as for the target (the tiers key one tail per
+         * position: the next identical prompt finds its partial last block there) */
+        st = kvt_model_forward(s->ctx, r->seq, r->hist + have, r->n_prompt - have, false, NULL, &logits);
+        if (st == KVT_OK && kvt_spec_weights_ok(s)) (void)kvt_tiers_put(s->tiers, r->seq);
+        have = kvt_seq_len(r->seq);
+    }
     if (st == KVT_OK) st = kvt_model_forward(s->ctx, r->seq, r->hist + have, r->n_hist - have, false, NULL, &logits);
     uint32_t k = 0;
     while (st == KVT_OK) {
