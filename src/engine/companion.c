@@ -29,14 +29,9 @@ kvt_status kvt_companion_create(const kvt_companion_opts *o, kvt_companion **out
         st = KVT_ERR_NOMEM;
         goto fail;
     }
-    if (o->ssd_dir) {
-        kvt_ssd_opts so;
-        kvt_ssd_opts_default(&so);
-        so.dir = o->ssd_dir;
+    if (o->ssd) {
+        kvt_ssd_opts so = *o->ssd;
         so.compat_key = o->key;
-        so.max_bytes = o->ssd_max_bytes;
-        so.verify = o->ssd_verify;
-        if (o->ssd_queue_bytes) so.queue_max_bytes = o->ssd_queue_bytes;
         if ((st = kvt_ssd_open(&so, o->layout, o->pool, &c->ssd, e2, sizeof e2))) goto fail;
     }
     if (o->shared) {

@@ -34,10 +34,9 @@ typedef struct kvt_companion_opts {
     const kvt_kv_layout *layout; /* the draft's layout and block pool (kvt_spec_layout / kvt_spec_pool) */
     kvt_block_pool *pool;
     uint64_t ram_bytes;          /* the companion RAM tier's cap (> 0) */
-    const char *ssd_dir;         /* the target's --ssd-cache root; NULL: RAM only */
-    uint64_t ssd_max_bytes;      /* cap of the companion compat directory; 0 = unlimited */
-    uint64_t ssd_queue_bytes;    /* write-behind queue bound (0: the SSD tier's default) */
-    bool ssd_verify;
+    /* the SSD tier's settings (the target's --ssd-cache root, the draft's share of the cap, the
+     * queue bound); the compat key is replaced by key. NULL: RAM only */
+    const kvt_ssd_opts *ssd;
     bool writeback;              /* --ssd-writeback, as for the target */
     double demote_idle_s;        /* idle demotion, as for the target */
     /* the target's shared-tier settings (URL, TLS, timeout); layout, pool and key are replaced by

@@ -48,6 +48,31 @@
 
 #define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
 
+/* The SSD and shared tiers' options from the engine's (the same for the target's tiers and the
+ * draft's: each caller sets its own layout, pool and compatibility key). With a draft the SSD cap is
+ * split between the two compat directories by bytes per token; share_draft picks the draft's part. */
+static void ssd_opts_of(const kvt_engine *e, bool share_draft, kvt_ssd_opts *so) {
+    const kvt_engine_opts *o = &e->o;
+    kvt_ssd_opts_default(so);
+    so->dir = o->ssd_dir;
+    so->max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
+    if (e->spec) {
+        const double tb = kvt_kv_layout_bytes_per_token(e->layout), db = kvt_kv_layout_bytes_per_token(kvt_spec_layout(e->spec));
+        so->max_bytes = (uint64_t)((double)so->max_bytes * (share_draft ? db : tb) / (tb + db));
+    }
+    so->verify = o->ssd_verify;
+    so->queue_max_bytes = (uint64_t)o->ssd_spill_queue_mb << 20;
+}
+static void shared_opts_of(const kvt_engine_opts *o, kvt_shared_opts *sho) {
+    kvt_shared_opts_default(sho);
+    sho->url = o->shared_url;
+    if (o->shared_timeout_ms) sho->timeout_ms = o->shared_timeout_ms;
+    sho->tls_ca_file = o->shared_tls_ca;
+    sho->tls_cert_file = o->shared_tls_cert;
+    sho->tls_key_file = o->shared_tls_key;
+    sho->tls_insecure = o->shared_tls_insecure;
+}
+
 static bool weights_ok_cb(void *e);
 
 static void restore_progress(void *ctx, uint32_t done, uint32_t total) { kvt_engine_report(ctx, KVT_PROGRESS_RESTORE, done, total); }
@@ -163,24 +188,15 @@ static kvt_status open_companion(kvt_engine *e, char *err, size_t errlen) {
     kvt_status st = kvt_spec_companion_key(e->spec, e->compat, o->ssd_dir, o->ssd_dir || o->shared_url, key, sizeof key,
                                            err, errlen);
     if (st) return st;
-    const double tb = kvt_kv_layout_bytes_per_token(e->layout), db = kvt_kv_layout_bytes_per_token(kvt_spec_layout(e->spec));
-    const uint64_t ssd_max = (uint64_t)(o->ssd_max_gb * 1e9);
+    kvt_ssd_opts so;
     kvt_shared_opts sho;
-    if (o->shared_url) {
-        kvt_shared_opts_default(&sho);
-        sho.url = o->shared_url;
-        if (o->shared_timeout_ms) sho.timeout_ms = o->shared_timeout_ms;
-        sho.tls_ca_file = o->shared_tls_ca;
-        sho.tls_cert_file = o->shared_tls_cert;
-        sho.tls_key_file = o->shared_tls_key;
-        sho.tls_insecure = o->shared_tls_insecure;
-    }
+    if (o->ssd_dir) ssd_opts_of(e, true, &so);
+    if (o->shared_url) shared_opts_of(o, &sho);
     kvt_companion_opts co = {.key = key, .layout = kvt_spec_layout(e->spec), .pool = kvt_spec_pool(e->spec),
                              .ram_bytes = KVT_MAX(kvt_spec_cache_bytes(e->spec), (uint64_t)1 << 20),
-                             .ssd_dir = o->ssd_dir, .ssd_max_bytes = (uint64_t)((double)ssd_max * db / (tb + db)),
-                             .ssd_queue_bytes = (uint64_t)o->ssd_spill_queue_mb << 20, .ssd_verify = o->ssd_verify,
+                             .ssd = o->ssd_dir ? &so : NULL, .shared = o->shared_url ? &sho : NULL,
                              .writeback = o->ssd_writeback, .demote_idle_s = o->ssd_demote_idle_s,
-                             .shared = o->shared_url ? &sho : NULL, .admit = both_weights_ok_cb, .admit_ctx = e};
+                             .admit = both_weights_ok_cb, .admit_ctx = e};
     if ((st = kvt_companion_create(&co, &e->companion, err, errlen))) return st;
     kvt_spec_set_tiers(e->spec, kvt_companion_tiers(e->companion), key);
     return KVT_OK;
@@ -348,16 +364,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     }
     if (o->ssd_dir) {
         kvt_ssd_opts so;
-        kvt_ssd_opts_default(&so);
-        so.dir = o->ssd_dir;
+        ssd_opts_of(e, false, &so);
         so.compat_key = e->compat;
-        so.max_bytes = (uint64_t)(o->ssd_max_gb * 1e9);
-        if (e->spec) /* the draft's state has its share of the cap (open_companion) */
-            so.max_bytes = (uint64_t)((double)so.max_bytes * kvt_kv_layout_bytes_per_token(e->layout) /
-                                      (kvt_kv_layout_bytes_per_token(e->layout) +
-                                       kvt_kv_layout_bytes_per_token(kvt_spec_layout(e->spec))));
-        so.verify = o->ssd_verify;
-        so.queue_max_bytes = (uint64_t)o->ssd_spill_queue_mb << 20;
         st = kvt_ssd_open(&so, e->layout, e->pool, &e->ssd, err, errlen);
         if (st) goto fail;
         /* [ckpt] generation checkpoints live in the SSD tier's compat directory */
@@ -371,13 +379,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     }
     if (o->shared_url) {
         kvt_shared_opts sho;
-        kvt_shared_opts_default(&sho);
-        sho.url = o->shared_url;
-        if (o->shared_timeout_ms) sho.timeout_ms = o->shared_timeout_ms;
-        sho.tls_ca_file = o->shared_tls_ca;
-        sho.tls_cert_file = o->shared_tls_cert;
-        sho.tls_key_file = o->shared_tls_key;
-        sho.tls_insecure = o->shared_tls_insecure;
+        shared_opts_of(o, &sho);
         sho.layout = e->layout;
         sho.pool = e->pool;
         sho.compat_key = e->compat;
