@@ -267,6 +267,18 @@ static void test_split(void **st) {
                                         "SSD spill queue 268 MB", "text buffers 71.3 MB", "KV of one full context 67.1 MB"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strstr(err, names[i])) fail_msg("'%s' not in: %s", names[i], err);
+    assert_null(strstr(err, "draft model")); /* named only with a draft */
+    /* a draft model (speculative decoding) is a part of its own: counted in fixed and named */
+    in = split_in();
+    in.parts.draft = 20ull << 20;
+    assert_int_equal(kvt_mem_split_plan(&in, &sp, err, sizeof err), KVT_OK);
+    assert_int_equal(sp.fixed, 514ull << 20);
+    assert_int_equal(sp.ram_tier, 422ull << 20);
+    kvt_mem_split_describe(&in, &sp, "test", line, sizeof line);
+    assert_non_null(strstr(line, "draft model 21.0 MB"));
+    in.budget = 560ull << 20;
+    assert_int_equal(kvt_mem_split_plan(&in, &sp, err, sizeof err), KVT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "draft model 21.0 MB"));
 }
 
 /* ---- an engine under a budget ---- */

@@ -180,15 +180,16 @@ kvt_status kvt_mem_probe_auto(kvt_mem_probe *out, char *err, size_t errlen) {
 
 /* "weights 1.00 GB + weight copies … + compute … + spill queue … + text buffers …" */
 static void parts_text(const kvt_mem_parts *p, char *buf, size_t n) {
-    char a[32], b[32], c[32], d[32], e[32];
-    snprintf(buf, n, "model weights %s + weight copies %s + compute buffers %s + SSD spill queue %s + text buffers %s",
-             FB(p->weights, a), FB(p->weight_copies, b), FB(p->compute, c), FB(p->spill_queue, d), FB(p->text, e));
+    char a[32], b[32], c[32], d[32], e[32], f[32];
+    int k = snprintf(buf, n, "model weights %s + weight copies %s + compute buffers %s + SSD spill queue %s + text buffers %s",
+                     FB(p->weights, a), FB(p->weight_copies, b), FB(p->compute, c), FB(p->spill_queue, d), FB(p->text, e));
+    if (p->draft && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " + draft model %s", FB(p->draft, f));
 }
 
 kvt_status kvt_mem_split_plan(const kvt_mem_split_in *in, kvt_mem_split *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     const kvt_mem_parts *p = &in->parts;
-    out->fixed = p->weights + p->weight_copies + p->compute + p->spill_queue + p->text;
+    out->fixed = p->weights + p->weight_copies + p->compute + p->spill_queue + p->text + p->draft;
     char parts[400], a[32], b[32], c[32], d[32];
     if (out->fixed + in->row_bytes > in->budget) {
         parts_text(p, parts, sizeof parts);

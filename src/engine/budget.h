@@ -52,6 +52,8 @@ typedef struct kvt_mem_parts {
     uint64_t compute;         /* kvt_ctx_bytes + the batched logits rows of --parallel rows */
     uint64_t spill_queue;     /* --ssd-spill-queue-mb (0 without the SSD tier) */
     uint64_t text;            /* tokenizer and request parse buffers */
+    uint64_t draft;           /* --draft-model: its mapping, copies, compute context and live rows' KV
+                                 (kvt_spec_fixed_bytes); its RAM tier is a share of ram_tier */
 } kvt_mem_parts;
 
 typedef struct kvt_mem_split_in {

@@ -153,6 +153,7 @@ static kvt_status plan_memory(kvt_engine *e, uint64_t *pc_bytes, uint64_t *pool_
     in->parts.compute = kvt_ctx_bytes(e->ctx) + (uint64_t)par * e->n_vocab * sizeof(float);
     in->parts.spill_queue = o->ssd_dir ? (o->ssd_spill_queue_mb ? (uint64_t)o->ssd_spill_queue_mb << 20 : 256ull << 20) : 0;
     in->parts.text = (uint64_t)(o->text_buffers_mb ? o->text_buffers_mb : KVT_TEXT_BUFFERS_DEFAULT_MB) << 20;
+    in->parts.draft = e->spec ? kvt_spec_fixed_bytes(e->spec) : 0;
     in->row_bytes = kvt_row_kv_bytes(e->layout, e->n_ctx, o->ubatch);
     in->parallel = par;
     in->kv_pool = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : 0;
@@ -320,18 +321,6 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_errf(err, errlen, st, "cannot reserve attention scratch for %u tokens", e->n_ctx);
         goto fail;
     }
-    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
-     * memory budget's split (budget.h) */
-    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9), budget = 0;
-    if (o->memory_budget || o->memory_budget_auto) {
-        st = plan_memory(e, &pc_bytes, &budget, err, errlen);
-        if (st) goto fail;
-    } else {
-        double bpt = kvt_kv_layout_bytes_per_token(e->layout);
-        uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
-        live *= o->parallel ? o->parallel : 1;
-        budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
-    }
     if (o->draft_model) {
         if (e->recurrent) {
             st = kvt_errf(err, errlen, KVT_ERR_UNSUPPORTED,
@@ -344,11 +333,40 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         kvt_spec_opts so = {.model_path = o->draft_model, .draft_max = o->draft_max, .draft_min = o->draft_min,
                             .p_min = o->draft_p_min, .n_threads = o->draft_threads, .ubatch = e->o.ubatch,
                             .n_ctx = e->n_ctx, .block_tokens = o->block_tokens,
-                            .rows = (o->parallel ? o->parallel : 1) + 1,
-                            /* the draft's RAM tier holds as many tokens as the target's */
-                            .cache_tokens = (uint64_t)((double)pc_bytes / kvt_kv_layout_bytes_per_token(e->layout))};
+                            .rows = (o->parallel ? o->parallel : 1) + 1};
         st = kvt_spec_create(&so, e->tok, e->n_vocab, &e->spec, err, errlen);
         if (st) goto fail;
+    }
+    /* pool budget: one full context for each live row (--parallel) + the prompt cache cap, or the
+     * memory budget's split (budget.h) */
+    uint64_t pc_bytes = (uint64_t)(o->prompt_cache_gb * 1e9), budget = 0;
+    if (o->memory_budget || o->memory_budget_auto) {
+        st = plan_memory(e, &pc_bytes, &budget, err, errlen);
+        if (st) goto fail;
+    } else {
+        double bpt = kvt_kv_layout_bytes_per_token(e->layout);
+        uint64_t live = (uint64_t)((double)(e->n_ctx + 2 * e->o.block_tokens + e->o.ubatch) * bpt) + (1u << 20);
+        live *= o->parallel ? o->parallel : 1;
+        budget = o->kv_pool_gb > 0 ? (uint64_t)(o->kv_pool_gb * 1e9) : live + pc_bytes;
+    }
+    if (e->spec) { /* the draft's RAM tier (companion.h) */
+        const double tb = kvt_kv_layout_bytes_per_token(e->layout), db = kvt_spec_bytes_per_token(e->spec);
+        uint64_t draft_cache = 0;
+        if (pc_bytes && e->mem_on) { /* a share of the budget's RAM tier, by bytes per token */
+            draft_cache = (uint64_t)((double)pc_bytes * db / (tb + db));
+            pc_bytes -= draft_cache;
+            budget -= draft_cache;
+        } else if (pc_bytes) { /* as many tokens as the target's, beside --prompt-cache */
+            draft_cache = (uint64_t)((double)pc_bytes * db / tb);
+        }
+        if ((st = kvt_spec_open_pool(e->spec, draft_cache))) goto fail;
+        if (draft_cache) {
+            char a[32], b[32];
+            KVT_INFO("--draft-model: the draft's RAM tier %s (%s, as many tokens as the target's %s)",
+                     kvt_fmt_bytes((double)draft_cache, a, sizeof a),
+                     e->mem_on ? "its share of the budget's RAM tier" : "beside --prompt-cache",
+                     kvt_fmt_bytes((double)pc_bytes, b, sizeof b));
+        }
     }
     e->pool = kvt_block_pool_create(e->layout, budget);
     if (!e->pool) {

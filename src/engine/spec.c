@@ -174,13 +174,6 @@ kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_t
                       "accepted tokens; use a draft with attention layers only", o->model_path, kvt_arch_name(hp->arch));
         goto fail;
     }
-    const uint64_t row = kvt_row_kv_bytes(s->layout, o->n_ctx, o->ubatch);
-    s->cache_bytes = (uint64_t)((double)o->cache_tokens * kvt_kv_layout_bytes_per_token(s->layout));
-    s->pool = kvt_block_pool_create(s->layout, row * (o->rows ? o->rows : 1) + s->cache_bytes);
-    if (!s->pool) {
-        st = KVT_ERR_NOMEM;
-        goto fail;
-    }
     if ((st = kvt_ctx_create(s->model, o->n_threads, o->ubatch, &s->ctx))) {
         kvt_errf(err, errlen, st, "--draft-model %s: cannot create its compute context", o->model_path);
         goto fail;
@@ -222,6 +215,23 @@ uint32_t kvt_spec_draft_max(const kvt_spec *s) { return s->o.draft_max; }
 const kvt_kv_layout *kvt_spec_layout(const kvt_spec *s) { return s->layout; }
 kvt_block_pool *kvt_spec_pool(kvt_spec *s) { return s->pool; }
 uint64_t kvt_spec_cache_bytes(const kvt_spec *s) { return s->cache_bytes; }
+double kvt_spec_bytes_per_token(const kvt_spec *s) { return kvt_kv_layout_bytes_per_token(s->layout); }
+
+/* The live rows' KV: one full context (one ubatch of slack) per row. */
+static uint64_t rows_bytes(const kvt_spec *s) {
+    return kvt_row_kv_bytes(s->layout, s->o.n_ctx, s->o.ubatch) * (s->o.rows ? s->o.rows : 1);
+}
+
+uint64_t kvt_spec_fixed_bytes(const kvt_spec *s) {
+    return kvt_gguf_file_size(s->gguf) + kvt_model_private_bytes(s->model) + kvt_ctx_bytes(s->ctx) + rows_bytes(s);
+}
+
+kvt_status kvt_spec_open_pool(kvt_spec *s, uint64_t cache_bytes) {
+    if (s->pool) return KVT_ERR_INVALID_ARG;
+    s->cache_bytes = cache_bytes;
+    s->pool = kvt_block_pool_create(s->layout, rows_bytes(s) + cache_bytes);
+    return s->pool ? KVT_OK : KVT_ERR_NOMEM;
+}
 const char *kvt_spec_key(const kvt_spec *s) { return s->key; }
 bool kvt_spec_weights_ok(kvt_spec *s) { return kvt_file_watch_ok(s->watch); }
 

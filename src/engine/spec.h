@@ -40,8 +40,6 @@ typedef struct kvt_spec_opts {
     uint32_t n_ctx;         /* the target's context: the longest a draft sequence gets */
     uint32_t block_tokens;  /* KV block size of the draft's layout */
     uint32_t rows;          /* draft sequences alive at once at most (sizes the draft's block pool) */
-    uint64_t cache_tokens;  /* tokens the draft's RAM tier is sized for (the target's RAM tier cap
-                             * over its bytes per token); the pool holds them beside the rows. 0: none */
 } kvt_spec_opts;
 
 /* Loads the draft (its file held open and watched from before it is mapped, file_watch.h) and checks it against the target: the same vocabulary (every token's text and
@@ -49,6 +47,13 @@ typedef struct kvt_spec_opts {
  * draft with recurrent layers (its state cannot be cut back) is KVT_ERR_UNSUPPORTED. */
 kvt_status kvt_spec_create(const kvt_spec_opts *o, const kvt_tokenizer *target_tok, uint32_t target_n_vocab,
                            kvt_spec **out, char *err, size_t errlen);
+/* The memory the draft needs beside its RAM tier (the memory budget's "draft model" part): its
+ * file's mapping, its weight copies, its compute context and the KV of opts.rows full contexts. */
+uint64_t kvt_spec_fixed_bytes(const kvt_spec *s);
+double kvt_spec_bytes_per_token(const kvt_spec *s);
+/* Creates the draft's block pool: the rows' KV plus cache_bytes for its RAM tier (companion.h).
+ * Once, after create and before any row (KVT_ERR_NOMEM). */
+kvt_status kvt_spec_open_pool(kvt_spec *s, uint64_t cache_bytes);
 void kvt_spec_free(kvt_spec *s);
 uint32_t kvt_spec_draft_max(const kvt_spec *s);
 
@@ -70,7 +75,7 @@ void kvt_spec_stats_get(kvt_spec *s, kvt_spec_stats *out);
 /* The draft's KV layout and block pool (owned by kvt_spec: valid until kvt_spec_free). */
 const kvt_kv_layout *kvt_spec_layout(const kvt_spec *s);
 kvt_block_pool *kvt_spec_pool(kvt_spec *s);
-/* Bytes the draft's RAM tier may hold (opts.cache_tokens at the draft's bytes per token). */
+/* Bytes the draft's RAM tier may hold (kvt_spec_open_pool). */
 uint64_t kvt_spec_cache_bytes(const kvt_spec *s);
 /* The companion compatibility key, "kvtier-companion;target=<first 32 hex of SHA-256(target_key)>;
  * draft=<draft key>": with persist, the draft key is kvt_ssd_compat_key of the held draft file (its
