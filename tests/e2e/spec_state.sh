@@ -11,7 +11,8 @@
 #   3. a server with another draft (the f16 file of the same draft: another SHA-256) reuses the
 #      target's blocks but no draft block: it recomputes the draft and counts that;
 #   4. a server without a draft reuses the target's blocks as well (speculative is null);
-#   5. the first draft again still finds its own state (the other configurations left it alone).
+#   5. the first draft again still finds its own state (the other configurations left it alone);
+#   6. idle demotion (--ssd-demote-idle 1) moves the draft's RAM-tier state to its SSD tier too.
 set -u
 . "$(dirname "$0")/server_common.bash"
 need_py
@@ -95,4 +96,14 @@ ask b b5
 cmp -s "$TMP/b1.out" "$TMP/b5.out" || fail "extended answer after the restarts differs"
 [ "$(stat "$DS['reused_ssd_tokens'] > 0 and $DS['recomputed_tokens'] == 0")" = True ] || fail "first draft's state lost: $(stat "$DS")"
 srv_stop TERM
-ok "the draft's state in the tiers: RAM reuse, SSD restore after restarts, isolation by draft identity"
+
+# 6. idle demotion: the draft's RAM tier empties into its SSD tier like the target's
+srv_start --draft-model "$DRAFT" "${SPEC[@]}" --ssd-demote-idle 1
+ask b b6
+for i in $(seq 1 100); do
+  [ "$(stat "$DS['ram_bytes'] == 0 and j['prompt_cache']['bytes'] == 0")" = True ] && break
+  sleep 0.1
+done
+[ "$(stat "$DS['ram_bytes'] == 0 and $DS['ssd_entries'] > 0")" = True ] || fail "the draft's RAM state was not demoted: $(stat "$DS")"
+srv_stop TERM
+ok "the draft's state in the tiers: RAM reuse, SSD restore after restarts, isolation by draft identity, idle demotion"
