@@ -340,6 +340,8 @@ static void fill_stats(kvt_engine_stats *s, kvt_server_counters *c) {
     s->spec_enabled = true;
     U(spec_rounds); U(spec_proposed); U(spec_accepted); D(spec_acceptance_rate); D(spec_draft_ms);
     D(spec_draft_time_share); U(spec_off_rows);
+    U(spec_reused_ram); U(spec_reused_ssd); U(spec_reused_shared); U(spec_recomputed); U(spec_recompute_rows);
+    U(spec_state_ram_bytes); U(spec_state_ssd_entries); U(spec_state_ssd_bytes);
 #undef U
 #undef D
     memset(c, 0, sizeof *c);
