@@ -750,9 +750,45 @@ __attribute__((target("avx512f,f16c,avx2"))) static void round_f16_avx512(const 
 /* ------------------------------------------------------------------ per-level forms */
 /* AVX2: rows of single dots; the transposed-key products, the transposes and exp_sum use the
  * scalar references (no AVX2 version). */
+/* One row's 16-lane products folded to the 8 lanes lane_reduce takes (lanes l and l + 8 added). */
+T2 static inline __m256 dot_lanes8_avx2(const float *q, const float *k, uint32_t n) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (uint32_t i = 0; i < n; i += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), hi);
+    }
+    return _mm256_add_ps(lo, hi);
+}
+/* 8 rows at once (n % 16 == 0): each row's 8 lanes as dot_avx2 makes them, then an in-register 8x8
+ * transpose (pure data movement) so that lane_reduce's tree runs vertically on 8 rows: the same
+ * additions in the same order per row, so every score has dot_avx2's bits. */
+T2 static void dot_rows8_avx2(const float *q, const float *k, size_t stride, uint32_t n, float scale, float *out) {
+    __m256 t[8];
+    for (int r = 0; r < 8; r++) t[r] = dot_lanes8_avx2(q, k + (size_t)r * stride, n);
+    const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
+    const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
+    const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
+    const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]), a7 = _mm256_unpackhi_ps(t[6], t[7]);
+    const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xee);
+    const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xee);
+    const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xee);
+    const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xee);
+    __m256 c[8]; /* c[l]: lane l of rows 0..7 */
+    c[0] = _mm256_permute2f128_ps(b0, b4, 0x20), c[4] = _mm256_permute2f128_ps(b0, b4, 0x31);
+    c[1] = _mm256_permute2f128_ps(b1, b5, 0x20), c[5] = _mm256_permute2f128_ps(b1, b5, 0x31);
+    c[2] = _mm256_permute2f128_ps(b2, b6, 0x20), c[6] = _mm256_permute2f128_ps(b2, b6, 0x31);
+    c[3] = _mm256_permute2f128_ps(b3, b7, 0x20), c[7] = _mm256_permute2f128_ps(b3, b7, 0x31);
+    /* lane_reduce: ((t0 + t4) + (t1 + t5)) + ((t2 + t6) + (t3 + t7)) */
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[1], c[5])),
+                                   _mm256_add_ps(_mm256_add_ps(c[2], c[6]), _mm256_add_ps(c[3], c[7])));
+    _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
 static void dot_rows_avx2(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
                           float *out) {
-    for (uint32_t r = 0; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
+    uint32_t r = 0;
+    if (n % 16 == 0 && n > 0)
+        for (; r + 8 <= n_rows; r += 8) dot_rows8_avx2(q, k + r * stride, stride, n, scale, out + r);
+    for (; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
 }
 Q4_LOOPS(avx2, dot_rows_avx2, axpy_rows_avx2)
 
