@@ -748,8 +748,9 @@ __attribute__((target("avx512f,f16c,avx2"))) static void round_f16_avx512(const 
 }
 
 /* ------------------------------------------------------------------ per-level forms */
-/* AVX2: rows of single dots; the transposed-key products, the transposes and exp_sum use the
- * scalar references (no AVX2 version). */
+/* AVX2: rows of dots in blocks of 8 (dot_rows8_avx2), exp_sum on 8-lane vectors; the
+ * transposed-key products and the transposes use the scalar references (no AVX2 version: the
+ * attention takes them only on AVX-512). */
 /* One row's 16-lane products folded to the 8 lanes lane_reduce takes (lanes l and l + 8 added). */
 T2 static inline __m256 dot_lanes8_avx2(const float *q, const float *k, uint32_t n) {
     __m256 lo = _mm256_setzero_ps(), hi = lo;
