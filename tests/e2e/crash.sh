@@ -2,7 +2,7 @@
 # e2e: kill -9 a real server at random points (write-behind, checkpointing, flush, demotion) and
 # check after each restart: start-up succeeds, `kvtier cache verify` is clean, outputs equal an
 # uncached run (checkpoint resumes included), prompts acknowledged by a 200 flush are reused.
-# CRASH_TRIALS (default 20) trials, then CRASH_DRAFT_TRIALS (default 8) with a draft model (speculative
+# CRASH_TRIALS (default 20) trials, then CRASH_DRAFT_TRIALS (default 5) with a draft model (speculative
 # rounds at the crash); bench/crash.sh runs 200+. Driver: tests/e2e/crash.py.
 set -u
 BUILD=${BUILD:-build}
@@ -16,5 +16,5 @@ python3 "$(dirname "$0")/crash.py" "$KV" "$T/m.gguf" "$T/work" "${CRASH_TRIALS:-
 # own tiers and checkpoints saved at round ends; the draft is a copy of the target (proposals
 # accepted and rejected by the sampled jobs' draws), the reference server runs with it too
 cp "$T/m.gguf" "$T/draft.gguf"
-python3 "$(dirname "$0")/crash.py" "$KV" "$T/m.gguf" "$T/work-draft" "${CRASH_DRAFT_TRIALS:-8}" "${CRASH_SEED:-$RANDOM}" \
+python3 "$(dirname "$0")/crash.py" "$KV" "$T/m.gguf" "$T/work-draft" "${CRASH_DRAFT_TRIALS:-5}" "${CRASH_SEED:-$RANDOM}" \
   --draft-model "$T/draft.gguf" --draft-max 4 --draft-p-min 0
