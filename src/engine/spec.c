@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "../kernels/quant.h"
+#include "../kernels/vec.h"
 #include "../model/file_watch.h"
 #include "../model/model.h"
 #include "budget.h"
@@ -397,9 +398,9 @@ static int32_t choose(kvt_spec_row *r, float *logits, uint32_t i, float *top) {
         uint32_t best = 0;
         for (uint32_t v = 1; v < nv; v++)
             if (logits[v] > logits[best]) best = v;
-        double sum = 0;
-        for (uint32_t v = 0; v < nv; v++) sum += exp((double)logits[v] - logits[best]);
-        *top = (float)(1.0 / sum);
+        /* the softmax's top probability with the vector exp (in place: the draft's logits are not
+         * read again after its choice); it only decides whether to propose, never what is emitted */
+        *top = 1.0f / kvt_vec_exp_sum(logits, nv, logits[best]);
         return (int32_t)best;
     }
     float *q = r->q + (size_t)i * nv;
