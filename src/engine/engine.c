@@ -417,6 +417,8 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
         }
         if (e->spec && (st = open_companion(e, err, errlen))) goto fail;
     }
+    snprintf(e->ckpt_compat, sizeof e->ckpt_compat, "%s%s%s", e->compat, e->spec ? ";draft=" : "",
+             e->spec ? kvt_spec_key(e->spec) : "");
     /* the scheduler runs at every --parallel: kvt_engine_submit always queues there; with
      * --parallel 1 kvt_engine_generate still drives its row inline (one row at a time either way) */
     e->parallel = o->parallel ? o->parallel : 1;

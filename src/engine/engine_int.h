@@ -36,6 +36,10 @@ struct kvt_engine {
     kvt_ckpt_store *ckpt; /* generation checkpoints (--generation-checkpoint), NULL = off */
     kvt_spec *spec;       /* speculative decoding's draft (--draft-model, spec.h), NULL = off */
     kvt_companion *companion; /* the draft's tier set (companion.h), with spec and the RAM tier; else NULL */
+    /* the checkpoint request key's compatibility part: compat, and with a draft its companion key
+     * (the draft's proposals shape the RNG's use, so a record of another configuration would not
+     * resume byte-identically) */
+    char ckpt_compat[1024 + KVT_SSD_COMPAT_KEY_MAX + 16];
     kvt_ctx *ctx;
     uint32_t n_ctx, n_vocab;
     uint32_t min_window; /* smallest sliding window of any layer group; 0 = none */

@@ -163,11 +163,8 @@ static bool begin(kvt_row *r) {
      * record is read here, on the submitting thread, never on the scheduler's token loop. */
     /* a logits processor or bias is not part of the checkpoint key: such requests take none */
     const bool ckpt_ok = r->use_cache && !req->proc.apply && !req->sampling.n_bias;
-    /* with a draft the key names it too: its proposals shape the RNG's use, so a record of another
-     * configuration would not resume byte-identically */
-    char ck_compat[sizeof e->compat + KVT_SSD_COMPAT_KEY_MAX + 16];
-    snprintf(ck_compat, sizeof ck_compat, "%s%s%s", e->compat, e->spec ? ";draft=" : "", e->spec ? kvt_spec_key(e->spec) : "");
-    kvt_ckpt_begin(&r->ck, ckpt_ok ? e->tier : NULL, e->o.generation_checkpoint, ck_compat, req, r->max_new, e->n_vocab);
+    kvt_ckpt_begin(&r->ck, ckpt_ok ? e->tier : NULL, e->o.generation_checkpoint, e->ckpt_compat, req, r->max_new,
+                   e->n_vocab);
     r->pp = r->ck.resumed ? r->ck.look : req->prompt;
     r->pn = r->ck.resumed ? r->ck.n_look : n;
     kvt_status st;

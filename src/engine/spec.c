@@ -34,7 +34,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
 #include <sys/stat.h>
 
 #include "../kernels/quant.h"
@@ -256,12 +255,9 @@ kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const cha
         snprintf(dkey, sizeof dkey, "model=%s:%lld:%lld;scheme=%s;tok=%s;num=%s", s->path, (long long)sb.st_size,
                  (long long)sb.st_mtime, scheme, th, num);
     }
-    uint8_t md[32];
-    unsigned int mdl = 0;
-    EVP_Digest(target_key, strlen(target_key), md, &mdl, EVP_sha256(), NULL);
-    char hex[33];
-    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    const int n = snprintf(out, outlen, "kvtier-companion;target=%s;draft=%s", hex, dkey);
+    char tdir[33]; /* the target's compat directory name */
+    kvt_ssd_compat_dir(target_key, tdir);
+    const int n = snprintf(out, outlen, "kvtier-companion;target=%s;draft=%s", tdir, dkey);
     if (n < 0 || (size_t)n >= outlen || (size_t)n >= KVT_SSD_COMPAT_KEY_MAX)
         return kvt_errf(err, errlen, KVT_ERR_RANGE, "--draft-model %s: its cache key is too long", s->path);
     return KVT_OK;
