@@ -1,6 +1,8 @@
 // bench/gemv.c — decode GEMV against the memory-bandwidth limit: single-row kvt_matmul_rows over a
 // set of weight matrices much larger than the last-level cache (cold weights, as in decode), per
-// weight type, on a thread pool with each thread taking its 16-aligned output columns of every
+// weight type and layout (rows: the GGUF's row-major rows, as read through the file mapping;
+// interleaved: kvt_packed's single-row copy, 4 rows interleaved by block, what decode reads), on a
+// thread pool with each thread taking its 16-aligned output columns of every
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
 //   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"] [MIB=256] [PASSES=15]
@@ -24,6 +26,7 @@ typedef struct job {
     size_t mat_bytes;
     const void *act;
     float *y;
+    kvt_packed **P; /* per matrix (interleaved layout), or NULL (rows) */
 } job;
 
 static void run(void *arg, int ith, int nth) {
@@ -34,7 +37,10 @@ static void run(void *arg, int ith, int nth) {
     if (o1 > j->n_out) o1 = j->n_out;
     if (o0 >= o1) return;
     for (int m = 0; m < j->n_mat; m++)
-        kvt_matmul_rows(j->type, j->w + (size_t)m * j->mat_bytes, j->n_in, j->act, 1, j->y + (size_t)m * j->n_out, j->n_out,
+        if (j->P)
+            kvt_matmul_packed(j->P[m], j->act, 1, j->y + (size_t)m * j->n_out, j->n_out, o0, o1);
+        else
+            kvt_matmul_rows(j->type, j->w + (size_t)m * j->mat_bytes, j->n_in, j->act, 1, j->y + (size_t)m * j->n_out, j->n_out,
                         o0, o1);
 }
 
@@ -80,7 +86,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < n_in; i++) x[i] = (float)((int64_t)(i * 7919 % 201) - 100) / 100.0f;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", types);
-    printf("| type | threads | GB/s weights (median) | best | read bandwidth GB/s | fraction | GB/s per CPU-s x threads (median) |\n|---|---|---|---|---|---|---|\n");
+    printf("| type | layout | threads | GB/s weights (median) | best | read bandwidth GB/s | fraction | GB/s per CPU-s x threads (median) |\n|---|---|---|---|---|---|---|---|\n");
     for (char *tok = strtok(buf, " "); tok; tok = strtok(NULL, " ")) {
         const uint32_t t = type_of(tok);
         if (t == UINT32_MAX) continue;
@@ -111,25 +117,37 @@ int main(int argc, char **argv) {
         void *act = malloc(kvt_act_bytes(wt, n_in, 1));
         kvt_act_quantize(wt, x, n_in, 0, 1, act);
         float *y = malloc(sizeof(float) * n_out * n_mat);
-        job j = {wt, n_in, n_out, n_mat, w, mb, act, y};
-        double *gbs = malloc(sizeof(double) * passes), *cgbs = malloc(sizeof(double) * passes);
-        kvt_threadpool_run(tp, run, &j); /* warm-up (page faults) */
-        for (int p = 0; p < passes; p++) {
-            const double t0 = kvt_now_ms(), c0 = cpu_ms();
-            kvt_threadpool_run(tp, run, &j);
-            gbs[p] = (double)n_mat * mb / ((kvt_now_ms() - t0) * 1e6);
-            cgbs[p] = (double)n_mat * mb * nth / ((cpu_ms() - c0) * 1e6);
+        /* the interleaved copies (with the GEMM copies kvt_packed_create makes beside them) */
+        kvt_packed **P = t == KVT_TYPE_BF16X ? NULL : calloc((size_t)n_mat, sizeof *P);
+        for (int m = 0; P && m < n_mat; m++)
+            if (!(P[m] = kvt_packed_create(wt, w + (size_t)m * mb, n_in, n_out)) || !kvt_packed_has_ilv(P[m])) {
+                for (int k = 0; k <= m; k++) kvt_packed_free(P[k]);
+                free(P);
+                P = NULL;
+            }
+        for (int layout = 0; layout < (P ? 2 : 1); layout++) {
+            job j = {wt, n_in, n_out, n_mat, w, mb, act, y, layout ? P : NULL};
+            double *gbs = malloc(sizeof(double) * passes), *cgbs = malloc(sizeof(double) * passes);
+            kvt_threadpool_run(tp, run, &j); /* warm-up (page faults) */
+            for (int p = 0; p < passes; p++) {
+                const double t0 = kvt_now_ms(), c0 = cpu_ms();
+                kvt_threadpool_run(tp, run, &j);
+                gbs[p] = (double)n_mat * mb / ((kvt_now_ms() - t0) * 1e6);
+                cgbs[p] = (double)n_mat * mb * nth / ((cpu_ms() - c0) * 1e6);
+            }
+            qsort(gbs, passes, sizeof(double), cmp_d);
+            qsort(cgbs, passes, sizeof(double), cmp_d);
+            kvt_membw_result r;
+            char err[128];
+            double bw = kvt_membw_measure(nth, 512, 5, &r, err, sizeof err) == KVT_OK ? r.read_gbs : 0;
+            printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", tok, layout ? "interleaved" : "rows", nth,
+                   gbs[passes / 2], gbs[passes - 1], bw, bw > 0 ? gbs[passes / 2] / bw : 0, cgbs[passes / 2]);
+            fflush(stdout);
+            free(gbs);
+            free(cgbs);
         }
-        qsort(gbs, passes, sizeof(double), cmp_d);
-        qsort(cgbs, passes, sizeof(double), cmp_d);
-        kvt_membw_result r;
-        char err[128];
-        double bw = kvt_membw_measure(nth, 512, 5, &r, err, sizeof err) == KVT_OK ? r.read_gbs : 0;
-        printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", tok, nth, gbs[passes / 2], gbs[passes - 1], bw,
-               bw > 0 ? gbs[passes / 2] / bw : 0, cgbs[passes / 2]);
-        fflush(stdout);
-        free(gbs);
-        free(cgbs);
+        for (int m = 0; P && m < n_mat; m++) kvt_packed_free(P[m]);
+        free(P);
         free(y);
         free(act);
         free(w);

@@ -709,7 +709,7 @@ static const uint32_t k_packed_types[] = {KVT_TYPE_Q8_0, KVT_TYPE_Q4_0, KVT_TYPE
 static void test_packed_matches_rows(void **st) {
     (void)st;
     /* every tile mix: 8-row tiles (512-bit path), 4-row tiles, 1-3 leftover rows (batched decode
-     * steps use the packed kernels from KVT_PACKED_MIN_ROWS rows) */
+     * steps use the GEMM tiles, one row the interleaved GEMV copy) */
     const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 15, 16, 19};
     const int64_t outs[] = {13, 16, 3};
     for (size_t ti = 0; ti < sizeof k_packed_types / sizeof k_packed_types[0]; ti++)
@@ -721,6 +721,53 @@ static void test_packed_matches_rows(void **st) {
                 check_packed(&c);
                 mm_free(&c);
             }
+}
+
+/* The single-row GEMV copy (4 rows interleaved by block): built under every SIMD ISA (not under AMX
+ * for Q8_0/Q4_0/Q5_0, whose row-major kernels have the AMX order), not under scalar nor with
+ * KVT_GEMV_ILV=0; one activation row on it equals kvt_matmul_rows bit for bit for ranges that start
+ * on a 4-row group (the copy), inside one (the original rows) and end in the rows past the last full
+ * group, with nothing outside the range written. */
+static void test_gemv_interleaved(void **st) {
+    (void)st;
+    const int64_t outs[] = {4, 7, 67};
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (size_t ti = 0; ti < sizeof k_packed_types / sizeof k_packed_types[0]; ti++)
+        for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++) {
+            const uint32_t t = k_packed_types[ti];
+            const int64_t no = outs[oi], n = is_kquant(t) ? 2048 : 1024;
+            mm_case c;
+            mm_setup(&c, t, n, no, 1, 2100 + ti * 8 + oi);
+            float *yr = malloc((size_t)no * 4), *yp = malloc((size_t)no * 4);
+            const int64_t cuts[][2] = {{0, no}, {4, no}, {1, no}, {0, 4}, {no - 3, no}, {no > 8 ? 8 : 0, no > 12 ? 12 : no}};
+            for (int m = 0; m < ni; m++) {
+                assert_true(kvt_kernels_force_isa(isas[m]));
+                kvt_packed *P = kvt_packed_create(t, c.w, n, no);
+                assert_non_null(P);
+                assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR);
+                kvt_matmul_rows(t, c.w, n, c.a, 1, yr, no, 0, no);
+                for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+                    if (cuts[ci][0] >= cuts[ci][1] || cuts[ci][0] < 0) continue;
+                    memset(yp, 0xff, (size_t)no * 4);
+                    kvt_matmul_packed(P, c.a, 1, yp, no, cuts[ci][0], cuts[ci][1]);
+                    for (int64_t o = 0; o < no; o++)
+                        if (o >= cuts[ci][0] && o < cuts[ci][1]) assert_memory_equal(yr + o, yp + o, 4);
+                        else assert_true(((uint32_t *)yp)[o] == 0xffffffffu);
+                }
+                kvt_packed_free(P);
+            }
+            setenv("KVT_GEMV_ILV", "0", 1);
+            kvt_packed *P = kvt_packed_create(t, c.w, n, no);
+            assert_non_null(P);
+            assert_false(kvt_packed_has_ilv(P));
+            kvt_packed_free(P);
+            unsetenv("KVT_GEMV_ILV");
+            free(yr);
+            free(yp);
+            mm_free(&c);
+        }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
 }
 
 /* K-quants on the 16-row layout: odd output counts (partial 16-row groups), n_in 256..2048, row
@@ -1080,7 +1127,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_gemv_kquant_vs_ref), cmocka_unit_test(test_f32_helpers),
-        cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_packed_extreme_weights),
+        cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_gemv_interleaved), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
         cmocka_unit_test(test_packed_k16_shapes),   cmocka_unit_test(test_packed_k16_extreme),
         cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),

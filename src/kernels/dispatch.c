@@ -169,6 +169,13 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
                        int64_t o1) {
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
+    if (n_rows == 1) { /* decode GEMV: the interleaved copy, else the original rows (not the tiles) */
+        if (p->ilv && g_tab.gemv_ilv && o0 % 4 == 0 && !(g_isa == KVT_ISA_AMX && p->kind == KQP_SMALL_S))
+            g_tab.gemv_ilv(p, act, y, o0, o1);
+        else
+            kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
 #if KVT_X86
     if (g_isa == KVT_ISA_AMX && p->kind == KQP_SMALL_S) {
         /* tiles from KVT_AMX_MIN_ROWS rows on; fewer (or no AMX layout): the row-major kernel with the

@@ -101,6 +101,10 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
+    uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
+                            * with rows taken 4 at a time and interleaved by block, group g holding
+                            * block b of rows 4g..4g+3 at (g * nb + b) * 4 + i blocks; n_out rounded
+                            * down to 4 rows (the rest stay in W only); the same bytes as W */
 };
 /* AMX layout (kernels_amx.c): groups of KQA_N outputs, per block float d[16] + int8 q[8][16][4] */
 #define KQA_N 16
@@ -109,6 +113,8 @@ struct kvt_packed {
  * (weights + 128) */
 #define KQS_N 16
 #define KQS_GBB 576
+bool kq_ilv_build(kvt_packed *P);            /* fills P->ilv from P->W; false on OOM / overflow */
+size_t kq_ilv_bytes(const kvt_packed *P);
 bool kq_s16_build(kvt_packed *P);            /* fills P->s16 from P->W; false on OOM / overflow */
 size_t kq_s16_bytes(const kvt_packed *P);
 void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
@@ -135,6 +141,8 @@ typedef void (*kq_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef struct kq_table {
     kq_matmul_fn matmul[KVT_TYPE_COUNT];
     kq_pmatmul_fn pmatmul[4]; /* by kvt_packed.kind; must equal matmul[type] bit for bit */
+    /* one activation row on kvt_packed.ilv, o0 % 4 == 0; must equal matmul[type] bit for bit */
+    void (*gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
     kq_dequant_fn dequant[KVT_TYPE_COUNT];
     /* activation rows → vec-dot type (indexed by the vec-dot type: Q8_0, Q8_1, Q8_K); must produce
      * the same bytes as kvt_quantize_ref */

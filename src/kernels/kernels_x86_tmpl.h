@@ -110,10 +110,13 @@ AI __m256i F(unpack_small)(const uint32_t wt, const uint8_t *p) {
 #ifndef KQ_PF_ROWS
 #define KQ_PF_ROWS 12
 #endif
-AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
-                      const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
+/* Block b of weight row i is at W + i * rs + b * bstr: row-major rows (rs = row bytes, bstr = block
+ * bytes) or the 4-row interleaved GEMV copy (rs = block bytes, bstr = 4 blocks; kq_ilv_build). A
+ * single-row tile prefetches pfo bytes ahead of each block it reads. */
+AI void F(tile_small_s)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t rs, size_t bstr,
+                        size_t pfo, const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
     const bool sgn = wt == KVT_TYPE_Q8_0 || wt == KVT_TYPE_Q4_0 || wt == KVT_TYPE_Q5_0;
-    const size_t wbb = F(wblk_bytes)(wt), abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4;
+    const size_t abb = sgn ? 34 : 36, aqo = sgn ? 2 : 4;
     __m256 acc[4][KVT_TR];
     float macc[4][KVT_TR];
     for (int i = 0; i < NW; i++)
@@ -124,11 +127,11 @@ AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8
         float mw[4];
 #pragma GCC unroll 4
         for (int i = 0; i < NW; i++) {
-            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
-            /* GEMV (decode): weights stream from DRAM once; fetch the same block of the row
-             * KQ_PF_ROWS rows ahead (a later tile) so the loads overlap this tile's math. A
-             * prefetch past the matrix end is harmless (no fault). */
-            if (NR == 1) _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb), _MM_HINT_T0);
+            const uint8_t *p = W + (size_t)i * rs + (size_t)b * bstr;
+            /* GEMV (decode): weights stream from DRAM once; fetch the bytes a later tile reads
+             * (KQ_PF_ROWS rows ahead) so the loads overlap this tile's math. A prefetch past the
+             * matrix end is harmless (no fault). */
+            if (NR == 1) _mm_prefetch((const char *)(p + pfo), _MM_HINT_T0);
             dw[i] = _mm256_set1_ps(F(h2f)(p));
             wq[i] = F(unpack_small)(wt, p);
             if (sgn) wa[i] = _mm256_abs_epi8(wq[i]);
@@ -151,6 +154,11 @@ AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8
     }
     for (int i = 0; i < NW; i++)
         for (int j = 0; j < NR; j++) y[(int64_t)j * ldy + i] = F(hsum_ps)(acc[i][j]) + macc[i][j];
+}
+/* Row-major rows of wrb bytes. */
+AI void F(tile_small)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
+                      const uint8_t *A, size_t arb, int64_t nb, float *y, int64_t ldy) {
+    F(tile_small_s)(wt, NW, NR, W, wrb, F(wblk_bytes)(wt), KQ_PF_ROWS * wrb, A, arb, nb, y, ldy);
 }
 
 /* ---------------- K-quants (act Q8_K) ---------------- */
@@ -313,7 +321,9 @@ AI __m128i F(hsum4z_i32)(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
 #undef KQ_H
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
-AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_t *A, int64_t nb, float *y) {
+/* Block b of row i at W + i * rs + b * bstr, prefetching pfo bytes ahead (see tile_small_s). */
+AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t rs, size_t bstr, size_t pfo, const uint8_t *A, int64_t nb,
+                   float *y) {
     const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
     const size_t abb = sizeof(blk_q8_K);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -335,10 +345,10 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            const uint8_t *p = W + (size_t)i * rs + (size_t)b * bstr;
             wp[i] = p;
             for (size_t cl = 0; cl < wbb + 63; cl += 64)
-                _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p + pfo + cl), _MM_HINT_T0);
             if (wt == KVT_TYPE_Q6_K) {
                 dw[i] = F(h2f)(p + 208);
                 dmw[i] = 0.0f;
@@ -436,7 +446,9 @@ AI __m256i F(kgroup_dot)(const uint32_t wt, const uint8_t *p, const uint8_t *xq,
     const __m256i s = _mm256_shuffle_epi8(sv, _mm256_load_si256((const __m256i *)F(kq_sidx)[wt == KVT_TYPE_Q6_K][g]));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), s);
 }
-AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_t *A, int64_t nb, float *y) {
+/* Block b of row i at W + i * rs + b * bstr, prefetching pfo bytes ahead (see tile_small_s). */
+AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t rs, size_t bstr, size_t pfo, const uint8_t *A, int64_t nb,
+                   float *y) {
     const size_t wbb = wt == KVT_TYPE_Q4_K ? 144 : wt == KVT_TYPE_Q5_K ? 176 : 210;
     const size_t abb = sizeof(blk_q8_K);
     __m128 sumf = _mm_setzero_ps();
@@ -450,11 +462,11 @@ AI void F(gemv_k4)(const uint32_t wt, const uint8_t *W, size_t wrb, const uint8_
         const __m256i bs = _mm256_loadu_si256((const __m256i *)xa->bsums);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const uint8_t *p = W + (size_t)i * wrb + (size_t)b * wbb;
+            const uint8_t *p = W + (size_t)i * rs + (size_t)b * bstr;
             wp[i] = p;
 #pragma GCC unroll 4
             for (size_t cl = 0; cl < wbb + 63; cl += 64)
-                _mm_prefetch((const char *)(p + KQ_PF_ROWS * wrb + cl), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p + pfo + cl), _MM_HINT_T0);
             if (wt == KVT_TYPE_Q6_K) {
                 uint16_t h;
                 memcpy(&h, p + 208, 2);
@@ -617,7 +629,9 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         const uint8_t *A = act;                                                                          \
         int64_t o = o0;                                                                                  \
         if (KQ_GEMV_K(WT) && n_rows == 1)                                                                \
-            for (; o + 4 <= o1; o += 4) F(gemv_k4)(WT, (const uint8_t *)W + (size_t)o * wrb, wrb, A, inner, y + o); \
+            for (; o + 4 <= o1; o += 4)                                                                  \
+                F(gemv_k4)(WT, (const uint8_t *)W + (size_t)o * wrb, wrb, kvt_type_block_bytes(WT),      \
+                           KQ_PF_ROWS * wrb, A, inner, y + o);                                           \
         for (; o + 4 <= o1; o += 4) KQ_ROWS(TILE, WT, 4, (const uint8_t *)W + (size_t)o * wrb);          \
         for (; o < o1; o++) KQ_ROWS(TILE, WT, 1, (const uint8_t *)W + (size_t)o * wrb);                  \
     }
@@ -635,6 +649,50 @@ KQ_DEFINE_MM(mm_q6_K, F(tile_k), KVT_TYPE_Q6_K, 256)
 KQ_DEFINE_MM(mm_f32, F(tile_f), KVT_TYPE_F32, 1)
 KQ_DEFINE_MM(mm_f16, F(tile_f), KVT_TYPE_F16, 1)
 KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
+
+/* ---------------- single-row GEMV on the 4-row interleaved copy (kq_ilv_build) ----------------
+ * The tile code of the row-major products with other strides, so the same bits. A group of 4 rows
+ * [o, o + 4) (o % 4 == 0) is one contiguous stream instead of 4 rows wrb bytes apart, which the
+ * hardware prefetchers follow: on the AVX2 Zen 3 of docs/perf.md, Q4_K/Q6_K GEMV from DRAM went from
+ * about 11.5 to 17.5 GB/s on one core (what the kernel does on weights in cache). Rows past the last
+ * full group come from the row-major original. */
+#define KQ_ILV_K(WT) F(gemv_k4)(WT, G, wbb, 4 * wbb, pfo, A, P->nb, y + o)
+#define KQ_ILV_S(WT) F(tile_small_s)(WT, 4, 1, G, wbb, 4 * wbb, pfo, A, 0, P->nb, y + o, 0)
+static TGT void F(gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const uint32_t wt = P->type;
+    const size_t wbb = kvt_type_block_bytes(wt), wrb = (size_t)P->nb * wbb, pfo = KQ_PF_ROWS * wrb;
+    const uint8_t *A = act;
+    const int64_t full = P->n_out & ~(int64_t)3;
+    int64_t o = o0;
+    for (; o + 4 <= o1 && o + 4 <= full; o += 4) {
+        const uint8_t *G = P->ilv + (size_t)o * wrb; /* group o / 4 */
+        switch (wt) {
+        case KVT_TYPE_Q4_K: KQ_ILV_K(KVT_TYPE_Q4_K); break;
+        case KVT_TYPE_Q5_K: KQ_ILV_K(KVT_TYPE_Q5_K); break;
+        case KVT_TYPE_Q6_K: KQ_ILV_K(KVT_TYPE_Q6_K); break;
+        case KVT_TYPE_Q8_0: KQ_ILV_S(KVT_TYPE_Q8_0); break;
+        case KVT_TYPE_Q4_0: KQ_ILV_S(KVT_TYPE_Q4_0); break;
+        case KVT_TYPE_Q4_1: KQ_ILV_S(KVT_TYPE_Q4_1); break;
+        case KVT_TYPE_Q5_0: KQ_ILV_S(KVT_TYPE_Q5_0); break;
+        case KVT_TYPE_Q5_1: KQ_ILV_S(KVT_TYPE_Q5_1); break;
+        default: return;
+        }
+    }
+    if (o >= o1) return;
+    switch (wt) {
+    case KVT_TYPE_Q4_K: F(mm_q4_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q5_K: F(mm_q5_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q6_K: F(mm_q6_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q8_0: F(mm_q8_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q4_0: F(mm_q4_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q4_1: F(mm_q4_1)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q5_0: F(mm_q5_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    case KVT_TYPE_Q5_1: F(mm_q5_1)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
+    default: break;
+    }
+}
+#undef KQ_ILV_K
+#undef KQ_ILV_S
 
 /* ---------------- packed GEMM (repacked 4-row interleaved weights, repack.c) ----------------
  * One tile = the 4 rows of a weight group × NR activation rows. With KVT_ZMM a 512-bit integer
@@ -1174,6 +1232,7 @@ static void F(fill_table)(kq_table *t) {
     t->pmatmul[KQP_SMALL_U] = F(pmm_small_u);
     t->pmatmul[KQP_KM] = F(pmm_km);
     t->pmatmul[KQP_K6] = F(pmm_k6);
+    t->gemv_ilv = F(gemv_ilv);
     t->dequant[KVT_TYPE_Q8_0] = F(dq_q8_0);
     t->dequant[KVT_TYPE_Q4_0] = F(dq_q4_0);
     t->dequant[KVT_TYPE_F16] = F(dq_f16);

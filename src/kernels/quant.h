@@ -81,8 +81,11 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
  * interleaved layout (4 rows per block, one byte per weight; see kernels_internal.h) that the GEMM
  * micro-kernels read contiguously. Types: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K; others (and
  * KVT_REPACK=0 in the environment) give NULL, and the caller keeps using kvt_matmul_rows.
- * Memory: about 1.06x (Q8_0), 2x (Q4_0/Q5_0), 2.3x (Q4_K) of the original weight bytes; the
- * original stays in use for single-row decode (GEMV streams the smaller original), so both are kept.
+ * Memory: about 1.06x (Q8_0), 2x (Q4_0/Q5_0), 2.3x (Q4_K) of the original weight bytes, plus 1x for
+ * the single-row GEMV copy: the original blocks with 4 rows interleaved by block, so the rows a
+ * GEMV tile reads are one contiguous stream (about 1.5x the GEMV speed from DRAM of 4 rows a row
+ * apart, measured on an AVX2 Zen 3; KVT_GEMV_ILV=0 turns the copy off). n_rows == 1 reads that
+ * copy (or W when it could not be made), more rows the GEMM layout.
  * kvt_matmul_packed gives results bit-identical to kvt_matmul_rows on the same W for the ISA in use
  * (so the numerics id and batch invariance are unchanged): the same integer dot per 4-lane group,
  * the same float operations in the same order.
@@ -100,10 +103,6 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
  * kvt_matmul_rows on the AVX2 and AVX-512 paths; K-quants equal kvt_matmul_rows_ref). For tests. */
 void kvt_matmul_packed_ref(const kvt_packed *p, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                            int64_t o1);
-/* Rows from which the forward pass uses kvt_matmul_packed: a single-row decode GEMV reads the
- * original (smaller for 4-6-bit types); from 2 rows (a batched decode step of 2+ sequences) the
- * packed tiles win because the row-major kernel is compute-bound there (docs/batching.md). */
-#define KVT_PACKED_MIN_ROWS 2
 /* AMX (ISA KVT_ISA_AMX): kvt_matmul_packed of Q8_0/Q4_0/Q5_0 weights with n_rows >= this runs the
  * int8 TMUL kernel. Its float order (per block: exact int32 dot, then acc = fma(isum, dw·dx, acc))
  * differs from the AVX-512 path, so under AMX every such product (kvt_matmul_rows, packed with fewer rows) uses it
@@ -117,6 +116,8 @@ void kvt_matmul_packed_amx_ref(const kvt_packed *p, const void *act, int64_t n_r
                                int64_t o0, int64_t o1);
 /* Whether p carries the AMX layout (used by kvt_matmul_packed when the ISA is KVT_ISA_AMX). */
 bool kvt_packed_has_amx(const kvt_packed *p);
+/* Whether p carries the single-row GEMV copy (4 rows interleaved by block; for tests). */
+bool kvt_packed_has_ilv(const kvt_packed *p);
 
 /* ---- bf16 pair-dot weights (KVT_TYPE_BF16X, gemm_bf16.c) ----
  * Where the CPU has AVX-512 BF16 (vdpbf16ps: 32 multiply-adds an instruction, twice an f32 FMA),

@@ -134,10 +134,7 @@ void *kq_packed_alloc(size_t bytes) {
     return p;
 }
 
-kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
-    kvt_kernels_init();
-    const char *e = getenv("KVT_REPACK");
-    if (e && !strcmp(e, "0")) return NULL;
+static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
     const int kind = pack_kind(wtype);
     const uint64_t wrb = kvt_type_row_bytes(wtype, (uint64_t)(n_in > 0 ? n_in : 0));
     if (kind < 0 || !W || n_in <= 0 || n_out <= 0 || wrb == 0 || n_out > (1ll << 30)) return NULL;
@@ -224,8 +221,51 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
 
 bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
 
+/* Whether single-row products of P get the interleaved copy: an x86 table with gemv_ilv (not the
+ * scalar ISA), not under AMX for Q8_0/Q4_0/Q5_0 (whose row-major kernels there have the AMX float
+ * order), and not turned off (KVT_GEMV_ILV=0, for measuring its effect). */
+static bool ilv_wanted(const kvt_packed *P) {
+    const char *e = getenv("KVT_GEMV_ILV");
+    if (e && !strcmp(e, "0")) return false;
+    const kvt_isa isa = kvt_kernels_isa();
+    if (isa == KVT_ISA_SCALAR) return false;
+    return !(isa == KVT_ISA_AMX && P->kind == KQP_SMALL_S);
+}
+
+bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
+
+size_t kq_ilv_bytes(const kvt_packed *P) {
+    return P->ilv ? (size_t)(P->n_out / 4) * 4 * (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in) : 0;
+}
+
+bool kq_ilv_build(kvt_packed *P) {
+    const size_t wbb = kvt_type_block_bytes(P->type), wrb = (size_t)P->nb * wbb;
+    const int64_t groups = P->n_out / 4;
+    uint64_t bytes;
+    if (groups == 0 || !kvt_mul_ok((uint64_t)groups * 4, wrb, &bytes) || bytes > SIZE_MAX / 2) return false;
+    if (!(P->ilv = kq_packed_alloc((size_t)bytes))) return false;
+    const uint8_t *w8 = P->W;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t b = 0; b < P->nb; b++)
+            for (int i = 0; i < 4; i++)
+                memcpy(P->ilv + (((size_t)g * (size_t)P->nb + (size_t)b) * 4 + (size_t)i) * wbb,
+                       w8 + (size_t)(g * 4 + i) * wrb + (size_t)b * wbb, wbb);
+    return true;
+}
+
+kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
+    kvt_kernels_init();
+    const char *e = getenv("KVT_REPACK");
+    if (e && !strcmp(e, "0")) return NULL;
+    kvt_packed *P = packed_create(wtype, W, n_in, n_out);
+    /* best effort: without memory for it, single rows keep reading W (same results) */
+    if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
+    return P;
+}
+
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
+    free(p->ilv);
     free(p->amx);
     free(p->s16);
     free(p->k16);
@@ -238,7 +278,7 @@ size_t kvt_packed_bytes(const kvt_packed *p) {
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
     const size_t data = p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
     const size_t k16 = p->k16 ? kq_k16_bytes(p) : 0;
-    return data + amx + kq_s16_bytes(p) + k16;
+    return data + amx + kq_s16_bytes(p) + k16 + kq_ilv_bytes(p);
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed

@@ -338,7 +338,7 @@ static void mla_expanded_attention(const kvt_fwd *fw, const kvt_mla_w *w, uint32
             kvt_col_range(G * KB, ith, nth, &o0, &o1);
             if (o0 < o1) {
                 o0 += (int64_t)g0 * KB, o1 += (int64_t)g0 * KB;
-                if (kvb->packed && m >= KVT_PACKED_MIN_ROWS)
+                if (kvb->packed)
                     kvt_matmul_packed(kvb->packed, xs->exp_act, m, xs->exp_y, W, o0, o1);
                 else
                     kvt_matmul_rows(kvb->type, kvb->data, R, xs->exp_act, m, xs->exp_y, W, o0, o1);

@@ -876,9 +876,9 @@ static void matmul_group(void *const *act, const kvt_wmat *const *ws, float *con
         int64_t o0, o1;
         col_range(ws[i]->n_out, ith, nth, &o0, &o1);
         if (o0 >= o1) continue;
-        /* prefill chunks and batched decode steps: repacked weights (bit-identical results);
-         * single-row decode GEMV: the smaller original */
-        if (ws[i]->packed && n_rows >= KVT_PACKED_MIN_ROWS)
+        /* repacked weights (bit-identical results): prefill chunks and batched decode steps the
+         * GEMM tiles, a single-row decode GEMV the interleaved copy (kvt_matmul_packed) */
+        if (ws[i]->packed)
             kvt_matmul_packed(ws[i]->packed, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
         else
             kvt_matmul_rows(ws[i]->type, ws[i]->data, ws[i]->n_in, act[slot[i]], n_rows, ys[i], ws[i]->n_out, o0, o1);
