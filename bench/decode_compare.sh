@@ -7,8 +7,12 @@
 #     bench/decode_compare.sh > out.txt
 # Env: ROUNDS (2) N (32 decoded tokens) THREADS ("1 2") DEPTH (16384) DEPTH_MODEL DEPTH_N (64)
 #      BATCH_BASE BATCH_NEW (bench/batch_step binaries) BATCH_MODEL.
-# Decode of kvtier runs with KVT_REPACK=0: single-row decode never reads the repacked copies, and
-# skipping them makes each load seconds instead of a minute on a busy 2-core machine. Every line
+# Decode of kvtier runs with KVT_REPACK=gemv (REPACK_NEW): only the single-row GEMV copy decode
+# reads is made, not the prefill GEMM copies, so each load takes seconds instead of a minute on a
+# busy 2-core machine; the base with REPACK_BASE (default 0: builds before the GEMV copy treat any
+# other value as "repack everything"). The same build as its own base without the GEMV copy:
+#   BASE="env KVT_GEMV_ILV=0 build/kvtier" REPACK_BASE=gemv MODELS=... bench/decode_compare.sh
+# Every line
 # printed is "RESULT engine model threads tps" (or DEPTH / MEMBW / BATCH lines) for the summary.
 set -u
 NEW=${NEW:-build/kvtier}
@@ -20,6 +24,8 @@ THREADS=${THREADS:-"1 2"}
 PEER_THREADS=${PEER_THREADS:-$THREADS}
 DEPTH=${DEPTH:-16384}
 DEPTH_N=${DEPTH_N:-64}
+REPACK_NEW=${REPACK_NEW:-gemv}
+REPACK_BASE=${REPACK_BASE:-0}
 echo "LOAD start $(uptime)"
 for r in $(seq 1 "$ROUNDS"); do
   for m in $MODELS; do
@@ -29,9 +35,9 @@ for r in $(seq 1 "$ROUNDS"); do
       order="new base peer"; [ $(( (r + t) % 2 )) -eq 1 ] && order="base new peer"
       for eng in $order; do
         case $eng in
-          new) tps=$(KVT_REPACK=0 $NEW bench -m "$m" -t "$t" -p 16 -n "$N" -r 1 --json --membw-mib 0 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
+          new) tps=$(KVT_REPACK=$REPACK_NEW $NEW bench -m "$m" -t "$t" -p 16 -n "$N" -r 1 --json --membw-mib 0 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
           base) [ -n "$BASE" ] || continue
-                tps=$(KVT_REPACK=0 $BASE bench -m "$m" -t "$t" -p 16 -n "$N" -r 1 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
+                tps=$(KVT_REPACK=$REPACK_BASE $BASE bench -m "$m" -t "$t" -p 16 -n "$N" -r 1 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
           peer) [ -n "$PEER" ] || continue
                 case " $PEER_THREADS " in *" $t "*) ;; *) continue ;; esac
                 tps=$($PEER llama-bench -m "$m" -t "$t" -p 0 -n "$N" -r 1 -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | head -1 | grep -o '[0-9.]*$') ;;
@@ -43,14 +49,14 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 for m in $MODELS; do
-  echo "BYTES $(basename "$m" .gguf) $(KVT_REPACK=0 $NEW bench -m "$m" -t 1 -p 16 -n 2 -r 1 --json --membw-mib 16 2>/dev/null | grep -o '"decode_weight_bytes":[0-9]*,"decode_kv_bytes_per_token":[0-9]*')"
+  echo "BYTES $(basename "$m" .gguf) $(KVT_REPACK=$REPACK_NEW $NEW bench -m "$m" -t 1 -p 16 -n 2 -r 1 --json --membw-mib 16 2>/dev/null | grep -o '"decode_weight_bytes":[0-9]*,"decode_kv_bytes_per_token":[0-9]*')"
 done
 if [ "$DEPTH" -gt 0 ] && [ -n "${DEPTH_MODEL:-}" ]; then
   for r in $(seq 1 "$ROUNDS"); do
     for eng in new base; do
-      B=$NEW; [ $eng = base ] && B=$BASE
+      B=$NEW RP=$REPACK_NEW; [ $eng = base ] && B=$BASE RP=$REPACK_BASE
       [ -n "$B" ] || continue
-      d0=$(KVT_REPACK=0 $B bench -m "$DEPTH_MODEL" -t 2 -p 16 -n "$DEPTH_N" -r 1 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2)
+      d0=$(KVT_REPACK=$RP $B bench -m "$DEPTH_MODEL" -t 2 -p 16 -n "$DEPTH_N" -r 1 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2)
       dd=$($B bench -m "$DEPTH_MODEL" -t 2 --decode-at "$DEPTH" -n "$DEPTH_N" -r 1 --prompt-cache 0 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2)
       echo "DEPTH $eng $(basename "$DEPTH_MODEL" .gguf) tg${DEPTH_N}@0=${d0:-fail} tg${DEPTH_N}@$DEPTH=${dd:-fail} round=$r"
     done

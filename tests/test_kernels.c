@@ -725,7 +725,7 @@ static void test_packed_matches_rows(void **st) {
 
 /* The single-row GEMV copy (4 rows interleaved by block): built under every SIMD ISA (not under AMX
  * for Q8_0/Q4_0/Q5_0, whose row-major kernels have the AMX order), not under scalar nor with
- * KVT_GEMV_ILV=0; one activation row on it equals kvt_matmul_rows bit for bit for ranges that start
+ * KVT_GEMV_ILV=0, alone with KVT_REPACK=gemv; one activation row on it equals kvt_matmul_rows bit for bit for ranges that start
  * on a 4-row group (the copy), inside one (the original rows) and end in the rows past the last full
  * group, with nothing outside the range written. */
 static void test_gemv_interleaved(void **st) {
@@ -763,6 +763,16 @@ static void test_gemv_interleaved(void **st) {
             assert_false(kvt_packed_has_ilv(P));
             kvt_packed_free(P);
             unsetenv("KVT_GEMV_ILV");
+            /* KVT_REPACK=gemv: the GEMV copy alone; more rows take the original rows, same bits */
+            setenv("KVT_REPACK", "gemv", 1);
+            P = kvt_packed_create(t, c.w, n, no);
+            unsetenv("KVT_REPACK");
+            assert_non_null(P);
+            assert_true(kvt_packed_has_ilv(P));
+            memset(yp, 0xff, (size_t)no * 4);
+            kvt_matmul_packed(P, c.a, 1, yp, no, 0, no);
+            assert_memory_equal(yr, yp, (size_t)no * 4);
+            kvt_packed_free(P);
             free(yr);
             free(yp);
             mm_free(&c);

@@ -134,7 +134,8 @@ void *kq_packed_alloc(size_t bytes) {
     return p;
 }
 
-static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out) {
+/* The handle and (gemm) the GEMM layout for the ISA in use. */
+static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool gemm) {
     const int kind = pack_kind(wtype);
     const uint64_t wrb = kvt_type_row_bytes(wtype, (uint64_t)(n_in > 0 ? n_in : 0));
     if (kind < 0 || !W || n_in <= 0 || n_out <= 0 || wrb == 0 || n_out > (1ll << 30)) return NULL;
@@ -148,6 +149,7 @@ static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, in
     P->ngroups = (n_out + KQP_ROWS - 1) / KQP_ROWS;
     P->gbb = kind == KQP_SMALL_S ? KQP_SMALL_S_BYTES : kind == KQP_SMALL_U ? KQP_SMALL_U_BYTES : KQP_K_BYTES;
     P->W = W;
+    if (!gemm) return P;
     /* AVX-512 VNNI (not AMX): the signed small types take the 16-row layout of gemm_s16.c instead of
      * the 4-row groups (one copy, about the same bytes) */
     if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
@@ -257,9 +259,16 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     kvt_kernels_init();
     const char *e = getenv("KVT_REPACK");
     if (e && !strcmp(e, "0")) return NULL;
-    kvt_packed *P = packed_create(wtype, W, n_in, n_out);
+    /* KVT_REPACK=gemv: only the single-row GEMV copy (decode benchmarks load in seconds; chunks of
+     * 2+ rows then take the row-major kernels, same results) */
+    const bool gemm = !(e && !strcmp(e, "gemv"));
+    kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
     /* best effort: without memory for it, single rows keep reading W (same results) */
     if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
+    if (P && !gemm && !P->ilv) {
+        free(P);
+        return NULL;
+    }
     return P;
 }
 
