@@ -653,7 +653,7 @@ KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
 /* ---------------- single-row GEMV on the 4-row interleaved copy (kq_ilv_build) ----------------
  * The tile code of the row-major products with other strides, so the same bits. A group of 4 rows
  * [o, o + 4) (o % 4 == 0) is one contiguous stream instead of 4 rows wrb bytes apart, which the
- * hardware prefetchers follow: on the AVX2 Zen 3 of docs/perf.md, Q4_K/Q6_K GEMV from DRAM went from
+ * hardware prefetchers follow: on an AVX2 Zen 3 (docs/architecture.md), Q4_K/Q6_K GEMV from DRAM went from
  * about 11.5 to 17.5 GB/s on one core (what the kernel does on weights in cache). Rows past the last
  * full group come from the row-major original. */
 #define KQ_ILV_K(WT) F(gemv_k4)(WT, G, wbb, 4 * wbb, pfo, A, P->nb, y + o)
