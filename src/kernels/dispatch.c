@@ -96,6 +96,14 @@ bool kq_has_vnni(void) {
     return g_vnni;
 }
 
+bool kq_ilv_fits(int kind) {
+    kvt_kernels_init();
+    /* AMX and AVX-512 VNNI replace the row-major Q8_0/Q4_0/Q5_0 products with the int8-block order
+     * (fill); the GEMV copy's kernel is the template's, so those types keep the row-major path */
+    const bool int8_block = g_isa == KVT_ISA_AMX || (g_isa == KVT_ISA_AVX512 && g_vnni);
+    return g_tab.gemv_ilv != NULL && !(kind == KQP_SMALL_S && int8_block);
+}
+
 bool kvt_kernels_has_vbmi(void) {
     kvt_kernels_init();
     return g_vbmi;
@@ -170,7 +178,7 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
     if (n_rows == 1) { /* decode GEMV: the interleaved copy, else the original rows (not the tiles) */
-        if (p->ilv && g_tab.gemv_ilv && o0 % 4 == 0 && !(g_isa == KVT_ISA_AMX && p->kind == KQP_SMALL_S))
+        if (p->ilv && o0 % 4 == 0 && kq_ilv_fits(p->kind))
             g_tab.gemv_ilv(p, act, y, o0, o1);
         else
             kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);

@@ -128,6 +128,10 @@ void *kq_packed_alloc(size_t bytes);
 bool kq_hugepages(void);
 /* AVX-512 VNNI present (dispatch.c; after kvt_kernels_init) */
 bool kq_has_vnni(void);
+/* Whether the ISA in use runs single-row products of this kvt_packed.kind on the GEMV copy: a
+ * gemv_ilv kernel with the bits of its row-major product (not Q8_0/Q4_0/Q5_0 under AMX or AVX-512
+ * VNNI, whose row-major products take the int8-block order). */
+bool kq_ilv_fits(int kind);
 /* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
 uint8_t *kq_tls_scratch(size_t bytes);
 enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };

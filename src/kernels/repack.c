@@ -223,15 +223,13 @@ static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, in
 
 bool kvt_packed_has_amx(const kvt_packed *p) { return p && p->amx; }
 
-/* Whether single-row products of P get the interleaved copy: an x86 table with gemv_ilv (not the
- * scalar ISA), not under AMX for Q8_0/Q4_0/Q5_0 (whose row-major kernels there have the AMX float
- * order), and not turned off (KVT_GEMV_ILV=0, for measuring its effect). */
+/* Whether single-row products of P get the interleaved copy: the ISA in use has a kernel for it with
+ * the row-major product's bits (kq_ilv_fits), and it is not turned off (KVT_GEMV_ILV=0, for
+ * measuring its effect). */
 static bool ilv_wanted(const kvt_packed *P) {
     const char *e = getenv("KVT_GEMV_ILV");
     if (e && !strcmp(e, "0")) return false;
-    const kvt_isa isa = kvt_kernels_isa();
-    if (isa == KVT_ISA_SCALAR) return false;
-    return !(isa == KVT_ISA_AMX && P->kind == KQP_SMALL_S);
+    return kq_ilv_fits(P->kind);
 }
 
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
