@@ -3,7 +3,8 @@
 # "Figures"): `kvtier bench` decode tok/s without a draft and with it at --draft-max 4, 8, 16 and
 # --draft-p-min P_MINS, on text (--prompt-text data/models/heldout.txt: repetition r's prompt is
 # tokens [r*p, (r+1)*p) of it), greedy; all configurations interleaved, ROUNDS rounds, medians.
-#   TARGET DRAFT THREADS (1) P (64) N (128) REPS (3) ROUNDS (3) P_MINS ("0.75 0") KVTIER
+#   TARGET DRAFT THREADS (1) P (64) N (128) REPS (3) ROUNDS (3) P_MINS ("0.75 0") DRAFT_MAXES ("4 8 16")
+#   KVTIER
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVTIER=${KVTIER:-build/kvtier}
@@ -15,10 +16,11 @@ N=${N:-128}
 REPS=${REPS:-3}
 ROUNDS=${ROUNDS:-3}
 P_MINS=${P_MINS:-0.75 0}
+DRAFT_MAXES=${DRAFT_MAXES:-4 8 16}
 W=$(mktemp -d /tmp/kvtier-spec-decode.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 configs=("none")
-for pm in $P_MINS; do for dm in 4 8 16; do configs+=("$dm:$pm"); done; done
+for pm in $P_MINS; do for dm in $DRAFT_MAXES; do configs+=("$dm:$pm"); done; done
 for r in $(seq 1 "$ROUNDS"); do
   for c in "${configs[@]}"; do
     args=()
