@@ -520,9 +520,9 @@ static void test_matmul_batch_invariance(void **st) {
         check_invariance(&c);
         mm_free(&c);
     }
-    /* F32/F16/BF16: AVX2 takes one weight row x up to 8 activation rows for 3..16 rows: 11 rows = a
-     * tile of 8 and one of 3 (chunks of 3: tiles of 3, then 2 rows on the 4 x 2 tiles), 16 = two of
-     * 8, 17 the 4 x 2 tiles of prefill; all equal one row at a time */
+    /* F32/F16/BF16: AVX2 takes one weight row x up to 8 activation rows for 2..16 rows: 11 rows = a
+     * tile of 8 and one of 3 (chunks of 3: tiles of 3, then one of 2), 16 = two of 8, 17 the 4 x 2
+     * tiles of prefill; all equal one row at a time */
     const uint32_t fts[] = {KVT_TYPE_F32, KVT_TYPE_F16, KVT_TYPE_BF16};
     const int64_t frows[] = {11, 16, 17};
     for (size_t ti = 0; ti < 3; ti++)

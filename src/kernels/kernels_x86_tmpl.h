@@ -651,11 +651,13 @@ KQ_DEFINE_MM(mm_f32, F(tile_f), KVT_TYPE_F32, 1)
 KQ_DEFINE_MM(mm_f16, F(tile_f), KVT_TYPE_F16, 1)
 KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
 #else
-/* F32/F16/BF16 weights with 3 to 16 activation rows on AVX2 (batched decode steps and speculative
+/* F32/F16/BF16 weights with 2 to 16 activation rows on AVX2 (batched decode steps and speculative
  * verification; there is no packed copy for these types): one weight row × up to 8 activation rows
- * (8 accumulators), so the weights are read once per 8 rows instead of once per KVT_TR = 2 — a step
- * of 8 rows streams them once, not 4 times (smol-135m F16, 2 threads: an 8-row step 71 → 53 ms).
- * Prefill chunks (more rows) keep the 4 × 2 tiles, whose activation loads feed 4 FMAs each. Each
+ * (8 accumulators), so the weights are read once per 8 rows instead of once per KVT_TR = 2, and as
+ * one stream (the 4 × 2 tile reads 4 rows a row apart, which the hardware prefetchers follow badly,
+ * as in the GEMV copy's case). smol-135m F16, 2 threads: an 8-row step 47.6 / 39.7 → 29.5 / 28.4 ms,
+ * a 2-row step about 1.05× a 1-row one. Prefill chunks (more rows) keep the 4 × 2 tiles, whose
+ * activation loads feed 4 FMAs each. Each
  * output keeps tile_f's accumulator, lane order, horizontal sum and scalar tail, so the bits do not
  * depend on the tiling. */
 AI void F(tile_f_tall)(const uint32_t wt, const int NR, const uint8_t *W, const uint8_t *A, size_t arb, int64_t n,
@@ -682,7 +684,7 @@ AI void F(tile_f_tall)(const uint32_t wt, const int NR, const uint8_t *W, const 
 #define KQ_DEFINE_MM_F(NAME, WT)                                                                         \
     static TGT void F(NAME)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,      \
                             int64_t ldy, int64_t o0, int64_t o1) {                                       \
-        if (n_rows < 3 || n_rows > 16) {                                                                 \
+        if (n_rows < 2 || n_rows > 16) {                                                                 \
             const size_t wrb = (size_t)kvt_type_row_bytes(WT, (uint64_t)n_in);                           \
             const size_t arb = (size_t)n_in * sizeof(float);                                             \
             const int64_t inner = n_in;                                                                  \
