@@ -177,11 +177,15 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
                        int64_t o1) {
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
-    if (n_rows == 1) { /* decode GEMV: the interleaved copy, else the original rows (not the tiles) */
-        if (p->ilv && o0 % 4 == 0 && kq_ilv_fits(p->kind))
-            g_tab.gemv_ilv(p, act, y, o0, o1);
-        else
-            kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, o0, o1);
+    if (n_rows == 1) { /* decode GEMV: whole 4-row groups from the interleaved copy, the rest (and
+                        * everything without the copy) from the original rows, not the tiles */
+        int64_t e = o0;
+        if (p->ilv && o0 % 4 == 0 && kq_ilv_fits(p->kind)) {
+            const int64_t end = o1 < (p->n_out & ~(int64_t)3) ? o1 : (p->n_out & ~(int64_t)3);
+            e = end > o0 ? o0 + ((end - o0) & ~(int64_t)3) : o0;
+            if (e > o0) g_tab.gemv_ilv(p, act, y, o0, e);
+        }
+        if (e < o1) kvt_matmul_rows(p->type, p->W, p->n_in, act, n_rows, y, ldy, e, o1);
         return;
     }
 #if KVT_X86

@@ -145,7 +145,8 @@ typedef void (*kq_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef struct kq_table {
     kq_matmul_fn matmul[KVT_TYPE_COUNT];
     kq_pmatmul_fn pmatmul[4]; /* by kvt_packed.kind; must equal matmul[type] bit for bit */
-    /* one activation row on kvt_packed.ilv, o0 % 4 == 0; must equal matmul[type] bit for bit */
+    /* one activation row on kvt_packed.ilv, outputs [o0, o1) of whole groups (both multiples of 4,
+     * o1 <= n_out rounded down to 4); must equal matmul[type] bit for bit */
     void (*gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
     kq_dequant_fn dequant[KVT_TYPE_COUNT];
     /* activation rows → vec-dot type (indexed by the vec-dot type: Q8_0, Q8_1, Q8_K); must produce

@@ -602,6 +602,66 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
 #endif
 }
 
+#if !KVT_ZMM
+/* F32/F16/BF16 weights with 2 to 16 activation rows on AVX2 (batched decode steps and speculative
+ * verification; there is no packed copy for these types): one weight row × up to 8 activation rows
+ * (8 accumulators), so the weights are read once per 8 rows instead of once per KVT_TR = 2, and as
+ * one stream (the 4 × 2 tile reads 4 rows a row apart, which the hardware prefetchers follow badly,
+ * as in the GEMV copy's case). smol-135m F16, 2 threads: an 8-row step 47.6 / 39.7 → 29.5 / 28.4 ms,
+ * a 2-row step about 1.05× a 1-row one. Prefill chunks (more rows) keep the 4 × 2 tiles, whose
+ * activation loads feed 4 FMAs each. Each output keeps tile_f's accumulator, lane order, horizontal
+ * sum and scalar tail, so the bits do not depend on the tiling. */
+AI void F(tile_f_tall)(const uint32_t wt, const int NR, const uint8_t *W, const uint8_t *A, size_t arb, int64_t n,
+                       float *y, int64_t ldy) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 wv = F(fload)(wt, W, k);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++)
+            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)(A + (size_t)j * arb) + k), acc[j]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) {
+        float s = F(hsum_ps)(acc[j]);
+        const float *xa = (const float *)(A + (size_t)j * arb);
+        for (int64_t t = k; t < n; t++) s += F(fscalar)(wt, W, t) * xa[t];
+        y[(int64_t)j * ldy] = s;
+    }
+}
+/* Rows [0, n_rows) × outputs [o0, o1) of a F32/F16/BF16 matrix with tile_f_tall. */
+AI void F(mm_f_tall)(const uint32_t wt, const uint8_t *W, int64_t n_in, const uint8_t *A, int64_t n_rows, float *y,
+                     int64_t ldy, int64_t o0, int64_t o1) {
+    const size_t wrb = (size_t)kvt_type_row_bytes(wt, (uint64_t)n_in), arb = (size_t)n_in * sizeof(float);
+    for (int64_t o = o0; o < o1; o++)
+        for (int64_t r = 0; r < n_rows; r += 8) {
+            const uint8_t *w = W + (size_t)o * wrb, *a = A + (size_t)r * arb;
+            float *yo = y + r * ldy + o;
+            switch (n_rows - r < 8 ? n_rows - r : 8) {
+            case 1: F(tile_f_tall)(wt, 1, w, a, arb, n_in, yo, ldy); break;
+            case 2: F(tile_f_tall)(wt, 2, w, a, arb, n_in, yo, ldy); break;
+            case 3: F(tile_f_tall)(wt, 3, w, a, arb, n_in, yo, ldy); break;
+            case 4: F(tile_f_tall)(wt, 4, w, a, arb, n_in, yo, ldy); break;
+            case 5: F(tile_f_tall)(wt, 5, w, a, arb, n_in, yo, ldy); break;
+            case 6: F(tile_f_tall)(wt, 6, w, a, arb, n_in, yo, ldy); break;
+            case 7: F(tile_f_tall)(wt, 7, w, a, arb, n_in, yo, ldy); break;
+            default: F(tile_f_tall)(wt, 8, w, a, arb, n_in, yo, ldy); break;
+            }
+        }
+}
+/* F32/F16/BF16 products of 2..16 rows take mm_f_tall (AVX2 only; AVX-512 keeps its 4 × 4 tiles) */
+#define KQ_F_TALL_RET(WT)                                                                                \
+    if (((WT) == KVT_TYPE_F32 || (WT) == KVT_TYPE_F16 || (WT) == KVT_TYPE_BF16) && n_rows >= 2 &&         \
+        n_rows <= 16) {                                                                                  \
+        F(mm_f_tall)(WT, W, n_in, A, n_rows, y, ldy, o0, o1);                                            \
+        return;                                                                                          \
+    }
+#else
+#define KQ_F_TALL_RET(WT)
+#endif
+
 /* ---------------- matmul drivers ---------------- */
 
 /* Tiles of 4 weight rows × KVT_TR activation rows; leftovers use narrower tiles of the same code. */
@@ -628,6 +688,7 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         const int64_t inner = n_in / (INNER_DIV);                                                        \
         const uint8_t *A = act;                                                                          \
         int64_t o = o0;                                                                                  \
+        KQ_F_TALL_RET(WT)                                                                                \
         if (KQ_GEMV_K(WT) && n_rows == 1)                                                                \
             for (; o + 4 <= o1; o += 4)                                                                  \
                 F(gemv_k4)(WT, (const uint8_t *)W + (size_t)o * wrb, wrb, kvt_type_block_bytes(WT),      \
@@ -646,94 +707,23 @@ KQ_DEFINE_MM(mm_q5_1, F(tile_small), KVT_TYPE_Q5_1, 32)
 KQ_DEFINE_MM(mm_q4_K, F(tile_k), KVT_TYPE_Q4_K, 256)
 KQ_DEFINE_MM(mm_q5_K, F(tile_k), KVT_TYPE_Q5_K, 256)
 KQ_DEFINE_MM(mm_q6_K, F(tile_k), KVT_TYPE_Q6_K, 256)
-#if KVT_ZMM
 KQ_DEFINE_MM(mm_f32, F(tile_f), KVT_TYPE_F32, 1)
 KQ_DEFINE_MM(mm_f16, F(tile_f), KVT_TYPE_F16, 1)
 KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
-#else
-/* F32/F16/BF16 weights with 2 to 16 activation rows on AVX2 (batched decode steps and speculative
- * verification; there is no packed copy for these types): one weight row × up to 8 activation rows
- * (8 accumulators), so the weights are read once per 8 rows instead of once per KVT_TR = 2, and as
- * one stream (the 4 × 2 tile reads 4 rows a row apart, which the hardware prefetchers follow badly,
- * as in the GEMV copy's case). smol-135m F16, 2 threads: an 8-row step 47.6 / 39.7 → 29.5 / 28.4 ms,
- * a 2-row step about 1.05× a 1-row one. Prefill chunks (more rows) keep the 4 × 2 tiles, whose
- * activation loads feed 4 FMAs each. Each
- * output keeps tile_f's accumulator, lane order, horizontal sum and scalar tail, so the bits do not
- * depend on the tiling. */
-AI void F(tile_f_tall)(const uint32_t wt, const int NR, const uint8_t *W, const uint8_t *A, size_t arb, int64_t n,
-                       float *y, int64_t ldy) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        const __m256 wv = F(fload)(wt, W, k);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++)
-            acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)(A + (size_t)j * arb) + k), acc[j]);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; j++) {
-        float s = F(hsum_ps)(acc[j]);
-        const float *xa = (const float *)(A + (size_t)j * arb);
-        for (int64_t t = k; t < n; t++) s += F(fscalar)(wt, W, t) * xa[t];
-        y[(int64_t)j * ldy] = s;
-    }
-}
-#define KQ_F_TALL(WT, NR) F(tile_f_tall)(WT, NR, w, A + (size_t)r * arb, arb, n_in, y + r * ldy + o, ldy)
-#define KQ_DEFINE_MM_F(NAME, WT)                                                                         \
-    static TGT void F(NAME)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,      \
-                            int64_t ldy, int64_t o0, int64_t o1) {                                       \
-        if (n_rows < 2 || n_rows > 16) {                                                                 \
-            const size_t wrb = (size_t)kvt_type_row_bytes(WT, (uint64_t)n_in);                           \
-            const size_t arb = (size_t)n_in * sizeof(float);                                             \
-            const int64_t inner = n_in;                                                                  \
-            const uint8_t *A = act;                                                                      \
-            int64_t o = o0;                                                                              \
-            for (; o + 4 <= o1; o += 4) KQ_ROWS(F(tile_f), WT, 4, (const uint8_t *)W + (size_t)o * wrb); \
-            for (; o < o1; o++) KQ_ROWS(F(tile_f), WT, 1, (const uint8_t *)W + (size_t)o * wrb);         \
-            return;                                                                                      \
-        }                                                                                                \
-        const size_t wrb = (size_t)kvt_type_row_bytes(WT, (uint64_t)n_in);                               \
-        const size_t arb = (size_t)n_in * sizeof(float);                                                 \
-        const uint8_t *A = act;                                                                          \
-        for (int64_t o = o0; o < o1; o++)                                                                \
-            for (int64_t r = 0; r < n_rows; r += 8) {                                                    \
-                const uint8_t *w = (const uint8_t *)W + (size_t)o * wrb;                                 \
-                switch (n_rows - r < 8 ? n_rows - r : 8) {                                               \
-                case 1: KQ_F_TALL(WT, 1); break;                                                         \
-                case 2: KQ_F_TALL(WT, 2); break;                                                         \
-                case 3: KQ_F_TALL(WT, 3); break;                                                         \
-                case 4: KQ_F_TALL(WT, 4); break;                                                         \
-                case 5: KQ_F_TALL(WT, 5); break;                                                         \
-                case 6: KQ_F_TALL(WT, 6); break;                                                         \
-                case 7: KQ_F_TALL(WT, 7); break;                                                         \
-                default: KQ_F_TALL(WT, 8); break;                                                        \
-                }                                                                                        \
-            }                                                                                            \
-    }
-KQ_DEFINE_MM_F(mm_f32, KVT_TYPE_F32)
-KQ_DEFINE_MM_F(mm_f16, KVT_TYPE_F16)
-KQ_DEFINE_MM_F(mm_bf16, KVT_TYPE_BF16)
-#undef KQ_F_TALL
-#undef KQ_DEFINE_MM_F
-#endif
 
 /* ---------------- single-row GEMV on the 4-row interleaved copy (kq_ilv_build) ----------------
  * The tile code of the row-major products with other strides, so the same bits. A group of 4 rows
  * [o, o + 4) (o % 4 == 0) is one contiguous stream instead of 4 rows wrb bytes apart, which the
  * hardware prefetchers follow: on an AVX2 Zen 3 (docs/architecture.md), Q4_K/Q6_K GEMV from DRAM went from
- * about 11.5 to 17.5 GB/s on one core (what the kernel does on weights in cache). Rows past the last
- * full group come from the row-major original. */
+ * about 11.5 to 17.5 GB/s on one core (what the kernel does on weights in cache). o0 and o1 are
+ * multiples of 4 within the copy's groups (kvt_matmul_packed runs the rest on the original rows). */
 #define KQ_ILV_K(WT) F(gemv_k4)(WT, G, wbb, 4 * wbb, pfo, A, P->nb, y + o)
 #define KQ_ILV_S(WT) F(tile_small_s)(WT, 4, 1, G, wbb, 4 * wbb, pfo, A, 0, P->nb, y + o, 0)
 static TGT void F(gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     const uint32_t wt = P->type;
     const size_t wbb = kvt_type_block_bytes(wt), wrb = (size_t)P->nb * wbb, pfo = KQ_PF_ROWS * wrb;
     const uint8_t *A = act;
-    const int64_t full = P->n_out & ~(int64_t)3;
-    int64_t o = o0;
-    for (; o + 4 <= o1 && o + 4 <= full; o += 4) {
+    for (int64_t o = o0; o < o1; o += 4) {
         const uint8_t *G = P->ilv + (size_t)o * wrb; /* group o / 4 */
         switch (wt) {
         case KVT_TYPE_Q4_K: KQ_ILV_K(KVT_TYPE_Q4_K); break;
@@ -746,18 +736,6 @@ static TGT void F(gemv_ilv)(const kvt_packed *P, const void *act, float *y, int6
         case KVT_TYPE_Q5_1: KQ_ILV_S(KVT_TYPE_Q5_1); break;
         default: return;
         }
-    }
-    if (o >= o1) return;
-    switch (wt) {
-    case KVT_TYPE_Q4_K: F(mm_q4_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q5_K: F(mm_q5_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q6_K: F(mm_q6_K)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q8_0: F(mm_q8_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q4_0: F(mm_q4_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q4_1: F(mm_q4_1)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q5_0: F(mm_q5_0)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    case KVT_TYPE_Q5_1: F(mm_q5_1)(P->W, P->n_in, act, 1, y, 0, o, o1); break;
-    default: break;
     }
 }
 #undef KQ_ILV_K
