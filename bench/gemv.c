@@ -6,7 +6,7 @@
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
 //   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"] [MIB=256] [PASSES=15]
-// Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate) replicated to MIB of weights. bf16x = F16
+// Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate; GEMV_NIN / GEMV_NOUT set others) replicated to MIB of weights. bf16x = F16
 // weights packed for the bf16 pair dot (what the loader uses for F16/BF16 files on AVX-512 BF16).
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +76,8 @@ int main(int argc, char **argv) {
     const int passes = argc > 4 ? atoi(argv[4]) : 15;
     kvt_kernels_init();
     kvt_threadpool *tp = kvt_threadpool_create(nth);
-    const int64_t n_in = 2048, n_out = 8192;
+    const int64_t n_in = getenv("GEMV_NIN") ? atoll(getenv("GEMV_NIN")) : 2048,
+                  n_out = getenv("GEMV_NOUT") ? atoll(getenv("GEMV_NOUT")) : 8192;
     float *src = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in);
     uint64_t s = 88172645463325252ull;
     for (int64_t i = 0; i < n_in * n_out; i++) {

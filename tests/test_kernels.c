@@ -520,15 +520,16 @@ static void test_matmul_batch_invariance(void **st) {
         check_invariance(&c);
         mm_free(&c);
     }
-    /* F32/F16/BF16: AVX2 takes one weight row x up to 8 activation rows for 2..16 rows: 11 rows = a
-     * tile of 8 and one of 3 (chunks of 3: tiles of 3, then one of 2), 16 = two of 8, 17 the 4 x 2
-     * tiles of prefill; all equal one row at a time */
+    /* F32/F16/BF16: AVX2 takes one weight row x up to 8 activation rows for 2..16 rows: 2 to 5 rows
+     * one tile each (7 outputs, and the splits of check_invariance start off the 4-row groups), 11
+     * rows = a tile of 8 and one of 3 (chunks of 3: tiles of 3, then one of 2), 16 = two of 8, 17
+     * the 4 x 2 tiles of prefill; all equal one row at a time */
     const uint32_t fts[] = {KVT_TYPE_F32, KVT_TYPE_F16, KVT_TYPE_BF16};
-    const int64_t frows[] = {11, 16, 17};
+    const int64_t frows[] = {2, 3, 4, 5, 11, 16, 17};
     for (size_t ti = 0; ti < 3; ti++)
-        for (size_t ri = 0; ri < 3; ri++) {
+        for (size_t ri = 0; ri < sizeof frows / sizeof frows[0]; ri++) {
             mm_case c;
-            mm_setup(&c, fts[ti], 531, 6, frows[ri], 340 + ti * 4 + ri);
+            mm_setup(&c, fts[ti], 531, 7, frows[ri], 340 + ti * 8 + ri);
             check_invariance(&c);
             mm_free(&c);
         }

@@ -46,8 +46,6 @@
 #include "engine_int.h"
 #include "scheme.h"
 
-#define KVT_ENGINE_NUMERICS_TAG "kvt-num-1"
-
 /* The SSD and shared tiers' options from the engine's (the same for the target's tiers and the
  * draft's: each caller sets its own layout, pool and compatibility key). With a draft the SSD cap is
  * split between the two compat directories by bytes per token; share_draft picks the draft's part. */
@@ -284,22 +282,12 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->mla_prefill != KVT_MLA_PREFILL_ABSORBED && !hp->mla.kv_lora_rank)
         KVT_WARN("--mla-prefill %s has no effect: %s has no latent (MLA) attention layers",
                  o->mla_prefill == KVT_MLA_PREFILL_EXPANDED ? "expanded" : "auto", kvt_arch_name(hp->arch));
-    if (o->ssd_dir || o->shared_url) { /* tiers shared beyond this process need the content-hash key */
-        char th[32], num[96];
-        snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(e->tok));
+    { /* tiers shared beyond this process (SSD, shared) need the content-hash key */
+        char num[96];
         snprintf(num, sizeof num, "%s%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(e->model), mla_tag);
-        /* [watch] hash the held file itself (its /proc/self/fd name), not whatever the path names now */
-        char held[64];
-        snprintf(held, sizeof held, "/proc/self/fd/%d", kvt_file_watch_fd(e->watch));
-        st = kvt_ssd_compat_key(o->ssd_dir, access(held, R_OK) == 0 ? held : o->model_path, e->layout, th, num,
-                                e->compat, sizeof e->compat, err, errlen);
+        st = kvt_scheme_compat_key(o->model_path, e->watch, e->layout, kvt_tokenizer_hash(e->tok), num, o->ssd_dir,
+                                   o->ssd_dir || o->shared_url, e->compat, sizeof e->compat, err, errlen);
         if (st) goto fail;
-    } else {
-        struct stat sb;
-        if (stat(o->model_path, &sb) != 0) memset(&sb, 0, sizeof sb);
-        snprintf(e->compat, sizeof e->compat, "model=%s:%lld:%lld;scheme=%s;tok=%016llx;num=%s%s%s", o->model_path,
-                 (long long)sb.st_size, (long long)sb.st_mtime, e->scheme, (unsigned long long)kvt_tokenizer_hash(e->tok),
-                 KVT_ENGINE_NUMERICS_TAG, kvt_model_numerics_tag(e->model), mla_tag);
     }
     /* [watch] the mapping, the tokenizer and the identity hash all read the watched file, unchanged */
     if (!kvt_file_watch_path_ok(e->watch)) {

@@ -9,7 +9,11 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "../cache/ssd_cache.h"
 #include "../kernels/quant.h"
 
 /* One log line per distinct layer declaration, e.g. "kv: layers 0-4,6-10 window(512)/f16". */
@@ -188,3 +192,23 @@ out:
     return st;
 }
 
+
+kvt_status kvt_scheme_compat_key(const char *path, const kvt_file_watch *watch, const kvt_kv_layout *l, uint64_t tok_hash,
+                                 const char *num, const char *cache_dir, bool persist, char *out, size_t outlen,
+                                 char *err, size_t errlen) {
+    char th[32];
+    snprintf(th, sizeof th, "%016llx", (unsigned long long)tok_hash);
+    if (persist) {
+        char held[64];
+        snprintf(held, sizeof held, "/proc/self/fd/%d", kvt_file_watch_fd(watch));
+        return kvt_ssd_compat_key(cache_dir, access(held, R_OK) == 0 ? held : path, l, th, num, out, outlen, err, errlen);
+    }
+    struct stat sb;
+    char scheme[128];
+    if (stat(path, &sb) != 0) memset(&sb, 0, sizeof sb);
+    kvt_kv_layout_key(l, scheme, sizeof scheme);
+    const int n = snprintf(out, outlen, "model=%s:%lld:%lld;scheme=%s;tok=%s;num=%s", path, (long long)sb.st_size,
+                           (long long)sb.st_mtime, scheme, th, num);
+    if (n < 0 || (size_t)n >= outlen) return kvt_errf(err, errlen, KVT_ERR_RANGE, "%s: its cache key is too long", path);
+    return KVT_OK;
+}

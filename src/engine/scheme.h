@@ -11,9 +11,21 @@
 #define KVT_SCHEME_H
 
 #include "../kv/kv.h"
+#include "../model/file_watch.h"
 #include "../model/model.h"
 #include "engine.h"
 
 kvt_status kvt_scheme_layout(const kvt_engine_opts *o, const kvt_model *m, kvt_kv_layout **out, char *err, size_t errlen);
+
+/* The compatibility key of a model's KV under layout l (the engine's target and a speculative
+ * draft alike): with persist (a tier beyond this process: SSD or shared), kvt_ssd_compat_key over
+ * the file held open by watch (its /proc/self/fd name, not whatever path names now; path if that
+ * cannot be read), whose SHA-256 is memoized in cache_dir (may be NULL); otherwise a key private to
+ * this process from path, size and mtime. tok_hash identifies the tokenizer, num the numerics
+ * (kvt_kernels_numerics_id() plus any model tag). Every pointer is borrowed for the call; out gets
+ * the key (KVT_ERR_RANGE when outlen is too small). */
+kvt_status kvt_scheme_compat_key(const char *path, const kvt_file_watch *watch, const kvt_kv_layout *l, uint64_t tok_hash,
+                                 const char *num, const char *cache_dir, bool persist, char *out, size_t outlen,
+                                 char *err, size_t errlen);
 
 #endif

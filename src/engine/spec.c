@@ -41,6 +41,7 @@
 #include "../model/file_watch.h"
 #include "../model/model.h"
 #include "budget.h"
+#include "scheme.h"
 #include "spec_verify.h"
 
 struct kvt_spec {
@@ -237,24 +238,11 @@ bool kvt_spec_weights_ok(kvt_spec *s) { return kvt_file_watch_ok(s->watch); }
 
 kvt_status kvt_spec_companion_key(kvt_spec *s, const char *target_key, const char *cache_dir, bool persist, char *out,
                                   size_t outlen, char *err, size_t errlen) {
-    char th[32], num[96], dkey[KVT_SSD_COMPAT_KEY_MAX];
-    snprintf(th, sizeof th, "%016llx", (unsigned long long)kvt_tokenizer_hash(s->tok));
+    char num[96], dkey[KVT_SSD_COMPAT_KEY_MAX];
     snprintf(num, sizeof num, "%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(s->model));
-    if (persist) {
-        /* hash the held file (its /proc/self/fd name), not whatever the path names now */
-        char held[64];
-        snprintf(held, sizeof held, "/proc/self/fd/%d", kvt_file_watch_fd(s->watch));
-        kvt_status st = kvt_ssd_compat_key(cache_dir, access(held, R_OK) == 0 ? held : s->path, s->layout, th, num,
-                                           dkey, sizeof dkey, err, errlen);
-        if (st) return st;
-    } else {
-        struct stat sb;
-        char scheme[128];
-        if (stat(s->path, &sb) != 0) memset(&sb, 0, sizeof sb);
-        kvt_kv_layout_key(s->layout, scheme, sizeof scheme);
-        snprintf(dkey, sizeof dkey, "model=%s:%lld:%lld;scheme=%s;tok=%s;num=%s", s->path, (long long)sb.st_size,
-                 (long long)sb.st_mtime, scheme, th, num);
-    }
+    const kvt_status st = kvt_scheme_compat_key(s->path, s->watch, s->layout, kvt_tokenizer_hash(s->tok), num, cache_dir,
+                                                persist, dkey, sizeof dkey, err, errlen);
+    if (st) return st;
     char tdir[33]; /* the target's compat directory name */
     kvt_ssd_compat_dir(target_key, tdir);
     const int n = snprintf(out, outlen, "kvtier-companion;target=%s;draft=%s", tdir, dkey);
