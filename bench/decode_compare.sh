@@ -5,6 +5,8 @@
 # depth DEPTH vs depth 0 on DEPTH_MODEL, and (BATCH_BASE/BATCH_NEW set) the batched step ratio.
 #   BASE=/tmp/kv-base/build/kvtier PEER="PATH/TO/peers/run ik" MODELS="a.gguf b.gguf" \
 #     bench/decode_compare.sh > out.txt
+# PEER_NODE=DIR adds llama.cpp through the npm package node-llama-cpp installed in DIR
+# (bench/peer_node_llama.mjs), for CPUs the prebuilt peers do not run on.
 # Env: ROUNDS (2) N (32 decoded tokens) THREADS ("1 2") DEPTH (16384) DEPTH_MODEL DEPTH_N (64)
 #      BATCH_BASE BATCH_NEW (bench/batch_step binaries) BATCH_MODEL.
 # Decode of kvtier runs with KVT_REPACK=gemv (REPACK_NEW): only the single-row GEMV copy decode
@@ -18,6 +20,7 @@ set -u
 NEW=${NEW:-build/kvtier}
 BASE=${BASE:-}
 PEER=${PEER:-}
+PEER_NODE=${PEER_NODE:-}
 ROUNDS=${ROUNDS:-2}
 N=${N:-32}
 THREADS=${THREADS:-"1 2"}
@@ -32,7 +35,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for t in $THREADS; do
       # alternate which kvtier build goes first (the first run after a model switch or the
       # bandwidth probe meets colder caches)
-      order="new base peer"; [ $(( (r + t) % 2 )) -eq 1 ] && order="base new peer"
+      order="new base peer node"; [ $(( (r + t) % 2 )) -eq 1 ] && order="base new node peer"
       for eng in $order; do
         case $eng in
           new) tps=$(KVT_REPACK=$REPACK_NEW $NEW bench -m "$m" -t "$t" -p 16 -n "$N" -r 1 --json --membw-mib 0 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
@@ -41,6 +44,8 @@ for r in $(seq 1 "$ROUNDS"); do
           peer) [ -n "$PEER" ] || continue
                 case " $PEER_THREADS " in *" $t "*) ;; *) continue ;; esac
                 tps=$($PEER llama-bench -m "$m" -t "$t" -p 0 -n "$N" -r 1 -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | head -1 | grep -o '[0-9.]*$') ;;
+          node) [ -n "$PEER_NODE" ] || continue
+                tps=$(node bench/peer_node_llama.mjs "$PEER_NODE" "$m" "$t" "$N" 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2) ;;
         esac
         echo "RESULT $eng $(basename "$m" .gguf) $t ${tps:-fail} round=$r"
       done
