@@ -40,7 +40,7 @@ CONFIGS = {
     # name: dims, training schedule. The defaults are the run whose files are committed.
     "target": dict(n_embd=384, n_layer=8, n_head=6, n_head_kv=2, n_ff=1024, seq=512, batch=4, steps=1000,
                    lr=2.5e-3, warmup=10),
-    "draft": dict(n_embd=128, n_layer=4, n_head=2, n_head_kv=1, n_ff=384, seq=512, batch=4, steps=300,
+    "draft": dict(n_embd=128, n_layer=4, n_head=2, n_head_kv=1, n_ff=384, seq=512, batch=4, steps=1000,
                   lr=4e-3, warmup=20),
 }
 
@@ -249,10 +249,15 @@ def make_stream(tok, train, chats, seed):
     return torch.tensor(stream, dtype=torch.long)
 
 
-def train_model(name, c, vocab, stream, held_ids, seed, logf, curve):
+def train_model(name, c, vocab, stream, held_ids, seed, logf, curve, teacher=None):
+    """Next-token training on random windows of the stream; with a teacher (a trained Llama), knowledge
+    distillation instead: the loss is the cross-entropy against the teacher's next-token distribution
+    (its KL divergence plus the teacher's entropy), which trains a draft to propose what the target
+    would pick. The logged loss is the hard next-token loss either way (comparable curves)."""
     torch.manual_seed(seed)
     m = Llama(c, vocab)
-    log(logf, f"[{name}] {n_params(m)} parameters: {json.dumps(c)}")
+    log(logf, f"[{name}] {n_params(m)} parameters: {json.dumps(c)}"
+              + (" (distilled from the teacher's distribution)" if teacher is not None else ""))
     decay = [p for p in m.parameters() if p.dim() == 2]
     nodecay = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
@@ -268,9 +273,16 @@ def train_model(name, c, vocab, stream, held_ids, seed, logf, curve):
         starts = torch.randint(0, len(stream) - T - 1, (B,), generator=g)
         x = torch.stack([stream[s:s + T] for s in starts])
         y = torch.stack([stream[s + 1:s + T + 1] for s in starts])
-        loss = F.cross_entropy(m(x).view(-1, vocab), y.view(-1))
+        logits = m(x).view(-1, vocab)
+        loss = F.cross_entropy(logits, y.view(-1))
+        if teacher is not None:
+            with torch.no_grad():
+                p_t = teacher(x).view(-1, vocab).softmax(-1)
+            train_loss = -(p_t * logits.log_softmax(-1)).sum(-1).mean()
+        else:
+            train_loss = loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        train_loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         el = time.time() - t0
@@ -481,6 +493,8 @@ def main():
     ap.add_argument("--target-steps", type=int, default=CONFIGS["target"]["steps"])
     ap.add_argument("--draft-steps", type=int, default=CONFIGS["draft"]["steps"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draft-teacher", metavar="GGUF", help="distill the draft from this f16 target GGUF "
+                    "(written by this script) instead of training it on the next tokens")
     ap.add_argument("--refs-only", action="store_true", help="no training: rewrite kjv-*-ref.json from the f16 "
                     "GGUF files in --out (keeps the training facts of the old file)")
     ap.add_argument("--only", choices=("target", "draft"), help="train one model (each model's run is independent of "
@@ -528,7 +542,15 @@ def main():
         if args.only and name != args.only:
             continue
         c = dict(CONFIGS[name], steps=steps)
-        m = train_model(name, c, args.vocab, stream, held_ids, args.seed, logf, curve)
+        teacher = None
+        if name == "draft" and args.draft_teacher:
+            teacher = Llama(CONFIGS["target"], args.vocab)
+            load_gguf_f16(teacher, args.draft_teacher)
+            teacher.eval()
+            for p in teacher.parameters():
+                p.requires_grad_(False)
+            log(logf, f"[draft] teacher {args.draft_teacher}: held-out loss {eval_loss(teacher, held_ids, c['seq'], 8):.4f}")
+        m = train_model(name, c, args.vocab, stream, held_ids, args.seed, logf, curve, teacher)
         m.eval()
         round_f16(m)
         tl = eval_loss(m, held_ids, c["seq"], 8)
