@@ -800,6 +800,73 @@ static void test_gemv_interleaved(void **st) {
     kvt_kernels_force_isa(kvt_kernels_best_isa());
 }
 
+/* F16/BF16 rows of up to 2 KiB: on AVX2 a single-row GEMV copy alone (kvt_packed kind KQP_F), whose
+ * products equal the row-major ones bit for bit for every column cut (on and off the 4-row groups)
+ * and every row count (more than one row reads the original rows); no copy under another ISA (its
+ * vectors take another lane order), with KVT_GEMV_ILV=0 or KVT_REPACK=0. */
+static void test_gemv_interleaved_float(void **st) {
+    (void)st;
+    const uint32_t types[] = {KVT_TYPE_F16, KVT_TYPE_BF16};
+    const int64_t ins[] = {1024, 520}, outs[] = {4, 7, 67};
+    kvt_isa isas[3];
+    const int ni = isa_list(isas);
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ii = 0; ii < 2; ii++)
+            for (size_t oi = 0; oi < 3; oi++) {
+                const uint32_t t = types[ti];
+                const int64_t n = ins[ii], no = outs[oi];
+                mm_case c;
+                mm_setup(&c, t, n, no, 3, 2400 + ti * 16 + ii * 4 + oi);
+                const size_t ab = kvt_act_bytes(t, n, 1);
+                float *yr = malloc((size_t)(3 * no) * 4), *yp = malloc((size_t)(3 * no) * 4);
+                const int64_t cuts[][2] = {{0, no}, {4, no}, {1, no}, {0, 4}, {no - 3, no}, {no > 8 ? 8 : 0, no > 12 ? 12 : no}};
+                for (int m = 0; m < ni; m++) {
+                    assert_true(kvt_kernels_force_isa(isas[m]));
+                    kvt_packed *P = kvt_packed_create(t, c.w, n, no);
+                    if (isas[m] != KVT_ISA_AVX2) {
+                        assert_null(P);
+                        continue;
+                    }
+                    assert_non_null(P);
+                    assert_true(kvt_packed_has_ilv(P));
+                    kvt_matmul_rows(t, c.w, n, c.a, 3, yr, no, 0, no);
+                    for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+                        if (cuts[ci][0] >= cuts[ci][1] || cuts[ci][0] < 0) continue;
+                        for (int64_t r = 0; r < 3; r++) { /* each row alone: the GEMV */
+                            memset(yp, 0xff, (size_t)no * 4);
+                            kvt_matmul_packed(P, c.a + (size_t)r * ab, 1, yp, no, cuts[ci][0], cuts[ci][1]);
+                            for (int64_t o = 0; o < no; o++)
+                                if (o >= cuts[ci][0] && o < cuts[ci][1]) assert_memory_equal(yr + r * no + o, yp + o, 4);
+                                else assert_true(((uint32_t *)yp)[o] == 0xffffffffu);
+                        }
+                    }
+                    memset(yp, 0xff, (size_t)(3 * no) * 4); /* 3 rows at once: the original rows */
+                    kvt_matmul_packed(P, c.a, 3, yp, no, 0, no);
+                    assert_memory_equal(yr, yp, (size_t)(3 * no) * 4);
+                    kvt_matmul_packed_ref(P, c.a, 3, yp, no, 0, no);
+                    kvt_matmul_rows_ref(t, c.w, n, c.a, 3, yr, no, 0, no);
+                    assert_memory_equal(yr, yp, (size_t)(3 * no) * 4);
+                    kvt_packed_free(P);
+                }
+                kvt_kernels_force_isa(kvt_kernels_best_isa());
+                const bool avx2 = kvt_kernels_isa() == KVT_ISA_AVX2;
+                setenv("KVT_GEMV_ILV", "0", 1);
+                assert_null(kvt_packed_create(t, c.w, n, no));
+                unsetenv("KVT_GEMV_ILV");
+                setenv("KVT_REPACK", "0", 1);
+                assert_null(kvt_packed_create(t, c.w, n, no));
+                setenv("KVT_REPACK", "gemv", 1);
+                kvt_packed *P = kvt_packed_create(t, c.w, n, no);
+                assert_int_equal(P != NULL, avx2);
+                kvt_packed_free(P);
+                unsetenv("KVT_REPACK");
+                free(yr);
+                free(yp);
+                mm_free(&c);
+            }
+    kvt_kernels_force_isa(kvt_kernels_best_isa());
+}
+
 /* K-quants on the 16-row layout: odd output counts (partial 16-row groups), n_in 256..2048, row
  * counts through every register tile mix (8, 4, 2, 1 rows) and column cuts inside a group. */
 static void test_packed_k16_shapes(void **st) {
@@ -897,7 +964,9 @@ static void test_packed_row_blocks(void **st) {
 static void test_packed_unsupported(void **st) {
     (void)st;
     uint8_t w[64 * 2 * 4] = {0};
-    assert_null(kvt_packed_create(KVT_TYPE_F16, w, 64, 4));
+    static uint16_t wl[2048 * 4];
+    assert_null(kvt_packed_create(KVT_TYPE_F16, wl, 2048, 4)); /* rows of 4 KiB: no GEMV copy */
+    assert_null(kvt_packed_create(KVT_TYPE_BF16, w, 60, 4));   /* not a whole number of 8-element blocks */
     assert_null(kvt_packed_create(KVT_TYPE_F32, w, 32, 4));
     assert_null(kvt_packed_create(KVT_TYPE_Q8_0, w, 33, 4)); /* not a whole number of blocks */
     assert_null(kvt_packed_create(KVT_TYPE_Q8_0, w, 32, 0));
@@ -1157,7 +1226,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dequant_dispatch), cmocka_unit_test(test_matmul_vs_ref),
         cmocka_unit_test(test_matmul_vs_double), cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_odd_shapes), cmocka_unit_test(test_gemv_kquant_vs_ref), cmocka_unit_test(test_f32_helpers),
-        cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_gemv_interleaved), cmocka_unit_test(test_packed_extreme_weights),
+        cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_gemv_interleaved), cmocka_unit_test(test_gemv_interleaved_float), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
         cmocka_unit_test(test_packed_k16_shapes),   cmocka_unit_test(test_packed_k16_extreme),
         cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),

@@ -101,6 +101,8 @@ bool kq_ilv_fits(int kind) {
     /* AMX and AVX-512 VNNI replace the row-major Q8_0/Q4_0/Q5_0 products with the int8-block order
      * (fill); the GEMV copy's kernel is the template's, so those types keep the row-major path */
     const bool int8_block = g_isa == KVT_ISA_AMX || (g_isa == KVT_ISA_AVX512 && g_vnni);
+    /* F16/BF16: the AVX2 tile's 8-lane blocks (512-bit vectors take 16 lanes, another order) */
+    if (kind == KQP_F) return g_isa == KVT_ISA_AVX2;
     return g_tab.gemv_ilv != NULL && !(kind == KQP_SMALL_S && int8_block);
 }
 
@@ -208,7 +210,7 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
     }
 #endif
     /* a layout built for another ISA (forced after creation): the row-major path, same results */
-    if (g_tab.pmatmul[p->kind] && p->data) {
+    if (p->kind < KQP_KINDS && g_tab.pmatmul[p->kind] && p->data) {
         g_tab.pmatmul[p->kind](p, act, n_rows, y, ldy, o0, o1);
         return;
     }

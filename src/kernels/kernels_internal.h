@@ -88,7 +88,7 @@ static inline void kq_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
 #define KQP_K_Q 288
 struct kvt_packed {
     uint32_t type;
-    int kind;              /* 0 small signed, 1 small unsigned, 2 Q4_K/Q5_K, 3 Q6_K */
+    int kind;              /* 0 small signed, 1 small unsigned, 2 Q4_K/Q5_K, 3 Q6_K, 4 F16/BF16 (GEMV copy only) */
     int64_t n_in, n_out;
     int64_t nb;            /* blocks per row */
     int64_t ngroups;       /* ceil(n_out / 4) */
@@ -114,6 +114,9 @@ struct kvt_packed {
 #define KQS_N 16
 #define KQS_GBB 576
 bool kq_ilv_build(kvt_packed *P);            /* fills P->ilv from P->W; false on OOM / overflow */
+/* Bytes of one interleaving block of the GEMV copy: the type's block, or 8 elements (one AVX2
+ * vector: tile_f_s's block) for F16/BF16. */
+size_t kq_ilv_block_bytes(const kvt_packed *P);
 size_t kq_ilv_bytes(const kvt_packed *P);
 bool kq_s16_build(kvt_packed *P);            /* fills P->s16 from P->W; false on OOM / overflow */
 size_t kq_s16_bytes(const kvt_packed *P);
@@ -134,7 +137,9 @@ bool kq_has_vnni(void);
 bool kq_ilv_fits(int kind);
 /* This thread's scratch of at least `bytes` (64-byte aligned, reused across calls), NULL on OOM. */
 uint8_t *kq_tls_scratch(size_t bytes);
-enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3 };
+/* KQP_F: F16/BF16 rows whose only copy is the single-row GEMV one (no GEMM layout: products of more
+ * rows read the original rows) */
+enum { KQP_SMALL_S = 0, KQP_SMALL_U = 1, KQP_KM = 2, KQP_K6 = 3, KQP_F = 4, KQP_KINDS = 5 };
 
 /* ---- per-ISA kernel table; NULL entries fall back to the scalar reference ---- */
 typedef void (*kq_matmul_fn)(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y,
@@ -144,7 +149,7 @@ typedef void (*kq_pmatmul_fn)(const kvt_packed *P, const void *act, int64_t n_ro
 typedef void (*kq_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef struct kq_table {
     kq_matmul_fn matmul[KVT_TYPE_COUNT];
-    kq_pmatmul_fn pmatmul[4]; /* by kvt_packed.kind; must equal matmul[type] bit for bit */
+    kq_pmatmul_fn pmatmul[KQP_KINDS]; /* by kvt_packed.kind; must equal matmul[type] bit for bit */
     /* one activation row on kvt_packed.ilv, outputs [o0, o1) of whole groups (both multiples of 4,
      * o1 <= n_out rounded down to 4); must equal matmul[type] bit for bit */
     void (*gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);

@@ -543,24 +543,28 @@ static inline float F(fscalar)(const uint32_t wt, const uint8_t *p, int64_t k) {
 }
 #endif
 
-AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb,
-                  const uint8_t *A, size_t arb, int64_t n, float *y, int64_t ldy) {
+/* Block b (FV_W elements) of weight row i is at W + i * rs + b * bstr: row-major rows (rs = row bytes,
+ * bstr = FV_W elements) or, on AVX2, the 4-row interleaved GEMV copy (rs = 8 elements, bstr = 4 of
+ * them; kq_ilv_build, whose rows have no tail). A single-row tile prefetches pfo bytes ahead of each
+ * cache line it starts. */
+AI void F(tile_f_s)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t rs, size_t bstr, size_t pfo,
+                    const uint8_t *A, size_t arb, int64_t n, float *y, int64_t ldy) {
     FV acc[4][KVT_TR];
     for (int i = 0; i < NW; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = (FV){0};
     int64_t k = 0;
-    for (; k + FV_W <= n; k += FV_W) {
+    const uint8_t *Wk = W; /* block k / FV_W */
+    for (; k + FV_W <= n; k += FV_W, Wk += bstr) {
         FV wv[4];
-        if (NR == 1 && (k * (wt == KVT_TYPE_F32 ? 4 : 2)) % 64 == 0) /* GEMV: see tile_small */
+        if (NR == 1 && (size_t)(Wk - W) % 64 == 0) /* GEMV: see tile_small */
             for (int i = 0; i < NW; i++)
-                _mm_prefetch((const char *)(W + (KQ_PF_ROWS + (size_t)i) * wrb) + k * (wt == KVT_TYPE_F32 ? 4 : 2),
-                             _MM_HINT_T0);
+                if (i == 0 || rs >= 64) _mm_prefetch((const char *)(Wk + (size_t)i * rs + pfo), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < NW; i++)
 #if KVT_ZMM
-            wv[i] = F(fload)(wt, W + (size_t)i * wrb, k, 0xFFFF, false);
+            wv[i] = F(fload)(wt, Wk + (size_t)i * rs, 0, 0xFFFF, false);
 #else
-            wv[i] = F(fload)(wt, W + (size_t)i * wrb, k);
+            wv[i] = F(fload)(wt, Wk + (size_t)i * rs, 0);
 #endif
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
@@ -575,11 +579,12 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
 #endif
         }
     }
+    const uint8_t *Wt = Wk; /* the tail's block (row-major: k's byte) */
 #if KVT_ZMM
     if (k < n) { /* masked tail: same lanes, zeros elsewhere */
         const __mmask16 m = (__mmask16)((1u << (n - k)) - 1u);
         FV wv[4];
-        for (int i = 0; i < NW; i++) wv[i] = F(fload)(wt, W + (size_t)i * wrb, k, m, true);
+        for (int i = 0; i < NW; i++) wv[i] = F(fload)(wt, Wt + (size_t)i * rs, 0, m, true);
         for (int j = 0; j < NR; j++) {
             const FV xv = _mm512_maskz_loadu_ps(m, (const float *)(A + (size_t)j * arb) + k);
             for (int i = 0; i < NW; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
@@ -596,10 +601,15 @@ AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *
         for (int j = 0; j < NR; j++) {
             float s = F(hsum_ps)(acc[i][j]);
             const float *xa = (const float *)(A + (size_t)j * arb);
-            for (int64_t t = k; t < n; t++) s += F(fscalar)(wt, W + (size_t)i * wrb, t) * xa[t];
+            for (int64_t t = k; t < n; t++) s += F(fscalar)(wt, Wt + (size_t)i * rs, t - k) * xa[t];
             y[(int64_t)j * ldy + i] = s;
         }
 #endif
+}
+AI void F(tile_f)(const uint32_t wt, const int NW, const int NR, const uint8_t *W, size_t wrb, const uint8_t *A,
+                  size_t arb, int64_t n, float *y, int64_t ldy) {
+    const size_t vb = (size_t)FV_W * (wt == KVT_TYPE_F32 ? 4 : 2);
+    F(tile_f_s)(wt, NW, NR, W, wrb, vb, KQ_PF_ROWS * wrb, A, arb, n, y, ldy);
 }
 
 #if !KVT_ZMM
@@ -719,9 +729,10 @@ KQ_DEFINE_MM(mm_bf16, F(tile_f), KVT_TYPE_BF16, 1)
  * multiples of 4 within the copy's groups (kvt_matmul_packed runs the rest on the original rows). */
 #define KQ_ILV_K(WT) F(gemv_k4)(WT, G, wbb, 4 * wbb, pfo, A, P->nb, y + o)
 #define KQ_ILV_S(WT) F(tile_small_s)(WT, 4, 1, G, wbb, 4 * wbb, pfo, A, 0, P->nb, y + o, 0)
+#define KQ_ILV_F(WT) F(tile_f_s)(WT, 4, 1, G, wbb, 4 * wbb, pfo, A, 0, P->n_in, y + o, 0)
 static TGT void F(gemv_ilv)(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     const uint32_t wt = P->type;
-    const size_t wbb = kvt_type_block_bytes(wt), wrb = (size_t)P->nb * wbb, pfo = KQ_PF_ROWS * wrb;
+    const size_t wbb = kq_ilv_block_bytes(P), wrb = (size_t)P->nb * wbb, pfo = KQ_PF_ROWS * wrb;
     const uint8_t *A = act;
     for (int64_t o = o0; o < o1; o += 4) {
         const uint8_t *G = P->ilv + (size_t)o * wrb; /* group o / 4 */
@@ -734,12 +745,17 @@ static TGT void F(gemv_ilv)(const kvt_packed *P, const void *act, float *y, int6
         case KVT_TYPE_Q4_1: KQ_ILV_S(KVT_TYPE_Q4_1); break;
         case KVT_TYPE_Q5_0: KQ_ILV_S(KVT_TYPE_Q5_0); break;
         case KVT_TYPE_Q5_1: KQ_ILV_S(KVT_TYPE_Q5_1); break;
+#if !KVT_ZMM
+        case KVT_TYPE_F16: KQ_ILV_F(KVT_TYPE_F16); break;
+        case KVT_TYPE_BF16: KQ_ILV_F(KVT_TYPE_BF16); break;
+#endif
         default: return;
         }
     }
 }
 #undef KQ_ILV_K
 #undef KQ_ILV_S
+#undef KQ_ILV_F
 
 /* ---------------- packed GEMM (repacked 4-row interleaved weights, repack.c) ----------------
  * One tile = the 4 rows of a weight group × NR activation rows. With KVT_ZMM a 512-bit integer

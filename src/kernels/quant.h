@@ -79,8 +79,10 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
 /* ---- prefill GEMM on repacked weights ----
  * kvt_packed_create copies W (n_out rows of n_in elements of wtype) once, at model load, into an
  * interleaved layout (4 rows per block, one byte per weight; see kernels_internal.h) that the GEMM
- * micro-kernels read contiguously. Types: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K; others (and
- * KVT_REPACK=0 in the environment) give NULL, and the caller keeps using kvt_matmul_rows.
+ * micro-kernels read contiguously. Types: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K; and F16/BF16 with
+ * rows of at most 2 KiB under AVX2, which get only the single-row GEMV copy below (their products
+ * of more rows read W); others (and KVT_REPACK=0 in the environment) give NULL, and the caller keeps
+ * using kvt_matmul_rows.
  * KVT_REPACK=gemv makes only the single-row GEMV copy below (benchmarks of decode).
  * Memory: about 1.06x (Q8_0), 2x (Q4_0/Q5_0), 2.3x (Q4_K) of the original weight bytes, plus 1x for
  * the single-row GEMV copy: the original blocks with 4 rows interleaved by block, so the rows a
