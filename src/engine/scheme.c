@@ -1,7 +1,8 @@
 /*
  * scheme.c — the KV scheme of a loaded model (scheme.h): the codec of every layer from --kv-quant
  * (a uniform mode, or kv_config.json beside the model), the refusal of quantized MLA latents, and
- * the layout built from those codecs, logged one line per distinct layer declaration.
+ * the layout built from those codecs, logged one line per distinct layer declaration; and the
+ * compatibility key of a model's KV under its layout (the target's and a draft's alike).
  */
 #include "scheme.h"
 
@@ -191,7 +192,6 @@ out:
     free(descs);
     return st;
 }
-
 
 kvt_status kvt_scheme_compat_key(const char *path, const kvt_file_watch *watch, const kvt_kv_layout *l, uint64_t tok_hash,
                                  const char *num, const char *cache_dir, bool persist, char *out, size_t outlen,

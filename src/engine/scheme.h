@@ -2,7 +2,8 @@
  * scheme.h — internal to src/engine: resolve the KV scheme of a loaded model. The codec of every
  * layer comes from --kv-quant (off, a uniform mode through kvt_engine_uniform_codec, or "config":
  * kv_config.json beside the model file); quantized MLA latents are refused (docs/models.md). The
- * layout is built from those codecs and logged, one line per distinct layer declaration.
+ * layout is built from those codecs and logged, one line per distinct layer declaration. The
+ * compatibility key of a model's KV under a layout (kvt_scheme_compat_key) is made here too.
  *
  * Ownership: o and m are borrowed for the call; *out (NULL on an error) is the caller's, freed with
  * kvt_kv_layout_free. Errors: kvt_status plus a message in err.

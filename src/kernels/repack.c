@@ -355,7 +355,8 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                            int64_t o1) {
     kvt_f16_table_init();
     if (!P || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > P->n_out) return;
-    if (!P->data) { /* a 16-row VNNI layout: its own arithmetic (gemm_s16.c, gemm_k16.c; same results) */
+    if (!P->data) { /* F16/BF16 (a GEMV copy alone: the row-major arithmetic), or a 16-row VNNI layout:
+                     * its own arithmetic (gemm_s16.c, gemm_k16.c; same results) */
         if (P->kind == KQP_F) kvt_matmul_rows_ref(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
         if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
         if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
