@@ -39,8 +39,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../kernels/quant.h"
 #include "engine_int.h"
@@ -282,7 +280,7 @@ kvt_status kvt_engine_create(const kvt_engine_opts *o, kvt_engine **out, char *e
     if (o->mla_prefill != KVT_MLA_PREFILL_ABSORBED && !hp->mla.kv_lora_rank)
         KVT_WARN("--mla-prefill %s has no effect: %s has no latent (MLA) attention layers",
                  o->mla_prefill == KVT_MLA_PREFILL_EXPANDED ? "expanded" : "auto", kvt_arch_name(hp->arch));
-    { /* tiers shared beyond this process (SSD, shared) need the content-hash key */
+    {
         char num[96];
         snprintf(num, sizeof num, "%s%s%s", kvt_kernels_numerics_id(), kvt_model_numerics_tag(e->model), mla_tag);
         st = kvt_scheme_compat_key(o->model_path, e->watch, e->layout, kvt_tokenizer_hash(e->tok), num, o->ssd_dir,

@@ -32,9 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#include <sys/stat.h>
 
 #include "../kernels/quant.h"
 #include "../kernels/vec.h"
