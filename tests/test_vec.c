@@ -125,6 +125,76 @@ static void test_attention_products_equal_ref(void **st) {
     }
 }
 
+/* The f16-row forms (dot_f16_qn, axpy_f16_qn) at every level: equal to the scalar references, and
+ * those equal to decoding the rows and running the f32 forms per query. 1-4 queries, row counts
+ * around the groups of 8, lengths with and without the 16- and 8-column tails, padded rows (rb >
+ * 2n), rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and zeros
+ * included). A table without them (NULL) runs the references through kvt_vec_*. */
+static void test_f16_rows_equal_ref(void **st) {
+    (void)st;
+    kvt_isa isas[4];
+    const int ni = vec_isas(isas);
+    const kvt_vec_ops *ref = kvt_vec_ops_for(KVT_ISA_SCALAR);
+    enum { D = 144, R = 41, RB = 2 * D + 16 };
+    static uint8_t k16[R * 16 * RB];
+    static float q[4][D], w[4][R], dec[R][D], o0[4][R], o1[4][R], o2[4][R], y0[4][D], y1[4][D], y2[4][D];
+    uint64_t s = 29;
+    for (size_t i = 0; i < sizeof k16 / 2; i++) {
+        const float v = (tu_rand(&s) % 16 == 0) ? ldexpf(tu_randf(&s), -(int)(tu_rand(&s) % 30)) : 8.0f * tu_randf(&s);
+        const uint16_t h = (tu_rand(&s) % 64 == 0) ? 0x8000 : kvt_f32_to_f16(v);
+        memcpy(k16 + 2 * i, &h, 2);
+    }
+    for (int j = 0; j < 4; j++) fill(q[j], D, &s, false), fill(w[j], R, &s, false);
+    const float *qq[4] = {q[0], q[1], q[2], q[3]}, *ww[4] = {w[0], w[1], w[2], w[3]};
+    float *oo0[4] = {o0[0], o0[1], o0[2], o0[3]}, *oo1[4] = {o1[0], o1[1], o1[2], o1[3]};
+    float *yy0[4] = {y0[0], y0[1], y0[2], y0[3]}, *yy1[4] = {y1[0], y1[1], y1[2], y1[3]};
+    static const uint32_t dims[] = {8, 16, 40, 64, 72, 128, 136, 144};
+    static const size_t rbs[] = {0, RB, 16 * RB}; /* 0: unpadded, 2n */
+    bool fused_seen = false;
+    for (int kk = 0; kk < ni; kk++) {
+        const kvt_vec_ops *op = kvt_vec_ops_for(isas[kk]);
+        if (!op->dot_f16_qn) continue;
+        fused_seen = true;
+        assert_non_null(op->axpy_f16_qn);
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t ri = 0; ri < sizeof rbs / sizeof rbs[0]; ri++)
+                for (uint32_t nr = 1; nr <= R; nr += nr < 10 ? 1 : 7)
+                    for (uint32_t nq = 1; nq <= KVT_VEC_QN; nq++) {
+                        const uint32_t n = dims[di];
+                        const size_t rb = rbs[ri] ? rbs[ri] : 2 * (size_t)n;
+                        kvt_vec_dot_f16_qn_ref(qq, nq, k16, rb, nr, n, 0.125f, oo0);
+                        op->dot_f16_qn(qq, nq, k16, rb, nr, n, 0.125f, oo1);
+                        for (uint32_t r = 0; r < nr; r++) /* the decoded rows */
+                            for (uint32_t i = 0; i < n; i++) {
+                                uint16_t h;
+                                memcpy(&h, k16 + r * rb + 2 * i, 2);
+                                dec[r][i] = kvt_f16_to_f32(h);
+                            }
+                        for (uint32_t j = 0; j < nq; j++) {
+                            assert_memory_equal(o0[j], o1[j], nr * sizeof(float));
+                            ref->dot_rows(q[j], dec[0], D, nr, n, 0.125f, o2[j]);
+                            assert_memory_equal(o0[j], o2[j], nr * sizeof(float));
+                        }
+                        for (int j = 0; j < 4; j++) fill(y0[j], D, &s, false);
+                        memcpy(y1, y0, sizeof y0), memcpy(y2, y0, sizeof y0);
+                        kvt_vec_axpy_f16_qn_ref(yy0, ww, nq, k16, rb, nr, n);
+                        op->axpy_f16_qn(yy1, ww, nq, k16, rb, nr, n);
+                        for (uint32_t j = 0; j < nq; j++) ref->axpy_rows(y2[j], w[j], dec[0], D, nr, n);
+                        assert_memory_equal(y0, y1, sizeof y0); /* queries past nq untouched too */
+                        assert_memory_equal(y0, y2, sizeof y0);
+                    }
+    }
+    /* the AVX2 table has them; whatever the table in use, the kvt_vec_* calls give the references' bits */
+    if (kvt_kernels_best_isa() >= KVT_ISA_AVX2) assert_true(fused_seen);
+    kvt_vec_dot_f16_qn(qq, 3, k16, 2 * 64, 17, 64, 0.5f, oo0);
+    kvt_vec_dot_f16_qn_ref(qq, 3, k16, 2 * 64, 17, 64, 0.5f, oo1);
+    for (int j = 0; j < 3; j++) assert_memory_equal(o0[j], o1[j], 17 * sizeof(float));
+    memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
+    kvt_vec_axpy_f16_qn(yy0, ww, 3, k16, 2 * 64, 17, 64);
+    kvt_vec_axpy_f16_qn_ref(yy1, ww, 3, k16, 2 * 64, 17, 64);
+    assert_memory_equal(y0, y1, sizeof y0);
+}
+
 /* exp over a sweep of float bit patterns (every 97th, all signs and exponents): the 8- and
  * 16-lane copies equal the scalar exp (exp_clamped, and exp_sum with its values and sum);
  * kvt_vec_exp and kvt_vec_exp_clamped keep their edges. */
@@ -427,6 +497,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_equal_ref),
         cmocka_unit_test(test_attention_products_equal_ref),
+        cmocka_unit_test(test_f16_rows_equal_ref),
         cmocka_unit_test(test_exp_sweep_and_edges),
         cmocka_unit_test(test_dispatch_follows_kernels),
         /* these lower the level for the rest of the process: last, in this order */

@@ -35,16 +35,40 @@ static inline float lane_reduce(const float *t) {
     return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
-float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n) {
+/* Element i of a row given as f32 (b) or as f16 (bh, when b is NULL; widened exactly). */
+static inline float row_at(const float *b, const uint8_t *bh, uint32_t i) {
+    if (b) return b[i];
+    uint16_t h;
+    memcpy(&h, bh + 2 * (size_t)i, 2);
+    return kvt_f16_to_f32_fast(h);
+}
+
+/* The dot's order over an f32 or an f16 row (row_at). */
+static float dot_ref_row(const float *a, const float *b, const uint8_t *bh, uint32_t n) {
     float acc[16] = {0};
     uint32_t n16 = n & ~15u, i;
     for (i = 0; i < n16; i += 16)
-        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
+        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], row_at(b, bh, i + l), acc[l]);
     float t[8];
     for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
     float s = lane_reduce(t);
-    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    for (; i < n; i++) s = fmaf(a[i], row_at(b, bh, i), s);
     return s;
+}
+
+float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n) { return dot_ref_row(a, b, NULL, n); }
+
+void kvt_vec_dot_f16_qn_ref(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
+                            uint32_t n, float scale, float *const *out) {
+    for (uint32_t r = 0; r < n_rows; r++)
+        for (uint32_t j = 0; j < nq; j++) out[j][r] = dot_ref_row(q[j], NULL, k + (size_t)r * rb, n) * scale;
+}
+
+void kvt_vec_axpy_f16_qn_ref(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                             uint32_t n_rows, uint32_t n) {
+    for (uint32_t r = 0; r < n_rows; r++)
+        for (uint32_t j = 0; j < nq; j++)
+            for (uint32_t i = 0; i < n; i++) y[j][i] = fmaf(w[j][r], row_at(NULL, x + (size_t)r * rb, i), y[j][i]);
 }
 
 void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n) {
@@ -760,12 +784,10 @@ T2 static inline __m256 dot_lanes8_avx2(const float *q, const float *k, uint32_t
     }
     return _mm256_add_ps(lo, hi);
 }
-/* 8 rows at once (n % 16 == 0): each row's 8 lanes as dot_avx2 makes them, then an in-register 8x8
- * transpose (pure data movement) so that lane_reduce's tree runs vertically on 8 rows: the same
- * additions in the same order per row, so every score has dot_avx2's bits. */
-T2 static void dot_rows8_avx2(const float *q, const float *k, size_t stride, uint32_t n, float scale, float *out) {
-    __m256 t[8];
-    for (int r = 0; r < 8; r++) t[r] = dot_lanes8_avx2(q, k + (size_t)r * stride, n);
+/* 8 rows at once (n % 16 == 0): each row's 8 lanes as dot_avx2 makes them, then (reduce8_avx2) an
+ * in-register 8x8 transpose (pure data movement) so that lane_reduce's tree runs vertically on 8
+ * rows: the same additions in the same order per row, so every score has dot_avx2's bits. */
+T2 static inline __m256 reduce8_avx2(const __m256 *t) {
     const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
     const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
     const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
@@ -780,9 +802,13 @@ T2 static void dot_rows8_avx2(const float *q, const float *k, size_t stride, uin
     c[2] = _mm256_permute2f128_ps(b2, b6, 0x20), c[6] = _mm256_permute2f128_ps(b2, b6, 0x31);
     c[3] = _mm256_permute2f128_ps(b3, b7, 0x20), c[7] = _mm256_permute2f128_ps(b3, b7, 0x31);
     /* lane_reduce: ((t0 + t4) + (t1 + t5)) + ((t2 + t6) + (t3 + t7)) */
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[1], c[5])),
-                                   _mm256_add_ps(_mm256_add_ps(c[2], c[6]), _mm256_add_ps(c[3], c[7])));
-    _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[1], c[5])),
+                         _mm256_add_ps(_mm256_add_ps(c[2], c[6]), _mm256_add_ps(c[3], c[7])));
+}
+T2 static void dot_rows8_avx2(const float *q, const float *k, size_t stride, uint32_t n, float scale, float *out) {
+    __m256 t[8];
+    for (int r = 0; r < 8; r++) t[r] = dot_lanes8_avx2(q, k + (size_t)r * stride, n);
+    _mm256_storeu_ps(out, _mm256_mul_ps(reduce8_avx2(t), _mm256_set1_ps(scale)));
 }
 static void dot_rows_avx2(const float *q, const float *k, size_t stride, uint32_t n_rows, uint32_t n, float scale,
                           float *out) {
@@ -792,6 +818,130 @@ static void dot_rows_avx2(const float *q, const float *k, size_t stride, uint32_
     for (; r < n_rows; r++) out[r] = dot_avx2(q, k + r * stride, n) * scale;
 }
 Q4_LOOPS(avx2, dot_rows_avx2, axpy_rows_avx2)
+
+/* f16 rows in place (vec.h: dot_f16_qn, axpy_f16_qn). Attention at long context reads every K and
+ * V row of a KV head once per step and uses it for the head's GQA group of queries: converting
+ * each row's 8 halves in a register (F16C, exact) and using it for all nq queries at once replaces
+ * the decode into an f32 tile, the tile's reloads per query, and dot_q4's fourth, repeated query
+ * of a group of 3. The products are the f32 forms' operations in the same order, so the bits are
+ * those of decoding the rows and calling dot_rows / axpy_rows. Both fetch F16_PF bytes ahead of
+ * every line they read (the rows stream from DRAM; a prefetch past the rows is harmless): for the
+ * attention's V lanes (rows 16 apart, 128-byte rows at head dim 64) that is the same lane's row of
+ * the next 64-key chunk. 8 KiB against 2, 4 and 16 KiB: 1.04-1.13 against 1.18-1.28 ms per layer
+ * (bench/attn --split 2 16384 smol-135m f16, AVX2 Zen 3). */
+#define T2H __attribute__((target("avx2,fma,f16c")))
+#define F16_PF 8192
+T2H static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* One row's 16-lane products with nq queries folded to 8 lanes each (dot_lanes8_avx2's per query). */
+T2H static inline __attribute__((always_inline)) void dot_f16_lanes(const float *const *q, int nq,
+                                                                    const uint8_t *kr, uint32_t n, __m256 *t) {
+    __m256 lo[KVT_VEC_QN], hi[KVT_VEC_QN];
+#pragma GCC unroll 4
+    for (int j = 0; j < nq; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < n; i += 16) {
+        if ((i & 31) == 0) _mm_prefetch((const char *)(kr + 2 * (size_t)i + F16_PF), _MM_HINT_T0);
+        const __m256 k0 = ld_f16x8(kr + 2 * (size_t)i), k1 = ld_f16x8(kr + 2 * (size_t)i + 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) {
+            lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), k0, lo[j]);
+            hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i + 8), k1, hi[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nq; j++) t[j * 8] = _mm256_add_ps(lo[j], hi[j]);
+}
+/* n % 16 == 0: rows in groups of 8 reduced vertically (reduce8_avx2), the rest one by one. */
+T2H static inline __attribute__((always_inline)) void dot_f16_body(const float *const *q, int nq, const uint8_t *k,
+                                                                   size_t rb, uint32_t n_rows, uint32_t n, float scale,
+                                                                   float *const *out) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 t[KVT_VEC_QN * 8]; /* query j, row rr: t[j*8 + rr] */
+    uint32_t r = 0;
+    for (; r + 8 <= n_rows; r += 8) {
+        for (int rr = 0; rr < 8; rr++) dot_f16_lanes(q, nq, k + (size_t)(r + rr) * rb, n, t + rr);
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) _mm256_storeu_ps(out[j] + r, _mm256_mul_ps(reduce8_avx2(t + j * 8), vs));
+    }
+    for (; r < n_rows; r++) {
+        dot_f16_lanes(q, nq, k + (size_t)r * rb, n, t);
+        for (int j = 0; j < nq; j++) {
+            float tl[8];
+            _mm256_storeu_ps(tl, t[j * 8]);
+            out[j][r] = lane_reduce(tl) * scale;
+        }
+    }
+}
+#define DOT_F16_N(NQ)                                                                                         \
+    T2H static void dot_f16_q##NQ(const float *const *q, const uint8_t *k, size_t rb, uint32_t n_rows,         \
+                                  uint32_t n, float scale, float *const *out) {                               \
+        dot_f16_body(q, NQ, k, rb, n_rows, n, scale, out);                                                    \
+    }
+DOT_F16_N(1)
+DOT_F16_N(2)
+DOT_F16_N(3)
+DOT_F16_N(4)
+static void dot_f16_qn_avx2(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
+                            uint32_t n, float scale, float *const *out) {
+    static void (*const f[KVT_VEC_QN])(const float *const *, const uint8_t *, size_t, uint32_t, uint32_t, float,
+                                       float *const *) = {dot_f16_q1, dot_f16_q2, dot_f16_q3, dot_f16_q4};
+    if (n % 16 == 0 && n > 0 && nq >= 1 && nq <= KVT_VEC_QN) f[nq - 1](q, k, rb, n_rows, n, scale, out);
+    else kvt_vec_dot_f16_qn_ref(q, nq, k, rb, n_rows, n, scale, out);
+}
+
+/* 16 columns at a time (two registers per query) over all rows, then 8, then the scalar tail: each
+ * y element is one fmaf chain over the rows in ascending order, as axpy_rows makes it. */
+T2H static inline __attribute__((always_inline)) void axpy_f16_body(float *const *y, const float *const *w, int nq,
+                                                                    const uint8_t *x, size_t rb, uint32_t n_rows,
+                                                                    uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a0[KVT_VEC_QN], a1[KVT_VEC_QN];
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) a0[j] = _mm256_loadu_ps(y[j] + i), a1[j] = _mm256_loadu_ps(y[j] + i + 8);
+        for (uint32_t r = 0; r < n_rows; r++) {
+            const uint8_t *xr = x + (size_t)r * rb + 2 * (size_t)i;
+            if ((i & 31) == 0) _mm_prefetch((const char *)(xr + F16_PF), _MM_HINT_T0);
+            const __m256 k0 = ld_f16x8(xr), k1 = ld_f16x8(xr + 16);
+#pragma GCC unroll 4
+            for (int j = 0; j < nq; j++) {
+                const __m256 wv = _mm256_set1_ps(w[j][r]);
+                a0[j] = _mm256_fmadd_ps(wv, k0, a0[j]);
+                a1[j] = _mm256_fmadd_ps(wv, k1, a1[j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) _mm256_storeu_ps(y[j] + i, a0[j]), _mm256_storeu_ps(y[j] + i + 8, a1[j]);
+    }
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < nq; j++) {
+            __m256 a = _mm256_loadu_ps(y[j] + i);
+            for (uint32_t r = 0; r < n_rows; r++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][r]), ld_f16x8(x + (size_t)r * rb + 2 * (size_t)i), a);
+            _mm256_storeu_ps(y[j] + i, a);
+        }
+    if (i < n) {
+        float *yt[KVT_VEC_QN];
+        for (int j = 0; j < nq; j++) yt[j] = y[j] + i;
+        kvt_vec_axpy_f16_qn_ref(yt, w, (uint32_t)nq, x + 2 * (size_t)i, rb, n_rows, n - i);
+    }
+}
+#define AXPY_F16_N(NQ)                                                                                        \
+    T2H static void axpy_f16_q##NQ(float *const *y, const float *const *w, const uint8_t *x, size_t rb,        \
+                                   uint32_t n_rows, uint32_t n) {                                             \
+        axpy_f16_body(y, w, NQ, x, rb, n_rows, n);                                                            \
+    }
+AXPY_F16_N(1)
+AXPY_F16_N(2)
+AXPY_F16_N(3)
+AXPY_F16_N(4)
+static void axpy_f16_qn_avx2(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                             uint32_t n_rows, uint32_t n) {
+    static void (*const f[KVT_VEC_QN])(float *const *, const float *const *, const uint8_t *, size_t, uint32_t,
+                                       uint32_t) = {axpy_f16_q1, axpy_f16_q2, axpy_f16_q3, axpy_f16_q4};
+    if (nq >= 1 && nq <= KVT_VEC_QN) f[nq - 1](y, w, x, rb, n_rows, n);
+    else kvt_vec_axpy_f16_qn_ref(y, w, nq, x, rb, n_rows, n);
+}
 
 /* AVX-512: the blocked kernels need n % 16 == 0 (and ldk % 16 == 0 for transposed keys); other
  * shapes take the single-row AVX-512 forms or the scalar references, with the same bits. */
@@ -843,7 +993,8 @@ static const kvt_vec_ops ops_avx2 = {
     .level = 1, .dot = dot_avx2, .axpy = axpy_avx2, .vfma = vfma_avx2, .scale = scale_avx2,
     .dot_rows = dot_rows_avx2, .axpy_rows = axpy_rows_avx2, .dot_q4 = dot_q4_avx2, .axpy_q4 = axpy_q4_avx2,
     .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
-    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .exp_sum = exp_sum_avx2, .round_f16 = round_f16_f16c,
+    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .dot_f16_qn = dot_f16_qn_avx2, .axpy_f16_qn = axpy_f16_qn_avx2,
+    .exp_sum = exp_sum_avx2, .round_f16 = round_f16_f16c,
     .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
 };
 static const kvt_vec_ops ops_avx512 = {
@@ -902,6 +1053,17 @@ void kvt_vec_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, 
 void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                        float *const *out) {
     g_cur->dot_kt_q4(q, kt, ldk, n_keys, n, scale, out);
+}
+bool kvt_vec_has_f16_fused(void) { return g_cur->dot_f16_qn != NULL; }
+void kvt_vec_dot_f16_qn(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
+                        float scale, float *const *out) {
+    if (g_cur->dot_f16_qn) g_cur->dot_f16_qn(q, nq, k, rb, n_rows, n, scale, out);
+    else kvt_vec_dot_f16_qn_ref(q, nq, k, rb, n_rows, n, scale, out);
+}
+void kvt_vec_axpy_f16_qn(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                         uint32_t n_rows, uint32_t n) {
+    if (g_cur->axpy_f16_qn) g_cur->axpy_f16_qn(y, w, nq, x, rb, n_rows, n);
+    else kvt_vec_axpy_f16_qn_ref(y, w, nq, x, rb, n_rows, n);
 }
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc, n, m); }
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }

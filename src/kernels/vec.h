@@ -19,6 +19,7 @@
 #ifndef KVT_VEC_H
 #define KVT_VEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,11 @@ typedef struct kvt_vec_ops {
     void (*transpose_f16_rows)(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
     void (*dot_kt_q4)(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                       float *const *out);
+    /* f16 rows read in place (NULL: this level decodes rows into a tile and runs the f32 forms) */
+    void (*dot_f16_qn)(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
+                       float scale, float *const *out);
+    void (*axpy_f16_qn)(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                        uint32_t n_rows, uint32_t n);
     float (*exp_sum)(float *sc, uint32_t n, float m);
     void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
     void (*exp_clamped)(float *y, const float *x, uint32_t n);
@@ -79,6 +85,13 @@ void kvt_vec_force_level(int level);
  *   tree, keys across the vector lanes); any n (the scalar twin copies rows of up to
  *   KVT_KT_MAX_DIM on the stack, longer ones on the heap; without memory the scores are NaN). The
  *   SIMD path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys).
+ * f16 rows read in place (attention over an f16 KV cache; row r at x + r*rb bytes, n halves, each
+ *   widened exactly to f32), for nq = 1..KVT_VEC_QN queries:
+ *   dot_f16_qn: out[j][r] = dot(q[j], row r, n) * scale;
+ *   axpy_f16_qn: for r ascending, axpy(y[j], w[j][r], row r, n).
+ *   The same bits as decoding the rows and calling dot_rows / axpy_rows per query.
+ *   kvt_vec_has_f16_fused() says whether the table in use has them; the kvt_vec_* calls work at
+ *   every level (the scalar references otherwise).
  * exp_sum (softmax): sc[j] = kvt_vec_exp(sc[j] - m) for j < n; returns their sum in the dot's
  *   16-lane order.
  * round_f16: dst[i] = f16(src[i] * mul) widened to f32, round to nearest even (src == dst allowed).
@@ -86,6 +99,7 @@ void kvt_vec_force_level(int level);
  * silu_mul: y[i] = g/(1 + exp_clamped(-g)) * u[i] (u NULL: the silu alone); y may alias g or u.
  * sigmoid_mul: y[i] = u[i] / (1 + exp_clamped(-g[i])); y may alias g or u. */
 #define KVT_KT_MAX_DIM 1024
+#define KVT_VEC_QN 4
 
 float kvt_vec_dot(const float *a, const float *b, uint32_t n);
 void kvt_vec_axpy(float *y, float a, const float *x, uint32_t n);
@@ -100,6 +114,11 @@ void kvt_vec_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint
 void kvt_vec_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
 void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                        float *const *out);
+bool kvt_vec_has_f16_fused(void);
+void kvt_vec_dot_f16_qn(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
+                        float scale, float *const *out);
+void kvt_vec_axpy_f16_qn(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                         uint32_t n_rows, uint32_t n);
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
@@ -123,6 +142,10 @@ void kvt_vec_transpose_f16_rows_ref(const uint8_t *src, size_t rb, uint32_t n_ro
                                     size_t ldk);
 void kvt_vec_dot_kt_q4_ref(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
                            float scale, float *const *out);
+void kvt_vec_dot_f16_qn_ref(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
+                            uint32_t n, float scale, float *const *out);
+void kvt_vec_axpy_f16_qn_ref(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
+                             uint32_t n_rows, uint32_t n);
 float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
 

@@ -29,6 +29,11 @@
  * decoded straight into that layout) and the weighted sum from kvt_vec_axpy_rows (per lane, the
  * lane's keys as a strided run of tile rows; MLA layers keep one accumulator and kvt_vec_axpy_q4),
  * all bit-identical to looping kvt_vec_dot / kvt_vec_axpy over the keys in ascending order (codec.c).
+ * F16 rows of non-latent layers, where the vector table has the f16-row forms (AVX2), are not
+ * decoded at all: kvt_vec_dot_f16_qn / kvt_vec_axpy_f16_qn read them in place for up to
+ * KVT_VEC_QN pairs a pass (fused_ok; the same bits as the tile). At long context this halves a
+ * decode step's attention (bench/attn --split): the tile's stores and reloads, and dot_q4's fourth,
+ * repeated query of a GQA group of 3, cost more than the f16 conversion they save.
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
@@ -233,6 +238,37 @@ static void decode_chunk(kvt_codec c, const uint8_t *src, size_t rb, uint32_t di
     for (uint32_t r = 0; r < n; r++) kvt_decode_row_fast(c, src + (size_t)r * rb, dim, dst + (size_t)r * dim);
 }
 
+/* Whether f16 rows of width dim are read in place (kvt_vec_dot_f16_qn / kvt_vec_axpy_f16_qn) rather
+ * than decoded into the tile: the vector table has those forms, the rows are f16 and a multiple of
+ * 16 wide, and the layer is not latent (an MLA layer's one KV head serves all query heads, which
+ * read the decoded tile more cheaply than they would convert its rows four queries at a time). */
+static bool fused_ok(kvt_codec c, bool mla, uint32_t dim) {
+    return c.kind == KVT_CODEC_F16 && !mla && dim % 16 == 0 && kvt_vec_has_f16_fused();
+}
+
+/* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from f16 rows in
+ * place: lane ln takes keys f, f + ATT_VL, ... (f its first key in [a, e]) into its accumulator,
+ * in ascending order, as the tile path's kvt_vec_axpy_rows per lane does. Query t's weight of key
+ * p is wsc[t][p - ulo]; lane l of its accumulators is acc[t] + l * ld; key p's row is at
+ * rows + (p - p0) * rb (w halves of it are read). */
+static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t nq, uint32_t a, uint32_t e,
+                           uint32_t ulo, size_t ld, const uint8_t *rows, uint32_t p0, size_t rb, uint32_t w) {
+    for (uint32_t ln = 0; ln < ATT_VL; ln++) {
+        const uint32_t f = a + (ln + ATT_VL - a % ATT_VL) % ATT_VL; /* first key of lane ln */
+        if (f > e) continue;
+        const uint32_t cnt = (e - f) / ATT_VL + 1;
+        float wl[KVT_VEC_QN][ATT_KC / ATT_VL + 1];
+        const float *ww[KVT_VEC_QN];
+        float *yy[KVT_VEC_QN];
+        for (uint32_t t = 0; t < nq; t++) {
+            for (uint32_t r = 0; r < cnt; r++) wl[t][r] = wsc[t][f + r * ATT_VL - ulo];
+            ww[t] = wl[t];
+            yy[t] = acc[t] + (size_t)(f % ATT_VL) * ld;
+        }
+        kvt_vec_axpy_f16_qn(yy, ww, nq, rows + (size_t)(f - p0) * rb, (size_t)ATT_VL * rb, cnt, w);
+    }
+}
+
 typedef struct att_pair {
     const float *q;
     float *o;
@@ -349,6 +385,25 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     if (na == 0) continue;
                     const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+                    if (!use_kt && fused_ok(c, mla, hd_k)) { /* f16 rows read in place, up to 4 pairs a pass */
+                        for (uint32_t g0 = 0; g0 < na; g0 += KVT_VEC_QN) {
+                            const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g0);
+                            const float *qq[KVT_VEC_QN];
+                            float *oo[KVT_VEC_QN];
+                            uint32_t a = p0, e = p1;
+                            for (uint32_t t = 0; t < ng; t++) {
+                                const uint32_t j = act[g0 + t];
+                                qq[t] = rotq ? pr[j].qr : pr[j].q;
+                                oo[t] = sc_base + j * span;
+                                if (ng == 1) a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
+                            }
+                            /* a group scores the whole chunk: scores outside a pair's visible range
+                             * land in its own span and are never read */
+                            for (uint32_t t = 0; t < ng; t++) oo[t] += a - ulo;
+                            kvt_vec_dot_f16_qn(qq, ng, src + (size_t)(a - p0) * rb, rb, e - a + 1, hd_k, scale, oo);
+                        }
+                        continue;
+                    }
                     if (use_kt && c.kind == KVT_CODEC_F16) { /* decode straight into the transposed chunk */
                         kvt_vec_transpose_f16_rows(src, rb, p1 - p0 + 1, hd_k, tile_t, ATT_KC);
                     } else {
@@ -414,7 +469,23 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     for (uint32_t j = 0; j < np; j++)
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
-                    decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, vdim, p1 - p0 + 1, tile);
+                    const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+                    if (lanes && fused_ok(c, mla, hd_v)) { /* f16 rows in place: pairs seeing the same keys share a pass */
+                        for (uint32_t g = 0, ng; g < na; g += ng) {
+                            const uint32_t a = KVT_MAX(p0, pr[act[g]].lo), e = KVT_MIN(p1, pr[act[g]].hi);
+                            for (ng = 1; g + ng < na && ng < KVT_VEC_QN; ng++)
+                                if (KVT_MAX(p0, pr[act[g + ng]].lo) != a || KVT_MIN(p1, pr[act[g + ng]].hi) != e) break;
+                            const float *wsc[KVT_VEC_QN];
+                            float *acc[KVT_VEC_QN];
+                            for (uint32_t t = 0; t < ng; t++) {
+                                wsc[t] = sc_base + act[g + t] * span;
+                                acc[t] = lane_base + (size_t)((rotv ? ATT_TILE : 0) + act[g + t]) * ATT_VL * hdp;
+                            }
+                            lanes_weighted(wsc, acc, ng, a, e, ulo, hdp, src, p0, rb, hd_v);
+                        }
+                        continue;
+                    }
+                    decode_chunk(c, src, rb, vdim, p1 - p0 + 1, tile);
                     if (lanes) { /* key p into lane p % ATT_VL: per lane a strided run of rows */
                         for (uint32_t g = 0; g < na; g++) {
                             const uint32_t j = act[g], a = KVT_MAX(p0, pr[j].lo), e = KVT_MIN(p1, pr[j].hi);
@@ -563,6 +634,19 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
         const kvt_codec c = jb->li->codec[var];
         const size_t rb = jb->li->row_bytes[var][0];
         const uint8_t *base = b->data + jb->li->offset[var][0] + (size_t)kvh * bt * rb;
+        if (fused_ok(c, false, hd_k)) { /* f16 rows in place, the whole run at once */
+            for (uint32_t g0 = 0; g0 < rep; g0 += KVT_VEC_QN) {
+                const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, rep - g0);
+                const float *qq[KVT_VEC_QN];
+                float *oo[KVT_VEC_QN];
+                for (uint32_t t = 0; t < ng; t++) {
+                    qq[t] = q16 + (g0 + t) * hdp;
+                    oo[t] = jb->sc + (h0 + g0 + t) * jb->stride + (pa - jb->lo);
+                }
+                kvt_vec_dot_f16_qn(qq, ng, base + (size_t)(pa - bi * bt) * rb, rb, pb - pa + 1, hd_k, scale, oo);
+            }
+            continue;
+        }
         for (uint32_t p0 = pa; p0 <= pb; p0 += jb->kc) {
             const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
             decode_chunk(c, base + (size_t)(p0 - bi * bt) * rb, rb, hd_k, nr, tile);
@@ -609,9 +693,23 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         const kvt_codec c = jb->li->codec[var];
         const size_t rb = jb->li->row_bytes[var][1];
         const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
+        const bool fv = fused_ok(c, false, w);
         for (uint32_t p0 = pa; p0 <= pb; p0 += jb->kc) {
             const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
             const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
+            if (fv) { /* f16 rows in place: the head's queries share a pass */
+                for (uint32_t g = 0; g < na; g += KVT_VEC_QN) {
+                    const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g);
+                    const float *wsc[KVT_VEC_QN];
+                    float *acc[KVT_VEC_QN];
+                    for (uint32_t t = 0; t < ng; t++) {
+                        wsc[t] = jb->sc + act[g + t] * jb->stride;
+                        acc[t] = lanes + (size_t)(g + t) * ATT_VL * w;
+                    }
+                    lanes_weighted(wsc, acc, ng, p0, p1, jb->lo, w, src + 2 * (size_t)d0, p0, rb, w);
+                }
+                continue;
+            }
             if (w == hd_v) decode_chunk(c, src, rb, hd_v, nr, tile);
             else kvt_decode_rows_part(c, src, rb, hd_v, d0, w, nr, tile);
             for (uint32_t g = 0; g < na; g++) {
