@@ -161,12 +161,27 @@ __attribute__((target("avx512f"))) static float max_scores_avx512(const float *s
     }
     return _mm512_reduce_max_ps(m16);
 }
+/* AVX2: 8 running maxima, exactly the scalar form's (the same lanes; _mm256_max_ps(x, m) is
+ * `x > m ? x : m` as above), then the same combine and tail. */
+__attribute__((target("avx2"))) static float max_scores_avx2(const float *sc, uint32_t n) {
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    uint32_t j = 0;
+    for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(sc + j), m8);
+    float l8[8], m = -INFINITY;
+    _mm256_storeu_ps(l8, m8);
+    for (int l = 0; l < 8; l++)
+        if (l8[l] > m) m = l8[l];
+    for (; j < n; j++)
+        if (sc[j] > m) m = sc[j];
+    return m;
+}
 #define ATT_HAVE_AVX512 1
 #endif
 
 float kvt_attention_max_scores(const float *sc, uint32_t n) {
 #ifdef ATT_HAVE_AVX512
     if (kvt_vec_level() == 2) return max_scores_avx512(sc, n);
+    if (kvt_vec_level() == 1) return max_scores_avx2(sc, n);
 #endif
     return kvt_attention_max_scores_scalar(sc, n);
 }
