@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "../kernels/quant.h"
+#include "../kernels/vec.h"
 #include "../util/threadpool.h"
 #include "deltanet.h"
 #include "model_int.h"
@@ -802,7 +803,7 @@ static inline float gelu_tanh(float x) {
  * first product of each output fused as in ggml's CPU RoPE compiled by gcc (which contracts
  * x0*cos - x1*sin and x0*sin + x1*cos so): fusing x1*cos instead puts tests/test_ref_llama_q5km.c's
  * 8-token case off the reference at position 9. */
-static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
+static inline __attribute__((always_inline)) void rope_body(float *x, const float *cs, uint32_t n_rot, bool neox) {
     uint32_t half = n_rot / 2;
     for (uint32_t i = 0; i < half; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
@@ -811,6 +812,23 @@ static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
         x[a] = fmaf(x0, c, -(x1 * s));
         x[b] = fmaf(x0, s, x1 * c);
     }
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The same loop where the CPU has FMA (the vector table's level 1 and up): fmaf becomes one
+ * instruction instead of a libm call per product (same single rounding, same bits). */
+__attribute__((target("fma"))) static void rope_fma(float *x, const float *cs, uint32_t n_rot, bool neox) {
+    rope_body(x, cs, n_rot, neox);
+}
+#define KVT_ROPE_FMA 1
+#endif
+static void rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox) {
+#ifdef KVT_ROPE_FMA
+    if (kvt_vec_level() >= 1) {
+        rope_fma(x, cs, n_rot, neox);
+        return;
+    }
+#endif
+    rope_body(x, cs, n_rot, neox);
 }
 
 static void split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1) {
@@ -951,26 +969,42 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
     kvt_threadpool_barrier(tp);
     /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
      *    sequence. write_kv runs on thread 0 only (kv.h allows concurrent writes only at distinct
-     *    positions of one sequence); for small chunks thread 0 also does the row work, saving a barrier. */
+     *    positions of one sequence); for small chunks thread 0 also does the K/V side of the row
+     *    work and the other threads the query heads, saving a barrier. */
     {
         const bool solo = n <= KVT_REPL_ROWS;
-        uint32_t a0 = solo ? (ith == 0 ? 0 : n) : r0, a1 = solo ? n : r1;
+        /* Rows [a0, a1): query heads [qa, qb) and, when kv, the K/V side. A split chunk gives each
+         * thread its rows, all heads. Small chunks (decode) keep every row: thread 0 takes the K/V
+         * side (then writes it), the other threads split the query heads. Every element sees the
+         * same operations in the same order whoever runs them. */
+        uint32_t a0 = solo ? 0 : r0, a1 = solo ? n : r1, qa = 0, qb = NH;
+        bool kv = true;
+        if (solo && nth > 1) {
+            kv = ith == 0;
+            if (kv) qb = 0;
+            else split_range(NH, ith - 1, nth - 1, &qa, &qb);
+        }
         for (uint32_t r = a0; r < a1; r++) {
             float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
+            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            for (uint32_t h = qa; h < qb; h++) {
+                float *qh = qr + h * HD;
+                if (w->bq)
+                    for (uint32_t i = 0; i < HD; i++) qh[i] += w->bq[h * HD + i];
+                if (w->q_norm) rmsnorm(qh, qh, w->q_norm, HD, eps);
+                rope_apply(qh, cs, hp->n_rot, hp->rope_neox);
+                if (o->q_prescale)
+                    for (uint32_t i = 0; i < HD; i++) qh[i] *= hp->attn_scale;
+            }
+            if (!kv) continue;
             if (w->bq) {
-                for (uint32_t i = 0; i < QD; i++) qr[i] += w->bq[i];
                 for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
                 for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
             }
-            if (w->q_norm) {
-                for (uint32_t h = 0; h < NH; h++) rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, eps);
-                for (uint32_t h = 0; h < NKV; h++) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
+            for (uint32_t h = 0; h < NKV; h++) {
+                if (w->q_norm) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
+                rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
             }
-            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
-            for (uint32_t h = 0; h < NH; h++) rope_apply(qr + h * HD, cs, hp->n_rot, hp->rope_neox);
-            for (uint32_t h = 0; h < NKV; h++) rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
-            if (o->q_prescale)
-                for (uint32_t i = 0; i < QD; i++) qr[i] *= hp->attn_scale;
         }
         if (!solo) kvt_threadpool_barrier(tp);
         if (ith == 0)
