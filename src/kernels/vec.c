@@ -824,11 +824,10 @@ Q4_LOOPS(avx2, dot_rows_avx2, axpy_rows_avx2)
  * each row's 8 halves in a register (F16C, exact) and using it for all nq queries at once replaces
  * the decode into an f32 tile, the tile's reloads per query, and dot_q4's fourth, repeated query
  * of a group of 3. The products are the f32 forms' operations in the same order, so the bits are
- * those of decoding the rows and calling dot_rows / axpy_rows. Both fetch F16_PF bytes ahead of
- * every line they read (the rows stream from DRAM; a prefetch past the rows is harmless): for the
- * attention's V lanes (rows 16 apart, 128-byte rows at head dim 64) that is the same lane's row of
- * the next 64-key chunk. 8 KiB against 2, 4 and 16 KiB: 1.04-1.13 against 1.18-1.28 ms per layer
- * (bench/attn --split 2 16384 smol-135m f16, AVX2 Zen 3). */
+ * those of decoding the rows and calling dot_rows / axpy_rows. Both fetch ahead of every line they
+ * read (the rows stream from DRAM; a prefetch past the rows is harmless): the dot F16_PF bytes
+ * (8 KiB against 2, 4 and 16 KiB: 1.04-1.13 against 1.18-1.28 ms per layer, bench/attn --split 2
+ * 16384 smol-135m f16, AVX2 Zen 3), the axpy one call's rows ahead (axpy_f16_body). */
 #define T2H __attribute__((target("avx2,fma,f16c")))
 #define F16_PF 8192
 T2H static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -890,18 +889,21 @@ static void dot_f16_qn_avx2(const float *const *q, uint32_t nq, const uint8_t *k
 }
 
 /* 16 columns at a time (two registers per query) over all rows, then 8, then the scalar tail: each
- * y element is one fmaf chain over the rows in ascending order, as axpy_rows makes it. */
+ * y element is one fmaf chain over the rows in ascending order, as axpy_rows makes it. Each row
+ * read fetches the row n_rows strides on: for an attention V lane (rows ATT_VL apart, n_rows of
+ * them per chunk) that is the same lane's row of the next chunk, whatever the chunk's length. */
 T2H static inline __attribute__((always_inline)) void axpy_f16_body(float *const *y, const float *const *w, int nq,
                                                                     const uint8_t *x, size_t rb, uint32_t n_rows,
                                                                     uint32_t n) {
     uint32_t i = 0;
+    const size_t pfd = (size_t)n_rows * rb;
     for (; i + 16 <= n; i += 16) {
         __m256 a0[KVT_VEC_QN], a1[KVT_VEC_QN];
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) a0[j] = _mm256_loadu_ps(y[j] + i), a1[j] = _mm256_loadu_ps(y[j] + i + 8);
         for (uint32_t r = 0; r < n_rows; r++) {
             const uint8_t *xr = x + (size_t)r * rb + 2 * (size_t)i;
-            if ((i & 31) == 0) _mm_prefetch((const char *)(xr + F16_PF), _MM_HINT_T0);
+            if ((i & 31) == 0) _mm_prefetch((const char *)(xr + pfd), _MM_HINT_T0);
             const __m256 k0 = ld_f16x8(xr), k1 = ld_f16x8(xr + 16);
 #pragma GCC unroll 4
             for (int j = 0; j < nq; j++) {

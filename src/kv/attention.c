@@ -76,6 +76,13 @@
 #define ATT_TILE_SMALL 16
 #define ATT_BIG_CTX 16384u
 #define ATT_KC 64   /* keys decoded per chunk, at most (see chunk_keys) */
+/* Keys per V chunk where f16 V rows are read in place (fused_ok): no tile bounds it, and a lane's
+ * call then covers 8 rows (its accumulators loaded and stored once per 8 rows instead of per 2 at
+ * head dim 128 with chunk_keys' 32). Against chunk_keys: qwen3-0.6b shape (head dim 128) decode
+ * attention at 16384 keys 4.0 -> 3.3 ms per layer on 2 threads, 512-query prefill at 3584 694 ->
+ * 1170 q/s; smol-135m (64) about 5% faster; 256 keys was slower for decode at head dim 64
+ * (bench/attn, AVX2 Zen 3). Chunking never changes results. */
+#define ATT_VKC 128
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 /* Pass 1 transposes a K chunk (AVX-512, kvt_vec_dot_kt_q4) only when at least this many pairs score
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
@@ -272,7 +279,7 @@ static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t 
         const uint32_t f = a + (ln + ATT_VL - a % ATT_VL) % ATT_VL; /* first key of lane ln */
         if (f > e) continue;
         const uint32_t cnt = (e - f) / ATT_VL + 1;
-        float wl[KVT_VEC_QN][ATT_KC / ATT_VL + 1];
+        float wl[KVT_VEC_QN][ATT_VKC / ATT_VL + 1];
         const float *ww[KVT_VEC_QN];
         float *yy[KVT_VEC_QN];
         for (uint32_t t = 0; t < nq; t++) {
@@ -478,8 +485,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #define OUT(j) (rotv ? pr[j].orot : pr[j].o)
                 const size_t rb = li->row_bytes[var][vs];
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
-                for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
-                    const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
+                const uint32_t vkc = lanes && fused_ok(c, mla, hd_v) ? ATT_VKC : kc;
+                for (uint32_t p0 = pa; p0 <= pb; p0 += vkc) {
+                    const uint32_t p1 = KVT_MIN(pb, p0 + vkc - 1);
                     uint32_t act[ATT_TILE], na = 0;
                     for (uint32_t j = 0; j < np; j++)
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
@@ -709,8 +717,9 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         const size_t rb = jb->li->row_bytes[var][1];
         const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
         const bool fv = fused_ok(c, false, w);
-        for (uint32_t p0 = pa; p0 <= pb; p0 += jb->kc) {
-            const uint32_t p1 = KVT_MIN(pb, p0 + jb->kc - 1), nr = p1 - p0 + 1;
+        const uint32_t kc = fv ? ATT_VKC : jb->kc;
+        for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
+            const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1), nr = p1 - p0 + 1;
             const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
             if (fv) { /* f16 rows in place: the head's queries share a pass */
                 for (uint32_t g = 0; g < na; g += KVT_VEC_QN) {
