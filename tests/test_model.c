@@ -53,6 +53,15 @@ static spec tiny(const char *arch) {
     return s;
 }
 
+/* A decode step on 2 threads gives each thread its own KV heads (model.c heads_own_columns: Q/K/V
+ * columns, rows, K/V writes and attention per thread, no barrier between them); with 4 KV heads each
+ * thread owns two, and qwen2's biases cover the K/V side's column range. */
+static spec tiny_kv4(void) {
+    spec s = tiny("qwen2");
+    s.n_head = 8, s.n_kv = 4, s.head_dim = 16;
+    return s;
+}
+
 static void put_tensor(kvt_gguf_writer *w, const spec *s, const char *name, uint32_t type, int64_t ne0, int64_t ne1,
                        int kind, uint64_t *rng) {
     if (s->omit && !strcmp(s->omit, name)) return;
@@ -283,6 +292,7 @@ static void test_gen_model_archs(void **st) {
 }
 
 static void test_decode_eq_full_llama(void **st) { (void)st; spec s = tiny("llama"); check_decode_eq_full(&s, 24, 16); }
+static void test_decode_eq_full_kv4(void **st) { (void)st; spec s = tiny_kv4(); check_decode_eq_full(&s, 24, 16); }
 static void test_decode_eq_full_llama_rope_freqs(void **st) {
     (void)st;
     spec s = tiny("llama");
@@ -363,9 +373,9 @@ static void test_chunked_prefill(void **st) {
 /* 1, 2 and 3 threads give the same tokens and logits (prompt then 12 greedy steps): QKV biases,
  * QK norms and the query pre-scale, whose decode row work is split between the threads by heads. */
 static void threads_identical(void) {
-    const char *archs[] = {"qwen2", "gemma3", "qwen3"};
-    for (size_t ai = 0; ai < 3; ai++) {
-        spec s = tiny(archs[ai]);
+    const char *archs[] = {"qwen2", "gemma3", "qwen3", "qwen2"};
+    for (size_t ai = 0; ai < 4; ai++) {
+        spec s = ai == 3 ? tiny_kv4() : tiny(archs[ai]);
         fx f;
         fx_open(&f, &s, 16);
         const uint32_t V = kvt_model_hparams(f.m)->n_vocab;
@@ -934,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_layer_descs),
         cmocka_unit_test(test_decode_eq_full_llama),
+        cmocka_unit_test(test_decode_eq_full_kv4),
         cmocka_unit_test(test_decode_eq_full_llama_rope_freqs),
         cmocka_unit_test(test_decode_eq_full_qwen2),
         cmocka_unit_test(test_decode_eq_full_qwen3),

@@ -36,8 +36,9 @@
  *   All pool/block/seq functions are thread-safe with respect to refcounts and pool accounting
  *   (a mutex + atomics); a single kvt_seq must not be used from two threads at once, except that
  *   kvt_attention and kvt_seq_read_rows may be called concurrently on one seq from many threads
- *   (read-only), and kvt_seq_write_kv may be called concurrently for DISTINCT positions of the
- *   prepared range (each call writes only its position's rows; see kvt_seq_write_kv).
+ *   (read-only), and kvt_seq_write_kv / kvt_seq_write_kv_heads may be called concurrently for
+ *   DISTINCT (position, KV head) rows of the prepared range (each call writes only its rows; see
+ *   kvt_seq_write_kv).
  * - kvt_block: refcounted. alloc returns refcount 1 owned by the caller. retain/release adjust it;
  *   the last release returns the memory to the pool. Sealed blocks are immutable forever.
  *   Only SEALED blocks may be retained (asserted): a block with refcount > 1 is never mutable.
@@ -294,13 +295,18 @@ kvt_status kvt_seq_trim(kvt_seq *s, uint32_t n);
 /* Forward-pass write path. prepare() makes positions [len, len+n_new) writable: allocates blocks
  * and copies a shared/frozen tail; after it succeeds writes cannot fail. write_kv() encodes K and V
  * of one token (n_kv_heads*head_dim floats each) for one layer at an absolute position in that
- * range (MLA: k is the latent row, v is ignored and may be NULL). commit() appends the tokens, seals blocks that became full and releases WINDOW blocks that
- * no later query can see. Threads: write_kv calls for distinct positions may run concurrently
- * (a call encodes only the rows of its position in each head's section and reads the block table,
- * which only prepare/commit/trim change); never concurrently with prepare, commit, trim or a read
- * of the same positions (mla.c's expanded prefill fills its private K/V this way). */
+ * range (MLA: k is the latent row, v is ignored and may be NULL). write_kv_heads() writes only
+ * KV heads [h0, h1) of that position (k and v still hold all heads' rows; h1 <= n_kv_heads).
+ * commit() appends the tokens, seals blocks that became full and releases WINDOW blocks that
+ * no later query can see. Threads: write calls for distinct positions, or distinct KV heads of
+ * one position, may run concurrently (a call encodes only its rows, each in its head's section,
+ * and reads the block table, which only prepare/commit/trim change); never concurrently with
+ * prepare, commit, trim or a read of the same rows (mla.c's expanded prefill fills its private
+ * K/V by positions, a decode step's threads write their own KV heads, model.c). */
 kvt_status kvt_seq_prepare(kvt_seq *s, uint32_t n_new);
 void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v);
+void kvt_seq_write_kv_heads(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v, uint32_t h0,
+                            uint32_t h1);
 kvt_status kvt_seq_commit(kvt_seq *s, const int32_t *tokens, uint32_t n);
 /* Decode the rows of positions [t0, t1) of one KV head of `layer` (kv 0: K, 1: V) back to f32:
  * out gets t1 - t0 rows of head_dim floats, row stride ld. Reads committed positions and prepared

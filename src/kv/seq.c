@@ -225,11 +225,18 @@ kvt_status kvt_seq_prepare(kvt_seq *s, uint32_t n_new) {
 }
 
 void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v) {
+    assert(layer < s->layout->n_layers);
+    kvt_seq_write_kv_heads(s, layer, pos, k, v, 0, s->layout->layers[layer].n_kv_heads);
+}
+
+void kvt_seq_write_kv_heads(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, const float *v, uint32_t h0,
+                            uint32_t h1) {
     const kvt_kv_layout *l = s->layout;
     assert(layer < l->n_layers && l->info[layer].group != UINT32_MAX);
     assert(pos >= s->len && pos < s->prepared); /* caller contract: prepare() first */
     const kvt_layer_info *li = &l->info[layer];
     const kvt_layer_desc *d = &l->layers[layer];
+    assert(h0 <= h1 && h1 <= d->n_kv_heads);
     const uint32_t bt = l->block_tokens, i = pos / bt, t = pos % bt;
     kvt_block *b = s->slots[li->group][i];
     assert(b && !kvt_block_sealed(b) && kvt_block_refcount(b) == 1); /* invariants (2), (3), (8) */
@@ -242,7 +249,7 @@ void kvt_seq_write_kv(kvt_seq *s, uint32_t layer, uint32_t pos, const float *k, 
         if (rb == 0) continue; /* MLA: no V section */
         /* section layout [kv_head][token]: row (h, t) at (h*bt + t) * rb */
         uint8_t *base = b->data + li->offset[var][kv] + (size_t)t * rb;
-        for (uint32_t h = 0; h < d->n_kv_heads; h++) {
+        for (uint32_t h = h0; h < h1; h++) {
             const float *x = src + (size_t)h * hd;
             float rot[KVT_TURBO_MAX_DIM];
             if (c.kind == KVT_CODEC_TURBO) { /* TURBO rows hold the rotated vector (turbo.c) */

@@ -939,6 +939,26 @@ static bool use_split(const kvt_ctx *c, const kvt_seg *sg, uint32_t il, int nth)
     return d->n_kv_heads % (uint32_t)nth != 0 && seen >= KVT_ATT_SPLIT_MIN_KEYS;
 }
 
+/* Whether a small chunk's steps 2-5 can run without a barrier: each thread's Q/K/V output columns
+ * (col_range) are exactly the query heads and KV heads it attends with (the KV heads split evenly,
+ * a GQA group's query heads beside them), so it computes, rotates and writes its own KV heads'
+ * rows and reads only those. The same answer on every thread (a function of the shape). */
+static bool heads_own_columns(const kvt_hparams *hp, int nth) {
+    const uint32_t NKV = hp->n_head_kv, HD = hp->head_dim, rep = NKV ? hp->n_head / NKV : 0;
+    if (nth < 2 || NKV == 0 || NKV % (uint32_t)nth != 0 || rep == 0) return false;
+    for (int t = 0; t < nth; t++) {
+        uint32_t h0, h1;
+        int64_t q0, q1, k0, k1;
+        split_range(NKV, t, nth, &h0, &h1);
+        col_range(hp->n_head * HD, t, nth, &q0, &q1);
+        col_range(NKV * HD, t, nth, &k0, &k1);
+        if (q0 != (int64_t)h0 * rep * HD || q1 != (int64_t)h1 * rep * HD || k0 != (int64_t)h0 * HD ||
+            k1 != (int64_t)h1 * HD)
+            return false;
+    }
+    return true;
+}
+
 /* Steps 1-6 of a dense layer: attention norm, Q/K/V, bias / QK-norm / RoPE, K/V written to the
  * chunk's sequences, attention, output projection into c->tmp (every thread; ends on a barrier). */
 static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w, uint32_t il) {
@@ -964,22 +984,30 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
     for (uint32_t r = r0; r < r1; r++) rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, eps);
     quantize_rows(ACT, qkv, 3, XN, r0, r1);
     if (!repl) kvt_threadpool_barrier(tp);
+    /* Own heads (small chunks, heads_own_columns, no split-K segment): this thread's Q/K/V columns
+     * are the heads it attends with, so steps 2-5 need no barrier between them. */
+    const bool solo = n <= KVT_REPL_ROWS;
+    bool own = solo && heads_own_columns(hp, nth);
+    for (uint32_t s = 0; s < c->n_segs && own; s++) own = !use_split(c, &c->segs[s], il, nth);
+    uint32_t kh0 = 0, kh1 = NKV;
+    if (own) split_range(NKV, ith, nth, &kh0, &kh1);
     /* 2. Q, K, V projections (columns) */
     matmul_group(ACT, qkv, qkv_out, 3, n, ith, nth);
-    kvt_threadpool_barrier(tp);
+    if (!own) kvt_threadpool_barrier(tp);
     /* 3. bias, QK-norm, RoPE, query pre-scale (rows), then 4. write K/V of the chunk into the
-     *    sequence. write_kv runs on thread 0 only (kv.h allows concurrent writes only at distinct
-     *    positions of one sequence); for small chunks thread 0 also does the K/V side of the row
-     *    work and the other threads the query heads, saving a barrier. */
+     *    sequence. Own heads: each thread its query heads and KV heads [kh0, kh1), written by
+     *    itself (kv.h: concurrent writes of distinct heads). Otherwise write_kv runs on thread 0
+     *    only; for small chunks thread 0 also does the K/V side of the row work and the other
+     *    threads the query heads, saving a barrier. */
     {
-        const bool solo = n <= KVT_REPL_ROWS;
-        /* Rows [a0, a1): query heads [qa, qb) and, when kv, the K/V side. A split chunk gives each
-         * thread its rows, all heads. Small chunks (decode) keep every row: thread 0 takes the K/V
-         * side (then writes it), the other threads split the query heads. Every element sees the
-         * same operations in the same order whoever runs them. */
+        /* Rows [a0, a1): query heads [qa, qb) and, when kv, the K/V side of KV heads [kh0, kh1). A
+         * split chunk gives each thread its rows, all heads. Small chunks (decode) keep every row.
+         * Every element sees the same operations in the same order whoever runs them. */
         uint32_t a0 = solo ? 0 : r0, a1 = solo ? n : r1, qa = 0, qb = NH;
         bool kv = true;
-        if (solo && nth > 1) {
+        if (own) {
+            qa = kh0 * (NH / NKV), qb = kh1 * (NH / NKV);
+        } else if (solo && nth > 1) {
             kv = ith == 0;
             if (kv) qb = 0;
             else split_range(NH, ith - 1, nth - 1, &qa, &qb);
@@ -998,22 +1026,23 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
             }
             if (!kv) continue;
             if (w->bq) {
-                for (uint32_t i = 0; i < KD; i++) kr[i] += w->bk[i];
-                for (uint32_t i = 0; i < KD; i++) vr[i] += w->bv[i];
+                for (uint32_t i = kh0 * HD; i < kh1 * HD; i++) kr[i] += w->bk[i];
+                for (uint32_t i = kh0 * HD; i < kh1 * HD; i++) vr[i] += w->bv[i];
             }
-            for (uint32_t h = 0; h < NKV; h++) {
+            for (uint32_t h = kh0; h < kh1; h++) {
                 if (w->q_norm) rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, eps);
                 rope_apply(kr + h * HD, cs, hp->n_rot, hp->rope_neox);
             }
         }
         if (!solo) kvt_threadpool_barrier(tp);
-        if (ith == 0)
+        if (ith == 0 || own)
             for (uint32_t s = 0; s < c->n_segs; s++) {
                 const kvt_seg *sg = &c->segs[s];
                 for (uint32_t r = sg->off; r < sg->off + sg->n; r++)
-                    kvt_seq_write_kv(sg->seq, il, sg->pos0 + (r - sg->off), c->k + (size_t)r * KD, c->v + (size_t)r * KD);
+                    kvt_seq_write_kv_heads(sg->seq, il, sg->pos0 + (r - sg->off), c->k + (size_t)r * KD,
+                                           c->v + (size_t)r * KD, kh0, kh1);
             }
-        kvt_threadpool_barrier(tp);
+        if (!own) kvt_threadpool_barrier(tp);
     }
     /* 5. attention, per segment over its own sequence. Threads split on KV-head boundaries so
      *    no KV row is read by two threads; when the KV heads do not divide evenly, a long enough
