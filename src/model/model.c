@@ -1132,9 +1132,11 @@ static void dense_ffn(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w) {
  *  - replicated (chunks of <= KVT_REPL_ROWS rows with several threads, i.e. decode): every thread
  *    keeps its own copy of the residual stream and does the (tiny) row ops and activation
  *    quantization itself into private buffers, so a matmul can start right after the previous
- *    one's barrier: 6 barriers per layer instead of 10.
+ *    one's barrier: 6 barriers per layer instead of 10, and 4 where each thread owns its KV heads
+ *    (heads_own_columns: no barrier between the Q/K/V projections, the K/V writes and attention).
  * Shared buffers written by a matmul (q/k/v, tmp, gate/up, logits) are only read after the barrier
- * that follows it, and are next overwritten only after a later barrier.
+ * that follows it (own heads: q/k/v columns are read only by the thread that wrote them), and are
+ * next overwritten only after a later barrier.
  */
 static void forward_chunk(void *arg, int ith, int nth) {
     kvt_ctx *c = arg;
