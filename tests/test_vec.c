@@ -125,21 +125,42 @@ static void test_attention_products_equal_ref(void **st) {
     }
 }
 
-/* The f16-row forms (dot_f16_qn, axpy_f16_qn) at every level: equal to the scalar references, and
- * those equal to decoding the rows and running the f32 forms per query. 1-4 queries, row counts
- * around the groups of 8, lengths with and without the 16- and 8-column tails, padded rows (rb >
- * 2n), rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and zeros
- * included). A table without them (NULL) runs the references through kvt_vec_*. */
-static void test_f16_rows_equal_ref(void **st) {
+/* The test's own decode of element i of an encoded row (vec.h kvt_vec_rowfmt's layout). */
+static float enc_elem(const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
+    uint16_t h;
+    if (f->kind == KVT_ROWS_F16) {
+        memcpy(&h, row + 2 * i, 2);
+        return kvt_f16_to_f32(h);
+    }
+    const uint32_t bits = f->kind == KVT_ROWS_A8 ? 8 : 4, ng = f->dim / f->group, g = i / f->group;
+    const uint8_t *sc = row + f->dim * bits / 8;
+    const uint32_t code = bits == 8 ? row[i] : (i & 1 ? row[i / 2] >> 4 : row[i / 2] & 15u);
+    float s, b;
+    memcpy(&h, sc + 2 * g, 2);
+    s = f->scale_bf16 ? kvt_bf16_to_f32(h) : kvt_f16_to_f32(h);
+    memcpy(&h, sc + 2 * (ng + g), 2);
+    b = f->scale_bf16 ? kvt_bf16_to_f32(h) : kvt_f16_to_f32(h);
+    return s * (float)code + b;
+}
+
+/* The encoded-row forms (dot_enc_qn, axpy_enc_qn) at every level, for f16 rows and 8- and 4-bit
+ * affine rows (groups 32/64/128, f16 and bf16 scales): equal to the scalar references, and those
+ * equal to decoding the rows and running the f32 forms per query. 1-4 queries, row counts around
+ * the groups of 8, widths with and without the 16-column steps (the SIMD forms take whole steps;
+ * the dispatch runs the references otherwise), column ranges of the V product (d0, n), padded
+ * rows, rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and
+ * zeros included) in rows and scales. A table without them (NULL) runs the references through
+ * kvt_vec_*. */
+static void test_enc_rows_equal_ref(void **st) {
     (void)st;
     kvt_isa isas[4];
     const int ni = vec_isas(isas);
     const kvt_vec_ops *ref = kvt_vec_ops_for(KVT_ISA_SCALAR);
-    enum { D = 144, R = 41, RB = 2 * D + 16 };
+    enum { D = 256, R = 41, RB = 2 * D + 16 };
     static uint8_t k16[R * 16 * RB];
     static float q[4][D], w[4][R], dec[R][D], o0[4][R], o1[4][R], o2[4][R], y0[4][D], y1[4][D], y2[4][D];
     uint64_t s = 29;
-    for (size_t i = 0; i < sizeof k16 / 2; i++) {
+    for (size_t i = 0; i < sizeof k16 / 2; i++) { /* f16 bit patterns: codes and scales alike */
         const float v = (tu_rand(&s) % 16 == 0) ? ldexpf(tu_randf(&s), -(int)(tu_rand(&s) % 30)) : 8.0f * tu_randf(&s);
         const uint16_t h = (tu_rand(&s) % 64 == 0) ? 0x8000 : kvt_f32_to_f16(v);
         memcpy(k16 + 2 * i, &h, 2);
@@ -148,51 +169,71 @@ static void test_f16_rows_equal_ref(void **st) {
     const float *qq[4] = {q[0], q[1], q[2], q[3]}, *ww[4] = {w[0], w[1], w[2], w[3]};
     float *oo0[4] = {o0[0], o0[1], o0[2], o0[3]}, *oo1[4] = {o1[0], o1[1], o1[2], o1[3]};
     float *yy0[4] = {y0[0], y0[1], y0[2], y0[3]}, *yy1[4] = {y1[0], y1[1], y1[2], y1[3]};
-    static const uint32_t dims[] = {8, 16, 40, 64, 72, 128, 136, 144};
-    static const size_t rbs[] = {0, RB, 16 * RB}; /* 0: unpadded, 2n */
+    static const kvt_vec_rowfmt fmts[] = {
+        {KVT_ROWS_F16, 0, 0, 8},   {KVT_ROWS_F16, 0, 0, 40},  {KVT_ROWS_F16, 0, 0, 64},  {KVT_ROWS_F16, 0, 0, 72},
+        {KVT_ROWS_F16, 0, 0, 128}, {KVT_ROWS_F16, 0, 0, 144}, {KVT_ROWS_A8, 0, 32, 64},  {KVT_ROWS_A8, 1, 64, 64},
+        {KVT_ROWS_A8, 0, 128, 256}, {KVT_ROWS_A8, 0, 32, 96}, {KVT_ROWS_A4, 0, 64, 64},  {KVT_ROWS_A4, 1, 32, 128},
+        {KVT_ROWS_A4, 0, 128, 128}, {KVT_ROWS_A8, 0, 32, 40}, {KVT_ROWS_A4, 1, 32, 160},
+    };
     bool fused_seen = false;
     for (int kk = 0; kk < ni; kk++) {
         const kvt_vec_ops *op = kvt_vec_ops_for(isas[kk]);
-        if (!op->dot_f16_qn) continue;
+        if (!op->dot_enc_qn) continue;
         fused_seen = true;
-        assert_non_null(op->axpy_f16_qn);
-        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-            for (size_t ri = 0; ri < sizeof rbs / sizeof rbs[0]; ri++)
+        assert_non_null(op->axpy_enc_qn);
+        for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+            const kvt_vec_rowfmt *f = &fmts[fi];
+            const uint32_t n = f->dim;
+            const size_t nat = f->kind == KVT_ROWS_F16 ? 2 * (size_t)n
+                                                       : n * (f->kind == KVT_ROWS_A8 ? 8 : 4) / 8 + 4 * (size_t)(n / f->group);
+            const size_t rbs[] = {nat, RB, 16 * RB}; /* unpadded, padded, every 16th row */
+            const uint32_t cols[][2] = {{0, n}, {16, n >= 48 ? 32 : 0}, {n >= 32 ? n - 16 : 0, n >= 32 ? 16 : 0}};
+            for (size_t ri = 0; ri < 3; ri++)
                 for (uint32_t nr = 1; nr <= R; nr += nr < 10 ? 1 : 7)
                     for (uint32_t nq = 1; nq <= KVT_VEC_QN; nq++) {
-                        const uint32_t n = dims[di];
-                        const size_t rb = rbs[ri] ? rbs[ri] : 2 * (size_t)n;
-                        kvt_vec_dot_f16_qn_ref(qq, nq, k16, rb, nr, n, 0.125f, oo0);
-                        op->dot_f16_qn(qq, nq, k16, rb, nr, n, 0.125f, oo1);
+                        const size_t rb = rbs[ri];
+                        kvt_vec_dot_enc_qn_ref(f, qq, nq, k16, rb, nr, 0.125f, oo0);
+                        op->dot_enc_qn(f, qq, nq, k16, rb, nr, 0.125f, oo1);
                         for (uint32_t r = 0; r < nr; r++) /* the decoded rows */
-                            for (uint32_t i = 0; i < n; i++) {
-                                uint16_t h;
-                                memcpy(&h, k16 + r * rb + 2 * i, 2);
-                                dec[r][i] = kvt_f16_to_f32(h);
-                            }
+                            for (uint32_t i = 0; i < n; i++) dec[r][i] = enc_elem(f, k16 + r * rb, i);
                         for (uint32_t j = 0; j < nq; j++) {
                             assert_memory_equal(o0[j], o1[j], nr * sizeof(float));
                             ref->dot_rows(q[j], dec[0], D, nr, n, 0.125f, o2[j]);
                             assert_memory_equal(o0[j], o2[j], nr * sizeof(float));
                         }
-                        for (int j = 0; j < 4; j++) fill(y0[j], D, &s, false);
-                        memcpy(y1, y0, sizeof y0), memcpy(y2, y0, sizeof y0);
-                        kvt_vec_axpy_f16_qn_ref(yy0, ww, nq, k16, rb, nr, n);
-                        op->axpy_f16_qn(yy1, ww, nq, k16, rb, nr, n);
-                        for (uint32_t j = 0; j < nq; j++) ref->axpy_rows(y2[j], w[j], dec[0], D, nr, n);
-                        assert_memory_equal(y0, y1, sizeof y0); /* queries past nq untouched too */
-                        assert_memory_equal(y0, y2, sizeof y0);
+                        for (size_t ci = 0; ci < 3; ci++) {
+                            const uint32_t d0 = cols[ci][0], nc = cols[ci][1];
+                            if (nc == 0) continue;
+                            for (int j = 0; j < 4; j++) fill(y0[j], D, &s, false);
+                            memcpy(y1, y0, sizeof y0), memcpy(y2, y0, sizeof y0);
+                            kvt_vec_axpy_enc_qn_ref(f, yy0, ww, nq, k16, rb, nr, d0, nc);
+                            op->axpy_enc_qn(f, yy1, ww, nq, k16, rb, nr, d0, nc);
+                            for (uint32_t j = 0; j < nq; j++) ref->axpy_rows(y2[j], w[j], dec[0] + d0, D, nr, nc);
+                            assert_memory_equal(y0, y1, sizeof y0); /* queries past nq untouched too */
+                            assert_memory_equal(y0, y2, sizeof y0);
+                        }
                     }
+        }
     }
     /* the AVX2 table has them; whatever the table in use, the kvt_vec_* calls give the references' bits */
     if (kvt_kernels_best_isa() >= KVT_ISA_AVX2) assert_true(fused_seen);
-    kvt_vec_dot_f16_qn(qq, 3, k16, 2 * 64, 17, 64, 0.5f, oo0);
-    kvt_vec_dot_f16_qn_ref(qq, 3, k16, 2 * 64, 17, 64, 0.5f, oo1);
-    for (int j = 0; j < 3; j++) assert_memory_equal(o0[j], o1[j], 17 * sizeof(float));
-    memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
-    kvt_vec_axpy_f16_qn(yy0, ww, 3, k16, 2 * 64, 17, 64);
-    kvt_vec_axpy_f16_qn_ref(yy1, ww, 3, k16, 2 * 64, 17, 64);
-    assert_memory_equal(y0, y1, sizeof y0);
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi += 5) {
+        const kvt_vec_rowfmt *f = &fmts[fi];
+        kvt_vec_dot_enc_qn(f, qq, 3, k16, RB, 17, 0.5f, oo0);
+        kvt_vec_dot_enc_qn_ref(f, qq, 3, k16, RB, 17, 0.5f, oo1);
+        for (int j = 0; j < 3; j++) assert_memory_equal(o0[j], o1[j], 17 * sizeof(float));
+        memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
+        kvt_vec_axpy_enc_qn(f, yy0, ww, 3, k16, RB, 17, 0, f->dim);
+        kvt_vec_axpy_enc_qn_ref(f, yy1, ww, 3, k16, RB, 17, 0, f->dim);
+        assert_memory_equal(y0, y1, sizeof y0);
+    }
+    /* the SIMD domain: whole 16-element steps within the row, affine groups of 32-128 */
+    const kvt_vec_rowfmt bad[] = {{KVT_ROWS_F16, 0, 0, 72}, {KVT_ROWS_A8, 0, 16, 64}, {KVT_ROWS_A4, 0, 64, 96}};
+    for (size_t i = 0; i < 3; i++) assert_false(kvt_vec_rows_fused(&bad[i], 0, bad[i].dim));
+    const kvt_vec_rowfmt ok = {KVT_ROWS_A8, 0, 64, 128};
+    assert_false(kvt_vec_rows_fused(&ok, 8, 16));
+    assert_false(kvt_vec_rows_fused(&ok, 112, 32));
+    assert_int_equal(kvt_vec_rows_fused(&ok, 16, 32), kvt_vec_level() == 1); /* the AVX2 table's forms */
 }
 
 /* exp over a sweep of float bit patterns (every 97th, all signs and exponents): the 8- and
@@ -497,7 +538,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_equal_ref),
         cmocka_unit_test(test_attention_products_equal_ref),
-        cmocka_unit_test(test_f16_rows_equal_ref),
+        cmocka_unit_test(test_enc_rows_equal_ref),
         cmocka_unit_test(test_exp_sweep_and_edges),
         cmocka_unit_test(test_dispatch_follows_kernels),
         /* these lower the level for the rest of the process: last, in this order */

@@ -35,40 +35,57 @@ static inline float lane_reduce(const float *t) {
     return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
-/* Element i of a row given as f32 (b) or as f16 (bh, when b is NULL; widened exactly). */
-static inline float row_at(const float *b, const uint8_t *bh, uint32_t i) {
-    if (b) return b[i];
+/* A scale or bias of an affine row (f16 or bf16, widened exactly). */
+static inline float enc_scale(const kvt_vec_rowfmt *f, const uint8_t *p) {
     uint16_t h;
-    memcpy(&h, bh + 2 * (size_t)i, 2);
-    return kvt_f16_to_f32_fast(h);
+    memcpy(&h, p, 2);
+    return f->scale_bf16 ? kvt_bf16_to_f32(h) : kvt_f16_to_f32_fast(h);
 }
 
-/* The dot's order over an f32 or an f16 row (row_at). */
-static float dot_ref_row(const float *a, const float *b, const uint8_t *bh, uint32_t n) {
+/* Element i of an encoded row (vec.h kvt_vec_rowfmt), as the codec decodes it. */
+static float enc_at(const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
+    if (f->kind == KVT_ROWS_F16) {
+        uint16_t h;
+        memcpy(&h, row + 2 * (size_t)i, 2);
+        return kvt_f16_to_f32_fast(h);
+    }
+    const uint32_t bits = f->kind == KVT_ROWS_A8 ? 8 : 4, ng = f->dim / f->group, g = i / f->group;
+    const uint8_t *sc = row + (size_t)f->dim * bits / 8;
+    const uint32_t code = bits == 8 ? row[i] : (uint32_t)(row[i / 2] >> (4 * (i & 1))) & 15u;
+    return enc_scale(f, sc + 2 * (size_t)g) * (float)code + enc_scale(f, sc + 2 * (size_t)(ng + g));
+}
+
+/* Element i of a row given as f32 (b) or encoded (row, when b is NULL). */
+static inline float row_at(const float *b, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
+    return b ? b[i] : enc_at(f, row, i);
+}
+
+/* The dot's order over an f32 or an encoded row (row_at). */
+static float dot_ref_row(const float *a, const float *b, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t n) {
     float acc[16] = {0};
     uint32_t n16 = n & ~15u, i;
     for (i = 0; i < n16; i += 16)
-        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], row_at(b, bh, i + l), acc[l]);
+        for (uint32_t l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], row_at(b, f, row, i + l), acc[l]);
     float t[8];
     for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
     float s = lane_reduce(t);
-    for (; i < n; i++) s = fmaf(a[i], row_at(b, bh, i), s);
+    for (; i < n; i++) s = fmaf(a[i], row_at(b, f, row, i), s);
     return s;
 }
 
-float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n) { return dot_ref_row(a, b, NULL, n); }
+float kvt_vec_dot_ref(const float *a, const float *b, uint32_t n) { return dot_ref_row(a, b, NULL, NULL, n); }
 
-void kvt_vec_dot_f16_qn_ref(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
-                            uint32_t n, float scale, float *const *out) {
+void kvt_vec_dot_enc_qn_ref(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                            uint32_t n_rows, float scale, float *const *out) {
     for (uint32_t r = 0; r < n_rows; r++)
-        for (uint32_t j = 0; j < nq; j++) out[j][r] = dot_ref_row(q[j], NULL, k + (size_t)r * rb, n) * scale;
+        for (uint32_t j = 0; j < nq; j++) out[j][r] = dot_ref_row(q[j], NULL, f, k + (size_t)r * rb, f->dim) * scale;
 }
 
-void kvt_vec_axpy_f16_qn_ref(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                             uint32_t n_rows, uint32_t n) {
+void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
     for (uint32_t r = 0; r < n_rows; r++)
         for (uint32_t j = 0; j < nq; j++)
-            for (uint32_t i = 0; i < n; i++) y[j][i] = fmaf(w[j][r], row_at(NULL, x + (size_t)r * rb, i), y[j][i]);
+            for (uint32_t i = 0; i < n; i++) y[j][i] = fmaf(w[j][r], enc_at(f, x + (size_t)r * rb, d0 + i), y[j][i]);
 }
 
 void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n) {
@@ -819,28 +836,70 @@ static void dot_rows_avx2(const float *q, const float *k, size_t stride, uint32_
 }
 Q4_LOOPS(avx2, dot_rows_avx2, axpy_rows_avx2)
 
-/* f16 rows in place (vec.h: dot_f16_qn, axpy_f16_qn). Attention at long context reads every K and
- * V row of a KV head once per step and uses it for the head's GQA group of queries: converting
- * each row's 8 halves in a register (F16C, exact) and using it for all nq queries at once replaces
- * the decode into an f32 tile, the tile's reloads per query, and dot_q4's fourth, repeated query
- * of a group of 3. The products are the f32 forms' operations in the same order, so the bits are
- * those of decoding the rows and calling dot_rows / axpy_rows. Both fetch ahead of every line they
- * read (the rows stream from DRAM; a prefetch past the rows is harmless): the dot F16_PF bytes
- * (8 KiB against 2, 4 and 16 KiB: 1.04-1.13 against 1.18-1.28 ms per layer, bench/attn --split 2
- * 16384 smol-135m f16, AVX2 Zen 3), the axpy one call's rows ahead (axpy_f16_body). */
+/* Encoded rows in place (vec.h: dot_enc_qn, axpy_enc_qn). Attention at long context reads every K
+ * and V row of a KV head once per step and uses it for the head's GQA group of queries: decoding
+ * each row's 16-element steps in registers (f16: F16C, exact; affine: codes widened, then
+ * scale * code + bias, the codec's two roundings) and using them for all nq queries at once
+ * replaces the decode into an f32 tile, the tile's reloads per query, and dot_q4's fourth,
+ * repeated query of a group of 3. The products are the f32 forms' operations in the same order,
+ * so the bits are those of decoding the rows and calling dot_rows / axpy_rows. Both fetch ahead of
+ * every line they read (the rows stream from DRAM; a prefetch past the rows is harmless): the dot
+ * ENC_PF bytes (8 KiB against 2, 4 and 16 KiB: 1.04-1.13 against 1.18-1.28 ms per layer on f16,
+ * bench/attn --split 2 16384 smol-135m f16, AVX2 Zen 3), the axpy one call's rows ahead
+ * (enc_axpy_body). Each kernel is compiled per format (K, a constant) and query count. */
 #define T2H __attribute__((target("avx2,fma,f16c")))
-#define F16_PF 8192
-T2H static inline __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#define ENC_PF 8192
+#define T2I T2H static inline __attribute__((always_inline))
+T2I __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* Byte offset of element i's code in a row of format K, and the code bytes of a row. */
+T2I size_t enc_off(int K, uint32_t i) { return K == KVT_ROWS_F16 ? 2 * (size_t)i : K == KVT_ROWS_A8 ? i : i / 2; }
+
+/* Elements [i, i + 16) of an encoded row in two registers; gs = log2(group), ng = groups a row. */
+T2I void enc16(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t gs, uint32_t ng, __m256 *x0,
+               __m256 *x1) {
+    if (K == KVT_ROWS_F16) {
+        *x0 = ld_f16x8(row + 2 * (size_t)i), *x1 = ld_f16x8(row + 2 * (size_t)i + 16);
+        return;
+    }
+    const uint8_t *sc = row + enc_off(K, f->dim);
+    const uint32_t g = i >> gs;
+    const __m256 vs = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)g));
+    const __m256 vb = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)(ng + g)));
+    __m256 q0, q1;
+    if (K == KVT_ROWS_A8) {
+        q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
+        q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + i + 8))));
+    } else { /* lane e of a 4-byte word takes nibble e: element 2k low, 2k + 1 high */
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m = _mm256_set1_epi32(15);
+        uint32_t w0, w1;
+        memcpy(&w0, row + i / 2, 4);
+        memcpy(&w1, row + i / 2 + 4, 4);
+        q0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w0), sh), m));
+        q1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w1), sh), m));
+    }
+    *x0 = _mm256_add_ps(_mm256_mul_ps(vs, q0), vb);
+    *x1 = _mm256_add_ps(_mm256_mul_ps(vs, q1), vb);
+}
+
+/* Fetch dist bytes ahead of the line holding element i's code when that code starts a line of
+ * the step sequence, and of an affine row's scales with its first step (d0). */
+T2I void enc_prefetch(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t d0, size_t dist) {
+    const size_t o = enc_off(K, i);
+    if ((o & 63) < enc_off(K, 16)) _mm_prefetch((const char *)(row + o + dist), _MM_HINT_T0);
+    if (K != KVT_ROWS_F16 && i == d0) _mm_prefetch((const char *)(row + enc_off(K, f->dim) + dist), _MM_HINT_T0);
+}
 
 /* One row's 16-lane products with nq queries folded to 8 lanes each (dot_lanes8_avx2's per query). */
-T2H static inline __attribute__((always_inline)) void dot_f16_lanes(const float *const *q, int nq,
-                                                                    const uint8_t *kr, uint32_t n, __m256 *t) {
+T2I void enc_dot_lanes(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *kr, uint32_t gs,
+                       uint32_t ng, __m256 *t) {
     __m256 lo[KVT_VEC_QN], hi[KVT_VEC_QN];
 #pragma GCC unroll 4
     for (int j = 0; j < nq; j++) lo[j] = hi[j] = _mm256_setzero_ps();
-    for (uint32_t i = 0; i < n; i += 16) {
-        if ((i & 31) == 0) _mm_prefetch((const char *)(kr + 2 * (size_t)i + F16_PF), _MM_HINT_T0);
-        const __m256 k0 = ld_f16x8(kr + 2 * (size_t)i), k1 = ld_f16x8(kr + 2 * (size_t)i + 16);
+    for (uint32_t i = 0; i < f->dim; i += 16) {
+        enc_prefetch(K, f, kr, i, 0, ENC_PF);
+        __m256 k0, k1;
+        enc16(K, f, kr, i, gs, ng, &k0, &k1);
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) {
             lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), k0, lo[j]);
@@ -850,20 +909,20 @@ T2H static inline __attribute__((always_inline)) void dot_f16_lanes(const float 
 #pragma GCC unroll 4
     for (int j = 0; j < nq; j++) t[j * 8] = _mm256_add_ps(lo[j], hi[j]);
 }
-/* n % 16 == 0: rows in groups of 8 reduced vertically (reduce8_avx2), the rest one by one. */
-T2H static inline __attribute__((always_inline)) void dot_f16_body(const float *const *q, int nq, const uint8_t *k,
-                                                                   size_t rb, uint32_t n_rows, uint32_t n, float scale,
-                                                                   float *const *out) {
+/* Rows in groups of 8 reduced vertically (reduce8_avx2), the rest one by one. */
+T2I void enc_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                      uint32_t n_rows, float scale, float *const *out) {
     const __m256 vs = _mm256_set1_ps(scale);
+    const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
     __m256 t[KVT_VEC_QN * 8]; /* query j, row rr: t[j*8 + rr] */
     uint32_t r = 0;
     for (; r + 8 <= n_rows; r += 8) {
-        for (int rr = 0; rr < 8; rr++) dot_f16_lanes(q, nq, k + (size_t)(r + rr) * rb, n, t + rr);
+        for (int rr = 0; rr < 8; rr++) enc_dot_lanes(K, f, q, nq, k + (size_t)(r + rr) * rb, gs, ng, t + rr);
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) _mm256_storeu_ps(out[j] + r, _mm256_mul_ps(reduce8_avx2(t + j * 8), vs));
     }
     for (; r < n_rows; r++) {
-        dot_f16_lanes(q, nq, k + (size_t)r * rb, n, t);
+        enc_dot_lanes(K, f, q, nq, k + (size_t)r * rb, gs, ng, t);
         for (int j = 0; j < nq; j++) {
             float tl[8];
             _mm256_storeu_ps(tl, t[j * 8]);
@@ -871,40 +930,24 @@ T2H static inline __attribute__((always_inline)) void dot_f16_body(const float *
         }
     }
 }
-#define DOT_F16_N(NQ)                                                                                         \
-    T2H static void dot_f16_q##NQ(const float *const *q, const uint8_t *k, size_t rb, uint32_t n_rows,         \
-                                  uint32_t n, float scale, float *const *out) {                               \
-        dot_f16_body(q, NQ, k, rb, n_rows, n, scale, out);                                                    \
-    }
-DOT_F16_N(1)
-DOT_F16_N(2)
-DOT_F16_N(3)
-DOT_F16_N(4)
-static void dot_f16_qn_avx2(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
-                            uint32_t n, float scale, float *const *out) {
-    static void (*const f[KVT_VEC_QN])(const float *const *, const uint8_t *, size_t, uint32_t, uint32_t, float,
-                                       float *const *) = {dot_f16_q1, dot_f16_q2, dot_f16_q3, dot_f16_q4};
-    if (n % 16 == 0 && n > 0 && nq >= 1 && nq <= KVT_VEC_QN) f[nq - 1](q, k, rb, n_rows, n, scale, out);
-    else kvt_vec_dot_f16_qn_ref(q, nq, k, rb, n_rows, n, scale, out);
-}
 
-/* 16 columns at a time (two registers per query) over all rows, then 8, then the scalar tail: each
- * y element is one fmaf chain over the rows in ascending order, as axpy_rows makes it. Each row
- * read fetches the row n_rows strides on: for an attention V lane (rows ATT_VL apart, n_rows of
- * them per chunk) that is the same lane's row of the next chunk, whatever the chunk's length. */
-T2H static inline __attribute__((always_inline)) void axpy_f16_body(float *const *y, const float *const *w, int nq,
-                                                                    const uint8_t *x, size_t rb, uint32_t n_rows,
-                                                                    uint32_t n) {
-    uint32_t i = 0;
+/* 16 columns at a time (two registers per query) over all rows: each y element is one fmaf chain
+ * over the rows in ascending order, as axpy_rows makes it. Each row read fetches the row n_rows
+ * strides on: for an attention V lane (rows ATT_VL apart, n_rows of them per chunk) that is the
+ * same lane's row of the next chunk, whatever the chunk's length. */
+T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq, const uint8_t *x,
+                       size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+    const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
     const size_t pfd = (size_t)n_rows * rb;
-    for (; i + 16 <= n; i += 16) {
+    for (uint32_t i = 0; i < n; i += 16) {
         __m256 a0[KVT_VEC_QN], a1[KVT_VEC_QN];
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) a0[j] = _mm256_loadu_ps(y[j] + i), a1[j] = _mm256_loadu_ps(y[j] + i + 8);
         for (uint32_t r = 0; r < n_rows; r++) {
-            const uint8_t *xr = x + (size_t)r * rb + 2 * (size_t)i;
-            if ((i & 31) == 0) _mm_prefetch((const char *)(xr + pfd), _MM_HINT_T0);
-            const __m256 k0 = ld_f16x8(xr), k1 = ld_f16x8(xr + 16);
+            const uint8_t *xr = x + (size_t)r * rb;
+            enc_prefetch(K, f, xr, d0 + i, d0, pfd);
+            __m256 k0, k1;
+            enc16(K, f, xr, d0 + i, gs, ng, &k0, &k1);
 #pragma GCC unroll 4
             for (int j = 0; j < nq; j++) {
                 const __m256 wv = _mm256_set1_ps(w[j][r]);
@@ -915,34 +958,57 @@ T2H static inline __attribute__((always_inline)) void axpy_f16_body(float *const
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) _mm256_storeu_ps(y[j] + i, a0[j]), _mm256_storeu_ps(y[j] + i + 8, a1[j]);
     }
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < nq; j++) {
-            __m256 a = _mm256_loadu_ps(y[j] + i);
-            for (uint32_t r = 0; r < n_rows; r++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][r]), ld_f16x8(x + (size_t)r * rb + 2 * (size_t)i), a);
-            _mm256_storeu_ps(y[j] + i, a);
-        }
-    if (i < n) {
-        float *yt[KVT_VEC_QN];
-        for (int j = 0; j < nq; j++) yt[j] = y[j] + i;
-        kvt_vec_axpy_f16_qn_ref(yt, w, (uint32_t)nq, x + 2 * (size_t)i, rb, n_rows, n - i);
-    }
 }
-#define AXPY_F16_N(NQ)                                                                                        \
-    T2H static void axpy_f16_q##NQ(float *const *y, const float *const *w, const uint8_t *x, size_t rb,        \
-                                   uint32_t n_rows, uint32_t n) {                                             \
-        axpy_f16_body(y, w, NQ, x, rb, n_rows, n);                                                            \
+
+#define ENC_KERNELS(NAME, K)                                                                                    \
+    T2H static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb, \
+                               uint32_t n_rows, float scale, float *const *out) {                               \
+        switch (nq) { /* the query count a constant too: its loops unroll, its registers stay */              \
+        case 1: enc_dot_body(K, f, q, 1, k, rb, n_rows, scale, out); break;                                     \
+        case 2: enc_dot_body(K, f, q, 2, k, rb, n_rows, scale, out); break;                                     \
+        case 3: enc_dot_body(K, f, q, 3, k, rb, n_rows, scale, out); break;                                     \
+        default: enc_dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                    \
+        }                                                                                                       \
+    }                                                                                                           \
+    T2H static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,         \
+                                const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {        \
+        switch (nq) {                                                                                           \
+        case 1: enc_axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                      \
+        case 2: enc_axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                      \
+        case 3: enc_axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                      \
+        default: enc_axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                     \
+        }                                                                                                       \
     }
-AXPY_F16_N(1)
-AXPY_F16_N(2)
-AXPY_F16_N(3)
-AXPY_F16_N(4)
-static void axpy_f16_qn_avx2(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                             uint32_t n_rows, uint32_t n) {
-    static void (*const f[KVT_VEC_QN])(float *const *, const float *const *, const uint8_t *, size_t, uint32_t,
-                                       uint32_t) = {axpy_f16_q1, axpy_f16_q2, axpy_f16_q3, axpy_f16_q4};
-    if (nq >= 1 && nq <= KVT_VEC_QN) f[nq - 1](y, w, x, rb, n_rows, n);
-    else kvt_vec_axpy_f16_qn_ref(y, w, nq, x, rb, n_rows, n);
+ENC_KERNELS(f16_rows, KVT_ROWS_F16)
+ENC_KERNELS(a8_rows, KVT_ROWS_A8)
+ENC_KERNELS(a4_rows, KVT_ROWS_A4)
+#undef ENC_KERNELS
+
+/* The SIMD forms' domain (vec.h kvt_vec_rows_fused): whole 16-element steps, affine groups of
+ * 32-128 (a step never straddles two), rows no wider than the attention's (KVT_KT_MAX_DIM). */
+static bool enc_simd_ok(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n) {
+    if (f->dim == 0 || f->dim % 16 || f->dim > KVT_KT_MAX_DIM || d0 % 16 || n % 16 || d0 + n > f->dim) return false;
+    if (f->kind == KVT_ROWS_F16) return true;
+    if (f->kind != KVT_ROWS_A8 && f->kind != KVT_ROWS_A4) return false;
+    return (f->group == 32 || f->group == 64 || f->group == 128) && f->dim % f->group == 0;
+}
+
+static void dot_enc_qn_avx2(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                            uint32_t n_rows, float scale, float *const *out) {
+    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, 0, f->dim))
+        kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
+    else if (f->kind == KVT_ROWS_F16) dot_f16_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
+    else if (f->kind == KVT_ROWS_A8) dot_a8_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
+    else dot_a4_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
+}
+
+static void axpy_enc_qn_avx2(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))
+        kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
+    else if (f->kind == KVT_ROWS_F16) axpy_f16_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
+    else if (f->kind == KVT_ROWS_A8) axpy_a8_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
+    else axpy_a4_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
 }
 
 /* AVX-512: the blocked kernels need n % 16 == 0 (and ldk % 16 == 0 for transposed keys); other
@@ -995,7 +1061,7 @@ static const kvt_vec_ops ops_avx2 = {
     .level = 1, .dot = dot_avx2, .axpy = axpy_avx2, .vfma = vfma_avx2, .scale = scale_avx2,
     .dot_rows = dot_rows_avx2, .axpy_rows = axpy_rows_avx2, .dot_q4 = dot_q4_avx2, .axpy_q4 = axpy_q4_avx2,
     .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
-    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .dot_f16_qn = dot_f16_qn_avx2, .axpy_f16_qn = axpy_f16_qn_avx2,
+    .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .dot_enc_qn = dot_enc_qn_avx2, .axpy_enc_qn = axpy_enc_qn_avx2,
     .exp_sum = exp_sum_avx2, .round_f16 = round_f16_f16c,
     .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
 };
@@ -1056,16 +1122,18 @@ void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint3
                        float *const *out) {
     g_cur->dot_kt_q4(q, kt, ldk, n_keys, n, scale, out);
 }
-bool kvt_vec_has_f16_fused(void) { return g_cur->dot_f16_qn != NULL; }
-void kvt_vec_dot_f16_qn(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
-                        float scale, float *const *out) {
-    if (g_cur->dot_f16_qn) g_cur->dot_f16_qn(q, nq, k, rb, n_rows, n, scale, out);
-    else kvt_vec_dot_f16_qn_ref(q, nq, k, rb, n_rows, n, scale, out);
+bool kvt_vec_rows_fused(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n) {
+    return g_cur->dot_enc_qn != NULL && enc_simd_ok(f, d0, n);
 }
-void kvt_vec_axpy_f16_qn(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                         uint32_t n_rows, uint32_t n) {
-    if (g_cur->axpy_f16_qn) g_cur->axpy_f16_qn(y, w, nq, x, rb, n_rows, n);
-    else kvt_vec_axpy_f16_qn_ref(y, w, nq, x, rb, n_rows, n);
+void kvt_vec_dot_enc_qn(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                        uint32_t n_rows, float scale, float *const *out) {
+    if (g_cur->dot_enc_qn) g_cur->dot_enc_qn(f, q, nq, k, rb, n_rows, scale, out);
+    else kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
+}
+void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+    if (g_cur->axpy_enc_qn) g_cur->axpy_enc_qn(f, y, w, nq, x, rb, n_rows, d0, n);
+    else kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
 }
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc, n, m); }
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }

@@ -26,6 +26,20 @@
 #include "quant.h"
 
 /* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */
+/* The layout of an encoded K/V row that the kernels read in place (kv/codec.c writes them):
+ *   KVT_ROWS_F16: dim halves (IEEE f16, widened exactly);
+ *   KVT_ROWS_A8 / KVT_ROWS_A4: affine, dim * bits / 8 code bytes (4 bits: element 2k in the low
+ *   nibble of byte k, 2k + 1 in the high one), then dim / group scales, then as many biases, each
+ *   f16 (bf16 when scale_bf16); element j = scale * code + bias of its group (an f32 multiply,
+ *   then an add: the codec's decode). group is 32, 64 or 128. */
+enum { KVT_ROWS_F16, KVT_ROWS_A8, KVT_ROWS_A4 };
+typedef struct kvt_vec_rowfmt {
+    uint8_t kind;       /* KVT_ROWS_* */
+    uint8_t scale_bf16; /* affine: scales and biases are bf16 */
+    uint16_t group;     /* affine: elements per scale/bias pair */
+    uint32_t dim;       /* elements per row */
+} kvt_vec_rowfmt;
+
 typedef struct kvt_vec_ops {
     int level; /* 0 scalar reference, 1 AVX2+FMA(+F16C), 2 AVX-512 */
     float (*dot)(const float *a, const float *b, uint32_t n);
@@ -43,11 +57,11 @@ typedef struct kvt_vec_ops {
     void (*transpose_f16_rows)(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
     void (*dot_kt_q4)(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                       float *const *out);
-    /* f16 rows read in place (NULL: this level decodes rows into a tile and runs the f32 forms) */
-    void (*dot_f16_qn)(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
-                       float scale, float *const *out);
-    void (*axpy_f16_qn)(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                        uint32_t n_rows, uint32_t n);
+    /* encoded rows read in place (NULL: this level decodes rows into a tile and runs the f32 forms) */
+    void (*dot_enc_qn)(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                       uint32_t n_rows, float scale, float *const *out);
+    void (*axpy_enc_qn)(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                        const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
     float (*exp_sum)(float *sc, uint32_t n, float m);
     void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
     void (*exp_clamped)(float *y, const float *x, uint32_t n);
@@ -85,13 +99,15 @@ void kvt_vec_force_level(int level);
  *   tree, keys across the vector lanes); any n (the scalar twin copies rows of up to
  *   KVT_KT_MAX_DIM on the stack, longer ones on the heap; without memory the scores are NaN). The
  *   SIMD path needs AVX-512, n % 16 == 0 and ldk % 16 == 0 and reads columns up to pad16(n_keys).
- * f16 rows read in place (attention over an f16 KV cache; row r at x + r*rb bytes, n halves, each
- *   widened exactly to f32), for nq = 1..KVT_VEC_QN queries:
- *   dot_f16_qn: out[j][r] = dot(q[j], row r, n) * scale;
- *   axpy_f16_qn: for r ascending, axpy(y[j], w[j][r], row r, n).
+ * Encoded rows read in place (attention over an f16 or affine KV cache; row r at x + r*rb bytes,
+ *   laid out as f says, each element decoded exactly as the codec does), for nq = 1..KVT_VEC_QN
+ *   queries:
+ *   dot_enc_qn: out[j][r] = dot(q[j], row r, f->dim) * scale;
+ *   axpy_enc_qn: for r ascending, axpy(y[j], w[j][r], elements [d0, d0 + n) of row r, n).
  *   The same bits as decoding the rows and calling dot_rows / axpy_rows per query.
- *   kvt_vec_has_f16_fused() says whether the table in use has them; the kvt_vec_* calls work at
- *   every level (the scalar references otherwise).
+ *   kvt_vec_rows_fused(f, d0, n) says whether the table in use has SIMD forms for that format and
+ *   column range (dim, d0 and n multiples of 16, dim <= KVT_KT_MAX_DIM); the kvt_vec_* calls work
+ *   for any valid format at every level (the scalar references otherwise).
  * exp_sum (softmax): sc[j] = kvt_vec_exp(sc[j] - m) for j < n; returns their sum in the dot's
  *   16-lane order.
  * round_f16: dst[i] = f16(src[i] * mul) widened to f32, round to nearest even (src == dst allowed).
@@ -114,11 +130,11 @@ void kvt_vec_transpose_rows(const float *k, size_t stride, uint32_t n_rows, uint
 void kvt_vec_transpose_f16_rows(const uint8_t *src, size_t rb, uint32_t n_rows, uint32_t n, float *kt, size_t ldk);
 void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n, float scale,
                        float *const *out);
-bool kvt_vec_has_f16_fused(void);
-void kvt_vec_dot_f16_qn(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows, uint32_t n,
-                        float scale, float *const *out);
-void kvt_vec_axpy_f16_qn(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                         uint32_t n_rows, uint32_t n);
+bool kvt_vec_rows_fused(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n);
+void kvt_vec_dot_enc_qn(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                        uint32_t n_rows, float scale, float *const *out);
+void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
@@ -142,10 +158,10 @@ void kvt_vec_transpose_f16_rows_ref(const uint8_t *src, size_t rb, uint32_t n_ro
                                     size_t ldk);
 void kvt_vec_dot_kt_q4_ref(const float *const *q, const float *kt, size_t ldk, uint32_t n_keys, uint32_t n,
                            float scale, float *const *out);
-void kvt_vec_dot_f16_qn_ref(const float *const *q, uint32_t nq, const uint8_t *k, size_t rb, uint32_t n_rows,
-                            uint32_t n, float scale, float *const *out);
-void kvt_vec_axpy_f16_qn_ref(float *const *y, const float *const *w, uint32_t nq, const uint8_t *x, size_t rb,
-                             uint32_t n_rows, uint32_t n);
+void kvt_vec_dot_enc_qn_ref(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
+                            uint32_t n_rows, float scale, float *const *out);
+void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
 float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
 

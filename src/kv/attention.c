@@ -29,11 +29,12 @@
  * decoded straight into that layout) and the weighted sum from kvt_vec_axpy_rows (per lane, the
  * lane's keys as a strided run of tile rows; MLA layers keep one accumulator and kvt_vec_axpy_q4),
  * all bit-identical to looping kvt_vec_dot / kvt_vec_axpy over the keys in ascending order (codec.c).
- * F16 rows of non-latent layers, where the vector table has the f16-row forms (AVX2), are not
- * decoded at all: kvt_vec_dot_f16_qn / kvt_vec_axpy_f16_qn read them in place for up to
- * KVT_VEC_QN pairs a pass (fused_ok; the same bits as the tile). At long context this halves a
- * decode step's attention (bench/attn --split): the tile's stores and reloads, and dot_q4's fourth,
- * repeated query of a GQA group of 3, cost more than the f16 conversion they save.
+ * F16 and 8/4-bit AFFINE rows of non-latent layers, where the vector table has the encoded-row
+ * forms (AVX2), are not decoded into the tile: kvt_vec_dot_enc_qn / kvt_vec_axpy_enc_qn read them
+ * in place for up to KVT_VEC_QN pairs a pass (fused_rows; the same bits as the tile). At long
+ * context this halves a decode step's attention over f16 rows and cuts it by about 3x over affine
+ * ones (bench/attn --split): the tile's stores and reloads, the per-row decode calls and dot_q4's
+ * fourth, repeated query of a GQA group of 3 cost more than the in-register decode they save.
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query
  * of each pair is rotated once (q' = Π_K q, so s_j = <q', ŷ_j>·scale needs no per-key inverse
@@ -76,7 +77,7 @@
 #define ATT_TILE_SMALL 16
 #define ATT_BIG_CTX 16384u
 #define ATT_KC 64   /* keys decoded per chunk, at most (see chunk_keys) */
-/* Keys per V chunk where f16 V rows are read in place (fused_ok): no tile bounds it, and a lane's
+/* Keys per V chunk where V rows are read in place (fused_rows): no tile bounds it, and a lane's
  * call then covers 8 rows (its accumulators loaded and stored once per 8 rows instead of per 2 at
  * head dim 128 with chunk_keys' 32). Against chunk_keys: qwen3-0.6b shape (head dim 128) decode
  * attention at 16384 keys 4.0 -> 3.3 ms per layer on 2 threads, 512-query prefill at 3584 694 ->
@@ -260,21 +261,30 @@ static void decode_chunk(kvt_codec c, const uint8_t *src, size_t rb, uint32_t di
     for (uint32_t r = 0; r < n; r++) kvt_decode_row_fast(c, src + (size_t)r * rb, dim, dst + (size_t)r * dim);
 }
 
-/* Whether f16 rows of width dim are read in place (kvt_vec_dot_f16_qn / kvt_vec_axpy_f16_qn) rather
- * than decoded into the tile: the vector table has those forms, the rows are f16 and a multiple of
- * 16 wide, and the layer is not latent (an MLA layer's one KV head serves all query heads, which
- * read the decoded tile more cheaply than they would convert its rows four queries at a time). */
-static bool fused_ok(kvt_codec c, bool mla, uint32_t dim) {
-    return c.kind == KVT_CODEC_F16 && !mla && dim % 16 == 0 && kvt_vec_has_f16_fused();
+/* Whether elements [d0, d0 + w) of rows of codec c and width dim are read in place
+ * (kvt_vec_dot_enc_qn / kvt_vec_axpy_enc_qn; *f gets their format) rather than decoded into the
+ * tile: the codec is f16 or 8/4-bit affine, the vector table has SIMD forms for it and the range
+ * (kvt_vec_rows_fused), and the layer is not latent (an MLA layer's one KV head serves all query
+ * heads, which read the decoded tile more cheaply than they would decode its rows four queries at
+ * a time). */
+static bool fused_rows(kvt_codec c, bool mla, uint32_t dim, uint32_t d0, uint32_t w, kvt_vec_rowfmt *f) {
+    if (mla) return false;
+    *f = (kvt_vec_rowfmt){.kind = KVT_ROWS_F16, .dim = dim};
+    if (c.kind == KVT_CODEC_AFFINE && (c.bits == 8 || c.bits == 4))
+        *f = (kvt_vec_rowfmt){.kind = c.bits == 8 ? KVT_ROWS_A8 : KVT_ROWS_A4, .scale_bf16 = c.scale_bf16,
+                              .group = c.group_size, .dim = dim};
+    else if (c.kind != KVT_CODEC_F16) return false;
+    return kvt_vec_rows_fused(f, d0, w);
 }
 
-/* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from f16 rows in
+/* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from encoded rows in
  * place: lane ln takes keys f, f + ATT_VL, ... (f its first key in [a, e]) into its accumulator,
  * in ascending order, as the tile path's kvt_vec_axpy_rows per lane does. Query t's weight of key
- * p is wsc[t][p - ulo]; lane l of its accumulators is acc[t] + l * ld; key p's row is at
- * rows + (p - p0) * rb (w halves of it are read). */
+ * p is wsc[t][p - ulo]; lane l of its accumulators is acc[t] + l * ld; key p's row (format fm) is
+ * at rows + (p - p0) * rb, and its elements [d0, d0 + w) are read. */
 static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t nq, uint32_t a, uint32_t e,
-                           uint32_t ulo, size_t ld, const uint8_t *rows, uint32_t p0, size_t rb, uint32_t w) {
+                           uint32_t ulo, size_t ld, const kvt_vec_rowfmt *fm, const uint8_t *rows, uint32_t p0,
+                           size_t rb, uint32_t d0, uint32_t w) {
     for (uint32_t ln = 0; ln < ATT_VL; ln++) {
         const uint32_t f = a + (ln + ATT_VL - a % ATT_VL) % ATT_VL; /* first key of lane ln */
         if (f > e) continue;
@@ -287,7 +297,7 @@ static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t 
             ww[t] = wl[t];
             yy[t] = acc[t] + (size_t)(f % ATT_VL) * ld;
         }
-        kvt_vec_axpy_f16_qn(yy, ww, nq, rows + (size_t)(f - p0) * rb, (size_t)ATT_VL * rb, cnt, w);
+        kvt_vec_axpy_enc_qn(fm, yy, ww, nq, rows + (size_t)(f - p0) * rb, (size_t)ATT_VL * rb, cnt, d0, w);
     }
 }
 
@@ -407,7 +417,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     if (na == 0) continue;
                     const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
-                    if (!use_kt && fused_ok(c, mla, hd_k)) { /* f16 rows read in place, up to 4 pairs a pass */
+                    kvt_vec_rowfmt fm;
+                    if (!use_kt && fused_rows(c, mla, hd_k, 0, hd_k, &fm)) { /* rows read in place, up to 4 pairs a pass */
                         for (uint32_t g0 = 0; g0 < na; g0 += KVT_VEC_QN) {
                             const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g0);
                             const float *qq[KVT_VEC_QN];
@@ -422,7 +433,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                             /* a group scores the whole chunk: scores outside a pair's visible range
                              * land in its own span and are never read */
                             for (uint32_t t = 0; t < ng; t++) oo[t] += a - ulo;
-                            kvt_vec_dot_f16_qn(qq, ng, src + (size_t)(a - p0) * rb, rb, e - a + 1, hd_k, scale, oo);
+                            kvt_vec_dot_enc_qn(&fm, qq, ng, src + (size_t)(a - p0) * rb, rb, e - a + 1, scale, oo);
                         }
                         continue;
                     }
@@ -485,7 +496,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
 #define OUT(j) (rotv ? pr[j].orot : pr[j].o)
                 const size_t rb = li->row_bytes[var][vs];
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
-                const uint32_t vkc = lanes && fused_ok(c, mla, hd_v) ? ATT_VKC : kc;
+                kvt_vec_rowfmt fm;
+                const bool fv = lanes && fused_rows(c, mla, hd_v, 0, hd_v, &fm);
+                const uint32_t vkc = fv ? ATT_VKC : kc;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += vkc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + vkc - 1);
                     uint32_t act[ATT_TILE], na = 0;
@@ -493,7 +506,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
-                    if (lanes && fused_ok(c, mla, hd_v)) { /* f16 rows in place: pairs seeing the same keys share a pass */
+                    if (fv) { /* rows in place: pairs seeing the same keys share a pass */
                         for (uint32_t g = 0, ng; g < na; g += ng) {
                             const uint32_t a = KVT_MAX(p0, pr[act[g]].lo), e = KVT_MIN(p1, pr[act[g]].hi);
                             for (ng = 1; g + ng < na && ng < KVT_VEC_QN; ng++)
@@ -504,7 +517,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                                 wsc[t] = sc_base + act[g + t] * span;
                                 acc[t] = lane_base + (size_t)((rotv ? ATT_TILE : 0) + act[g + t]) * ATT_VL * hdp;
                             }
-                            lanes_weighted(wsc, acc, ng, a, e, ulo, hdp, src, p0, rb, hd_v);
+                            lanes_weighted(wsc, acc, ng, a, e, ulo, hdp, &fm, src, p0, rb, 0, hd_v);
                         }
                         continue;
                     }
@@ -657,7 +670,8 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
         const kvt_codec c = jb->li->codec[var];
         const size_t rb = jb->li->row_bytes[var][0];
         const uint8_t *base = b->data + jb->li->offset[var][0] + (size_t)kvh * bt * rb;
-        if (fused_ok(c, false, hd_k)) { /* f16 rows in place, the whole run at once */
+        kvt_vec_rowfmt fm;
+        if (fused_rows(c, false, hd_k, 0, hd_k, &fm)) { /* rows in place, the whole run at once */
             for (uint32_t g0 = 0; g0 < rep; g0 += KVT_VEC_QN) {
                 const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, rep - g0);
                 const float *qq[KVT_VEC_QN];
@@ -666,7 +680,7 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
                     qq[t] = q16 + (g0 + t) * hdp;
                     oo[t] = jb->sc + (h0 + g0 + t) * jb->stride + (pa - jb->lo);
                 }
-                kvt_vec_dot_f16_qn(qq, ng, base + (size_t)(pa - bi * bt) * rb, rb, pb - pa + 1, hd_k, scale, oo);
+                kvt_vec_dot_enc_qn(&fm, qq, ng, base + (size_t)(pa - bi * bt) * rb, rb, pb - pa + 1, scale, oo);
             }
             continue;
         }
@@ -716,12 +730,13 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         const kvt_codec c = jb->li->codec[var];
         const size_t rb = jb->li->row_bytes[var][1];
         const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
-        const bool fv = fused_ok(c, false, w);
+        kvt_vec_rowfmt fm;
+        const bool fv = fused_rows(c, false, hd_v, d0, w, &fm);
         const uint32_t kc = fv ? ATT_VKC : jb->kc;
         for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
             const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1), nr = p1 - p0 + 1;
             const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
-            if (fv) { /* f16 rows in place: the head's queries share a pass */
+            if (fv) { /* rows in place: the head's queries share a pass */
                 for (uint32_t g = 0; g < na; g += KVT_VEC_QN) {
                     const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g);
                     const float *wsc[KVT_VEC_QN];
@@ -730,7 +745,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
                         wsc[t] = jb->sc + act[g + t] * jb->stride;
                         acc[t] = lanes + (size_t)(g + t) * ATT_VL * w;
                     }
-                    lanes_weighted(wsc, acc, ng, p0, p1, jb->lo, w, src + 2 * (size_t)d0, p0, rb, w);
+                    lanes_weighted(wsc, acc, ng, p0, p1, jb->lo, w, &fm, src, p0, rb, d0, w);
                 }
                 continue;
             }
