@@ -855,17 +855,20 @@ T2I __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((
 /* Byte offset of element i's code in a row of format K, and the code bytes of a row. */
 T2I size_t enc_off(int K, uint32_t i) { return K == KVT_ROWS_F16 ? 2 * (size_t)i : K == KVT_ROWS_A8 ? i : i / 2; }
 
-/* Elements [i, i + 16) of an encoded row in two registers; gs = log2(group), ng = groups a row. */
-T2I void enc16(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t gs, uint32_t ng, __m256 *x0,
-               __m256 *x1) {
+/* The scale and bias of group g of an affine row (ng groups a row), broadcast. */
+T2I void enc_group(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t g, uint32_t ng, __m256 *vs,
+                   __m256 *vb) {
+    const uint8_t *sc = row + enc_off(K, f->dim);
+    *vs = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)g));
+    *vb = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)(ng + g)));
+}
+
+/* Elements [i, i + 16) of an encoded row in two registers (affine: vs, vb of their group). */
+T2I void enc16(int K, const uint8_t *row, uint32_t i, __m256 vs, __m256 vb, __m256 *x0, __m256 *x1) {
     if (K == KVT_ROWS_F16) {
         *x0 = ld_f16x8(row + 2 * (size_t)i), *x1 = ld_f16x8(row + 2 * (size_t)i + 16);
         return;
     }
-    const uint8_t *sc = row + enc_off(K, f->dim);
-    const uint32_t g = i >> gs;
-    const __m256 vs = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)g));
-    const __m256 vb = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)(ng + g)));
     __m256 q0, q1;
     if (K == KVT_ROWS_A8) {
         q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
@@ -896,14 +899,19 @@ T2I void enc_dot_lanes(int K, const kvt_vec_rowfmt *f, const float *const *q, in
     __m256 lo[KVT_VEC_QN], hi[KVT_VEC_QN];
 #pragma GCC unroll 4
     for (int j = 0; j < nq; j++) lo[j] = hi[j] = _mm256_setzero_ps();
-    for (uint32_t i = 0; i < f->dim; i += 16) {
-        enc_prefetch(K, f, kr, i, 0, ENC_PF);
-        __m256 k0, k1;
-        enc16(K, f, kr, i, gs, ng, &k0, &k1);
+    const uint32_t gw = K == KVT_ROWS_F16 ? f->dim : 1u << gs; /* elements sharing a scale */
+    for (uint32_t g0 = 0; g0 < f->dim; g0 += gw) {
+        __m256 vs = _mm256_setzero_ps(), vb = vs;
+        if (K != KVT_ROWS_F16) enc_group(K, f, kr, g0 >> gs, ng, &vs, &vb);
+        for (uint32_t i = g0; i < g0 + gw; i += 16) {
+            enc_prefetch(K, f, kr, i, 0, ENC_PF);
+            __m256 k0, k1;
+            enc16(K, kr, i, vs, vb, &k0, &k1);
 #pragma GCC unroll 4
-        for (int j = 0; j < nq; j++) {
-            lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), k0, lo[j]);
-            hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i + 8), k1, hi[j]);
+            for (int j = 0; j < nq; j++) {
+                lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), k0, lo[j]);
+                hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i + 8), k1, hi[j]);
+            }
         }
     }
 #pragma GCC unroll 4
@@ -946,8 +954,9 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
         for (uint32_t r = 0; r < n_rows; r++) {
             const uint8_t *xr = x + (size_t)r * rb;
             enc_prefetch(K, f, xr, d0 + i, d0, pfd);
-            __m256 k0, k1;
-            enc16(K, f, xr, d0 + i, gs, ng, &k0, &k1);
+            __m256 k0, k1, vs = _mm256_setzero_ps(), vb = vs;
+            if (K != KVT_ROWS_F16) enc_group(K, f, xr, (d0 + i) >> gs, ng, &vs, &vb);
+            enc16(K, xr, d0 + i, vs, vb, &k0, &k1);
 #pragma GCC unroll 4
             for (int j = 0; j < nq; j++) {
                 const __m256 wv = _mm256_set1_ps(w[j][r]);
