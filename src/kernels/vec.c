@@ -855,12 +855,21 @@ T2I __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((
 /* Byte offset of element i's code in a row of format K, and the code bytes of a row. */
 T2I size_t enc_off(int K, uint32_t i) { return K == KVT_ROWS_F16 ? 2 * (size_t)i : K == KVT_ROWS_A8 ? i : i / 2; }
 
+/* An f16 or bf16 scale at p, widened exactly (F16C or a shift: no 256 KiB table lookup) into all
+ * lanes. */
+T2I __m256 enc_bcast_scale(const kvt_vec_rowfmt *f, const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    if (f->scale_bf16) return _mm256_castsi256_ps(_mm256_set1_epi32((int)((uint32_t)h << 16)));
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
 /* The scale and bias of group g of an affine row (ng groups a row), broadcast. */
 T2I void enc_group(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t g, uint32_t ng, __m256 *vs,
                    __m256 *vb) {
     const uint8_t *sc = row + enc_off(K, f->dim);
-    *vs = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)g));
-    *vb = _mm256_set1_ps(enc_scale(f, sc + 2 * (size_t)(ng + g)));
+    *vs = enc_bcast_scale(f, sc + 2 * (size_t)g);
+    *vb = enc_bcast_scale(f, sc + 2 * (size_t)(ng + g));
 }
 
 /* Elements [i, i + 16) of an encoded row in two registers (affine: vs, vb of their group). */

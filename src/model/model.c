@@ -541,6 +541,7 @@ const float *kvt_model_output_norm(const kvt_model *m) { return m->output_norm; 
 /* Per-thread private buffers for replicated mode: KVT_REPL_ROWS rows each. */
 typedef struct kvt_thread_buf {
     float *x, *xn, *t;
+    float *rope_cs; /* this thread's RoPE tables of the chunk's rows (as kvt_ctx's) */
     void *act[KVT_N_ACT];
 } kvt_thread_buf;
 
@@ -669,7 +670,8 @@ kvt_status kvt_ctx_create(const kvt_model *m, int n_threads, uint32_t ubatch, kv
             tb->x = falloc(RW);
             tb->xn = falloc(RW);
             tb->t = falloc(E);
-            ok = tb->x && tb->xn && tb->t;
+            tb->rope_cs = falloc((size_t)KVT_REPL_ROWS * 2 * hp->n_rot);
+            ok = tb->x && tb->xn && tb->t && tb->rope_cs;
             for (int i = 0; i < KVT_N_ACT; i++) {
                 tb->act[i] = falloc(abs / sizeof(float) + 16);
                 ok = ok && tb->act[i];
@@ -707,6 +709,7 @@ void kvt_ctx_free(kvt_ctx *c) {
             free(c->tbuf[t].x);
             free(c->tbuf[t].xn);
             free(c->tbuf[t].t);
+            free(c->tbuf[t].rope_cs);
             for (int i = 0; i < KVT_N_ACT; i++) free(c->tbuf[t].act[i]);
         }
     free(c->tbuf);
@@ -727,7 +730,7 @@ uint64_t kvt_ctx_bytes(const kvt_ctx *c) {
                  (uint64_t)c->nth * c->att_scratch_floats * sizeof(float);
     if (c->att_shared) b += kvt_attention_split_floats(hp->n_head, c->att_shared_ctx) * sizeof(float);
     if (c->nth > 1) /* per-thread replica rows and activations */
-        b += (uint64_t)c->nth * ((2 * (uint64_t)KVT_REPL_ROWS * E + E) * sizeof(float) +
+        b += (uint64_t)c->nth * ((2 * (uint64_t)KVT_REPL_ROWS * (E + hp->n_rot) + E) * sizeof(float) +
                                  KVT_N_ACT * (model_act_bytes(c->m, KVT_REPL_ROWS) + 64));
     return b;
 }
@@ -1014,7 +1017,7 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
         }
         for (uint32_t r = a0; r < a1; r++) {
             float *qr = c->q + (size_t)r * QD, *kr = c->k + (size_t)r * KD, *vr = c->v + (size_t)r * KD;
-            const float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            const float *cs = fw->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
             for (uint32_t h = qa; h < qb; h++) {
                 float *qh = qr + h * HD;
                 if (w->bq)
@@ -1158,8 +1161,10 @@ static void forward_chunk(void *arg, int ith, int nth) {
         split_range(n, ith, nth, &r0, &r1);
     }
 
-    /* embeddings; RoPE tables (read by the thread doing step 3 of a row: in replicated mode
-     * thread 0 does all of step 3, so only thread 0 writes them) */
+    /* embeddings; RoPE tables (read by the thread doing step 3 of a row; in replicated mode every
+     * thread rotates some heads of every row with no barrier before, so each computes all rows'
+     * tables into its own buffer) */
+    float *const rope_cs = repl ? tb->rope_cs : c->rope_cs;
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (uint64_t)c->tokens[r] * m->tok_embd.row_bytes;
         float *xr = X + (size_t)r * E;
@@ -1168,10 +1173,9 @@ static void forward_chunk(void *arg, int ith, int nth) {
             const float sc = sqrtf((float)E);
             for (uint32_t i = 0; i < E; i++) xr[i] *= sc;
         }
-        if (repl && ith != 0) continue;
         double pos = (double)c->row_pos[r];
         for (int cfg = 0; cfg < (o->window_rope ? 2 : 1); cfg++) { /* cfg 1: window layers */
-            float *cs = c->rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
+            float *cs = rope_cs + ((size_t)r * 2 + cfg) * 2 * half;
             if (hp->mla.yarn) { /* YaRN's per-dimension factors (mla.c), in double */
                 for (uint32_t i = 0; i < half; i++) {
                     double th = pos * m->inv_freq[cfg][i];
@@ -1195,7 +1199,7 @@ static void forward_chunk(void *arg, int ith, int nth) {
 
     /* this thread's view of the chunk for the MLA / MoE hooks (model_int.h) */
     const kvt_fwd fw = {hp, tp, ith, nth, repl, n, c->pos0, r0, r1, c->seq, X, XN, ACT, c->act, c->tmp,
-                        c->att_scratch[ith], c->rope_cs, 2 * (size_t)hp->n_rot, c->ext};
+                        c->att_scratch[ith], rope_cs, 2 * (size_t)hp->n_rot, c->ext};
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const kvt_layer_w *w = &m->layers[il];
