@@ -32,8 +32,8 @@
  * F16 and 8/4-bit AFFINE rows of non-latent layers, where the vector table has the encoded-row
  * forms (AVX2), are not decoded into the tile: kvt_vec_dot_enc_qn / kvt_vec_axpy_enc_qn read them
  * in place for up to KVT_VEC_QN pairs a pass (fused_rows; the same bits as the tile). At long
- * context this halves a decode step's attention over f16 rows and cuts it by about 3x over affine
- * ones (bench/attn --split): the tile's stores and reloads, the per-row decode calls and dot_q4's
+ * context this halves a decode step's attention over f16 rows and cuts it by about 2.5x over
+ * affine ones (bench/attn --split): the tile's stores and reloads, the per-row decode calls and dot_q4's
  * fourth, repeated query of a GQA group of 3 cost more than the in-register decode they save.
  *
  * TURBO layers (turbo.c): their blocks hold K/V rotated by Π_K / Π_V of (layer, kv head). The query

@@ -1053,7 +1053,8 @@ static void dense_attention(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w,
      *    keys, then its V columns), a prefill segment is split by query rows (each thread all
      *    heads), and a short single-row segment falls back to a query-head split. Every
      *    (row, head) output is computed the same way under any split (kvt_attention_split
-     *    included). */
+     *    included). Own heads rely on the KV-head split below giving each thread the heads it
+     *    wrote (heads_own_columns implies NKV % nth == 0 and no split-K segment). */
     {
         const float sc = o->q_prescale ? 1.0f : hp->attn_scale;
         for (uint32_t s = 0; s < c->n_segs; s++) {
