@@ -25,7 +25,6 @@
 
 #include "quant.h"
 
-/* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */
 /* The layout of an encoded K/V row that the kernels read in place (kv/codec.c writes them):
  *   KVT_ROWS_F16: dim halves (IEEE f16, widened exactly);
  *   KVT_ROWS_A8 / KVT_ROWS_A4: affine, dim * bits / 8 code bytes (4 bits: element 2k in the low
@@ -40,6 +39,7 @@ typedef struct kvt_vec_rowfmt {
     uint32_t dim;       /* elements per row */
 } kvt_vec_rowfmt;
 
+/* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */
 typedef struct kvt_vec_ops {
     int level; /* 0 scalar reference, 1 AVX2+FMA(+F16C), 2 AVX-512 */
     float (*dot)(const float *a, const float *b, uint32_t n);
