@@ -978,29 +978,28 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
     }
 }
 
-#define ENC_KERNELS(NAME, K)                                                                                    \
-    T2H static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb, \
+#define ENC_KERNELS(TGT, B, NAME, K)                                                                                    \
+    TGT static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb, \
                                uint32_t n_rows, float scale, float *const *out) {                               \
         switch (nq) { /* the query count a constant too: its loops unroll, its registers stay */              \
-        case 1: enc_dot_body(K, f, q, 1, k, rb, n_rows, scale, out); break;                                     \
-        case 2: enc_dot_body(K, f, q, 2, k, rb, n_rows, scale, out); break;                                     \
-        case 3: enc_dot_body(K, f, q, 3, k, rb, n_rows, scale, out); break;                                     \
-        default: enc_dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                    \
+        case 1: B##dot_body(K, f, q, 1, k, rb, n_rows, scale, out); break;                                     \
+        case 2: B##dot_body(K, f, q, 2, k, rb, n_rows, scale, out); break;                                     \
+        case 3: B##dot_body(K, f, q, 3, k, rb, n_rows, scale, out); break;                                     \
+        default: B##dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                    \
         }                                                                                                       \
     }                                                                                                           \
-    T2H static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,         \
+    TGT static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,         \
                                 const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {        \
         switch (nq) {                                                                                           \
-        case 1: enc_axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                      \
-        case 2: enc_axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                      \
-        case 3: enc_axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                      \
-        default: enc_axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                     \
+        case 1: B##axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                      \
+        case 2: B##axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                      \
+        case 3: B##axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                      \
+        default: B##axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                     \
         }                                                                                                       \
     }
-ENC_KERNELS(f16_rows, KVT_ROWS_F16)
-ENC_KERNELS(a8_rows, KVT_ROWS_A8)
-ENC_KERNELS(a4_rows, KVT_ROWS_A4)
-#undef ENC_KERNELS
+ENC_KERNELS(T2H, enc_, f16_rows, KVT_ROWS_F16)
+ENC_KERNELS(T2H, enc_, a8_rows, KVT_ROWS_A8)
+ENC_KERNELS(T2H, enc_, a4_rows, KVT_ROWS_A4)
 
 /* The SIMD forms' domain (vec.h kvt_vec_rows_fused): whole 16-element steps, affine groups of
  * 32-128 (a step never straddles two), rows no wider than the attention's (KVT_KT_MAX_DIM). */
@@ -1027,6 +1026,166 @@ static void axpy_enc_qn_avx2(const kvt_vec_rowfmt *f, float *const *y, const flo
     else if (f->kind == KVT_ROWS_F16) axpy_f16_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
     else if (f->kind == KVT_ROWS_A8) axpy_a8_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
     else axpy_a4_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
+}
+
+/* AVX-512 forms of the encoded-row kernels. A 16-element step is one register, the AVX2 forms'
+ * two 8-lane halves side by side: a row's 16 lane sums are one accumulator per query, and folding
+ * it (low half + high half) is the AVX2 forms' lo + hi; the axpy's columns are the same fmaf
+ * chains. The same operations in the same order, so the same bits, with half the instructions
+ * per step (the dot's fused multiply-adds read the queries from L1). Prefetching as above. */
+#define T5H __attribute__((target("avx512f,avx2,fma,f16c")))
+#define T5I T5H static inline __attribute__((always_inline))
+
+T5I __m512 enc_bcast_scale512(const kvt_vec_rowfmt *f, const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    if (f->scale_bf16) return _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)h << 16)));
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+}
+
+/* Elements [i, i + 16) of an encoded row (affine: vs, vb of their group). 4-bit codes: the 8
+ * bytes' low and high nibbles interleaved, so element 2k (low nibble of byte k) comes first. */
+T5I __m512 enc16_512(int K, const uint8_t *row, uint32_t i, __m512 vs, __m512 vb) {
+    if (K == KVT_ROWS_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i)));
+    __m128i c;
+    if (K == KVT_ROWS_A8) {
+        c = _mm_loadu_si128((const __m128i *)(row + i));
+    } else {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(row + i / 2)), m = _mm_set1_epi8(15);
+        c = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    }
+    return _mm512_add_ps(_mm512_mul_ps(vs, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c))), vb);
+}
+
+T5I void enc_group512(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t g, uint32_t ng, __m512 *vs,
+                      __m512 *vb) {
+    const uint8_t *sc = row + enc_off(K, f->dim);
+    *vs = enc_bcast_scale512(f, sc + 2 * (size_t)g);
+    *vb = enc_bcast_scale512(f, sc + 2 * (size_t)(ng + g));
+}
+
+/* R rows' 16 lane sums per query, folded to 8 (enc_dot_lanes' lo + hi) into t[j * 8 + rr]: the
+ * rows side by side, so R * nq independent accumulators hide the multiply-add latency (one row
+ * at a time left its nq short chains waiting on it). R * nq <= 24 registers. */
+T5I void enc5_dot_rows(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                       int R, uint32_t gs, uint32_t ng, __m256 *t) {
+    __m512 acc[8][KVT_VEC_QN];
+#pragma GCC unroll 8
+    for (int rr = 0; rr < R; rr++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) acc[rr][j] = _mm512_setzero_ps();
+    const uint32_t gw = K == KVT_ROWS_F16 ? f->dim : 1u << gs;
+    for (uint32_t g0 = 0; g0 < f->dim; g0 += gw) {
+        __m512 vs[8], vb[8];
+#pragma GCC unroll 8
+        for (int rr = 0; rr < R; rr++) {
+            vs[rr] = vb[rr] = _mm512_setzero_ps();
+            if (K != KVT_ROWS_F16) enc_group512(K, f, k + (size_t)rr * rb, g0 >> gs, ng, &vs[rr], &vb[rr]);
+        }
+        for (uint32_t i = g0; i < g0 + gw; i += 16) {
+#pragma GCC unroll 8
+            for (int rr = 0; rr < R; rr++) {
+                const uint8_t *kr = k + (size_t)rr * rb;
+                enc_prefetch(K, f, kr, i, 0, ENC_PF);
+                const __m512 kv = enc16_512(K, kr, i, vs[rr], vb[rr]);
+#pragma GCC unroll 4
+                for (int j = 0; j < nq; j++) acc[rr][j] = _mm512_fmadd_ps(_mm512_loadu_ps(q[j] + i), kv, acc[rr][j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int rr = 0; rr < R; rr++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) t[j * 8 + rr] = half_sum(acc[rr][j]);
+}
+/* Rows in groups of 8 (f16 with up to 3 queries: all 8 side by side; else two runs of 4) reduced
+ * vertically (reduce8_avx2), the rest one by one. */
+T5I void enc5_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                       uint32_t n_rows, float scale, float *const *out) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
+    __m256 t[KVT_VEC_QN * 8];
+    uint32_t r = 0;
+    for (; r + 8 <= n_rows; r += 8) {
+        if (K == KVT_ROWS_F16 && nq <= 3) {
+            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 8, gs, ng, t);
+        } else {
+            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 4, gs, ng, t);
+            enc5_dot_rows(K, f, q, nq, k + (size_t)(r + 4) * rb, rb, 4, gs, ng, t + 4);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) _mm256_storeu_ps(out[j] + r, _mm256_mul_ps(reduce8_avx2(t + j * 8), vs));
+    }
+    for (; r < n_rows; r++) {
+        enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 1, gs, ng, t);
+        for (int j = 0; j < nq; j++) {
+            float tl[8];
+            _mm256_storeu_ps(tl, t[j * 8]);
+            out[j][r] = lane_reduce(tl) * scale;
+        }
+    }
+}
+/* C 16-column steps side by side over all rows (C * nq <= 16 accumulators): each column is one
+ * fmaf chain over the rows in ascending order, and C chains per query run at once. */
+T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,
+                        const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t i, int C, uint32_t gs,
+                        uint32_t ng, size_t pfd) {
+    __m512 a[4][KVT_VEC_QN];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) a[c][j] = _mm512_loadu_ps(y[j] + i + 16 * c);
+    for (uint32_t r = 0; r < n_rows; r++) {
+        const uint8_t *xr = x + (size_t)r * rb;
+        __m512 wv[KVT_VEC_QN];
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) wv[j] = _mm512_set1_ps(w[j][r]);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const uint32_t e = d0 + i + 16 * (uint32_t)c;
+            enc_prefetch(K, f, xr, e, d0, pfd);
+            __m512 vs = _mm512_setzero_ps(), vb = vs;
+            if (K != KVT_ROWS_F16) enc_group512(K, f, xr, e >> gs, ng, &vs, &vb);
+            const __m512 kv = enc16_512(K, xr, e, vs, vb);
+#pragma GCC unroll 4
+            for (int j = 0; j < nq; j++) a[c][j] = _mm512_fmadd_ps(wv[j], kv, a[c][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nq; j++) _mm512_storeu_ps(y[j] + i + 16 * c, a[c][j]);
+}
+T5I void enc5_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,
+                        const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+    const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
+    const size_t pfd = (size_t)n_rows * rb;
+    uint32_t i = 0;
+    for (; i + 64 <= n; i += 64) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 4, gs, ng, pfd);
+    if (i + 32 <= n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 2, gs, ng, pfd), i += 32;
+    if (i < n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 1, gs, ng, pfd);
+}
+ENC_KERNELS(T5H, enc5_, f16_rows512, KVT_ROWS_F16)
+ENC_KERNELS(T5H, enc5_, a8_rows512, KVT_ROWS_A8)
+ENC_KERNELS(T5H, enc5_, a4_rows512, KVT_ROWS_A4)
+#undef ENC_KERNELS
+
+static void dot_enc_qn_avx512(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k,
+                              size_t rb, uint32_t n_rows, float scale, float *const *out) {
+    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, 0, f->dim))
+        kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
+    else if (f->kind == KVT_ROWS_F16) dot_f16_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
+    else if (f->kind == KVT_ROWS_A8) dot_a8_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
+    else dot_a4_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
+}
+
+static void axpy_enc_qn_avx512(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
+                               const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))
+        kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
+    else if (f->kind == KVT_ROWS_F16) axpy_f16_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
+    else if (f->kind == KVT_ROWS_A8) axpy_a8_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
+    else axpy_a4_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
 }
 
 /* AVX-512: the blocked kernels need n % 16 == 0 (and ldk % 16 == 0 for transposed keys); other
@@ -1087,7 +1246,8 @@ static const kvt_vec_ops ops_avx512 = {
     .level = 2, .dot = dot_avx512, .axpy = axpy_avx512, .vfma = vfma_avx512, .scale = scale_avx512,
     .dot_rows = dot_rows_512, .axpy_rows = axpy_rows_avx512, .dot_q4 = dot_q4_512, .axpy_q4 = axpy_q4_512,
     .transpose_rows = transpose_rows_512, .transpose_f16_rows = transpose_f16_rows_512,
-    .dot_kt_q4 = dot_kt_q4_512, .exp_sum = exp_sum_avx512, .round_f16 = round_f16_avx512,
+    .dot_kt_q4 = dot_kt_q4_512, .dot_enc_qn = dot_enc_qn_avx512, .axpy_enc_qn = axpy_enc_qn_avx512,
+    .exp_sum = exp_sum_avx512, .round_f16 = round_f16_avx512,
     .exp_clamped = exp_clamped_avx512, .silu_mul = silu_mul_avx512, .sigmoid_mul = sigmoid_mul_avx512,
 };
 #endif
