@@ -2,7 +2,8 @@
 # bench/decode_compare.sh — decode tok/s and the fraction of measured memory bandwidth, side by side
 # in one run: this tree's kvtier, a base kvtier (another build, e.g. of main) and optionally a peer
 # engine's llama-bench, interleaved per (model, threads), ROUNDS rounds; then (DEPTH > 0) decode at
-# depth DEPTH vs depth 0 on DEPTH_MODEL, and (BATCH_BASE/BATCH_NEW set) the batched step ratio.
+# depth DEPTH vs depth 0 on DEPTH_MODEL (the peer too: llama-bench -gp, which ik_llama.cpp has),
+# and (BATCH_BASE/BATCH_NEW set) the batched step ratio.
 #   BASE=/tmp/kv-base/build/kvtier PEER="PATH/TO/peers/run ik" MODELS="a.gguf b.gguf" \
 #     bench/decode_compare.sh > out.txt
 # PEER_NODE=DIR adds llama.cpp through the npm package node-llama-cpp installed in DIR
@@ -58,7 +59,14 @@ for m in $MODELS; do
 done
 if [ "$DEPTH" -gt 0 ] && [ -n "${DEPTH_MODEL:-}" ]; then
   for r in $(seq 1 "$ROUNDS"); do
-    for eng in new base; do
+    for eng in new base peer; do
+      if [ $eng = peer ]; then # ik_llama.cpp's llama-bench: -gp PP,TG times TG tokens after a PP prompt
+        [ -n "$PEER" ] || continue
+        d0=$($PEER llama-bench -m "$DEPTH_MODEL" -t 2 -p 0 -n "$DEPTH_N" -r 1 -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | head -1 | grep -o '[0-9.]*$')
+        dd=$($PEER llama-bench -m "$DEPTH_MODEL" -t 2 -p 0 -n 0 -gp "$DEPTH,$DEPTH_N" -r 1 -o json 2>/dev/null | grep -o '"avg_ts": *[0-9.]*' | head -1 | grep -o '[0-9.]*$')
+        echo "DEPTH peer $(basename "$DEPTH_MODEL" .gguf) tg${DEPTH_N}@0=${d0:-fail} tg${DEPTH_N}@$DEPTH=${dd:-fail} round=$r"
+        continue
+      fi
       B=$NEW RP=$REPACK_NEW; [ $eng = base ] && B=$BASE RP=$REPACK_BASE
       [ -n "$B" ] || continue
       d0=$(KVT_REPACK=$RP $B bench -m "$DEPTH_MODEL" -t 2 -p 16 -n "$DEPTH_N" -r 1 --json 2>/dev/null | grep -o '"decode_tps":[0-9.]*' | cut -d: -f2)

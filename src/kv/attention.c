@@ -30,7 +30,7 @@
  * lane's keys as a strided run of tile rows; MLA layers keep one accumulator and kvt_vec_axpy_q4),
  * all bit-identical to looping kvt_vec_dot / kvt_vec_axpy over the keys in ascending order (codec.c).
  * F16 and 8/4-bit AFFINE rows of non-latent layers, where the vector table has the encoded-row
- * forms (AVX2), are not decoded into the tile: kvt_vec_dot_enc_qn / kvt_vec_axpy_enc_qn read them
+ * forms (AVX2, AVX-512), are not decoded into the tile: kvt_vec_dot_enc_qn / kvt_vec_axpy_enc_qn read them
  * in place for up to KVT_VEC_QN pairs a pass (fused_rows; the same bits as the tile). At long
  * context this halves a decode step's attention over f16 rows and cuts it by about 2.5x over
  * affine ones (bench/attn --split): the tile's stores and reloads, the per-row decode calls and dot_q4's
