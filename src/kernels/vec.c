@@ -997,9 +997,6 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
         default: B##axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                     \
         }                                                                                                       \
     }
-ENC_KERNELS(T2H, enc_, f16_rows, KVT_ROWS_F16)
-ENC_KERNELS(T2H, enc_, a8_rows, KVT_ROWS_A8)
-ENC_KERNELS(T2H, enc_, a4_rows, KVT_ROWS_A4)
 
 /* The SIMD forms' domain (vec.h kvt_vec_rows_fused): whole 16-element steps, affine groups of
  * 32-128 (a step never straddles two), rows no wider than the attention's (KVT_KT_MAX_DIM). */
@@ -1010,23 +1007,29 @@ static bool enc_simd_ok(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n) {
     return (f->group == 32 || f->group == 64 || f->group == 128) && f->dim % f->group == 0;
 }
 
-static void dot_enc_qn_avx2(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
-                            uint32_t n_rows, float scale, float *const *out) {
-    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, 0, f->dim))
-        kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
-    else if (f->kind == KVT_ROWS_F16) dot_f16_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
-    else if (f->kind == KVT_ROWS_A8) dot_a8_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
-    else dot_a4_rows(f, q, (int)nq, k, rb, n_rows, scale, out);
-}
-
-static void axpy_enc_qn_avx2(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
-    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))
-        kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
-    else if (f->kind == KVT_ROWS_F16) axpy_f16_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-    else if (f->kind == KVT_ROWS_A8) axpy_a8_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-    else axpy_a4_rows(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-}
+/* One ISA's entries (the table's dot_enc_qn / axpy_enc_qn): its kernels per format, the scalar
+ * references outside the SIMD domain. */
+#define ENC_ISA(TGT, B, ISA)                                                                                    \
+    ENC_KERNELS(TGT, B, f16_rows_##ISA, KVT_ROWS_F16)                                                           \
+    ENC_KERNELS(TGT, B, a8_rows_##ISA, KVT_ROWS_A8)                                                             \
+    ENC_KERNELS(TGT, B, a4_rows_##ISA, KVT_ROWS_A4)                                                             \
+    static void dot_enc_qn_##ISA(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, \
+                                 size_t rb, uint32_t n_rows, float scale, float *const *out) {                  \
+        if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, 0, f->dim))                                            \
+            kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);                                        \
+        else if (f->kind == KVT_ROWS_F16) dot_f16_rows_##ISA(f, q, (int)nq, k, rb, n_rows, scale, out);         \
+        else if (f->kind == KVT_ROWS_A8) dot_a8_rows_##ISA(f, q, (int)nq, k, rb, n_rows, scale, out);           \
+        else dot_a4_rows_##ISA(f, q, (int)nq, k, rb, n_rows, scale, out);                                       \
+    }                                                                                                           \
+    static void axpy_enc_qn_##ISA(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq, \
+                                  const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {      \
+        if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))                                                \
+            kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);                                         \
+        else if (f->kind == KVT_ROWS_F16) axpy_f16_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);          \
+        else if (f->kind == KVT_ROWS_A8) axpy_a8_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);            \
+        else axpy_a4_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);                                        \
+    }
+ENC_ISA(T2H, enc_, avx2)
 
 /* AVX-512 forms of the encoded-row kernels. A 16-element step is one register, the AVX2 forms'
  * two 8-lane halves side by side: a row's 16 lane sums are one accumulator per query, and folding
@@ -1165,28 +1168,9 @@ T5I void enc5_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const f
     if (i + 32 <= n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 2, gs, ng, pfd), i += 32;
     if (i < n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 1, gs, ng, pfd);
 }
-ENC_KERNELS(T5H, enc5_, f16_rows512, KVT_ROWS_F16)
-ENC_KERNELS(T5H, enc5_, a8_rows512, KVT_ROWS_A8)
-ENC_KERNELS(T5H, enc5_, a4_rows512, KVT_ROWS_A4)
+ENC_ISA(T5H, enc5_, avx512)
+#undef ENC_ISA
 #undef ENC_KERNELS
-
-static void dot_enc_qn_avx512(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k,
-                              size_t rb, uint32_t n_rows, float scale, float *const *out) {
-    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, 0, f->dim))
-        kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
-    else if (f->kind == KVT_ROWS_F16) dot_f16_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
-    else if (f->kind == KVT_ROWS_A8) dot_a8_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
-    else dot_a4_rows512(f, q, (int)nq, k, rb, n_rows, scale, out);
-}
-
-static void axpy_enc_qn_avx512(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                               const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
-    if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))
-        kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
-    else if (f->kind == KVT_ROWS_F16) axpy_f16_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-    else if (f->kind == KVT_ROWS_A8) axpy_a8_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-    else axpy_a4_rows512(f, y, w, (int)nq, x, rb, n_rows, d0, n);
-}
 
 /* AVX-512: the blocked kernels need n % 16 == 0 (and ldk % 16 == 0 for transposed keys); other
  * shapes take the single-row AVX-512 forms or the scalar references, with the same bits. */
