@@ -1,7 +1,8 @@
 // bench/gemv.c — decode GEMV against the memory-bandwidth limit: single-row kvt_matmul_rows over a
 // set of weight matrices much larger than the last-level cache (cold weights, as in decode), per
 // weight type and layout (rows: the GGUF's row-major rows, as read through the file mapping;
-// interleaved: kvt_packed's single-row copy, 4 rows interleaved by block, what decode reads), on a
+// interleaved: kvt_packed's single-row copy, 4 rows interleaved by block, what decode reads; packed:
+// a kvt_packed without that copy, e.g. Q8_0/Q4_0/Q5_0's 16-row layout under AVX-512 VNNI), on a
 // thread pool with each thread taking its 16-aligned output columns of every
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
@@ -118,10 +119,10 @@ int main(int argc, char **argv) {
         void *act = malloc(kvt_act_bytes(wt, n_in, 1));
         kvt_act_quantize(wt, x, n_in, 0, 1, act);
         float *y = malloc(sizeof(float) * n_out * n_mat);
-        /* the interleaved copies (with the GEMM copies kvt_packed_create makes beside them) */
+        /* the packed copies (the GEMV copy with the GEMM copies kvt_packed_create makes beside it) */
         kvt_packed **P = t == KVT_TYPE_BF16X ? NULL : calloc((size_t)n_mat, sizeof *P);
         for (int m = 0; P && m < n_mat; m++)
-            if (!(P[m] = kvt_packed_create(wt, w + (size_t)m * mb, n_in, n_out)) || !kvt_packed_has_ilv(P[m])) {
+            if (!(P[m] = kvt_packed_create(wt, w + (size_t)m * mb, n_in, n_out))) {
                 for (int k = 0; k <= m; k++) kvt_packed_free(P[k]);
                 free(P);
                 P = NULL;
@@ -141,7 +142,8 @@ int main(int argc, char **argv) {
             kvt_membw_result r;
             char err[128];
             double bw = kvt_membw_measure(nth, 512, 5, &r, err, sizeof err) == KVT_OK ? r.read_gbs : 0;
-            printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", tok, layout ? "interleaved" : "rows", nth,
+            const char *lname = !layout ? "rows" : kvt_packed_has_ilv(P[0]) ? "interleaved" : "packed";
+            printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", tok, lname, nth,
                    gbs[passes / 2], gbs[passes - 1], bw, bw > 0 ? gbs[passes / 2] / bw : 0, cgbs[passes / 2]);
             fflush(stdout);
             free(gbs);

@@ -179,6 +179,14 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
                        int64_t o1) {
     kvt_kernels_init();
     if (!p || o1 <= o0 || n_rows <= 0 || o0 < 0 || o1 > p->n_out) return;
+#if KVT_X86
+    if (n_rows == 1 && g_isa == KVT_ISA_AVX512 && g_vnni && p->type == KVT_TYPE_Q8_0 && p->s16) {
+        /* the 16-row layout streams faster than the rows (gemm_s16.c); Q4_0 / Q5_0 keep their rows,
+         * which hold 0.5 / 0.6 of its bytes */
+        kq_s16_gemv(p, act, y, o0, o1);
+        return;
+    }
+#endif
     if (n_rows == 1) { /* decode GEMV: whole 4-row groups from the interleaved copy, the rest (and
                         * everything without the copy) from the original rows, not the tiles */
         int64_t e = o0;

@@ -212,4 +212,77 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
         }
     }
 }
+
+/* Decode (one activation row): KQS_GEMV_NG groups of 16 outputs side by side over the blocks, each
+ * 4-byte activation broadcast serving all of them (s16_tile with one column has one 8-long dot
+ * chain per block; here NG chains run at once). Every lane is s16_tile's exact int32 block dot
+ * and fma in block order, so the bits are those of the GEMM and of the row-major kernel
+ * (kq_amx_mm_*); the layout's 576 bytes a block of 16 outputs stream at about the bandwidth, where
+ * the row-major kernel's four rows with horizontal adds per block did not. */
+#define KQS_GEMV_NG 4
+#define KQS_GEMV_PF 4 /* blocks ahead of each group's stream */
+KQS_AI void s16_gemv_tile(const int NG, const uint8_t *G, size_t gs, int64_t nb, const uint8_t *C, __m512 *out) {
+    __m512 acc[KQS_GEMV_NG];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) acc[g] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *cb = C + (size_t)b * KQS_CA, *p = G + (size_t)b * KQS_GBB;
+        if (b + KQS_GEMV_PF < nb)
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+                for (int l = 0; l < KQS_GBB; l += 64)
+                    _mm_prefetch((const char *)(p + (size_t)g * gs + KQS_GEMV_PF * KQS_GBB + l), _MM_HINT_T0);
+        __m512i is[KQS_GEMV_NG];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) is[g] = _mm512_set1_epi32(*(const int32_t *)cb);
+#pragma GCC unroll 8
+        for (int k4 = 0; k4 < 8; k4++) {
+            int32_t xv;
+            memcpy(&xv, cb + 8 + 4 * k4, 4);
+            const __m512i xb = _mm512_set1_epi32(xv);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+                is[g] = _mm512_dpbusd_epi32(is[g], _mm512_load_si512((const void *)(p + (size_t)g * gs + 64 + 64 * k4)), xb);
+        }
+        float dx;
+        memcpy(&dx, cb + 4, 4);
+        const __m512 vdx = _mm512_set1_ps(dx);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++)
+            acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[g]),
+                                     _mm512_mul_ps(_mm512_load_ps((const float *)(p + (size_t)g * gs)), vdx), acc[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) out[g] = acc[g];
+}
+
+KQS_TGT void kq_s16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const int64_t nb = P->nb;
+    const size_t arb = (size_t)nb * sizeof(blk_q8_0), gs = (size_t)nb * KQS_GBB;
+    uint8_t *C = kq_tls_scratch((size_t)nb * KQS_CA);
+    if (!C) { /* no scratch memory: the row-major kernel with the same arithmetic */
+        kvt_matmul_rows(P->type, P->W, P->n_in, act, 1, y, 0, o0, o1);
+        return;
+    }
+    s16_convert(act, arb, 0, 1, nb, C);
+    const int64_t gend = (o1 + KQS_N - 1) / KQS_N;
+    __m512 out[KQS_GEMV_NG];
+    for (int64_t g = o0 / KQS_N; g < gend;) {
+        const int ng = gend - g >= KQS_GEMV_NG ? KQS_GEMV_NG : (int)(gend - g);
+        const uint8_t *G = P->s16 + (size_t)g * gs;
+        switch (ng) { /* constant widths: the accumulators stay in registers */
+        case 4: s16_gemv_tile(4, G, gs, nb, C, out); break;
+        case 3: s16_gemv_tile(3, G, gs, nb, C, out); break;
+        case 2: s16_gemv_tile(2, G, gs, nb, C, out); break;
+        default: s16_gemv_tile(1, G, gs, nb, C, out); break;
+        }
+        for (int i = 0; i < ng; i++) {
+            const int64_t base = (g + i) * KQS_N;
+            const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + KQS_N ? o1 : base + KQS_N;
+            const __mmask16 m = (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+            _mm512_mask_storeu_ps(y + base, m, out[i]);
+        }
+        g += ng;
+    }
+}
 #endif

@@ -122,6 +122,8 @@ bool kq_s16_build(kvt_packed *P);            /* fills P->s16 from P->W; false on
 size_t kq_s16_bytes(const kvt_packed *P);
 void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+/* One activation row (decode) on the s16 layout: y[o] for o in [o0, o1), the same bits as kq_s16_pmm. */
+void kq_s16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
 /* Zeroed, 64-byte aligned storage for a packed weight copy (repack.c): from 2 MiB on it is 2 MiB
  * aligned and advised MADV_HUGEPAGE (transparent huge pages: fewer TLB misses and page faults while
  * the kernels stream it; advisory, 4 KiB pages otherwise). Freed with free(). */

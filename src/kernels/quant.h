@@ -88,7 +88,9 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
  * the single-row GEMV copy: the original blocks with 4 rows interleaved by block, so the rows a
  * GEMV tile reads are one contiguous stream (about 1.5x the GEMV speed from DRAM of 4 rows a row
  * apart, measured on an AVX2 Zen 3; KVT_GEMV_ILV=0 turns the copy off). n_rows == 1 reads that
- * copy (or W when it could not be made), more rows the GEMM layout.
+ * copy (or W when it could not be made), more rows the GEMM layout. Q8_0 under AVX-512 VNNI has no
+ * interleaved copy (its products take the int8-block order): its 16-row GEMM layout (gemm_s16.c,
+ * 1.06x) serves one row too, and KVT_REPACK=gemv makes it.
  * kvt_matmul_packed gives results bit-identical to kvt_matmul_rows on the same W for the ISA in use
  * (so the numerics id and batch invariance are unchanged): the same integer dot per 4-lane group,
  * the same float operations in the same order.

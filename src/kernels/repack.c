@@ -167,14 +167,16 @@ static kvt_packed *packed_create(uint32_t wtype, const void *W, int64_t n_in, in
         }
         return P;
     }
-    if (!gemm) return P;
     /* AVX-512 VNNI (not AMX): the signed small types take the 16-row layout of gemm_s16.c instead of
-     * the 4-row groups (one copy, about the same bytes) */
-    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) {
+     * the 4-row groups (one copy, about the same bytes); Q8_0's serves decode too, so it is also
+     * its GEMV copy (made without gemm) */
+    if (kind == KQP_SMALL_S && kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni() &&
+        (gemm || wtype == KVT_TYPE_Q8_0)) {
         if (kq_s16_build(P)) return P;
         free(P);
         return NULL;
     }
+    if (!gemm) return P;
     /* likewise the K-quants: the 16-row layout of gemm_k16.c, under AMX too (the AMX table keeps the
      * AVX-512 VNNI kernels for K-quants, and this one gives their bits) */
     if (kind >= KQP_KM && ((kvt_kernels_isa() == KVT_ISA_AVX512 && kq_has_vnni()) || kvt_kernels_isa() == KVT_ISA_AMX)) {
@@ -285,7 +287,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
     /* best effort: without memory for it, single rows keep reading W (same results) */
     if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
-    if (P && (!gemm || P->kind == KQP_F) && !P->ilv) { /* nothing made */
+    if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16) { /* nothing made */
         free(P);
         return NULL;
     }
