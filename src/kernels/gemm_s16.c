@@ -159,6 +159,12 @@ KQS_AI void s16_tile(const int NC, const uint8_t *G, int64_t nb, const uint8_t *
     for (int c = 0; c < NC; c++) out[c] = acc[c];
 }
 
+/* The lanes of the group of outputs [base, base + 16) that fall in [o0, o1). */
+static inline __mmask16 s16_cols(int64_t base, int64_t o0, int64_t o1) {
+    const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + KQS_N ? o1 : base + KQS_N;
+    return (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+}
+
 /* Activation rows per row block: the converted rows stay in L2 while the weight groups stream. */
 #define KQS_ACT_BLOCK_BYTES (512u << 10)
 /* weight groups ahead for the software prefetch (first column tile of a group only) */
@@ -184,8 +190,7 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
         for (int64_t g = o0 / KQS_N; g * KQS_N < o1; g++) {
             const uint8_t *G = P->s16 + (size_t)g * gs;
             const int64_t base = g * KQS_N;
-            const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + KQS_N ? o1 : base + KQS_N;
-            const __mmask16 m = (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+            const __mmask16 m = s16_cols(base, o0, o1);
             const uint8_t *pf = g + KQS_PF_GROUPS < ng ? G + (size_t)KQS_PF_GROUPS * gs : NULL;
             for (int64_t r = r0; r < r1;) {
                 const int64_t left = r1 - r;
@@ -278,8 +283,7 @@ KQS_TGT void kq_s16_gemv(const kvt_packed *P, const void *act, float *y, int64_t
         }
         for (int i = 0; i < ng; i++) {
             const int64_t base = (g + i) * KQS_N;
-            const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + KQS_N ? o1 : base + KQS_N;
-            const __mmask16 m = (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+            const __mmask16 m = s16_cols(base, o0, o1);
             _mm512_mask_storeu_ps(y + base, m, out[i]);
         }
         g += ng;

@@ -978,24 +978,24 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
     }
 }
 
-#define ENC_KERNELS(TGT, B, NAME, K)                                                                                    \
-    TGT static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb, \
-                               uint32_t n_rows, float scale, float *const *out) {                               \
-        switch (nq) { /* the query count a constant too: its loops unroll, its registers stay */              \
-        case 1: B##dot_body(K, f, q, 1, k, rb, n_rows, scale, out); break;                                     \
-        case 2: B##dot_body(K, f, q, 2, k, rb, n_rows, scale, out); break;                                     \
-        case 3: B##dot_body(K, f, q, 3, k, rb, n_rows, scale, out); break;                                     \
-        default: B##dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                    \
-        }                                                                                                       \
-    }                                                                                                           \
-    TGT static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,         \
-                                const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {        \
-        switch (nq) {                                                                                           \
-        case 1: B##axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                      \
-        case 2: B##axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                      \
-        case 3: B##axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                      \
-        default: B##axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                     \
-        }                                                                                                       \
+#define ENC_KERNELS(TGT, B, NAME, K)                                                                                   \
+    TGT static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,    \
+                               uint32_t n_rows, float scale, float *const *out) {                                      \
+        switch (nq) { /* the query count a constant too: its loops unroll, its registers stay */                       \
+        case 1: B##dot_body(K, f, q, 1, k, rb, n_rows, scale, out); break;                                             \
+        case 2: B##dot_body(K, f, q, 2, k, rb, n_rows, scale, out); break;                                             \
+        case 3: B##dot_body(K, f, q, 3, k, rb, n_rows, scale, out); break;                                             \
+        default: B##dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                            \
+        }                                                                                                              \
+    }                                                                                                                  \
+    TGT static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,               \
+                                const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {               \
+        switch (nq) {                                                                                                  \
+        case 1: B##axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                              \
+        case 2: B##axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                              \
+        case 3: B##axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                              \
+        default: B##axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                             \
+        }                                                                                                              \
     }
 
 /* The SIMD forms' domain (vec.h kvt_vec_rows_fused): whole 16-element steps, affine groups of
