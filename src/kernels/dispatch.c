@@ -182,7 +182,8 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
 #if KVT_X86
     if (n_rows == 1 && g_isa == KVT_ISA_AVX512 && g_vnni && p->type == KVT_TYPE_Q8_0 && p->s16) {
         /* decode from the 16-row layout (gemm_s16.c): 1.2-1.5x the row-major kernel's tok/s on a
-         * Zen 5 (bench/results/zen5-2026-12-05.md); Q4_0 / Q5_0 keep their rows, which hold 0.5 / 0.6 of its bytes */
+         * Zen 5 (bench/results/zen5-2026-12-05.md); Q4_0 / Q5_0 keep their rows, which hold 0.5 /
+         * 0.6 of its bytes */
         kq_s16_gemv(p, act, y, o0, o1);
         return;
     }
