@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
             kvt_membw_result r;
             char err[128];
             double bw = kvt_membw_measure(nth, 512, 5, &r, err, sizeof err) == KVT_OK ? r.read_gbs : 0;
-            const char *lname = !layout ? "rows" : kvt_packed_has_ilv(P[0]) ? "interleaved" : "packed";
+            const char *lname = !layout ? "rows" : kvt_packed_gemv_layout(P[0]) ? kvt_packed_gemv_layout(P[0]) : "packed";
             printf("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", tok, lname, nth,
                    gbs[passes / 2], gbs[passes - 1], bw, bw > 0 ? gbs[passes / 2] / bw : 0, cgbs[passes / 2]);
             fflush(stdout);

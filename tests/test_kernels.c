@@ -638,6 +638,34 @@ static void test_numerics_id(void **st) {
  * reading the packed layout) equals the SIMD paths, and for K-quants the scalar reference. */
 /* One packed matrix P (made under whatever ISA): every ISA's kvt_matmul_packed equals its
  * kvt_matmul_rows bit for bit, full range and column cuts, nothing outside [o0,o1) written. */
+/* Single-row products of P's n16 layout (Q4_K/Q5_K under AVX-512 VNNI) against yr (the reference,
+ * n_rows rows): kq_n16_ref for all columns, and kvt_matmul_packed under `made` for column cuts at
+ * and inside the 16-row groups and the 64-row tiles (nothing outside a cut is written). */
+static void check_n16_rows(const mm_case *c, const kvt_packed *P, kvt_isa made, const float *yr) {
+    const int64_t no = c->n_out;
+    const size_t arb = kvt_act_bytes(c->t, c->n_in, 1);
+    float *y = malloc((size_t)no * 4);
+    const int64_t cuts[][2] = {{0, no}, {16, no}, {1, no}, {0, 63}, {64, no}, {40, 120}, {no - 5, no}, {no / 2, no / 2 + 1}};
+    for (int64_t r = 0; r < c->n_rows; r++) {
+        const void *a = (const uint8_t *)c->a + (size_t)r * arb;
+        memset(y, 0xff, (size_t)no * 4);
+        kq_n16_ref(P, a, y, 0, no);
+        assert_memory_equal(yr + r * no, y, (size_t)no * 4);
+        if (made == KVT_ISA_SCALAR) continue;
+        assert_true(kvt_kernels_force_isa(made));
+        for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+            const int64_t o0 = cuts[ci][0], o1 = cuts[ci][1] < no ? cuts[ci][1] : no;
+            if (o0 < 0 || o0 >= o1) continue;
+            memset(y, 0xff, (size_t)no * 4);
+            kvt_matmul_packed(P, a, 1, y, no, o0, o1);
+            for (int64_t o = 0; o < no; o++)
+                if (o >= o0 && o < o1) assert_memory_equal(yr + r * no + o, y + o, 4);
+                else assert_true(((uint32_t *)y)[o] == 0xffffffffu);
+        }
+    }
+    free(y);
+}
+
 static void check_packed_one(const mm_case *c, const kvt_packed *P, kvt_isa made) {
     const int64_t no = c->n_out, nr = c->n_rows, n = c->n_in;
     const size_t bytes = (size_t)(no * nr) * 4;
@@ -687,6 +715,9 @@ static void check_packed_one(const mm_case *c, const kvt_packed *P, kvt_isa made
             kq_k16_ref(P, c->a, nr, yq, no, 0, no);
             assert_memory_equal(yr, yq, bytes);
         }
+        if (P->n16) /* the decode layout (gemm_k16.c): its scalar reference and, under the ISA it was made
+                     * for, the GEMV kernel on every activation row alone, cut anywhere */
+            check_n16_rows(c, P, made, yr);
     }
     free(yr), free(yp), free(yq);
 }
@@ -709,6 +740,10 @@ static void check_packed(const mm_case *c) {
         const bool vnni512 = isas[m] == KVT_ISA_AVX512 && strcmp(kvt_kernels_numerics_id(), "avx2") != 0;
         const bool want16 = is_kquant(c->t) && vnni512;
         assert_true(want16 == (P->k16 != NULL));
+        /* Q4_K/Q5_K: the nibble GEMV layout instead of the 4-row GEMV copy */
+        const bool wantn = want16 && c->t != KVT_TYPE_Q6_K;
+        assert_true(wantn == (P->n16 != NULL));
+        if (wantn) assert_false(kvt_packed_has_ilv(P));
         if (is_kquant(c->t)) assert_true(want16 == (P->data == NULL)); /* never both layouts */
         check_packed_one(c, P, isas[m]);
         kvt_packed_free(P);
@@ -762,7 +797,12 @@ static void test_gemv_interleaved(void **st) {
                 assert_non_null(P);
                 /* AVX-512 VNNI: Q8_0/Q4_0/Q5_0 row-major products take the int8-block order (no copy) */
                 const bool int8_block = isas[m] == KVT_ISA_AVX512 && !strcmp(kvt_kernels_numerics_id(), "int8-block");
-                assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR && !(small_s && int8_block));
+                /* and Q4_K/Q5_K read the 16-row nibble layout instead of the 4-row copy */
+                const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K) && int8_block;
+                assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR && !(small_s && int8_block) && !n16);
+                const char *lay = kvt_packed_gemv_layout(P);
+                assert_string_equal(lay ? lay : "rows", isas[m] == KVT_ISA_SCALAR || (small_s && int8_block && t != KVT_TYPE_Q8_0)
+                                                            ? "rows" : (n16 || (small_s && int8_block)) ? "16-row" : "interleaved");
                 kvt_matmul_rows(t, c.w, n, c.a, 1, yr, no, 0, no);
                 for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
                     if (cuts[ci][0] >= cuts[ci][1] || cuts[ci][0] < 0) continue;
@@ -787,9 +827,12 @@ static void test_gemv_interleaved(void **st) {
             const bool int8 = small_s && !strcmp(kvt_kernels_numerics_id(), "int8-block");
             if (int8 && !(t == KVT_TYPE_Q8_0 && kvt_kernels_isa() == KVT_ISA_AVX512)) {
                 assert_null(P); /* no copy for this ISA: nothing to make */
-            } else { /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy */
+            } else { /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy, and Q4_K/Q5_K
+                      * have their nibble layout */
                 assert_non_null(P);
-                assert_int_equal(kvt_packed_has_ilv(P), !int8);
+                const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K) && !strcmp(kvt_kernels_numerics_id(), "int8-block");
+                assert_int_equal(kvt_packed_has_ilv(P), !int8 && !n16);
+                assert_non_null(kvt_packed_gemv_layout(P));
                 memset(yp, 0xff, (size_t)no * 4);
                 kvt_matmul_packed(P, c.a, 1, yp, no, 0, no);
                 assert_memory_equal(yr, yp, (size_t)no * 4);
@@ -885,6 +928,21 @@ static void test_packed_k16_shapes(void **st) {
                 check_packed(&c);
                 mm_free(&c);
             }
+}
+
+/* The Q4_K/Q5_K decode layout across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
+ * tile alone, every activation row alone (check_n16_rows through check_packed). */
+static void test_packed_n16_tiles(void **st) {
+    (void)st;
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K};
+    const int64_t outs[] = {149, 64, 80};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t oi = 0; oi < 3; oi++) {
+            mm_case c;
+            mm_setup(&c, ts[ti], oi == 1 ? 2048 : 512, outs[oi], 3, 1400 + ti * 8 + oi);
+            check_packed(&c);
+            mm_free(&c);
+        }
 }
 
 /* K-quant blocks with extreme contents: f16 max / -0 / tiny super-block scales, all 6-bit scales and
@@ -1231,6 +1289,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_packed_matches_rows), cmocka_unit_test(test_gemv_interleaved), cmocka_unit_test(test_gemv_interleaved_float), cmocka_unit_test(test_packed_extreme_weights),
         cmocka_unit_test(test_packed_row_blocks),   cmocka_unit_test(test_packed_unsupported),
         cmocka_unit_test(test_packed_k16_shapes),   cmocka_unit_test(test_packed_k16_extreme),
+        cmocka_unit_test(test_packed_n16_tiles),
         cmocka_unit_test(test_amx_packed),          cmocka_unit_test(test_amx_extreme),
         cmocka_unit_test(test_amx_threads),         cmocka_unit_test(test_amx_env_override),
     };

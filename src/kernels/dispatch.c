@@ -187,6 +187,10 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         kq_s16_gemv(p, act, y, o0, o1);
         return;
     }
+    if (n_rows == 1 && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
+        kq_n16_gemv(p, act, y, o0, o1); /* Q4_K/Q5_K decode from the nibble layout (gemm_k16.c) */
+        return;
+    }
 #endif
     if (n_rows == 1) { /* decode GEMV: whole 4-row groups from the interleaved copy, the rest (and
                         * everything without the copy) from the original rows, not the tiles */

@@ -25,7 +25,26 @@
  *   Q6_K       sumf += (dw*dx)*(float)(isum - 32*msum)
  * so kvt_matmul_packed equals kvt_matmul_rows bit for bit (tests/test_kernels.c).
  *
- * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free), 64-byte aligned.
+ * Decode (one activation row) of Q4_K/Q5_K reads another 16-row layout, kvt_packed.n16, which keeps
+ * the weights as nibbles: the byte layout above holds 2.2x the file's bytes, and a GEMV streams every
+ * weight byte once per token. Per group and super-block (N16_GBB_Q4 = 2368 bytes, 148 a row and
+ * super-block against the file's 144; Q5_K N16_GBB_Q5 = 2880, 180 against 176):
+ *   uint16 d[16], dm[16]                 the file's f16 scales (converted exactly by vcvtph2ps)
+ *   uint8 sc[8][16]                      the 6-bit scale of each 32-weight sub-block
+ *   uint8 mn[4][16][2]                   the 6-bit mins of sub-blocks 2k and 2k+1 as a pair
+ *   uint8 q[32 steps][16 rows][4]        byte j of step s: weight 8s+j (low nibble), 8s+4+j (high)
+ *   Q5_K: uint8 qh[8][16 rows][4]        byte j of sub-block g: bit t the fifth bit of weight
+ *                                        8(4g+t)+j, bit 4+t that of weight 8(4g+t)+4+j
+ * Groups are stored in tiles of N16_NG (64 rows): a tile's super-blocks in order, each holding its
+ * groups' group-blocks side by side, so the GEMV, which runs a tile's groups at once, reads one
+ * sequential stream (prefetched a fixed distance ahead);
+ * one zmm of q gives two vpdpbusd operands (low and high nibbles, 4 weights of each of the 16
+ * rows) against 4 contiguous activation bytes each. The integers (isum = Σ sc·Σq·x, msum = Σ mn·(bsums
+ * of the sub-block)) are exact and the float expression is the one above, so the GEMV equals the
+ * GEMM and the row-major kernels bit for bit. It replaces the 4-row interleaved GEMV copy (kq_ilv_build)
+ * of these types under AVX-512 VNNI and AMX.
+ *
+ * Ownership: the layouts are owned by the kvt_packed (freed by kvt_packed_free), 64-byte aligned.
  */
 #include "kernels_internal.h"
 
@@ -62,6 +81,98 @@ uint8_t *kq_k16_pack(const kvt_packed *P) {
             for (int k4 = 0; k4 < QK_K / 4; k4++) memcpy(p + K16_Q + 64 * k4 + 4 * n, q + 4 * k4, 4);
         }
     return L;
+}
+
+/* groups of 16 rows a tile of the n16 layout, and the GEMV's register tile */
+#define N16_NG 4
+
+static size_t n16_gbb(const kvt_packed *P) { return P->type == KVT_TYPE_Q5_K ? N16_GBB_Q5 : N16_GBB_Q4; }
+
+/* Groups in the n16 tile that starts at group t0 (N16_NG but for the last tile). */
+static int64_t n16_ntg(const kvt_packed *P, int64_t t0) {
+    const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
+    return ng - t0 < N16_NG ? ng - t0 : N16_NG;
+}
+
+/* Byte offset of group g's super-block b in the n16 layout. */
+static size_t n16_off(const kvt_packed *P, int64_t g, int64_t b) {
+    const int64_t t0 = g / N16_NG * N16_NG;
+    return ((size_t)t0 * (size_t)P->nb + (size_t)b * (size_t)n16_ntg(P, t0) + (size_t)(g - t0)) * n16_gbb(P);
+}
+
+size_t kq_n16_bytes(const kvt_packed *P) {
+    return P->n16 ? (size_t)((P->n_out + K16_ROWS - 1) / K16_ROWS) * (size_t)P->nb * n16_gbb(P) : 0;
+}
+
+bool kq_n16_build(kvt_packed *P) {
+    if (P->kind != KQP_KM) return false;
+    const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
+    const size_t gbb = n16_gbb(P);
+    uint64_t bytes;
+    if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, gbb, &bytes) || bytes > SIZE_MAX / 2) return false;
+    uint8_t *L = kq_packed_alloc((size_t)bytes); /* zeroed: padding rows are 0 (scales 0) */
+    if (!L) return false;
+    const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
+    const bool q5 = P->type == KVT_TYPE_Q5_K;
+    const size_t qso = q5 ? 48 : 16; /* qs in the block (Q5_K: after the 32 bytes of fifth bits) */
+    for (int64_t o = 0; o < P->n_out; o++)
+        for (int64_t b = 0; b < P->nb; b++) {
+            const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
+            uint8_t *p = L + n16_off(P, o / K16_ROWS, b);
+            const int n = (int)(o % K16_ROWS);
+            memcpy(p + 2 * n, src, 2);              /* f16 d */
+            memcpy(p + N16_DM + 2 * n, src + 2, 2); /* f16 dmin */
+            for (int g = 0; g < 8; g++) {
+                uint8_t sc, mn;
+                kq_scale_min_k4(g, src + 4, &sc, &mn);
+                p[N16_SC + 16 * g + n] = sc;
+                p[N16_MN + 32 * (g / 2) + 2 * n + (g % 2)] = mn;
+                /* weight 32g + e: nibble g & 1 of qs[32 (g / 2) + e]; Q5_K fifth bit g of qh[e] */
+                const uint8_t *qs = src + qso + 32 * (g / 2);
+                const int sh = 4 * (g & 1);
+                for (int t = 0; t < 4; t++) {
+                    uint8_t *dq = p + N16_Q + 64 * (4 * g + t) + 4 * n;
+                    for (int j = 0; j < 4; j++) {
+                        const int el = 8 * t + j, eh = el + 4;
+                        dq[j] = (uint8_t)(((qs[el] >> sh) & 15) | ((qs[eh] >> sh) & 15) << 4);
+                        if (q5)
+                            p[N16_QH + 64 * g + 4 * n + j] |= (uint8_t)(((src[16 + el] >> g) & 1) << t | ((src[16 + eh] >> g) & 1) << (4 + t));
+                    }
+                }
+            }
+        }
+    P->n16 = L;
+    return true;
+}
+
+/* The n16 GEMV's arithmetic in scalar C (any CPU): the integers of kq_k16_ref, the same float expression. */
+void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const bool q5 = P->type == KVT_TYPE_Q5_K;
+    for (int64_t o = o0; o < o1; o++) {
+        const int n = (int)(o % K16_ROWS);
+        float sumf = 0.0f;
+        for (int64_t b = 0; b < P->nb; b++) {
+            const uint8_t *p = P->n16 + n16_off(P, o / K16_ROWS, b);
+            const blk_q8_K *xa = (const blk_q8_K *)act + b;
+            int32_t isum = 0, msum = 0;
+            for (int g = 0; g < 8; g++) {
+                int32_t dot = 0;
+                for (int t = 0; t < 4; t++) {
+                    const int s = 4 * g + t;
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t v = p[N16_Q + 64 * s + 4 * n + j], h = q5 ? p[N16_QH + 64 * g + 4 * n + j] : 0;
+                        const int lo = (v & 15) | ((h >> t) & 1) << 4, hi = (v >> 4) | ((h >> (4 + t)) & 1) << 4;
+                        dot += lo * xa->qs[8 * s + j] + hi * xa->qs[8 * s + 4 + j];
+                    }
+                }
+                isum += dot * p[N16_SC + 16 * g + n];
+                msum += (int32_t)p[N16_MN + 32 * (g / 2) + 2 * n + (g % 2)] * (xa->bsums[2 * g] + xa->bsums[2 * g + 1]);
+            }
+            const float dw = kq_h2f(kq_rd16(p + 2 * n)), dm = kq_h2f(kq_rd16(p + N16_DM + 2 * n));
+            sumf += (dw * xa->d) * (float)isum - (dm * xa->d) * (float)msum;
+        }
+        y[o] = sumf;
+    }
 }
 
 /* The kernel's arithmetic in scalar C (any CPU): the same integers, the same float expression. */
@@ -182,6 +293,12 @@ K16_AI void k16_tile(const bool q6, const int NC, const uint8_t *G, const uint8_
     for (int j = 0; j < NC; j++) _mm512_mask_storeu_ps(y + (int64_t)j * ldy, keep, _mm512_load_ps(sumf[j]));
 }
 
+/* The lanes of the group of outputs [base, base + 16) that fall in [o0, o1). */
+static inline __mmask16 k16_cols(int64_t base, int64_t o0, int64_t o1) {
+    const int64_t c0 = o0 > base ? o0 : base, c1 = o1 < base + K16_ROWS ? o1 : base + K16_ROWS;
+    return (__mmask16)(((1u << (c1 - base)) - 1u) & ~((1u << (c0 - base)) - 1u));
+}
+
 K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t n_rows, float *y,
                     int64_t ldy, int64_t o0, int64_t o1) {
     const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gs = (size_t)P->nb * K16_GBB;
@@ -194,8 +311,7 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
         for (int64_t g = o0 / K16_ROWS; g * K16_ROWS < o1; g++) {
             const uint8_t *G = P->k16 + (size_t)g * gs;
             const int64_t base = g * K16_ROWS;
-            const int lo = (int)((o0 > base ? o0 : base) - base), hi = (int)((o1 < base + K16_ROWS ? o1 : base + K16_ROWS) - base);
-            const __mmask16 keep = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+            const __mmask16 keep = k16_cols(base, o0, o1);
             int64_t r = r0;
 #define K16_T(NC) k16_tile(q6, NC, G, A + (size_t)r * arb, arb, nb, y + r * ldy + base, ldy, keep)
             for (; r + K16_NC <= r1; r += K16_NC) K16_T(K16_NC);
@@ -204,6 +320,117 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
             if (r < r1) K16_T(1), r += 1;
 #undef K16_T
         }
+    }
+}
+
+/* Decode: the NG groups of a tile side by side over the super-blocks (each broadcast of 4 activation
+ * bytes serves all of them; their dot chains run at once), N16_PFD bytes of the layout's stream
+ * prefetched ahead. Per sub-block, the exact int32 dot from zero by vpdpbusd (low nibbles against
+ * x[8s..8s+3], high against x[8s+4..8s+7]), times the scale by vpmulld; msum by vpdpwssd of the min
+ * pairs against the pairs of sub-block bsums. G: the first group's super-block 0; groups gbb apart,
+ * super-blocks bs apart; prefetches stay below pend. */
+#ifndef N16_PFD
+#define N16_PFD 8192
+#endif
+K16_AI void n16_tile(const bool q5, const int NG, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A, int64_t nb,
+                     const uint8_t *pend, __m512 *out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    __m512 sumf[N16_NG];
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) sumf[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * bs;
+        const blk_q8_K *xa = (const blk_q8_K *)A + b;
+        const uint8_t *xq = (const uint8_t *)xa->qs;
+        if (N16_PFD) for (const uint8_t *q = p + N16_PFD, *e = q + (size_t)NG * gbb; q < e && q < pend; q += 64)
+            _mm_prefetch((const char *)q, _MM_HINT_T0);
+        __m512i isum[N16_NG];
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) isum[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            __m512i dot[N16_NG], h[N16_NG];
+#pragma GCC unroll 4
+            for (int i = 0; i < NG; i++) {
+                dot[i] = _mm512_setzero_si512();
+                if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const int st = 4 * g + t;
+                int32_t xl, xh;
+                memcpy(&xl, xq + 8 * st, 4);
+                memcpy(&xh, xq + 8 * st + 4, 4);
+                const __m512i vxl = _mm512_set1_epi32(xl), vxh = _mm512_set1_epi32(xh);
+#pragma GCC unroll 4
+                for (int i = 0; i < NG; i++) {
+                    const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (q5) { /* bit t / 4+t of each byte to bit 4 (16-bit shifts: the masked bit stays in its byte) */
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
+                    }
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, vxl);
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, vxh);
+                }
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < NG; i++) {
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
+                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot[i], sc));
+            }
+        }
+        /* the 8 sub-block bsums (pairs of the 16 half sums, |.| <= 4064) as int16, two a dword */
+        const __m256i bsv = _mm256_loadu_si256((const __m256i *)xa->bsums);
+        const __m256i b32 = _mm256_madd_epi16(bsv, _mm256_set1_epi16(1));
+        const __m128i b16 = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
+        float dxs;
+        memcpy(&dxs, &xa->d, 4);
+        const __m512 dx = _mm512_set1_ps(dxs);
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const uint8_t *pi = p + (size_t)i * gbb;
+            __m512i msum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i mn = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_MN + 32 * k)));
+                msum = _mm512_dpwssd_epi32(msum, mn, _mm512_set1_epi32(_mm_extract_epi32(b16, k)));
+            }
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)pi));
+            const __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_DM)));
+            const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i]));
+            const __m512 m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum));
+            sumf[i] = _mm512_add_ps(sumf[i], _mm512_sub_ps(a, m));
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) out[i] = sumf[i];
+}
+
+K16_TGT void kq_n16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const size_t gbb = n16_gbb(P);
+    const bool q5 = P->type == KVT_TYPE_Q5_K;
+    const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
+    const uint8_t *pend = P->n16 + kq_n16_bytes(P);
+    __m512 out[N16_NG];
+    for (int64_t g = o0 / K16_ROWS; g < gend;) {
+        const int64_t t0 = g / N16_NG * N16_NG, ntg = n16_ntg(P, t0);
+        const int ng = (int)((gend < t0 + ntg ? gend : t0 + ntg) - g); /* this tile's groups in range */
+        const uint8_t *G = P->n16 + n16_off(P, g, 0);
+        const size_t bs = (size_t)ntg * gbb;
+#define N16_T(NG) q5 ? n16_tile(true, NG, G, gbb, bs, act, P->nb, pend, out) : n16_tile(false, NG, G, gbb, bs, act, P->nb, pend, out)
+        switch (ng) { /* constant widths: the accumulators stay in registers */
+        case 4: N16_T(4); break;
+        case 3: N16_T(3); break;
+        case 2: N16_T(2); break;
+        default: N16_T(1); break;
+        }
+#undef N16_T
+        for (int i = 0; i < ng; i++) {
+            const int64_t base = (g + i) * K16_ROWS;
+            _mm512_mask_storeu_ps(y + base, k16_cols(base, o0, o1), out[i]);
+        }
+        g += ng;
     }
 }
 

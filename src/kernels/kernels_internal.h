@@ -101,6 +101,9 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
+    uint8_t *n16;          /* kind KQP_KM (Q4_K/Q5_K) with AVX-512 VNNI or AMX in use at create time: the
+                            * single-row GEMV copy in the 16-row nibble layout (gemm_k16.c; kq_n16_bytes,
+                            * owned); ilv is then NULL */
     uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
                             * with rows taken 4 at a time and interleaved by block, group g holding
                             * block b of rows 4g..4g+3 at (g * nb + b) * 4 + i blocks; n_out rounded
@@ -184,6 +187,22 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define K16_MV 384
 #define K16_Q 896
 #define K16_GBB 4992
+/* 16-row nibble layout of Q4_K/Q5_K for single-row decode (gemm_k16.c): per 16-row group and
+ * super-block uint16 d[16] (f16); uint16 dm[16]; uint8 sc[8][16]; uint8 mn[4][16][2];
+ * uint8 q[32 steps][16][4] (two 4-bit weights a byte); Q5_K also uint8 qh[8][16][4] (fifth bits). */
+#define N16_DM 32
+#define N16_SC 64
+#define N16_MN 192
+#define N16_Q 320
+#define N16_QH 2368
+#define N16_GBB_Q4 2368
+#define N16_GBB_Q5 2880
+bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (kind KQP_KM); false on OOM / overflow */
+size_t kq_n16_bytes(const kvt_packed *P);
+void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
+/* One activation row (decode) on P->n16: y[o] for o in [o0, o1), the bits of kq_k16_pmm and of the
+ * row-major K-quant kernels. */
+void kq_n16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
 /* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
  * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);

@@ -252,7 +252,23 @@ static bool ilv_wanted(const kvt_packed *P) {
     return kq_ilv_fits(P->kind);
 }
 
+/* Whether P (Q4_K/Q5_K) gets the 16-row nibble GEMV layout: the ISA in use has its kernel (AVX-512
+ * VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels), and the GEMV copy is not off. */
+static bool n16_wanted(const kvt_packed *P) {
+    const char *e = getenv("KVT_GEMV_ILV");
+    if (e && !strcmp(e, "0")) return false;
+    const kvt_isa isa = kvt_kernels_isa();
+    return P->kind == KQP_KM && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
+}
+
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
+
+const char *kvt_packed_gemv_layout(const kvt_packed *p) {
+    if (!p) return NULL;
+    if (p->ilv) return "interleaved";
+    if (p->n16 || (p->s16 && p->type == KVT_TYPE_Q8_0)) return "16-row";
+    return NULL;
+}
 
 size_t kq_ilv_block_bytes(const kvt_packed *P) {
     return P->kind == KQP_F ? 8 * (size_t)kvt_type_row_bytes(P->type, 1) : kvt_type_block_bytes(P->type);
@@ -285,9 +301,11 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
      * 2+ rows then take the row-major kernels, same results) */
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
-    /* best effort: without memory for it, single rows keep reading W (same results) */
-    if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
-    if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16) { /* nothing made */
+    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K under
+     * AVX-512 VNNI or AMX: the 16-row nibble layout (gemm_k16.c) instead of the 4-row copy */
+    if (P && n16_wanted(P)) (void)kq_n16_build(P);
+    else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
+    if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16 && !P->n16) { /* nothing made */
         free(P);
         return NULL;
     }
@@ -297,6 +315,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
 void kvt_packed_free(kvt_packed *p) {
     if (!p) return;
     free(p->ilv);
+    free(p->n16);
     free(p->amx);
     free(p->s16);
     free(p->k16);
@@ -309,7 +328,7 @@ size_t kvt_packed_bytes(const kvt_packed *p) {
     const size_t amx = p->amx ? (size_t)((p->n_out + KQA_N - 1) / KQA_N) * (size_t)p->nb * KQA_GBB : 0;
     const size_t data = p->data ? (size_t)p->ngroups * (size_t)p->nb * p->gbb : 0;
     const size_t k16 = p->k16 ? kq_k16_bytes(p) : 0;
-    return data + amx + kq_s16_bytes(p) + k16 + kq_ilv_bytes(p);
+    return data + amx + kq_s16_bytes(p) + k16 + kq_n16_bytes(p) + kq_ilv_bytes(p);
 }
 
 /* Per-thread scratch for the packed kernels' converted activation rows (grown, never shrunk; freed
@@ -362,6 +381,9 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
         if (P->kind == KQP_F) kvt_matmul_rows_ref(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
         if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
         if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
+        else if (P->n16) /* the GEMV layout alone (KVT_REPACK=gemv) */
+            for (int64_t r = 0; r < n_rows; r++)
+                kq_n16_ref(P, (const uint8_t *)act + (size_t)r * (size_t)P->nb * sizeof(blk_q8_K), y + r * ldy, o0, o1);
         return;
     }
     const uint32_t vt = kvt_vec_dot_type(P->type);
