@@ -187,8 +187,10 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         kq_s16_gemv(p, act, y, o0, o1);
         return;
     }
-    if (n_rows == 1 && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
-        kq_n16_gemv(p, act, y, o0, o1); /* Q4_K/Q5_K decode from the nibble layout (gemm_k16.c) */
+    if (n_rows <= N16_MAX_ROWS && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
+        /* Q4_K/Q5_K decode and small batched steps from the nibble layout (gemm_k16.c): the GEMM
+         * layout holds 2.2x the bytes */
+        kq_n16_mm(p, act, n_rows, y, ldy, o0, o1);
         return;
     }
 #endif

@@ -83,7 +83,7 @@ uint8_t *kq_k16_pack(const kvt_packed *P) {
     return L;
 }
 
-/* groups of 16 rows a tile of the n16 layout, and the GEMV's register tile */
+/* groups of 16 rows a tile of the n16 layout */
 #define N16_NG 4
 
 static size_t n16_gbb(const kvt_packed *P) { return P->type == KVT_TYPE_Q5_K ? N16_GBB_Q5 : N16_GBB_Q4; }
@@ -220,6 +220,13 @@ void kq_k16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, 
  * column range stream past them once */
 #define K16_ACT_BLOCK_BYTES (1u << 20)
 
+/* The 4 bytes at x in every 32-bit lane (vpbroadcastd from memory: on Zen 5 a vpdpbusd with an
+ * m32bcst operand issues at less than half the rate of vpbroadcastd + vpdpbusd on registers). */
+K16_AI __m512i k16_bcast(const uint8_t *x) {
+    uint32_t v;
+    memcpy(&v, x, 4);
+    return _mm512_set1_epi32((int)v);
+}
 /* acc += dot of the u8 weights w with 4 activation int8 at x broadcast to every lane (vpdpbusd with
  * an m32bcst operand: GCC does not fold _mm512_set1_epi32 into it); likewise vpdpwssd for int16 pairs */
 typedef uint32_t k16_u32 __attribute__((may_alias, aligned(1)));
@@ -323,45 +330,43 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
     }
 }
 
-/* Decode: the NG groups of a tile side by side over the super-blocks (each broadcast of 4 activation
- * bytes serves all of them; their dot chains run at once), N16_PFD bytes of the layout's stream
- * prefetched ahead. Per sub-block, the exact int32 dot from zero by vpdpbusd (low nibbles against
- * x[8s..8s+3], high against x[8s+4..8s+7]), times the scale by vpmulld; msum by vpdpwssd of the min
- * pairs against the pairs of sub-block bsums. G: the first group's super-block 0; groups gbb apart,
- * super-blocks bs apart; prefetches stay below pend. */
-#ifndef N16_PFD
+/* Decode and small batches (1..N16_MAX_ROWS activation rows): NG groups of a tile × NR activation
+ * rows per register tile (NG·NR <= 8: 4×1, 4×2, 2×4). Each loaded weight vector gives two
+ * vpdpbusd operands (low nibbles against x[8s..8s+3] of each row, high against x[8s+4..8s+7],
+ * broadcast from memory) for all NR rows; per sub-block the exact int32 dot from zero times the scale
+ * (vpmulld); msum by vpdpwssd of the min pairs against the pairs of sub-block bsums. G: the first
+ * group's super-block 0; groups gbb apart, super-blocks bs apart. With pf, each super-block
+ * prefetches its share of the layout's stream N16_PFD bytes ahead (pf bytes a super-block: the
+ * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend. */
 #define N16_PFD 8192
-#endif
-K16_AI void n16_tile(const bool q5, const int NG, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A, int64_t nb,
-                     const uint8_t *pend, __m512 *out) {
+K16_AI void n16_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
+                     size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-    __m512 sumf[N16_NG];
-#pragma GCC unroll 4
-    for (int i = 0; i < NG; i++) sumf[i] = _mm512_setzero_ps();
+    float sumf[8][K16_ROWS] __attribute__((aligned(64))); /* [i * NR + r]: updated once a super-block */
+#pragma GCC unroll 8
+    for (int k = 0; k < NG * NR; k++) _mm512_store_ps(sumf[k], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)b * bs;
-        const blk_q8_K *xa = (const blk_q8_K *)A + b;
-        const uint8_t *xq = (const uint8_t *)xa->qs;
-        if (N16_PFD) for (const uint8_t *q = p + N16_PFD, *e = q + (size_t)NG * gbb; q < e && q < pend; q += 64)
-            _mm_prefetch((const char *)q, _MM_HINT_T0);
-        __m512i isum[N16_NG];
-#pragma GCC unroll 4
-        for (int i = 0; i < NG; i++) isum[i] = _mm512_setzero_si512();
+        const uint8_t *xq[8]; /* row r's q8_K block b */
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) xq[r] = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_K);
+        if (pf)
+            for (const uint8_t *q = p + N16_PFD, *e = q + pf; q < e && q < pend; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
+        __m512i isum[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < NG * NR; k++) isum[k] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
-            __m512i dot[N16_NG], h[N16_NG];
+            /* low and high nibbles in separate accumulators: twice the independent vpdpbusd chains */
+            __m512i dot[8], doth[8], h[4];
+#pragma GCC unroll 8
+            for (int k = 0; k < NG * NR; k++) dot[k] = doth[k] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int i = 0; i < NG; i++) {
-                dot[i] = _mm512_setzero_si512();
+            for (int i = 0; i < NG; i++)
                 if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
-            }
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const int st = 4 * g + t;
-                int32_t xl, xh;
-                memcpy(&xl, xq + 8 * st, 4);
-                memcpy(&xh, xq + 8 * st + 4, 4);
-                const __m512i vxl = _mm512_set1_epi32(xl), vxh = _mm512_set1_epi32(xh);
 #pragma GCC unroll 4
                 for (int i = 0; i < NG; i++) {
                     const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
@@ -370,55 +375,70 @@ K16_AI void n16_tile(const bool q5, const int NG, const uint8_t *G, size_t gbb, 
                         lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
                         hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
                     }
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, vxl);
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, vxh);
+#pragma GCC unroll 8
+                    for (int r = 0; r < NR; r++) {
+                        dot[i * NR + r] = _mm512_dpbusd_epi32(dot[i * NR + r], lo, k16_bcast(xq[r] + 4 + 8 * st));
+                        doth[i * NR + r] = _mm512_dpbusd_epi32(doth[i * NR + r], hi, k16_bcast(xq[r] + 8 + 8 * st));
+                    }
                 }
             }
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
                 const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
-                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot[i], sc));
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++)
+                    isum[i * NR + r] = _mm512_add_epi32(isum[i * NR + r], _mm512_mullo_epi32(_mm512_add_epi32(dot[i * NR + r], doth[i * NR + r]), sc));
             }
         }
-        /* the 8 sub-block bsums (pairs of the 16 half sums, |.| <= 4064) as int16, two a dword */
-        const __m256i bsv = _mm256_loadu_si256((const __m256i *)xa->bsums);
-        const __m256i b32 = _mm256_madd_epi16(bsv, _mm256_set1_epi16(1));
-        const __m128i b16 = _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1));
-        float dxs;
-        memcpy(&dxs, &xa->d, 4);
-        const __m512 dx = _mm512_set1_ps(dxs);
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const blk_q8_K *xa = (const blk_q8_K *)xq[r];
+            /* the 8 sub-block bsums (pairs of the 16 half sums, |.| <= 4064) as int16, two a dword */
+            const __m256i bsv = _mm256_loadu_si256((const __m256i *)xa->bsums);
+            const __m256i b32 = _mm256_madd_epi16(bsv, _mm256_set1_epi16(1));
+            int32_t bp[4];
+            _mm_storeu_si128((__m128i *)bp, _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1)));
+            float dxs;
+            memcpy(&dxs, &xa->d, 4);
+            const __m512 dx = _mm512_set1_ps(dxs);
 #pragma GCC unroll 4
-        for (int i = 0; i < NG; i++) {
-            const uint8_t *pi = p + (size_t)i * gbb;
-            __m512i msum = _mm512_setzero_si512();
+            for (int i = 0; i < NG; i++) {
+                const uint8_t *pi = p + (size_t)i * gbb;
+                __m512i msum = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const __m512i mn = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_MN + 32 * k)));
-                msum = _mm512_dpwssd_epi32(msum, mn, _mm512_set1_epi32(_mm_extract_epi32(b16, k)));
+                for (int k = 0; k < 4; k++) {
+                    const __m512i mn = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_MN + 32 * k)));
+                    msum = k16_dpwssd(msum, mn, (const uint8_t *)(bp + k));
+                }
+                const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)pi));
+                const __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_DM)));
+                const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i * NR + r]));
+                const __m512 m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum));
+                _mm512_store_ps(sumf[i * NR + r], _mm512_add_ps(_mm512_load_ps(sumf[i * NR + r]), _mm512_sub_ps(a, m)));
             }
-            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)pi));
-            const __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_DM)));
-            const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i]));
-            const __m512 m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum));
-            sumf[i] = _mm512_add_ps(sumf[i], _mm512_sub_ps(a, m));
         }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < NG; i++) out[i] = sumf[i];
+    for (int i = 0; i < NG; i++)
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++)
+            _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * K16_ROWS, keep[i], _mm512_load_ps(sumf[i * NR + r]));
 }
 
-K16_TGT void kq_n16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
-    const size_t gbb = n16_gbb(P);
-    const bool q5 = P->type == KVT_TYPE_Q5_K;
-    const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
+/* Rows [r, r + NR) of the activation × the in-range groups [g, tend) of one tile, in sub-tiles of
+ * NG groups; pf: prefetch the tile's stream from the first sub-tile. */
+K16_AI void n16_rows(const bool q5, const int NR, const kvt_packed *P, const uint8_t *A, size_t arb, float *y, int64_t ldy,
+                     int64_t o0, int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
+    const int NG = NR >= 8 ? 1 : NR >= 4 ? 2 : 4;
+    const size_t gbb = n16_gbb(P), pfb = (size_t)(tend - g) * gbb; /* the tile's groups from g on, a super-block */
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
-    __m512 out[N16_NG];
-    for (int64_t g = o0 / K16_ROWS; g < gend;) {
-        const int64_t t0 = g / N16_NG * N16_NG, ntg = n16_ntg(P, t0);
-        const int ng = (int)((gend < t0 + ntg ? gend : t0 + ntg) - g); /* this tile's groups in range */
+    for (; g < tend; pf = false) {
+        const int ng = tend - g >= NG ? NG : (int)(tend - g);
+        __mmask16 keep[4];
+        for (int i = 0; i < ng; i++) keep[i] = k16_cols((g + i) * K16_ROWS, o0, o1);
         const uint8_t *G = P->n16 + n16_off(P, g, 0);
-        const size_t bs = (size_t)ntg * gbb;
-#define N16_T(NG) q5 ? n16_tile(true, NG, G, gbb, bs, act, P->nb, pend, out) : n16_tile(false, NG, G, gbb, bs, act, P->nb, pend, out)
+        float *yg = y + g * K16_ROWS;
+#define N16_T(NGC) n16_tile(q5, NGC < NG ? NGC : NG, NR, G, gbb, bs, A, arb, P->nb, pf ? pfb : 0, pend, yg, ldy, keep)
         switch (ng) { /* constant widths: the accumulators stay in registers */
         case 4: N16_T(4); break;
         case 3: N16_T(3); break;
@@ -426,11 +446,36 @@ K16_TGT void kq_n16_gemv(const kvt_packed *P, const void *act, float *y, int64_t
         default: N16_T(1); break;
         }
 #undef N16_T
-        for (int i = 0; i < ng; i++) {
-            const int64_t base = (g + i) * K16_ROWS;
-            _mm512_mask_storeu_ps(y + base, k16_cols(base, o0, o1), out[i]);
-        }
         g += ng;
+    }
+}
+
+/* Tile by tile (N16_NG groups: 64 rows), every activation row in chunks of 4, 2, 1 (a tile's stream
+ * is read from memory by the first chunk and from L2 by the others). */
+K16_TGT void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gbb = n16_gbb(P);
+    const bool q5 = P->type == KVT_TYPE_Q5_K;
+    const uint8_t *A = act;
+    const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
+    for (int64_t g = o0 / K16_ROWS; g < gend;) {
+        const int64_t t0 = g / N16_NG * N16_NG, ntg = n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
+        const size_t bs = (size_t)ntg * gbb;
+        for (int64_t r = 0; r < n_rows;) {
+            const int64_t left = n_rows - r;
+            const int nr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const uint8_t *Ar = A + (size_t)r * arb;
+            float *yr = y + r * ldy;
+#define N16_R(NR) q5 ? n16_rows(true, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0) \
+                     : n16_rows(false, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0)
+            switch (nr) {
+            case 4: N16_R(4); break;
+            case 2: N16_R(2); break;
+            default: N16_R(1); break;
+            }
+#undef N16_R
+            r += nr;
+        }
+        g = tend;
     }
 }
 

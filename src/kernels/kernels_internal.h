@@ -200,9 +200,10 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (kind KQP_KM); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
-/* One activation row (decode) on P->n16: y[o] for o in [o0, o1), the bits of kq_k16_pmm and of the
- * row-major K-quant kernels. */
-void kq_n16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
+/* Up to N16_MAX_ROWS activation rows (decode, small batched steps) on P->n16: kvt_matmul_packed's
+ * contract, the bits of kq_k16_pmm and of the row-major K-quant kernels. */
+#define N16_MAX_ROWS 8
+void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 /* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
  * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);
