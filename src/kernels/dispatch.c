@@ -188,9 +188,10 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
         return;
     }
     if (n_rows <= N16_MAX_ROWS && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
-        /* Q4_K/Q5_K decode and small batched steps from the nibble layout (gemm_k16.c): the GEMM
-         * layout holds 2.2x the bytes */
-        kq_n16_mm(p, act, n_rows, y, ldy, o0, o1);
+        /* decode and small batched steps from the nibble layouts: the GEMM layouts hold 2.2x
+         * (Q4_K/Q5_K, gemm_k16.c) and 2x (Q4_0, gemm_s16.c) their bytes */
+        if (p->type == KVT_TYPE_Q4_0) kq_n16_q40_mm(p, act, n_rows, y, ldy, o0, o1);
+        else kq_n16_mm(p, act, n_rows, y, ldy, o0, o1);
         return;
     }
 #endif

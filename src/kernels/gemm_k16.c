@@ -83,42 +83,30 @@ uint8_t *kq_k16_pack(const kvt_packed *P) {
     return L;
 }
 
-/* groups of 16 rows a tile of the n16 layout */
-#define N16_NG 4
-
-static size_t n16_gbb(const kvt_packed *P) { return P->type == KVT_TYPE_Q5_K ? N16_GBB_Q5 : N16_GBB_Q4; }
-
-/* Groups in the n16 tile that starts at group t0 (N16_NG but for the last tile). */
-static int64_t n16_ntg(const kvt_packed *P, int64_t t0) {
-    const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
-    return ng - t0 < N16_NG ? ng - t0 : N16_NG;
-}
-
-/* Byte offset of group g's super-block b in the n16 layout. */
-static size_t n16_off(const kvt_packed *P, int64_t g, int64_t b) {
-    const int64_t t0 = g / N16_NG * N16_NG;
-    return ((size_t)t0 * (size_t)P->nb + (size_t)b * (size_t)n16_ntg(P, t0) + (size_t)(g - t0)) * n16_gbb(P);
-}
-
 size_t kq_n16_bytes(const kvt_packed *P) {
-    return P->n16 ? (size_t)((P->n_out + K16_ROWS - 1) / K16_ROWS) * (size_t)P->nb * n16_gbb(P) : 0;
+    return P->n16 ? (size_t)((P->n_out + K16_ROWS - 1) / K16_ROWS) * (size_t)P->nb * kq_n16_gbb(P) : 0;
 }
 
 bool kq_n16_build(kvt_packed *P) {
-    if (P->kind != KQP_KM) return false;
+    if (P->kind != KQP_KM && P->type != KVT_TYPE_Q4_0) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
-    const size_t gbb = n16_gbb(P);
+    const size_t gbb = kq_n16_gbb(P);
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)ng * (uint64_t)P->nb, gbb, &bytes) || bytes > SIZE_MAX / 2) return false;
     uint8_t *L = kq_packed_alloc((size_t)bytes); /* zeroed: padding rows are 0 (scales 0) */
     if (!L) return false;
+    if (P->type == KVT_TYPE_Q4_0) {
+        kq_n16_q40_build(P, L);
+        P->n16 = L;
+        return true;
+    }
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
     const bool q5 = P->type == KVT_TYPE_Q5_K;
     const size_t qso = q5 ? 48 : 16; /* qs in the block (Q5_K: after the 32 bytes of fifth bits) */
     for (int64_t o = 0; o < P->n_out; o++)
         for (int64_t b = 0; b < P->nb; b++) {
             const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
-            uint8_t *p = L + n16_off(P, o / K16_ROWS, b);
+            uint8_t *p = L + kq_n16_off(P, o / K16_ROWS, b);
             const int n = (int)(o % K16_ROWS);
             memcpy(p + 2 * n, src, 2);              /* f16 d */
             memcpy(p + N16_DM + 2 * n, src + 2, 2); /* f16 dmin */
@@ -147,12 +135,16 @@ bool kq_n16_build(kvt_packed *P) {
 
 /* The n16 GEMV's arithmetic in scalar C (any CPU): the integers of kq_k16_ref, the same float expression. */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    if (P->type == KVT_TYPE_Q4_0) {
+        kq_n16_q40_ref(P, act, y, o0, o1);
+        return;
+    }
     const bool q5 = P->type == KVT_TYPE_Q5_K;
     for (int64_t o = o0; o < o1; o++) {
         const int n = (int)(o % K16_ROWS);
         float sumf = 0.0f;
         for (int64_t b = 0; b < P->nb; b++) {
-            const uint8_t *p = P->n16 + n16_off(P, o / K16_ROWS, b);
+            const uint8_t *p = P->n16 + kq_n16_off(P, o / K16_ROWS, b);
             const blk_q8_K *xa = (const blk_q8_K *)act + b;
             int32_t isum = 0, msum = 0;
             for (int g = 0; g < 8; g++) {
@@ -338,7 +330,6 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
  * group's super-block 0; groups gbb apart, super-blocks bs apart. With pf, each super-block
  * prefetches its share of the layout's stream N16_PFD bytes ahead (pf bytes a super-block: the
  * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend. */
-#define N16_PFD 8192
 K16_AI void n16_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
                      size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
@@ -430,13 +421,13 @@ K16_AI void n16_tile(const bool q5, const int NG, const int NR, const uint8_t *G
 K16_AI void n16_rows(const bool q5, const int NR, const kvt_packed *P, const uint8_t *A, size_t arb, float *y, int64_t ldy,
                      int64_t o0, int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
     const int NG = NR >= 8 ? 1 : NR >= 4 ? 2 : 4;
-    const size_t gbb = n16_gbb(P), pfb = (size_t)(tend - g) * gbb; /* the tile's groups from g on, a super-block */
+    const size_t gbb = kq_n16_gbb(P), pfb = (size_t)(tend - g) * gbb; /* the tile's groups from g on, a super-block */
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
     for (; g < tend; pf = false) {
         const int ng = tend - g >= NG ? NG : (int)(tend - g);
         __mmask16 keep[4];
         for (int i = 0; i < ng; i++) keep[i] = k16_cols((g + i) * K16_ROWS, o0, o1);
-        const uint8_t *G = P->n16 + n16_off(P, g, 0);
+        const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
         float *yg = y + g * K16_ROWS;
 #define N16_T(NGC) n16_tile(q5, NGC < NG ? NGC : NG, NR, G, gbb, bs, A, arb, P->nb, pf ? pfb : 0, pend, yg, ldy, keep)
         switch (ng) { /* constant widths: the accumulators stay in registers */
@@ -453,12 +444,12 @@ K16_AI void n16_rows(const bool q5, const int NR, const kvt_packed *P, const uin
 /* Tile by tile (N16_NG groups: 64 rows), every activation row in chunks of 4, 2, 1 (a tile's stream
  * is read from memory by the first chunk and from L2 by the others). */
 K16_TGT void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gbb = n16_gbb(P);
+    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gbb = kq_n16_gbb(P);
     const bool q5 = P->type == KVT_TYPE_Q5_K;
     const uint8_t *A = act;
     const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
     for (int64_t g = o0 / K16_ROWS; g < gend;) {
-        const int64_t t0 = g / N16_NG * N16_NG, ntg = n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
+        const int64_t t0 = g / N16_NG * N16_NG, ntg = kq_n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
         const size_t bs = (size_t)ntg * gbb;
         for (int64_t r = 0; r < n_rows;) {
             const int64_t left = n_rows - r;

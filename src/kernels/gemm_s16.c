@@ -64,6 +64,40 @@ bool kq_s16_build(kvt_packed *P) {
     return true;
 }
 
+/* Q4_0's n16 decode layout (kernels_internal.h): the file's f16 scale and its 16 bytes of nibbles
+ * (byte i: weight i low, 16+i high), 4 bytes of each of 16 rows a vector. */
+void kq_n16_q40_build(kvt_packed *P, uint8_t *L) {
+    const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
+    for (int64_t o = 0; o < P->n_out; o++)
+        for (int64_t b = 0; b < P->nb; b++) {
+            const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
+            uint8_t *p = L + kq_n16_off(P, o / KQS_N, b);
+            const int n = (int)(o % KQS_N);
+            memcpy(p + 2 * n, src, 2);
+            for (int k = 0; k < 4; k++) memcpy(p + 32 + 64 * k + 4 * n, src + 2 + 4 * k, 4);
+        }
+}
+
+/* The arithmetic of kq_s16_ref (exact int32 block dot, fma in block order) on the n16 layout. */
+void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const uint8_t *A = act;
+    for (int64_t o = o0; o < o1; o++) {
+        const int n = (int)(o % KQS_N);
+        float acc = 0.0f;
+        for (int64_t b = 0; b < P->nb; b++) {
+            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b), *pa = A + (size_t)b * sizeof(blk_q8_0);
+            int32_t isum = 0;
+            for (int k = 0; k < 4; k++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t v = p[32 + 64 * k + 4 * n + j];
+                    isum += ((v & 15) - 8) * (int8_t)pa[2 + 4 * k + j] + ((v >> 4) - 8) * (int8_t)pa[2 + 16 + 4 * k + j];
+                }
+            acc = fmaf((float)isum, kq_h2f(kq_rd16(p + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
+        }
+        y[o] = acc;
+    }
+}
+
 size_t kq_s16_bytes(const kvt_packed *P) {
     return P->s16 ? (size_t)((P->n_out + KQS_N - 1) / KQS_N) * (size_t)P->nb * KQS_GBB : 0;
 }
@@ -224,6 +258,116 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * and fma in block order, so the bits are those of the GEMM and of the row-major kernel
  * (kq_amx_mm_*); the layout's 576 bytes a block of 16 outputs stream at about the bandwidth, where
  * the row-major kernel's four rows with horizontal adds per block did not. */
+/* Q4_0 decode and small batches on the n16 layout: NG groups of a tile × NR converted activation
+ * rows (NG·NR <= 8). Per block each lane starts from −8·Σx (the converted block's −128·Σx / 16,
+ * exact), vpdpbusd adds the low nibbles against x[4k..4k+3] and (a second chain) the high ones
+ * against x[16+4k..], so the sum is the exact Σ(q−8)·x of s16_tile; then its fma in block order:
+ * the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
+KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
+                      size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)b * bs;
+        if (pf)
+            for (const uint8_t *q = p + N16_PFD, *e = q + pf; q < e && q < pend; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
+        __m512i lo[8], hi[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const __m512i c0 = _mm512_srai_epi32(_mm512_set1_epi32(*(const int32_t *)(C + (size_t)r * crb + (size_t)b * KQS_CA)), 4);
+#pragma GCC unroll 4
+            for (int i = 0; i < NG; i++) lo[i * NR + r] = c0, hi[i * NR + r] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+#pragma GCC unroll 4
+            for (int i = 0; i < NG; i++) {
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 32 + 64 * k));
+                const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++) {
+                    const uint8_t *x = C + (size_t)r * crb + (size_t)b * KQS_CA + 8;
+                    int32_t xl, xh;
+                    memcpy(&xl, x + 4 * k, 4);
+                    memcpy(&xh, x + 16 + 4 * k, 4);
+                    lo[i * NR + r] = _mm512_dpbusd_epi32(lo[i * NR + r], wl, _mm512_set1_epi32(xl));
+                    hi[i * NR + r] = _mm512_dpbusd_epi32(hi[i * NR + r], wh, _mm512_set1_epi32(xh));
+                }
+            }
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + (size_t)i * N16_GBB_Q40)));
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                float dx;
+                memcpy(&dx, C + (size_t)r * crb + (size_t)b * KQS_CA + 4, 4);
+                const __m512i is = _mm512_add_epi32(lo[i * NR + r], hi[i * NR + r]);
+                acc[i * NR + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i * NR + r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++)
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * KQS_N, keep[i], acc[i * NR + r]);
+}
+
+/* Rows [r, r + NR) (converted at C) × the in-range groups [g, tend) of one tile, in sub-tiles of NG. */
+KQS_AI void n16q_rows(const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy, int64_t o0,
+                      int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
+    const int NG = NR >= 4 ? 2 : 4;
+    const size_t pfb = (size_t)(tend - g) * N16_GBB_Q40;
+    const uint8_t *pend = P->n16 + kq_n16_bytes(P);
+    for (; g < tend; pf = false) {
+        const int ng = tend - g >= NG ? NG : (int)(tend - g);
+        __mmask16 keep[4];
+        for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
+        const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
+        float *yg = y + g * KQS_N;
+#define N16Q_T(NGC) n16q_tile(NGC < NG ? NGC : NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
+        switch (ng) {
+        case 4: N16Q_T(4); break;
+        case 3: N16Q_T(3); break;
+        case 2: N16Q_T(2); break;
+        default: N16Q_T(1); break;
+        }
+#undef N16Q_T
+        g += ng;
+    }
+}
+
+KQS_TGT void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                           int64_t o1) {
+    const int64_t nb = P->nb;
+    const size_t arb = (size_t)nb * sizeof(blk_q8_0), crb = (size_t)nb * KQS_CA;
+    uint8_t *C = kq_tls_scratch((size_t)n_rows * crb);
+    if (!C || n_rows > N16_MAX_ROWS) { /* no scratch memory: the row-major kernel with the same arithmetic */
+        kvt_matmul_rows(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    s16_convert(act, arb, 0, n_rows, nb, C);
+    const int64_t gend = (o1 + KQS_N - 1) / KQS_N;
+    for (int64_t g = o0 / KQS_N; g < gend;) {
+        const int64_t t0 = g / N16_NG * N16_NG, ntg = kq_n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
+        const size_t bs = (size_t)ntg * N16_GBB_Q40;
+        for (int64_t r = 0; r < n_rows;) {
+            const int64_t left = n_rows - r;
+            const int nr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const uint8_t *Cr = C + (size_t)r * crb;
+            float *yr = y + r * ldy;
+            switch (nr) {
+            case 4: n16q_rows(4, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
+            case 2: n16q_rows(2, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
+            default: n16q_rows(1, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
+            }
+            r += nr;
+        }
+        g = tend;
+    }
+}
+
 #define KQS_GEMV_NG 4
 #define KQS_GEMV_PF 4 /* blocks ahead of each group's stream */
 KQS_AI void s16_gemv_tile(const int NG, const uint8_t *G, size_t gs, int64_t nb, const uint8_t *C, __m512 *out) {

@@ -101,9 +101,8 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
-    uint8_t *n16;          /* kind KQP_KM (Q4_K/Q5_K) with AVX-512 VNNI or AMX in use at create time: the
-                            * single-row GEMV copy in the 16-row nibble layout (gemm_k16.c; kq_n16_bytes,
-                            * owned); ilv is then NULL */
+    uint8_t *n16;          /* Q4_K/Q5_K/Q4_0 with AVX-512 VNNI or AMX in use at create time: the decode
+                            * copy in a 16-row nibble layout (kq_n16_bytes, owned); ilv is then NULL */
     uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
                             * with rows taken 4 at a time and interleaved by block, group g holding
                             * block b of rows 4g..4g+3 at (g * nb + b) * 4 + i blocks; n_out rounded
@@ -187,9 +186,13 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define K16_MV 384
 #define K16_Q 896
 #define K16_GBB 4992
-/* 16-row nibble layout of Q4_K/Q5_K for single-row decode (gemm_k16.c): per 16-row group and
- * super-block uint16 d[16] (f16); uint16 dm[16]; uint8 sc[8][16]; uint8 mn[4][16][2];
- * uint8 q[32 steps][16][4] (two 4-bit weights a byte); Q5_K also uint8 qh[8][16][4] (fifth bits). */
+/* 16-row nibble layouts for decode and small batches (kvt_packed.n16), groups of 16 outputs stored
+ * in tiles of N16_NG groups (64 rows): a tile's blocks in order, each holding its groups'
+ * group-blocks side by side. Q4_K/Q5_K (gemm_k16.c), per group and super-block: uint16 d[16] (f16);
+ * uint16 dm[16]; uint8 sc[8][16]; uint8 mn[4][16][2]; uint8 q[32 steps][16][4] (two 4-bit weights a
+ * byte); Q5_K also uint8 qh[8][16][4] (fifth bits). Q4_0 (gemm_s16.c), per group and 32-weight block:
+ * uint16 d[16]; uint8 q[4][16][4] (the file's bytes: byte j of k holds weights 4k+j and 16+4k+j). */
+#define N16_NG 4
 #define N16_DM 32
 #define N16_SC 64
 #define N16_MN 192
@@ -197,13 +200,32 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define N16_QH 2368
 #define N16_GBB_Q4 2368
 #define N16_GBB_Q5 2880
-bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (kind KQP_KM); false on OOM / overflow */
+#define N16_GBB_Q40 288
+#define N16_MAX_ROWS 8 /* activation rows the n16 kernels take (more: the GEMM layouts) */
+#define N16_PFD 8192   /* bytes of the layout's stream the n16 kernels prefetch ahead */
+static inline size_t kq_n16_gbb(const kvt_packed *P) {
+    return P->type == KVT_TYPE_Q5_K ? N16_GBB_Q5 : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40 : N16_GBB_Q4;
+}
+/* Groups in the tile that starts at group t0 (N16_NG but for the last tile). */
+static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
+    const int64_t ng = (P->n_out + 15) / 16;
+    return ng - t0 < N16_NG ? ng - t0 : N16_NG;
+}
+/* Byte offset of group g's block b. */
+static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
+    const int64_t t0 = g / N16_NG * N16_NG;
+    return ((size_t)t0 * (size_t)P->nb + (size_t)b * (size_t)kq_n16_ntg(P, t0) + (size_t)(g - t0)) * kq_n16_gbb(P);
+}
+bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q4_0); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
+/* Scalar reference of the n16 kernels for one activation row: y[o] for o in [o0, o1). */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
-/* Up to N16_MAX_ROWS activation rows (decode, small batched steps) on P->n16: kvt_matmul_packed's
- * contract, the bits of kq_k16_pmm and of the row-major K-quant kernels. */
-#define N16_MAX_ROWS 8
+void kq_n16_q40_build(kvt_packed *P, uint8_t *L); /* gemm_s16.c: fills L (Q4_0) */
+void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
+/* Up to N16_MAX_ROWS activation rows on P->n16: kvt_matmul_packed's contract, the bits of the GEMM
+ * layouts and of the row-major kernels (Q4_K/Q5_K: gemm_k16.c; Q4_0: gemm_s16.c). */
 void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 /* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
  * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);

@@ -252,13 +252,14 @@ static bool ilv_wanted(const kvt_packed *P) {
     return kq_ilv_fits(P->kind);
 }
 
-/* Whether P (Q4_K/Q5_K) gets the 16-row nibble GEMV layout: the ISA in use has its kernel (AVX-512
- * VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels), and the GEMV copy is not off. */
+/* Whether P (Q4_K/Q5_K/Q4_0) gets the 16-row nibble decode layout: the ISA in use has its kernel
+ * (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels and whose Q4_0 products
+ * have the same arithmetic), and the GEMV copy is not off. */
 static bool n16_wanted(const kvt_packed *P) {
     const char *e = getenv("KVT_GEMV_ILV");
     if (e && !strcmp(e, "0")) return false;
     const kvt_isa isa = kvt_kernels_isa();
-    return P->kind == KQP_KM && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
+    return (P->kind == KQP_KM || P->type == KVT_TYPE_Q4_0) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
 }
 
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
@@ -381,9 +382,9 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
         if (P->kind == KQP_F) kvt_matmul_rows_ref(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
         if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
         if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
-        else if (P->n16) /* the GEMV layout alone (KVT_REPACK=gemv) */
+        else if (P->n16) /* the decode layout alone (KVT_REPACK=gemv; Q4_0 under AVX-512 VNNI) */
             for (int64_t r = 0; r < n_rows; r++)
-                kq_n16_ref(P, (const uint8_t *)act + (size_t)r * (size_t)P->nb * sizeof(blk_q8_K), y + r * ldy, o0, o1);
+                kq_n16_ref(P, (const uint8_t *)act + (size_t)r * kvt_act_bytes(P->type, P->n_in, 1), y + r * ldy, o0, o1);
         return;
     }
     const uint32_t vt = kvt_vec_dot_type(P->type);
