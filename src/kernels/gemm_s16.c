@@ -64,17 +64,17 @@ bool kq_s16_build(kvt_packed *P) {
     return true;
 }
 
-/* Q4_0's n16 decode layout (kernels_internal.h): the file's f16 scale and its 16 bytes of nibbles
- * (byte i: weight i low, 16+i high), 4 bytes of each of 16 rows a vector. */
+/* Q4_0's n16 decode layout (kernels_internal.h): per pair of blocks the 16 bytes of nibbles (byte i:
+ * weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the file's f16 scales. */
 void kq_n16_q40_build(kvt_packed *P, uint8_t *L) {
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
     for (int64_t o = 0; o < P->n_out; o++)
         for (int64_t b = 0; b < P->nb; b++) {
             const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
-            uint8_t *p = L + kq_n16_off(P, o / KQS_N, b);
-            const int n = (int)(o % KQS_N);
-            memcpy(p + 2 * n, src, 2);
-            for (int k = 0; k < 4; k++) memcpy(p + 32 + 64 * k + 4 * n, src + 2 + 4 * k, 4);
+            uint8_t *p = L + kq_n16_off(P, o / KQS_N, b / 2);
+            const int n = (int)(o % KQS_N), h = (int)(b % 2);
+            memcpy(p + N16_Q40_D + 32 * h + 2 * n, src, 2);
+            for (int k = 0; k < 4; k++) memcpy(p + 256 * h + 64 * k + 4 * n, src + 2 + 4 * k, 4);
         }
 }
 
@@ -85,14 +85,15 @@ void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, 
         const int n = (int)(o % KQS_N);
         float acc = 0.0f;
         for (int64_t b = 0; b < P->nb; b++) {
-            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b), *pa = A + (size_t)b * sizeof(blk_q8_0);
+            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b / 2), *pa = A + (size_t)b * sizeof(blk_q8_0);
+            const int h = (int)(b % 2);
             int32_t isum = 0;
             for (int k = 0; k < 4; k++)
                 for (int j = 0; j < 4; j++) {
-                    const uint8_t v = p[32 + 64 * k + 4 * n + j];
+                    const uint8_t v = p[256 * h + 64 * k + 4 * n + j];
                     isum += ((v & 15) - 8) * (int8_t)pa[2 + 4 * k + j] + ((v >> 4) - 8) * (int8_t)pa[2 + 16 + 4 * k + j];
                 }
-            acc = fmaf((float)isum, kq_h2f(kq_rd16(p + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
+            acc = fmaf((float)isum, kq_h2f(kq_rd16(p + N16_Q40_D + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
         }
         y[o] = acc;
     }
@@ -270,8 +271,8 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
 #pragma GCC unroll 8
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = G + (size_t)b * bs;
-        if (pf)
+        const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
+        if (pf && b % 2 == 0)
             for (const uint8_t *q = p + N16_PFD, *e = q + pf; q < e && q < pend; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
         __m512i lo[8], hi[8];
 #pragma GCC unroll 8
@@ -284,7 +285,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
         for (int k = 0; k < 4; k++)
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
-                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 32 + 64 * k));
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k));
                 const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) {
@@ -298,7 +299,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
             }
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++) {
-            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + (size_t)i * N16_GBB_Q40)));
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * N16_GBB_Q40)));
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 float dx;
