@@ -746,8 +746,8 @@ static void check_packed(const mm_case *c) {
         const bool vnni512 = isas[m] == KVT_ISA_AVX512 && strcmp(kvt_kernels_numerics_id(), "avx2") != 0;
         const bool want16 = is_kquant(c->t) && vnni512;
         assert_true(want16 == (P->k16 != NULL));
-        /* K-quants and Q4_0: the nibble decode layout instead of the 4-row GEMV copy */
-        const bool wantn = want16 || (vnni512 && c->t == KVT_TYPE_Q4_0 && n % 64 == 0); /* Q4_0: pairs of blocks */
+        /* Q4_K/Q5_K/Q4_0: the nibble decode layout instead of the 4-row GEMV copy (Q4_0: pairs of blocks) */
+        const bool wantn = (want16 && c->t != KVT_TYPE_Q6_K) || (vnni512 && c->t == KVT_TYPE_Q4_0 && n % 64 == 0);
         assert_true(wantn == (P->n16 != NULL));
         if (wantn) assert_false(kvt_packed_has_ilv(P));
         if (is_kquant(c->t)) assert_true(want16 == (P->data == NULL)); /* never both layouts */
@@ -803,8 +803,8 @@ static void test_gemv_interleaved(void **st) {
                 assert_non_null(P);
                 /* AVX-512 VNNI: Q8_0/Q4_0/Q5_0 row-major products take the int8-block order (no copy) */
                 const bool int8_block = isas[m] == KVT_ISA_AVX512 && !strcmp(kvt_kernels_numerics_id(), "int8-block");
-                /* and the K-quants and Q4_0 read a 16-row nibble layout instead of the 4-row copy; Q5_0 its rows */
-                const bool n16 = (is_kquant(t) || t == KVT_TYPE_Q4_0) && int8_block;
+                /* and Q4_K/Q5_K/Q4_0 read a 16-row nibble layout instead of the 4-row copy; Q5_0 its rows */
+                const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q4_0) && int8_block;
                 assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR && !(small_s && int8_block) && !n16);
                 const char *lay = kvt_packed_gemv_layout(P);
                 assert_string_equal(lay ? lay : "rows", isas[m] == KVT_ISA_SCALAR || (int8_block && t == KVT_TYPE_Q5_0)
@@ -834,9 +834,10 @@ static void test_gemv_interleaved(void **st) {
             if (int8 && t == KVT_TYPE_Q5_0) {
                 assert_null(P); /* no copy for this ISA: nothing to make */
             } else { /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy, and
-                      * the K-quants and Q4_0 have their nibble layouts */
+                      * Q4_K/Q5_K/Q4_0 have their nibble layouts */
                 assert_non_null(P);
-                const bool n16 = (is_kquant(t) || t == KVT_TYPE_Q4_0) && !strcmp(kvt_kernels_numerics_id(), "int8-block");
+                const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q4_0) &&
+                                 !strcmp(kvt_kernels_numerics_id(), "int8-block");
                 assert_int_equal(kvt_packed_has_ilv(P), !int8 && !n16);
                 assert_non_null(kvt_packed_gemv_layout(P));
                 memset(yp, 0xff, (size_t)no * 4);
@@ -936,13 +937,13 @@ static void test_packed_k16_shapes(void **st) {
             }
 }
 
-/* The K-quant and Q4_0 decode layouts across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
+/* The Q4_K/Q5_K/Q4_0 decode layouts across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
  * tile alone, every activation row alone (check_n16_rows through check_packed). */
 static void test_packed_n16_tiles(void **st) {
     (void)st;
-    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q6_K, KVT_TYPE_Q4_0};
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0};
     const int64_t outs[] = {149, 64, 80};
-    for (size_t ti = 0; ti < 4; ti++)
+    for (size_t ti = 0; ti < 3; ti++)
         for (size_t oi = 0; oi < 3; oi++) {
             mm_case c;
             mm_setup(&c, ts[ti], oi == 1 ? 2048 : 512, outs[oi], 3, 1400 + ti * 8 + oi);

@@ -25,24 +25,20 @@
  *   Q6_K       sumf += (dw*dx)*(float)(isum - 32*msum)
  * so kvt_matmul_packed equals kvt_matmul_rows bit for bit (tests/test_kernels.c).
  *
- * Decode (one activation row) of Q4_K/Q5_K reads another 16-row layout, kvt_packed.n16, which keeps
- * the weights as nibbles: the byte layout above holds 2.2x the file's bytes, and a GEMV streams every
- * weight byte once per token. Per group and super-block (N16_GBB_Q4 = 2368 bytes, 148 a row and
- * super-block against the file's 144; Q5_K N16_GBB_Q5 = 2880, 180 against 176):
- *   uint16 d[16], dm[16]                 the file's f16 scales (converted exactly by vcvtph2ps)
- *   uint8 sc[8][16]                      the 6-bit scale of each 32-weight sub-block
- *   uint8 mn[4][16][2]                   the 6-bit mins of sub-blocks 2k and 2k+1 as a pair
- *   uint8 q[32 steps][16 rows][4]        byte j of step s: weight 8s+j (low nibble), 8s+4+j (high)
- *   Q5_K: uint8 qh[8][16 rows][4]        byte j of sub-block g: bit t the fifth bit of weight
- *                                        8(4g+t)+j, bit 4+t that of weight 8(4g+t)+4+j
- * Groups are stored in tiles of N16_NG (64 rows): a tile's super-blocks in order, each holding its
- * groups' group-blocks side by side, so the GEMV, which runs a tile's groups at once, reads one
- * sequential stream (prefetched a fixed distance ahead);
- * one zmm of q gives two vpdpbusd operands (low and high nibbles, 4 weights of each of the 16
- * rows) against 4 contiguous activation bytes each. The integers (isum = Σ sc·Σq·x, msum = Σ mn·(bsums
- * of the sub-block)) are exact and the float expression is the one above, so the GEMV equals the
- * GEMM and the row-major kernels bit for bit. It replaces the 4-row interleaved GEMV copy (kq_ilv_build)
- * of these types under AVX-512 VNNI and AMX.
+ * Decode and batched steps of up to N16_MAX_ROWS rows read another 16-row layout, kvt_packed.n16
+ * (kernels_internal.h), which keeps the weights as nibbles: the byte layout above holds 2.2x the
+ * file's bytes, and a decode step streams every weight byte once. Q4_K per group and super-block
+ * (N16_GBB_Q4 = 2368 bytes, 148 a row and super-block against the file's 144): the file's f16 d and
+ * dmin, the 6-bit scales and min pairs as bytes, and q[32 steps][16 rows][4] with byte j of step s
+ * holding weight 8s+j (low nibble) and 8s+4+j (high); Q5_K adds a plane of fifth bits. So one zmm of q gives two
+ * vpdpbusd operands against 4 contiguous activation bytes each, for 16 rows. Groups are stored in
+ * tiles of N16_NG (64 rows), a tile's group-blocks side by side per super-block, and the kernel
+ * runs a tile's groups at once (n16_tile): one sequential stream, prefetched a fixed distance ahead.
+ * The integers (isum = Σ sc·Σq·x, msum = Σ mn·bsums) are exact and the float
+ * expression is the one above, so it equals the GEMM and the row-major kernels bit for bit; it
+ * replaces the 4-row GEMV copy (kq_ilv_build) of these types under AVX-512 VNNI and AMX. Q6_K keeps
+ * that copy: a nibble form with a plane of 2-bit pairs and a scale per 16 weights measured slower
+ * for decode than it (bench/results/zen5-2026-12-05b.md).
  *
  * Ownership: the layouts are owned by the kvt_packed (freed by kvt_packed_free), 64-byte aligned.
  */
@@ -87,34 +83,8 @@ size_t kq_n16_bytes(const kvt_packed *P) {
     return P->n16 ? (size_t)((P->n_out + K16_ROWS - 1) / K16_ROWS) * (size_t)kq_n16_nblk(P) * kq_n16_gbb(P) : 0;
 }
 
-/* Q6_K's n16 layout from the file's blocks (kq_unpack_k's 6-bit values and int8 scales). */
-static void n16_q6_build(const kvt_packed *P, uint8_t *L) {
-    const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
-    for (int64_t o = 0; o < P->n_out; o++)
-        for (int64_t b = 0; b < P->nb; b++) {
-            const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
-            uint8_t q[QK_K];
-            float d, dm;
-            int16_t sc2[8][2], mv[16];
-            kq_unpack_k(P->type, src, q, &d, &dm, sc2, mv);
-            uint8_t *p = L + kq_n16_off(P, o / K16_ROWS, b);
-            const int n = (int)(o % K16_ROWS);
-            memcpy(p + N16_Q6_D + 2 * n, src + 208, 2); /* f16 d */
-            for (int k = 0; k < 8; k++) {
-                p[N16_Q6_SC + 32 * k + 2 * n] = (uint8_t)(int8_t)sc2[k][0];
-                p[N16_Q6_SC + 32 * k + 2 * n + 1] = (uint8_t)(int8_t)sc2[k][1];
-            }
-            for (int s = 0; s < QK_K / 8; s++)
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t lo = q[8 * s + j], hi = q[8 * s + 4 + j];
-                    p[64 * s + 4 * n + j] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-                    p[N16_Q6_QH + 64 * (s / 2) + 4 * n + j] |= (uint8_t)((lo >> 4) << (4 * (s % 2)) | (hi >> 4) << (4 * (s % 2) + 2));
-                }
-        }
-}
-
 bool kq_n16_build(kvt_packed *P) {
-    if (P->kind != KQP_KM && P->kind != KQP_K6 && !(P->type == KVT_TYPE_Q4_0 && P->nb % 2 == 0)) return false;
+    if (P->kind != KQP_KM && !(P->type == KVT_TYPE_Q4_0 && P->nb % 2 == 0)) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     const size_t gbb = kq_n16_gbb(P);
     uint64_t bytes;
@@ -127,11 +97,6 @@ bool kq_n16_build(kvt_packed *P) {
         return true;
     }
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
-    if (P->type == KVT_TYPE_Q6_K) {
-        n16_q6_build(P, L);
-        P->n16 = L;
-        return true;
-    }
     const bool q5 = P->type == KVT_TYPE_Q5_K;
     const size_t qso = q5 ? 48 : 16; /* qs in the block (Q5_K: after the 32 bytes of fifth bits) */
     for (int64_t o = 0; o < P->n_out; o++)
@@ -168,34 +133,6 @@ bool kq_n16_build(kvt_packed *P) {
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     if (P->type == KVT_TYPE_Q4_0) {
         kq_n16_q40_ref(P, act, y, o0, o1);
-        return;
-    }
-    if (P->type == KVT_TYPE_Q6_K) {
-        for (int64_t o = o0; o < o1; o++) {
-            const int n = (int)(o % K16_ROWS);
-            float sumf = 0.0f;
-            for (int64_t b = 0; b < P->nb; b++) {
-                const uint8_t *p = P->n16 + kq_n16_off(P, o / K16_ROWS, b);
-                const blk_q8_K *xa = (const blk_q8_K *)act + b;
-                int32_t isum = 0, msum = 0;
-                for (int hf = 0; hf < 16; hf++) { /* 16-weight halves: steps 2hf, 2hf + 1 */
-                    const int sc = (int8_t)p[N16_Q6_SC + 32 * (hf / 2) + 2 * n + hf % 2];
-                    int32_t dot = 0;
-                    for (int t = 0; t < 2; t++)
-                        for (int j = 0; j < 4; j++) {
-                            const int s = 2 * hf + t;
-                            const uint8_t v = p[64 * s + 4 * n + j], h = p[N16_Q6_QH + 64 * hf + 4 * n + j];
-                            const int lo = (v & 15) | ((h >> (4 * t)) & 3) << 4, hi = (v >> 4) | ((h >> (4 * t + 2)) & 3) << 4;
-                            dot += lo * xa->qs[8 * s + j] + hi * xa->qs[8 * s + 4 + j];
-                        }
-                    isum += dot * sc;
-                    msum += sc * xa->bsums[hf];
-                }
-                const float dw = kq_h2f(kq_rd16(p + N16_Q6_D + 2 * n));
-                sumf += (dw * xa->d) * (float)(isum - 32 * msum);
-            }
-            y[o] = sumf;
-        }
         return;
     }
     const bool q5 = P->type == KVT_TYPE_Q5_K;
@@ -391,11 +328,8 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
  * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend. */
 K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
                      size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
-    const bool q5 = kind == N16_K5, q6 = kind == N16_K6;
-    /* Q4_K/Q5_K: 8 sub-blocks of 4 steps; Q6_K: 16 halves of 2 steps, a scale each */
-    const int nsb = q6 ? 16 : 8, sps = q6 ? 2 : 4;
-    const size_t qo = q6 ? 0 : N16_Q, qho = q6 ? N16_Q6_QH : N16_QH, dwo = q6 ? N16_Q6_D : 0;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), hb = _mm512_set1_epi8(q6 ? 0x30 : 0x10);
+    const bool q5 = kind == N16_K5;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     float sumf[8][K16_ROWS] __attribute__((aligned(64))); /* [i * NR + r]: updated once a super-block */
 #pragma GCC unroll 8
     for (int k = 0; k < NG * NR; k++) _mm512_store_ps(sumf[k], _mm512_setzero_ps());
@@ -409,30 +343,25 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
         __m512i isum[8];
 #pragma GCC unroll 8
         for (int k = 0; k < NG * NR; k++) isum[k] = _mm512_setzero_si512();
-#pragma GCC unroll 16
-        for (int g = 0; g < nsb; g++) {
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
             /* low and high nibbles in separate accumulators: twice the independent vpdpbusd chains */
             __m512i dot[8], doth[8], h[4];
 #pragma GCC unroll 8
             for (int k = 0; k < NG * NR; k++) dot[k] = doth[k] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++)
-                if (q5 || q6) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + qho + 64 * g));
+                if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
 #pragma GCC unroll 4
-            for (int t = 0; t < sps; t++) {
-                const int st = sps * g + t;
+            for (int t = 0; t < 4; t++) {
+                const int st = 4 * g + t;
 #pragma GCC unroll 4
                 for (int i = 0; i < NG; i++) {
-                    const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + qo + 64 * st));
+                    const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    /* the high bits to bit 4 (Q6_K: bits 4-5); 16-bit shifts: the masked bits stay in their byte */
-                    if (q5) {
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), hb));
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), hb));
-                    }
-                    if (q6) { /* step t's low weights at bits 4t, its high weights at 4t+2 */
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(t ? h[i] : _mm512_slli_epi16(h[i], 4), hb));
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(t ? _mm512_srli_epi16(h[i], 2) : _mm512_slli_epi16(h[i], 2), hb));
+                    if (q5) { /* bit t / 4+t of each byte to bit 4 (16-bit shifts: the masked bit stays in its byte) */
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
                     }
 #pragma GCC unroll 8
                     for (int r = 0; r < NR; r++) {
@@ -443,13 +372,7 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
             }
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
-                __m512i sc;
-                if (q6) { /* the signed scale of half g: member g % 2 of the int16 pair (g / 2) */
-                    const __m512i pr = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(p + (size_t)i * gbb + N16_Q6_SC + 32 * (g / 2))));
-                    sc = g % 2 ? _mm512_srai_epi32(pr, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16);
-                } else {
-                    sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
-                }
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++)
                     isum[i * NR + r] = _mm512_add_epi32(isum[i * NR + r], _mm512_mullo_epi32(_mm512_add_epi32(dot[i * NR + r], doth[i * NR + r]), sc));
@@ -458,16 +381,11 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const blk_q8_K *xa = (const blk_q8_K *)xq[r];
-            /* Q4/5_K: the 8 sub-block bsums (pairs of the 16 half sums, |.| <= 4064) as int16, two a
-             * dword; Q6_K: the 16 half sums, two a dword */
-            int32_t bp[8];
+            /* the 8 sub-block bsums (pairs of the 16 half sums, |.| <= 4064) as int16, two a dword */
+            int32_t bp[4];
             const __m256i bsv = _mm256_loadu_si256((const __m256i *)xa->bsums);
-            if (q6) {
-                _mm256_storeu_si256((__m256i *)bp, bsv);
-            } else {
-                const __m256i b32 = _mm256_madd_epi16(bsv, _mm256_set1_epi16(1));
-                _mm_storeu_si128((__m128i *)bp, _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1)));
-            }
+            const __m256i b32 = _mm256_madd_epi16(bsv, _mm256_set1_epi16(1));
+            _mm_storeu_si128((__m128i *)bp, _mm_packs_epi32(_mm256_castsi256_si128(b32), _mm256_extracti128_si256(b32, 1)));
             float dxs;
             memcpy(&dxs, &xa->d, 4);
             const __m512 dx = _mm512_set1_ps(dxs);
@@ -475,22 +393,16 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
             for (int i = 0; i < NG; i++) {
                 const uint8_t *pi = p + (size_t)i * gbb;
                 __m512i msum = _mm512_setzero_si512();
-                for (int k = 0; k < (q6 ? 8 : 4); k++) {
-                    const __m512i mv = q6 ? _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_Q6_SC + 32 * k)))
-                                          : _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_MN + 32 * k)));
-                    msum = k16_dpwssd(msum, mv, (const uint8_t *)(bp + k));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m512i mn = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pi + N16_MN + 32 * k)));
+                    msum = k16_dpwssd(msum, mn, (const uint8_t *)(bp + k));
                 }
-                const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + dwo)));
-                __m512 add;
-                if (q6) { /* (dw*dx)*(isum - 32*msum) */
-                    const __m512i is = _mm512_sub_epi32(isum[i * NR + r], _mm512_slli_epi32(msum, 5));
-                    add = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(is));
-                } else {
-                    const __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_DM)));
-                    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i * NR + r]));
-                    add = _mm512_sub_ps(a, _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum)));
-                }
-                _mm512_store_ps(sumf[i * NR + r], _mm512_add_ps(_mm512_load_ps(sumf[i * NR + r]), add));
+                const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)pi));
+                const __m512 dm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_DM)));
+                const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i * NR + r]));
+                const __m512 m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum));
+                _mm512_store_ps(sumf[i * NR + r], _mm512_add_ps(_mm512_load_ps(sumf[i * NR + r]), _mm512_sub_ps(a, m)));
             }
         }
     }
@@ -530,7 +442,7 @@ K16_AI void n16_rows(const int kind, const int NR, const kvt_packed *P, const ui
  * is read from memory by the first chunk and from L2 by the others). */
 K16_TGT void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gbb = kq_n16_gbb(P);
-    const int kind = P->type == KVT_TYPE_Q5_K ? N16_K5 : P->type == KVT_TYPE_Q6_K ? N16_K6 : N16_K4;
+    const int kind = P->type == KVT_TYPE_Q5_K ? N16_K5 : N16_K4;
     const uint8_t *A = act;
     const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
     for (int64_t g = o0 / K16_ROWS; g < gend;) {
@@ -542,8 +454,7 @@ K16_TGT void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, flo
             const uint8_t *Ar = A + (size_t)r * arb;
             float *yr = y + r * ldy;
 #define N16_R(NR) kind == N16_K5 ? n16_rows(N16_K5, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0) \
-                  : kind == N16_K6 ? n16_rows(N16_K6, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0) \
-                                   : n16_rows(N16_K4, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0)
+                                 : n16_rows(N16_K4, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0)
             switch (nr) {
             case 4: N16_R(4); break;
             case 2: N16_R(2); break;

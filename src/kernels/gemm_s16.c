@@ -22,6 +22,11 @@
  * AVX-512 VNNI and AMX paths: results do not depend on n_rows, [o0,o1), tile shapes or the thread
  * count (decode == full recompute), and the numerics id is shared ("int8-block").
  *
+ * Q4_0 decode and batched steps of up to N16_MAX_ROWS rows read a nibble layout instead
+ * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, half the bytes
+ * of this one) with the same arithmetic: each lane starts from −8·Σx of the block, vpdpbusd adds the
+ * low and high nibbles against their activation bytes (n16q_tile).
+ *
  * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free); the kernel keeps its
  * converted activation rows in the calling thread's scratch (kq_tls_scratch).
  */

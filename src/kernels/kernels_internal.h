@@ -101,7 +101,7 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
-    uint8_t *n16;          /* Q4_K/Q5_K/Q6_K/Q4_0 with AVX-512 VNNI or AMX in use at create time: the decode
+    uint8_t *n16;          /* Q4_K/Q5_K/Q4_0 with AVX-512 VNNI or AMX in use at create time: the decode
                             * copy in a 16-row nibble layout (kq_n16_bytes, owned); ilv is then NULL */
     uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
                             * with rows taken 4 at a time and interleaved by block, group g holding
@@ -191,10 +191,7 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
  * group-blocks side by side. Every group-block is a multiple of 64 bytes and its vectors 64-byte
  * aligned. Q4_K/Q5_K (gemm_k16.c), per group and super-block: uint16 d[16] (f16); uint16 dm[16];
  * uint8 sc[8][16]; uint8 mn[4][16][2]; uint8 q[32 steps][16][4] (two 4-bit weights a byte); Q5_K also
- * uint8 qh[8][16][4] (fifth bits). Q6_K: uint8 q[32 steps][16][4] (low nibbles as Q4_K); uint8
- * qh[16 halves][16][4] (byte j of half h: bits 4t..4t+1 the high bits of weight 8(2h+t)+j,
- * 4t+2..4t+3 those of 8(2h+t)+4+j); int8 sc[8 pairs][16][2] (the scales of halves 2k, 2k+1); uint16
- * d[16]; 32 bytes of padding. Q4_0 (gemm_s16.c), per group and pair of 32-weight blocks: uint8
+ * uint8 qh[8][16][4] (fifth bits). Q4_0 (gemm_s16.c), per group and pair of 32-weight blocks: uint8
  * q[2][4][16][4] (the file's bytes: byte j of k holds weights 4k+j and 16+4k+j); uint16 d[2][16]. */
 #define N16_NG 4
 #define N16_DM 32
@@ -204,20 +201,13 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define N16_QH 2368
 #define N16_GBB_Q4 2368
 #define N16_GBB_Q5 2880
-#define N16_Q6_QH 2048
-#define N16_Q6_SC 3072
-#define N16_Q6_D 3328
-#define N16_GBB_Q6 3392
 #define N16_Q40_D 512
 #define N16_GBB_Q40 576
-enum { N16_K4 = 0, N16_K5 = 1, N16_K6 = 2 }; /* the K-quant kernel's variants */
+enum { N16_K4 = 0, N16_K5 = 1 }; /* the K-quant kernel's variants */
 #define N16_MAX_ROWS 8 /* activation rows the n16 kernels take (more: the GEMM layouts) */
 #define N16_PFD 8192   /* bytes of the layout's stream the n16 kernels prefetch ahead */
 static inline size_t kq_n16_gbb(const kvt_packed *P) {
-    return P->type == KVT_TYPE_Q5_K   ? N16_GBB_Q5
-           : P->type == KVT_TYPE_Q6_K ? N16_GBB_Q6
-           : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40
-                                      : N16_GBB_Q4;
+    return P->type == KVT_TYPE_Q5_K ? N16_GBB_Q5 : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40 : N16_GBB_Q4;
 }
 /* Group-blocks a group holds: the blocks (Q4_0: pairs of blocks; its rows have an even count). */
 static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->type == KVT_TYPE_Q4_0 ? P->nb / 2 : P->nb; }
@@ -231,7 +221,7 @@ static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
     const int64_t t0 = g / N16_NG * N16_NG;
     return ((size_t)t0 * (size_t)kq_n16_nblk(P) + (size_t)b * (size_t)kq_n16_ntg(P, t0) + (size_t)(g - t0)) * kq_n16_gbb(P);
 }
-bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q6_K, Q4_0); false on OOM / overflow */
+bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q4_0); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
 /* Scalar reference of the n16 kernels for one activation row: y[o] for o in [o0, o1). */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);

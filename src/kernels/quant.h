@@ -123,9 +123,9 @@ void kvt_matmul_packed_amx_ref(const kvt_packed *p, const void *act, int64_t n_r
 bool kvt_packed_has_amx(const kvt_packed *p);
 /* Whether p carries the single-row GEMV copy (4 rows interleaved by block; for tests). */
 bool kvt_packed_has_ilv(const kvt_packed *p);
-/* The layout single-row products of p read ("interleaved": the 4-row copy; "16-row": Q4_K/Q5_K's
- * nibble layout or Q8_0's 16-row layout under AVX-512 VNNI), or NULL: the original rows. The string
- * is static. */
+/* The layout single-row products of p read ("interleaved": the 4-row copy; "16-row": the K-quants'
+ * and Q4_0's nibble layouts or Q8_0's 16-row layout under AVX-512 VNNI), or NULL: the original rows.
+ * The string is static. */
 const char *kvt_packed_gemv_layout(const kvt_packed *p);
 
 /* ---- bf16 pair-dot weights (KVT_TYPE_BF16X, gemm_bf16.c) ----
