@@ -438,33 +438,47 @@ K16_AI void n16_rows(const int kind, const int NR, const kvt_packed *P, const ui
     }
 }
 
-/* Tile by tile (N16_NG groups: 64 rows), every activation row in chunks of 4, 2, 1 (a tile's stream
- * is read from memory by the first chunk and from L2 by the others). */
-K16_TGT void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    const size_t arb = (size_t)P->nb * sizeof(blk_q8_K), gbb = kq_n16_gbb(P);
-    const int kind = P->type == KVT_TYPE_Q5_K ? N16_K5 : N16_K4;
-    const uint8_t *A = act;
+void kq_n16_drive(const kvt_packed *P, int64_t n_rows, int64_t o0, int64_t o1, kq_n16_fn fn, void *ctx) {
     const int64_t gend = (o1 + K16_ROWS - 1) / K16_ROWS;
     for (int64_t g = o0 / K16_ROWS; g < gend;) {
         const int64_t t0 = g / N16_NG * N16_NG, ntg = kq_n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
-        const size_t bs = (size_t)ntg * gbb;
         for (int64_t r = 0; r < n_rows;) {
-            const int64_t left = n_rows - r;
-            const int nr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            const uint8_t *Ar = A + (size_t)r * arb;
-            float *yr = y + r * ldy;
-#define N16_R(NR) kind == N16_K5 ? n16_rows(N16_K5, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0) \
-                                 : n16_rows(N16_K4, NR, P, Ar, arb, yr, ldy, o0, o1, g, tend, bs, r == 0)
-            switch (nr) {
-            case 4: N16_R(4); break;
-            case 2: N16_R(2); break;
-            default: N16_R(1); break;
-            }
-#undef N16_R
+            const int nr = n_rows - r >= 4 ? 4 : n_rows - r >= 2 ? 2 : 1;
+            fn(ctx, r, nr, g, tend, (size_t)ntg * kq_n16_gbb(P));
             r += nr;
         }
         g = tend;
     }
+}
+
+typedef struct n16_job {
+    const kvt_packed *P;
+    const uint8_t *A;
+    float *y;
+    int64_t ldy, o0, o1;
+} n16_job;
+
+static K16_TGT void n16_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
+    const n16_job *j = ctx;
+    const size_t arb = (size_t)j->P->nb * sizeof(blk_q8_K);
+    const uint8_t *Ar = j->A + (size_t)r * arb;
+    float *yr = j->y + r * j->ldy;
+#define N16_R(K, NR) n16_rows(K, NR, j->P, Ar, arb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0)
+    if (j->P->type == KVT_TYPE_Q5_K) {
+        if (nr == 4) N16_R(N16_K5, 4);
+        else if (nr == 2) N16_R(N16_K5, 2);
+        else N16_R(N16_K5, 1);
+    } else {
+        if (nr == 4) N16_R(N16_K4, 4);
+        else if (nr == 2) N16_R(N16_K4, 2);
+        else N16_R(N16_K4, 1);
+    }
+#undef N16_R
+}
+
+void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    n16_job j = {P, act, y, ldy, o0, o1};
+    kq_n16_drive(P, n_rows, o0, o1, n16_step, &j);
 }
 
 K16_TGT void kq_k16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,

@@ -344,8 +344,24 @@ KQS_AI void n16q_rows(const int NR, const kvt_packed *P, const uint8_t *C, size_
     }
 }
 
-KQS_TGT void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
-                           int64_t o1) {
+typedef struct n16q_job {
+    const kvt_packed *P;
+    const uint8_t *C; /* converted activation rows, crb bytes apart */
+    size_t crb;
+    float *y;
+    int64_t ldy, o0, o1;
+} n16q_job;
+
+static KQS_TGT void n16q_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
+    const n16q_job *j = ctx;
+    const uint8_t *Cr = j->C + (size_t)r * j->crb;
+    float *yr = j->y + r * j->ldy;
+    if (nr == 4) n16q_rows(4, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
+    else if (nr == 2) n16q_rows(2, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
+    else n16q_rows(1, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
+}
+
+void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = P->nb;
     const size_t arb = (size_t)nb * sizeof(blk_q8_0), crb = (size_t)nb * KQS_CA;
     uint8_t *C = kq_tls_scratch((size_t)n_rows * crb);
@@ -354,24 +370,8 @@ KQS_TGT void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows,
         return;
     }
     s16_convert(act, arb, 0, n_rows, nb, C);
-    const int64_t gend = (o1 + KQS_N - 1) / KQS_N;
-    for (int64_t g = o0 / KQS_N; g < gend;) {
-        const int64_t t0 = g / N16_NG * N16_NG, ntg = kq_n16_ntg(P, t0), tend = gend < t0 + ntg ? gend : t0 + ntg;
-        const size_t bs = (size_t)ntg * N16_GBB_Q40;
-        for (int64_t r = 0; r < n_rows;) {
-            const int64_t left = n_rows - r;
-            const int nr = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            const uint8_t *Cr = C + (size_t)r * crb;
-            float *yr = y + r * ldy;
-            switch (nr) {
-            case 4: n16q_rows(4, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
-            case 2: n16q_rows(2, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
-            default: n16q_rows(1, P, Cr, crb, yr, ldy, o0, o1, g, tend, bs, r == 0); break;
-            }
-            r += nr;
-        }
-        g = tend;
-    }
+    n16q_job j = {P, C, crb, y, ldy, o0, o1};
+    kq_n16_drive(P, n_rows, o0, o1, n16q_step, &j);
 }
 
 #define KQS_GEMV_NG 4

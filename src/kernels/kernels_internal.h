@@ -221,6 +221,12 @@ static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
     const int64_t t0 = g / N16_NG * N16_NG;
     return ((size_t)t0 * (size_t)kq_n16_nblk(P) + (size_t)b * (size_t)kq_n16_ntg(P, t0) + (size_t)(g - t0)) * kq_n16_gbb(P);
 }
+/* The n16 kernels' schedule (gemm_k16.c): tile by tile (N16_NG groups: 64 rows) over the groups of
+ * [o0, o1), and within a tile the activation rows in chunks of 4, 2, 1 (the first chunk reads the
+ * tile's stream from memory, the others find it in L2): fn(ctx, r, nr, g, tend, bs) for the groups
+ * [g, tend) of one tile, bs its bytes per block. */
+typedef void (*kq_n16_fn)(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs);
+void kq_n16_drive(const kvt_packed *P, int64_t n_rows, int64_t o0, int64_t o1, kq_n16_fn fn, void *ctx);
 bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q4_0); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
 /* Scalar reference of the n16 kernels for one activation row: y[o] for o in [o0, o1). */
