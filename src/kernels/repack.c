@@ -302,8 +302,8 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
      * 2+ rows then take the row-major kernels, same results) */
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
-    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q4_0 under
-     * AVX-512 VNNI or AMX: the 16-row nibble layout (gemm_k16.c) instead of the 4-row copy */
+    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q4_0
+     * under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
     if (P && n16_wanted(P)) (void)kq_n16_build(P);
     else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
     if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16 && !P->n16) { /* nothing made */
@@ -381,8 +381,8 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                      * its own arithmetic (gemm_s16.c, gemm_k16.c; same results) */
         if (P->kind == KQP_F) kvt_matmul_rows_ref(P->type, P->W, P->n_in, act, n_rows, y, ldy, o0, o1);
         if (P->s16) kq_s16_ref(P, act, n_rows, y, ldy, o0, o1);
-        if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
-        else if (P->n16) /* the decode layout alone (KVT_REPACK=gemv; Q4_0 under AVX-512 VNNI) */
+        else if (P->k16) kq_k16_ref(P, act, n_rows, y, ldy, o0, o1);
+        else if (P->n16) /* the decode layout alone (KVT_REPACK=gemv) */
             for (int64_t r = 0; r < n_rows; r++)
                 kq_n16_ref(P, (const uint8_t *)act + (size_t)r * kvt_act_bytes(P->type, P->n_in, 1), y + r * ldy, o0, o1);
         return;
