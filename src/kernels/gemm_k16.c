@@ -30,11 +30,11 @@
  * file's bytes, and a decode step streams every weight byte once. Q4_K per group and super-block
  * (N16_GBB_Q4 = 2368 bytes, 148 a row and super-block against the file's 144): the file's f16 d and
  * dmin, the 6-bit scales and min pairs as bytes, and q[32 steps][16 rows][4] with byte j of step s
- * holding weight 8s+j (low nibble) and 8s+4+j (high); Q5_K adds a plane of fifth bits. So one zmm of q gives two
- * vpdpbusd operands against 4 contiguous activation bytes each, for 16 rows. Groups are stored in
- * tiles of N16_NG (64 rows), a tile's group-blocks side by side per super-block, and the kernel
- * runs a tile's groups at once (n16_tile): one sequential stream, prefetched a fixed distance ahead.
- * The integers (isum = Σ sc·Σq·x, msum = Σ mn·bsums) are exact and the float
+ * holding weight 8s+j (low nibble) and 8s+4+j (high); Q5_K adds a plane of fifth bits. So one zmm
+ * of q gives two vpdpbusd operands against 4 contiguous activation bytes each, for 16 rows. Groups
+ * are stored in tiles of N16_NG (64 rows), a tile's group-blocks side by side per super-block, and
+ * the kernel runs a tile's groups at once (n16_tile): one sequential stream, prefetched a fixed
+ * distance ahead. The integers (isum = Σ sc·Σq·x, msum = Σ mn·bsums) are exact and the float
  * expression is the one above, so it equals the GEMM and the row-major kernels bit for bit; it
  * replaces the 4-row GEMV copy (kq_ilv_build) of these types under AVX-512 VNNI and AMX. Q6_K keeps
  * that copy: a nibble form with a plane of 2-bit pairs and a scale per 16 weights measured slower
