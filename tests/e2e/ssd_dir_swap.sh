@@ -19,6 +19,16 @@ body "The quick brown fox jumps over the lazy dog. " a
 body "A completely different prompt about sailing ships and the sea. " b
 body "Yet another text, this one on mountains, rivers and old maps. " c
 nfiles() { find "$1" -type f 2>/dev/null | wc -l; }
+# exchange two paths in one step (renameat2 RENAME_EXCHANGE): the compat path never goes missing,
+# so the writer's retries cannot find it gone and recreate it in between (which it does, by design,
+# for a directory that vanished)
+exchange() {
+    python3 -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2) != 0:
+    sys.exit("renameat2: " + os.strerror(ctypes.get_errno()))' "$1" "$2"
+}
 
 srv_start --ssd-cache "$TMP/cache"
 expect 200 POST /v1/completions "$TMP/a.json"
@@ -28,8 +38,8 @@ CD=$(find "$TMP/cache" -mindepth 1 -maxdepth 1 -type d | head -1)
 [ -n "$CD" ] || fail "no compat directory under $TMP/cache"
 
 # swap: the compat dir moved away, a symlink to $TMP/target in its place
-mv "$CD" "$TMP/moved"
-ln -s "$TMP/target" "$CD"
+ln -s "$TMP/target" "$TMP/moved"
+exchange "$TMP/moved" "$CD" || fail "could not exchange the directory for a symlink"
 MOVED0=$(nfiles "$TMP/moved")
 expect 200 POST /v1/completions "$TMP/b.json"
 B1=$(jget "j['choices'][0]['text']")
@@ -42,8 +52,9 @@ jget "'replaced' in j['reason'] or sys.exit(1)" >/dev/null || fail "flush reason
 ok "swap for a symlink: flush 503 ($(jget "j['reason']")), 0 files at the target"
 
 # another real directory in its place: refused the same way
-rm "$CD"
-mkdir -m 700 "$CD"
+mkdir -m 700 "$TMP/replacement"
+exchange "$TMP/replacement" "$CD" || fail "could not exchange the symlink for a directory"
+rm "$TMP/replacement" # the symlink, now under that name
 expect 200 POST /v1/completions "$TMP/c.json"
 http POST /admin/cache/flush "$(jbody '{}')"
 [ "$HTTP_CODE" = 503 ] || fail "flush with a replacement directory: HTTP $HTTP_CODE"
@@ -51,8 +62,8 @@ http POST /admin/cache/flush "$(jbody '{}')"
 ok "swap for another directory: flush 503, nothing written there"
 
 # moved back: the owed records are written and durable, and survive a restart
-rmdir "$CD"
-mv "$TMP/moved" "$CD"
+exchange "$TMP/moved" "$CD" || fail "could not move the directory back"
+rmdir "$TMP/moved" # the replacement directory, now under that name
 expect 200 POST /admin/cache/flush "$(jbody '{}')"
 [ "$(jget "j['durable']")" = True ] || fail "flush after restoring the directory not durable"
 expect 200 POST /v1/completions "$TMP/a.json" # still serving
