@@ -318,6 +318,45 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
     }
 }
 
+/* Sub-block g (32 weights a row) of one super-block for n16_tile: isum[i·NR + r] += scale ×
+ * the exact int32 dot of group i's 16 rows with activation row r. */
+K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p, size_t gbb, const uint8_t *const *xq,
+                    const int g, __m512i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    /* low and high nibbles in separate accumulators: twice the independent vpdpbusd chains */
+    __m512i dot[8], doth[8], h[4];
+#pragma GCC unroll 8
+    for (int k = 0; k < NG * NR; k++) dot[k] = doth[k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++)
+        if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        const int st = 4 * g + t;
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
+            __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (q5) { /* bit t / 4+t of each byte to bit 4 (16-bit shifts: the masked bit stays in its byte) */
+                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                dot[i * NR + r] = _mm512_dpbusd_epi32(dot[i * NR + r], lo, k16_bcast(xq[r] + 4 + 8 * st));
+                doth[i * NR + r] = _mm512_dpbusd_epi32(doth[i * NR + r], hi, k16_bcast(xq[r] + 8 + 8 * st));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) {
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++)
+            isum[i * NR + r] = _mm512_add_epi32(isum[i * NR + r], _mm512_mullo_epi32(_mm512_add_epi32(dot[i * NR + r], doth[i * NR + r]), sc));
+    }
+}
+
 /* Decode and small batches (1..N16_MAX_ROWS activation rows): NG groups of a tile × NR activation
  * rows per register tile (NG·NR <= 8: 4×1, 4×2, 2×4). Each loaded weight vector gives two
  * vpdpbusd operands (low nibbles against x[8s..8s+3] of each row, high against x[8s+4..8s+7],
@@ -325,12 +364,18 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
  * (vpmulld); msum by vpdpwssd of the min pairs against the pairs of sub-block bsums. G: the first
  * group's super-block 0; groups gbb apart, super-blocks bs apart. With pf, each super-block
  * prefetches its share of the layout's stream N16_PFD bytes ahead (pf bytes a super-block: the
- * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend. */
+ * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend,
+ * an eighth before each sub-block.
+ * The sub-block loop stays rolled (n16_sub): unrolled, GCC kept the 8 sub-blocks' dot products live
+ * at once and spilled them to a 10 KiB stack frame. Rolled, with the prefetches spread (at the top of
+ * the super-block they were a burst of ~150 that the loads waited behind), Q4_K ran 1.3-1.8x the
+ * MAC/s in cache and llama-1b decode 1.13x, its 8-row steps 1.3-1.4x
+ * (bench/results/zen5-2026-12-05c.md). */
 K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
                      size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const bool q5 = kind == N16_K5;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     float sumf[8][K16_ROWS] __attribute__((aligned(64))); /* [i * NR + r]: updated once a super-block */
+    const size_t pfs = (pf / 8 + 63) & ~(size_t)63; /* prefetched a sub-block */
 #pragma GCC unroll 8
     for (int k = 0; k < NG * NR; k++) _mm512_store_ps(sumf[k], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
@@ -338,45 +383,13 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
         const uint8_t *xq[8]; /* row r's q8_K block b */
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) xq[r] = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_K);
-        if (pf)
-            for (const uint8_t *q = p + N16_PFD, *e = q + pf; q < e && q < pend; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
         __m512i isum[8];
 #pragma GCC unroll 8
         for (int k = 0; k < NG * NR; k++) isum[k] = _mm512_setzero_si512();
-#pragma GCC unroll 8
+#pragma GCC unroll 1
         for (int g = 0; g < 8; g++) {
-            /* low and high nibbles in separate accumulators: twice the independent vpdpbusd chains */
-            __m512i dot[8], doth[8], h[4];
-#pragma GCC unroll 8
-            for (int k = 0; k < NG * NR; k++) dot[k] = doth[k] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int i = 0; i < NG; i++)
-                if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const int st = 4 * g + t;
-#pragma GCC unroll 4
-                for (int i = 0; i < NG; i++) {
-                    const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
-                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    if (q5) { /* bit t / 4+t of each byte to bit 4 (16-bit shifts: the masked bit stays in its byte) */
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
-                    }
-#pragma GCC unroll 8
-                    for (int r = 0; r < NR; r++) {
-                        dot[i * NR + r] = _mm512_dpbusd_epi32(dot[i * NR + r], lo, k16_bcast(xq[r] + 4 + 8 * st));
-                        doth[i * NR + r] = _mm512_dpbusd_epi32(doth[i * NR + r], hi, k16_bcast(xq[r] + 8 + 8 * st));
-                    }
-                }
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < NG; i++) {
-                const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
-#pragma GCC unroll 8
-                for (int r = 0; r < NR; r++)
-                    isum[i * NR + r] = _mm512_add_epi32(isum[i * NR + r], _mm512_mullo_epi32(_mm512_add_epi32(dot[i * NR + r], doth[i * NR + r]), sc));
-            }
+            if (pf) kq_n16_prefetch(p + N16_PFD + (size_t)g * pfs, pfs, pend);
+            n16_sub(q5, NG, NR, p, gbb, xq, g, isum);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {

@@ -272,13 +272,14 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
 KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
                       size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
-        if (pf && b % 2 == 0)
-            for (const uint8_t *q = p + N16_PFD, *e = q + pf; q < e && q < pend; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
+        if (pf) /* the group-block's share, half of it a block (spread: n16_tile, gemm_k16.c) */
+            kq_n16_prefetch(G + (size_t)(b / 2) * bs + N16_PFD + (size_t)(b % 2) * pfh, pfh, pend);
         __m512i lo[8], hi[8];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {

@@ -216,6 +216,11 @@ static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
     const int64_t ng = (P->n_out + 15) / 16;
     return ng - t0 < N16_NG ? ng - t0 : N16_NG;
 }
+/* The n16 kernels' prefetch of the next part of their stream: the n bytes from q on (64-byte lines),
+ * none at or past pend (the end of the layout). */
+static inline void kq_n16_prefetch(const uint8_t *q, size_t n, const uint8_t *pend) {
+    for (const uint8_t *e = q + n; q < e && q < pend; q += 64) __builtin_prefetch(q, 0, 3);
+}
 /* Byte offset of group g's group-block b. */
 static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
     const int64_t t0 = g / N16_NG * N16_NG;
