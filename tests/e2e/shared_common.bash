@@ -31,18 +31,33 @@ RPORT=$(rport)
 RDIR=$TMP/redis
 mkdir -p "$RDIR"
 rc() { redis-cli -p "$RPORT" "$@"; }
-# redis_start [redis-server args...]: a loopback redis-server on RPORT, no persistence
-redis_start() {
-  redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no \
-    --protected-mode yes --daemonize no "$@" >"$TMP/redis.log" 2>&1 &
-  REDIS_PID=$!
+# redis_wait NAME: waits for the redis-server just started (REDIS_PID) to answer; 0 ready, 1 it
+# exited because RPORT was taken (only the first start may then move to another port: later
+# starts are restarts that servers already know the port of), fails otherwise.
+redis_wait() {
   local i
   for i in $(seq 1 100); do
-    rc ping 2>/dev/null | grep -q PONG && return 0
-    kill -0 "$REDIS_PID" 2>/dev/null || fail "redis-server exited at start"
+    rc ping 2>/dev/null | grep -q PONG && { RPORT_FIXED=1; return 0; }
+    if ! kill -0 "$REDIS_PID" 2>/dev/null; then
+      [ -z "${RPORT_FIXED:-}" ] && grep -q "Address already in use" "$TMP/redis.log" && return 1
+      fail "$1 exited at start"
+    fi
     sleep 0.1
   done
   fail "redis-server not ready in 10 s"
+}
+# redis_start [redis-server args...]: a loopback redis-server on RPORT, no persistence (the first
+# start picks another random port while the one drawn is taken)
+redis_start() {
+  local try
+  for try in 1 2 3 4 5; do
+    redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no \
+      --protected-mode yes --daemonize no "$@" >"$TMP/redis.log" 2>&1 &
+    REDIS_PID=$!
+    redis_wait redis-server && return 0
+    RPORT=$(rport)
+  done
+  fail "no free port for redis-server"
 }
 redis_kill() { kill -KILL "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null; REDIS_PID=""; }
 

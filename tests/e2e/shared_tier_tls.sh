@@ -35,23 +35,21 @@ RDIR=$TMP/redis
 mkdir -p "$RDIR"
 rc() { redis-cli --tls --cacert "$C/ca.crt" --cert "$C/client.crt" --key "$C/client.key" -p "$RPORT" --user admin --pass adminpw --no-auth-warning "$@"; }
 redis_start() {
-  redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
-    --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
-    --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
-    --user kvt on '>kvt-pw' '~kvtier:*' +get +getrange +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
-  REDIS_PID=$!
-  local i
-  for i in $(seq 1 100); do
-    rc ping 2>/dev/null | grep -q PONG && return 0
-    kill -0 "$REDIS_PID" 2>/dev/null || fail "redis-server exited at start (built without TLS?)"
-    sleep 0.1
+  local try
+  for try in 1 2 3 4 5; do
+    redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
+      --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
+      --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
+      --user kvt on '>kvt-pw' '~kvtier:*' +get +getrange +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
+    REDIS_PID=$!
+    redis_wait "redis-server (built without TLS?)" && return 0
+    RPORT=$(rport)
   done
-  fail "redis-server not ready in 10 s"
+  fail "no free port for redis-server"
 }
 
 MODEL=$TMP/m.gguf
 "$KV" gen-model --arch llama --shape tiny --type f16 -o "$MODEL" >/dev/null 2>&1 || fail "gen-model failed"
-URL="rediss://kvt:kvt-pw@127.0.0.1:$RPORT"
 TLSARGS=(--shared-cache-tls-ca "$C/ca.crt" --shared-cache-tls-cert "$C/client.crt" --shared-cache-tls-key "$C/client.key")
 
 # srv NAME ARGS... -> sets PORT_<NAME>, PID_<NAME>
@@ -73,6 +71,7 @@ field() { python3 -c "import json,sys; j=json.load(open('$1')); print($2)"; }
 stats() { curl -s --max-time 10 "http://127.0.0.1:$1/stats" >"$TMP/stats.json"; field "$TMP/stats.json" "$2"; }
 
 redis_start
+URL="rediss://kvt:kvt-pw@127.0.0.1:$RPORT" # the port the first start settled on
 # ------------------------------------------------------------------ cold reference (no shared tier)
 srv C
 req "$PORT_C" "$TMP/cold.json" || fail "cold request"
