@@ -46,15 +46,22 @@ redis_wait() {
   done
   fail "redis-server not ready in 10 s"
 }
-# redis_start [redis-server args...]: a loopback redis-server on RPORT, no persistence (the first
-# start picks another random port while the one drawn is taken)
+# redis_launch [redis-server args...]: execs a loopback redis-server on RPORT, no persistence
+# (exec: started with &, the subshell becomes redis-server, so REDIS_PID is the server's and
+# kill -STOP / -KILL reach it). A test may replace it, e.g. with a TLS-only server; REDIS_WHAT names it.
+redis_launch() {
+  exec redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no \
+    --protected-mode yes --daemonize no "$@"
+}
+REDIS_WHAT=redis-server
+# redis_start [redis-server args...]: redis_launch in the background, ready (the first start picks
+# another random port while the one drawn is taken)
 redis_start() {
   local try
   for try in 1 2 3 4 5; do
-    redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no \
-      --protected-mode yes --daemonize no "$@" >"$TMP/redis.log" 2>&1 &
+    redis_launch "$@" >"$TMP/redis.log" 2>&1 &
     REDIS_PID=$!
-    redis_wait redis-server && return 0
+    redis_wait "$REDIS_WHAT" && return 0
     RPORT=$(rport)
   done
   fail "no free port for redis-server"

@@ -28,25 +28,19 @@ mkdir -p "$C"
   openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 >/dev/null 2>&1
 ) || fail "openssl could not make certificates"
 
-# TLS only: rc and redis_start replace the plain ones of shared_common.bash
+# TLS only: rc and redis_launch replace the plain ones of shared_common.bash
 rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
 RPORT=$(rport)
 RDIR=$TMP/redis
 mkdir -p "$RDIR"
 rc() { redis-cli --tls --cacert "$C/ca.crt" --cert "$C/client.crt" --key "$C/client.key" -p "$RPORT" --user admin --pass adminpw --no-auth-warning "$@"; }
-redis_start() {
-  local try
-  for try in 1 2 3 4 5; do
-    redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
-      --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
-      --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
-      --user kvt on '>kvt-pw' '~kvtier:*' +get +getrange +set +del +ping +auth +select >"$TMP/redis.log" 2>&1 &
-    REDIS_PID=$!
-    redis_wait "redis-server (built without TLS?)" && return 0
-    RPORT=$(rport)
-  done
-  fail "no free port for redis-server"
+redis_launch() {
+  exec redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
+    --tls-cert-file "$C/server.crt" --tls-key-file "$C/server.key" --tls-ca-cert-file "$C/ca.crt" --tls-auth-clients yes \
+    --user default off --user admin on '>adminpw' '~*' '&*' '+@all' \
+    --user kvt on '>kvt-pw' '~kvtier:*' +get +getrange +set +del +ping +auth +select
 }
+REDIS_WHAT="redis-server (built without TLS?)"
 
 MODEL=$TMP/m.gguf
 "$KV" gen-model --arch llama --shape tiny --type f16 -o "$MODEL" >/dev/null 2>&1 || fail "gen-model failed"
