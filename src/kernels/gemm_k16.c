@@ -319,14 +319,20 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
 }
 
 /* Sub-block g (32 weights a row) of one super-block for n16_tile: isum[i·NR + r] += scale ×
- * the exact int32 dot of group i's 16 rows with activation row r. */
+ * the exact int32 dot of group i's 16 rows with activation row r. Up to 8 (group, row) pairs keep the
+ * low and high nibbles in separate accumulators (16 independent vpdpbusd chains); 16 pairs (4 groups
+ * × 4 rows) have 16 chains with one accumulator each, and every weight vector's nibble split and
+ * every activation broadcast then serves 4 pairs (the integers are the same). */
 K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p, size_t gbb, const uint8_t *const *xq,
                     const int g, __m512i *isum) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-    /* low and high nibbles in separate accumulators: twice the independent vpdpbusd chains */
-    __m512i dot[8], doth[8], h[4];
+    const bool two = NG * NR <= 8;
+    __m512i dot[16], doth[8], h[4];
+#pragma GCC unroll 16
+    for (int k = 0; k < NG * NR; k++) dot[k] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-    for (int k = 0; k < NG * NR; k++) dot[k] = doth[k] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++)
+        if (two && k < NG * NR) doth[k] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int i = 0; i < NG; i++)
         if (q5) h[i] = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * g));
@@ -343,8 +349,10 @@ K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p,
             }
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
-                dot[i * NR + r] = _mm512_dpbusd_epi32(dot[i * NR + r], lo, k16_bcast(xq[r] + 4 + 8 * st));
-                doth[i * NR + r] = _mm512_dpbusd_epi32(doth[i * NR + r], hi, k16_bcast(xq[r] + 8 + 8 * st));
+                const int k = i * NR + r;
+                dot[k] = _mm512_dpbusd_epi32(dot[k], lo, k16_bcast(xq[r] + 4 + 8 * st));
+                if (two) doth[k] = _mm512_dpbusd_epi32(doth[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
+                else dot[k] = _mm512_dpbusd_epi32(dot[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
             }
         }
     }
@@ -352,39 +360,43 @@ K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p,
     for (int i = 0; i < NG; i++) {
         const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++)
-            isum[i * NR + r] = _mm512_add_epi32(isum[i * NR + r], _mm512_mullo_epi32(_mm512_add_epi32(dot[i * NR + r], doth[i * NR + r]), sc));
+        for (int r = 0; r < NR; r++) {
+            const int k = i * NR + r;
+            const __m512i d = two ? _mm512_add_epi32(dot[k], doth[k]) : dot[k];
+            isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(d, sc));
+        }
     }
 }
 
-/* Decode and small batches (1..N16_MAX_ROWS activation rows): NG groups of a tile × NR activation
- * rows per register tile (NG·NR <= 8: 4×1, 4×2, 2×4). Each loaded weight vector gives two
+/* Decode and small batches (1..N16_MAX_ROWS activation rows): the NG groups of a tile × NR activation
+ * rows per register tile (NG <= 4, NR 1, 2 or 4). Each loaded weight vector gives two
  * vpdpbusd operands (low nibbles against x[8s..8s+3] of each row, high against x[8s+4..8s+7],
  * broadcast from memory) for all NR rows; per sub-block the exact int32 dot from zero times the scale
  * (vpmulld); msum by vpdpwssd of the min pairs against the pairs of sub-block bsums. G: the first
  * group's super-block 0; groups gbb apart, super-blocks bs apart. With pf, each super-block
- * prefetches its share of the layout's stream N16_PFD bytes ahead (pf bytes a super-block: the
- * tile's first sub-tile, which walks the tile first; later sub-tiles find it in L2), below pend,
- * an eighth before each sub-block.
+ * prefetches its share of the layout's stream N16_PFD bytes ahead (pf bytes a super-block), below
+ * pend, an eighth before each sub-block.
  * The sub-block loop stays rolled (n16_sub): unrolled, GCC kept the 8 sub-blocks' dot products live
  * at once and spilled them to a 10 KiB stack frame. Rolled, with the prefetches spread (at the top of
  * the super-block they were a burst of ~150 that the loads waited behind), Q4_K ran 1.3-1.8x the
  * MAC/s in cache and llama-1b decode 1.13x, its 8-row steps 1.3-1.4x
- * (bench/results/zen5-2026-12-05c.md). */
+ * (bench/results/zen5-2026-12-05c.md). 4 rows take all 4 groups with one accumulator a pair (n16_sub)
+ * rather than 2 groups a pass: llama-1b 4- and 8-row steps 0.83-0.92x the time
+ * (bench/results/zen5-2026-12-06.md). */
 K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
                      size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const bool q5 = kind == N16_K5;
-    float sumf[8][K16_ROWS] __attribute__((aligned(64))); /* [i * NR + r]: updated once a super-block */
+    float sumf[16][K16_ROWS] __attribute__((aligned(64))); /* [i * NR + r]: updated once a super-block */
     const size_t pfs = (pf / 8 + 63) & ~(size_t)63; /* prefetched a sub-block */
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int k = 0; k < NG * NR; k++) _mm512_store_ps(sumf[k], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)b * bs;
-        const uint8_t *xq[8]; /* row r's q8_K block b */
+        const uint8_t *xq[4]; /* row r's q8_K block b */
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) xq[r] = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_K);
-        __m512i isum[8];
-#pragma GCC unroll 8
+        __m512i isum[16];
+#pragma GCC unroll 16
         for (int k = 0; k < NG * NR; k++) isum[k] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int g = 0; g < 8; g++) {
@@ -426,29 +438,26 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
             _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * K16_ROWS, keep[i], _mm512_load_ps(sumf[i * NR + r]));
 }
 
-/* Rows [r, r + NR) of the activation × the in-range groups [g, tend) of one tile, in sub-tiles of
- * NG groups; pf: prefetch the tile's stream from the first sub-tile. */
+/* Rows [r, r + NR) of the activation × the in-range groups [g, tend) of one tile (at most N16_NG),
+ * in one register tile; pf: prefetch the tile's stream (the first row chunk, which reads it first;
+ * later chunks find it in L2). */
 K16_AI void n16_rows(const int kind, const int NR, const kvt_packed *P, const uint8_t *A, size_t arb, float *y, int64_t ldy,
                      int64_t o0, int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
-    const int NG = NR >= 8 ? 1 : NR >= 4 ? 2 : 4;
-    const size_t gbb = kq_n16_gbb(P), pfb = (size_t)(tend - g) * gbb; /* the tile's groups from g on, a super-block */
+    const int ng = (int)(tend - g);
+    const size_t gbb = kq_n16_gbb(P), pfb = (size_t)ng * gbb; /* the tile's groups from g on, a super-block */
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
-    for (; g < tend; pf = false) {
-        const int ng = tend - g >= NG ? NG : (int)(tend - g);
-        __mmask16 keep[4];
-        for (int i = 0; i < ng; i++) keep[i] = k16_cols((g + i) * K16_ROWS, o0, o1);
-        const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
-        float *yg = y + g * K16_ROWS;
-#define N16_T(NGC) n16_tile(kind, NGC < NG ? NGC : NG, NR, G, gbb, bs, A, arb, P->nb, pf ? pfb : 0, pend, yg, ldy, keep)
-        switch (ng) { /* constant widths: the accumulators stay in registers */
-        case 4: N16_T(4); break;
-        case 3: N16_T(3); break;
-        case 2: N16_T(2); break;
-        default: N16_T(1); break;
-        }
-#undef N16_T
-        g += ng;
+    __mmask16 keep[N16_NG];
+    for (int i = 0; i < ng; i++) keep[i] = k16_cols((g + i) * K16_ROWS, o0, o1);
+    const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
+    float *yg = y + g * K16_ROWS;
+#define N16_T(NG) n16_tile(kind, NG, NR, G, gbb, bs, A, arb, P->nb, pf ? pfb : 0, pend, yg, ldy, keep)
+    switch (ng) { /* constant widths: the accumulators stay in registers */
+    case 4: N16_T(4); break;
+    case 3: N16_T(3); break;
+    case 2: N16_T(2); break;
+    default: N16_T(1); break;
     }
+#undef N16_T
 }
 
 void kq_n16_drive(const kvt_packed *P, int64_t n_rows, int64_t o0, int64_t o1, kq_n16_fn fn, void *ctx) {

@@ -264,28 +264,34 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * and fma in block order, so the bits are those of the GEMM and of the row-major kernel
  * (kq_amx_mm_*); the layout's 576 bytes a block of 16 outputs stream at about the bandwidth, where
  * the row-major kernel's four rows with horizontal adds per block did not. */
-/* Q4_0 decode and small batches on the n16 layout: NG groups of a tile × NR converted activation
- * rows (NG·NR <= 8). Per block each lane starts from −8·Σx (the converted block's −128·Σx / 16,
- * exact), vpdpbusd adds the low nibbles against x[4k..4k+3] and (a second chain) the high ones
- * against x[16+4k..], so the sum is the exact Σ(q−8)·x of s16_tile; then its fma in block order:
- * the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
+/* Q4_0 decode and small batches on the n16 layout: the NG groups of a tile (NG <= 4) × NR converted
+ * activation rows (1, 2 or 4). Per block each lane starts from −8·Σx (the converted block's −128·Σx
+ * / 16, exact), vpdpbusd adds the low nibbles against x[4k..4k+3] and the high ones against
+ * x[16+4k..] (a second chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one
+ * accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
+ * 0.82-0.85x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
+ * Σ(q−8)·x of s16_tile; then its fma in block order: the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
 KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
                       size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
-    __m512 acc[8];
-#pragma GCC unroll 8
+    const bool two = NG * NR <= 8; /* low and high nibbles in separate chains (else one a pair: 16 chains) */
+    __m512 acc[16];
+#pragma GCC unroll 16
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
         if (pf) /* the group-block's share, half of it a block (spread: n16_tile, gemm_k16.c) */
             kq_n16_prefetch(G + (size_t)(b / 2) * bs + N16_PFD + (size_t)(b % 2) * pfh, pfh, pend);
-        __m512i lo[8], hi[8];
+        __m512i lo[16], hi[8];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const __m512i c0 = _mm512_srai_epi32(_mm512_set1_epi32(*(const int32_t *)(C + (size_t)r * crb + (size_t)b * KQS_CA)), 4);
 #pragma GCC unroll 4
-            for (int i = 0; i < NG; i++) lo[i * NR + r] = c0, hi[i * NR + r] = _mm512_setzero_si512();
+            for (int i = 0; i < NG; i++) {
+                lo[i * NR + r] = c0;
+                if (two) hi[i * NR + r] = _mm512_setzero_si512();
+            }
         }
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++)
@@ -300,7 +306,8 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
                     memcpy(&xl, x + 4 * k, 4);
                     memcpy(&xh, x + 16 + 4 * k, 4);
                     lo[i * NR + r] = _mm512_dpbusd_epi32(lo[i * NR + r], wl, _mm512_set1_epi32(xl));
-                    hi[i * NR + r] = _mm512_dpbusd_epi32(hi[i * NR + r], wh, _mm512_set1_epi32(xh));
+                    if (two) hi[i * NR + r] = _mm512_dpbusd_epi32(hi[i * NR + r], wh, _mm512_set1_epi32(xh));
+                    else lo[i * NR + r] = _mm512_dpbusd_epi32(lo[i * NR + r], wh, _mm512_set1_epi32(xh));
                 }
             }
 #pragma GCC unroll 4
@@ -310,7 +317,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
             for (int r = 0; r < NR; r++) {
                 float dx;
                 memcpy(&dx, C + (size_t)r * crb + (size_t)b * KQS_CA + 4, 4);
-                const __m512i is = _mm512_add_epi32(lo[i * NR + r], hi[i * NR + r]);
+                const __m512i is = two ? _mm512_add_epi32(lo[i * NR + r], hi[i * NR + r]) : lo[i * NR + r];
                 acc[i * NR + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[i * NR + r]);
             }
         }
@@ -321,28 +328,25 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
         for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * KQS_N, keep[i], acc[i * NR + r]);
 }
 
-/* Rows [r, r + NR) (converted at C) × the in-range groups [g, tend) of one tile, in sub-tiles of NG. */
+/* Rows [r, r + NR) (converted at C) × the in-range groups [g, tend) of one tile (at most N16_NG) in one
+ * register tile; pf: prefetch the tile's stream (the first row chunk). */
 KQS_AI void n16q_rows(const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy, int64_t o0,
                       int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
-    const int NG = NR >= 4 ? 2 : 4;
-    const size_t pfb = (size_t)(tend - g) * N16_GBB_Q40;
+    const int ng = (int)(tend - g);
+    const size_t pfb = (size_t)ng * N16_GBB_Q40;
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
-    for (; g < tend; pf = false) {
-        const int ng = tend - g >= NG ? NG : (int)(tend - g);
-        __mmask16 keep[4];
-        for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
-        const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
-        float *yg = y + g * KQS_N;
-#define N16Q_T(NGC) n16q_tile(NGC < NG ? NGC : NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
-        switch (ng) {
-        case 4: N16Q_T(4); break;
-        case 3: N16Q_T(3); break;
-        case 2: N16Q_T(2); break;
-        default: N16Q_T(1); break;
-        }
-#undef N16Q_T
-        g += ng;
+    __mmask16 keep[N16_NG];
+    for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
+    const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
+    float *yg = y + g * KQS_N;
+#define N16Q_T(NG) n16q_tile(NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
+    switch (ng) { /* constant widths: the accumulators stay in registers */
+    case 4: N16Q_T(4); break;
+    case 3: N16Q_T(3); break;
+    case 2: N16Q_T(2); break;
+    default: N16Q_T(1); break;
     }
+#undef N16Q_T
 }
 
 typedef struct n16q_job {
