@@ -381,7 +381,7 @@ K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p,
  * the super-block they were a burst of ~150 that the loads waited behind), Q4_K ran 1.3-1.8x the
  * MAC/s in cache and llama-1b decode 1.13x, its 8-row steps 1.3-1.4x
  * (bench/results/zen5-2026-12-05c.md). 4 rows take all 4 groups with one accumulator a pair (n16_sub)
- * rather than 2 groups a pass: llama-1b 4- and 8-row steps 0.83-0.92x the time
+ * rather than 2 groups a pass: llama-1b Q4_K/Q5_K 4- and 8-row steps 0.78-0.94x the time
  * (bench/results/zen5-2026-12-06.md). */
 K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *G, size_t gbb, size_t bs, const uint8_t *A,
                      size_t arb, int64_t nb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {

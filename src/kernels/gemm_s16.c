@@ -269,7 +269,7 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * / 16, exact), vpdpbusd adds the low nibbles against x[4k..4k+3] and the high ones against
  * x[16+4k..] (a second chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one
  * accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
- * 0.82-0.85x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
+ * 0.78-0.81x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
  * Σ(q−8)·x of s16_tile; then its fma in block order: the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
 KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
                       size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
