@@ -188,14 +188,9 @@ ok "SSD tier: after a restart alpha reuses P2 from SSD, beta and another salt ge
 srv_stop
 
 # ------------------------------------------------------------------ shared tier (Redis)
-RPORT=$((20000 + (RANDOM * 32768 + RANDOM) % 20000))
-mkdir -p "$TMP/redis"
-redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$TMP/redis" --save '' --appendonly no \
-  --protected-mode yes --daemonize no >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-trap 'kill -KILL $REDIS_PID 2>/dev/null; srv_cleanup' EXIT
-for i in $(seq 1 100); do redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-redis-cli -p "$RPORT" ping 2>/dev/null | grep -q PONG || fail "redis-server not ready"
+. "$(dirname "$0")/redis_common.bash"
+trap 'redis_kill; srv_cleanup' EXIT
+redis_start
 SH=(--block-tokens 16 --parallel 1 --api-keys "$KEYS" --shared-cache "redis://127.0.0.1:$RPORT")
 srv_start "${SH[@]}"
 gen "$KA" "$P3"; cold "alpha P3 (shared tier)"
