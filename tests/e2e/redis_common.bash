@@ -1,7 +1,7 @@
 # redis_common.bash — one loopback redis-server for an e2e script, sourced by shared_common.bash
 # and namespaces.sh. Needs TMP (a temp dir the script removes) and fail; defines rport (a random
-# loopback port) unless the script has one, RPORT, RDIR and the helpers below. Every wait is bounded.
-declare -F rport >/dev/null || rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
+# loopback port), RPORT, RDIR and the helpers below. Every wait is bounded.
+rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
 RPORT=$(rport)
 RDIR=$TMP/redis
 mkdir -p "$RDIR"

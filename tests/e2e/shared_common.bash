@@ -26,8 +26,7 @@ need_cmds() {
   for c in "$@"; do command -v "$c" >/dev/null || fail "$c missing (scripts/install-deps installs it)"; done
 }
 
-rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
-. "$(dirname "${BASH_SOURCE[0]}")/redis_common.bash"
+. "$(dirname "${BASH_SOURCE[0]}")/redis_common.bash" # rport, RPORT, redis_start, ...
 
 # srv_named NAME ARGS...: `kvtier serve --port P ARGS...` on a free random port, logging to
 # $TMP/NAME.log; sets PORT_<NAME> and PID_<NAME>. The log is emptied before the start, so a

@@ -28,11 +28,7 @@ mkdir -p "$C"
   openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 2 >/dev/null 2>&1
 ) || fail "openssl could not make certificates"
 
-# TLS only: rc and redis_launch replace the plain ones of shared_common.bash
-rport() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 20000)); }
-RPORT=$(rport)
-RDIR=$TMP/redis
-mkdir -p "$RDIR"
+# TLS only: rc and redis_launch replace the plain ones of redis_common.bash
 rc() { redis-cli --tls --cacert "$C/ca.crt" --cert "$C/client.crt" --key "$C/client.key" -p "$RPORT" --user admin --pass adminpw --no-auth-warning "$@"; }
 redis_launch() {
   exec redis-server --port 0 --tls-port "$RPORT" --bind 127.0.0.1 --dir "$RDIR" --save '' --appendonly no --daemonize no \
