@@ -149,8 +149,10 @@ static float enc_elem(const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
  * the groups of 8, widths with and without the 16-column steps (the SIMD forms take whole steps;
  * the dispatch runs the references otherwise), column ranges of the V product (d0, n), padded
  * rows, rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and
- * zeros included) in rows and scales. A table without them (NULL) runs the references through
- * kvt_vec_*. */
+ * zeros included) in rows and scales, and with a continuation (run_end / run_next: where the fetches
+ * ahead go past the rows, never what is read) inside the rows, at their end and pointing at an
+ * unrelated buffer. A table without them (NULL) runs the references through kvt_vec_*. */
+#define RF(k, b, g, d) {.kind = (k), .scale_bf16 = (b), .group = (g), .dim = (d)}
 static void test_enc_rows_equal_ref(void **st) {
     (void)st;
     kvt_isa isas[4];
@@ -170,10 +172,10 @@ static void test_enc_rows_equal_ref(void **st) {
     float *oo0[4] = {o0[0], o0[1], o0[2], o0[3]}, *oo1[4] = {o1[0], o1[1], o1[2], o1[3]};
     float *yy0[4] = {y0[0], y0[1], y0[2], y0[3]}, *yy1[4] = {y1[0], y1[1], y1[2], y1[3]};
     static const kvt_vec_rowfmt fmts[] = {
-        {KVT_ROWS_F16, 0, 0, 8},   {KVT_ROWS_F16, 0, 0, 40},  {KVT_ROWS_F16, 0, 0, 64},  {KVT_ROWS_F16, 0, 0, 72},
-        {KVT_ROWS_F16, 0, 0, 128}, {KVT_ROWS_F16, 0, 0, 144}, {KVT_ROWS_A8, 0, 32, 64},  {KVT_ROWS_A8, 1, 64, 64},
-        {KVT_ROWS_A8, 0, 128, 256}, {KVT_ROWS_A8, 0, 32, 96}, {KVT_ROWS_A4, 0, 64, 64},  {KVT_ROWS_A4, 1, 32, 128},
-        {KVT_ROWS_A4, 0, 128, 128}, {KVT_ROWS_A8, 0, 32, 40}, {KVT_ROWS_A4, 1, 32, 160},
+        RF(KVT_ROWS_F16, 0, 0, 8),   RF(KVT_ROWS_F16, 0, 0, 40),  RF(KVT_ROWS_F16, 0, 0, 64),  RF(KVT_ROWS_F16, 0, 0, 72),
+        RF(KVT_ROWS_F16, 0, 0, 128), RF(KVT_ROWS_F16, 0, 0, 144), RF(KVT_ROWS_A8, 0, 32, 64),  RF(KVT_ROWS_A8, 1, 64, 64),
+        RF(KVT_ROWS_A8, 0, 128, 256), RF(KVT_ROWS_A8, 0, 32, 96), RF(KVT_ROWS_A4, 0, 64, 64),  RF(KVT_ROWS_A4, 1, 32, 128),
+        RF(KVT_ROWS_A4, 0, 128, 128), RF(KVT_ROWS_A8, 0, 32, 40), RF(KVT_ROWS_A4, 1, 32, 160),
     };
     bool fused_seen = false;
     for (int kk = 0; kk < ni; kk++) {
@@ -181,8 +183,12 @@ static void test_enc_rows_equal_ref(void **st) {
         if (!op->dot_enc_qn) continue;
         fused_seen = true;
         assert_non_null(op->axpy_enc_qn);
-        for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
-            const kvt_vec_rowfmt *f = &fmts[fi];
+        for (size_t fi = 0; fi < 3 * (sizeof fmts / sizeof fmts[0]); fi++) {
+            kvt_vec_rowfmt fc = fmts[fi / 3];
+            static uint8_t other[4096];
+            if (fi % 3 == 1) fc.run_end = k16 + 3 * RB, fc.run_next = other; /* inside the rows */
+            if (fi % 3 == 2) fc.run_end = k16 + sizeof k16, fc.run_next = k16; /* at their end: wraps */
+            const kvt_vec_rowfmt *f = &fc;
             const uint32_t n = f->dim;
             const size_t nat = f->kind == KVT_ROWS_F16 ? 2 * (size_t)n
                                                        : n * (f->kind == KVT_ROWS_A8 ? 8 : 4) / 8 + 4 * (size_t)(n / f->group);
@@ -229,9 +235,9 @@ static void test_enc_rows_equal_ref(void **st) {
         assert_memory_equal(y0, y1, sizeof y0);
     }
     /* the SIMD domain: whole 16-element steps within the row, affine groups of 32-128 */
-    const kvt_vec_rowfmt bad[] = {{KVT_ROWS_F16, 0, 0, 72}, {KVT_ROWS_A8, 0, 16, 64}, {KVT_ROWS_A4, 0, 64, 96}};
+    const kvt_vec_rowfmt bad[] = {RF(KVT_ROWS_F16, 0, 0, 72), RF(KVT_ROWS_A8, 0, 16, 64), RF(KVT_ROWS_A4, 0, 64, 96)};
     for (size_t i = 0; i < 3; i++) assert_false(kvt_vec_rows_fused(&bad[i], 0, bad[i].dim));
-    const kvt_vec_rowfmt ok = {KVT_ROWS_A8, 0, 64, 128};
+    const kvt_vec_rowfmt ok = RF(KVT_ROWS_A8, 0, 64, 128);
     assert_false(kvt_vec_rows_fused(&ok, 8, 16));
     assert_false(kvt_vec_rows_fused(&ok, 112, 32));
     assert_int_equal(kvt_vec_rows_fused(&ok, 16, 32), kvt_vec_level() >= 1); /* the AVX2 and AVX-512 forms */

@@ -894,12 +894,21 @@ T2I void enc16(int K, const uint8_t *row, uint32_t i, __m256 vs, __m256 vb, __m2
     *x1 = _mm256_add_ps(_mm256_mul_ps(vs, q1), vb);
 }
 
+/* The address to fetch for byte address a ahead of a run of rows: past the run's end, the same
+ * distance into its continuation (kvt_vec_rowfmt run_end / run_next). Integers, not pointers: a
+ * may lie past the rows' object, and it is never dereferenced. */
+T2I const char *enc_pf_addr(const kvt_vec_rowfmt *f, uintptr_t a) {
+    const uintptr_t e = (uintptr_t)f->run_end;
+    return (const char *)(f->run_end && a >= e ? (uintptr_t)f->run_next + (a - e) : a);
+}
+
 /* Fetch dist bytes ahead of the line holding element i's code when that code starts a line of
  * the step sequence, and of an affine row's scales with its first step (d0). */
 T2I void enc_prefetch(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t d0, size_t dist) {
     const size_t o = enc_off(K, i);
-    if ((o & 63) < enc_off(K, 16)) _mm_prefetch((const char *)(row + o + dist), _MM_HINT_T0);
-    if (K != KVT_ROWS_F16 && i == d0) _mm_prefetch((const char *)(row + enc_off(K, f->dim) + dist), _MM_HINT_T0);
+    if ((o & 63) < enc_off(K, 16)) _mm_prefetch(enc_pf_addr(f, (uintptr_t)row + o + dist), _MM_HINT_T0);
+    if (K != KVT_ROWS_F16 && i == d0)
+        _mm_prefetch(enc_pf_addr(f, (uintptr_t)row + enc_off(K, f->dim) + dist), _MM_HINT_T0);
 }
 
 /* One row's 16-lane products with nq queries folded to 8 lanes each (dot_lanes8_avx2's per query). */

@@ -37,6 +37,12 @@ typedef struct kvt_vec_rowfmt {
     uint8_t scale_bf16; /* affine: scales and biases are bf16 */
     uint16_t group;     /* affine: elements per scale/bias pair */
     uint32_t dim;       /* elements per row */
+    /* Where the rows continue, for the kernels' fetches ahead only (results never depend on it): a
+     * fetch address at or past run_end is taken at run_next + (address - run_end) instead. The
+     * attention's rows of one KV head are one run per block, and the next block's run is
+     * elsewhere; without this the fetches past a block's run land on rows read much later (the next
+     * head's). run_end NULL: no continuation. Both borrowed for the call. */
+    const uint8_t *run_end, *run_next;
 } kvt_vec_rowfmt;
 
 /* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */

@@ -277,6 +277,26 @@ static bool fused_rows(kvt_codec c, bool mla, uint32_t dim, uint32_t d0, uint32_
     return kvt_vec_rows_fused(f, d0, w);
 }
 
+/* Sets f's continuation (kvt_vec_rowfmt run_end / run_next) for KV head kvh's rows of side vs
+ * (0 K, 1 V) in block bi: the end of the head's run in that block, and the head's run in block
+ * bi + 1 when the pass goes on there (bi < last and the block is held). Only the kernels' fetches
+ * ahead use it: 2.7-3.2 -> 2.5-2.6 ms per layer for qwen3-0.6b's shape at 16384 keys, 0.66-0.69 ->
+ * 0.47-0.50 for smol-135m's (bench/attn --split 2 16384, AVX-512 Zen 5), whose fetches ahead of a
+ * block's last rows had landed on the next head's rows of the same block. */
+static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_layer_info *li,
+                          kvt_block *const *slots, uint32_t bi, uint32_t last, uint32_t kvh, int vs) {
+    const uint32_t bt = l->block_tokens;
+    const int var = kvt_layout_variant(l, bi);
+    f->run_end = slots[bi]->data + li->offset[var][vs] + ((size_t)kvh + 1) * bt * li->row_bytes[var][vs];
+    f->run_next = NULL;
+    if (bi + 1 > last || !slots[bi + 1]) {
+        f->run_end = NULL;
+        return;
+    }
+    const int nv = kvt_layout_variant(l, bi + 1);
+    f->run_next = slots[bi + 1]->data + li->offset[nv][vs] + (size_t)kvh * bt * li->row_bytes[nv][vs];
+}
+
 /* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from encoded rows in
  * place: lane ln takes keys f, f + ATT_VL, ... (f its first key in [a, e]) into its accumulator,
  * in ascending order, as the tile path's kvt_vec_axpy_rows per lane does. Query t's weight of key
@@ -419,6 +439,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
                     kvt_vec_rowfmt fm;
                     if (!use_kt && fused_rows(c, mla, hd_k, 0, hd_k, &fm)) { /* rows read in place, up to 4 pairs a pass */
+                        rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, 0);
                         for (uint32_t g0 = 0; g0 < na; g0 += KVT_VEC_QN) {
                             const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g0);
                             const float *qq[KVT_VEC_QN];
@@ -498,6 +519,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
                 kvt_vec_rowfmt fm;
                 const bool fv = lanes && fused_rows(c, mla, hd_v, 0, hd_v, &fm);
+                if (fv) rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, vs);
                 const uint32_t vkc = fv ? ATT_VKC : kc;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += vkc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + vkc - 1);
@@ -672,6 +694,7 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
         const uint8_t *base = b->data + jb->li->offset[var][0] + (size_t)kvh * bt * rb;
         kvt_vec_rowfmt fm;
         if (fused_rows(c, false, hd_k, 0, hd_k, &fm)) { /* rows in place, the whole run at once */
+            rows_continue(&fm, l, jb->li, jb->slots, bi, (kb - 1) / bt, kvh, 0);
             for (uint32_t g0 = 0; g0 < rep; g0 += KVT_VEC_QN) {
                 const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, rep - g0);
                 const float *qq[KVT_VEC_QN];
@@ -732,6 +755,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
         kvt_vec_rowfmt fm;
         const bool fv = fused_rows(c, false, hd_v, d0, w, &fm);
+        if (fv) rows_continue(&fm, l, jb->li, jb->slots, bi, hi / bt, kvh, 1);
         const uint32_t kc = fv ? ATT_VKC : jb->kc;
         for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
             const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1), nr = p1 - p0 + 1;
