@@ -160,7 +160,8 @@ static void test_enc_rows_equal_ref(void **st) {
     const kvt_vec_ops *ref = kvt_vec_ops_for(KVT_ISA_SCALAR);
     enum { D = 256, R = 41, RB = 2 * D + 16 };
     static uint8_t k16[R * 16 * RB];
-    static float q[4][D], w[4][R], dec[R][D], o0[4][R], o1[4][R], o2[4][R], y0[4][D], y1[4][D], y2[4][D];
+    static float q[4][D], w[4][R], dec[R][D], o0[4][R], o1[4][R], o2[4][R];
+    static float yl0[4][16][D], yl1[4][16][D], yl2[4][16][D]; /* query j's lane l at [j][l] */
     uint64_t s = 29;
     for (size_t i = 0; i < sizeof k16 / 2; i++) { /* f16 bit patterns: codes and scales alike */
         const float v = (tu_rand(&s) % 16 == 0) ? ldexpf(tu_randf(&s), -(int)(tu_rand(&s) % 30)) : 8.0f * tu_randf(&s);
@@ -170,7 +171,6 @@ static void test_enc_rows_equal_ref(void **st) {
     for (int j = 0; j < 4; j++) fill(q[j], D, &s, false), fill(w[j], R, &s, false);
     const float *qq[4] = {q[0], q[1], q[2], q[3]}, *ww[4] = {w[0], w[1], w[2], w[3]};
     float *oo0[4] = {o0[0], o0[1], o0[2], o0[3]}, *oo1[4] = {o1[0], o1[1], o1[2], o1[3]};
-    float *yy0[4] = {y0[0], y0[1], y0[2], y0[3]}, *yy1[4] = {y1[0], y1[1], y1[2], y1[3]};
     static const kvt_vec_rowfmt fmts[] = {
         RF(KVT_ROWS_F16, 0, 0, 8),   RF(KVT_ROWS_F16, 0, 0, 40),  RF(KVT_ROWS_F16, 0, 0, 64),  RF(KVT_ROWS_F16, 0, 0, 72),
         RF(KVT_ROWS_F16, 0, 0, 128), RF(KVT_ROWS_F16, 0, 0, 144), RF(KVT_ROWS_A8, 0, 32, 64),  RF(KVT_ROWS_A8, 1, 64, 64),
@@ -207,16 +207,23 @@ static void test_enc_rows_equal_ref(void **st) {
                             ref->dot_rows(q[j], dec[0], D, nr, n, 0.125f, o2[j]);
                             assert_memory_equal(o0[j], o2[j], nr * sizeof(float));
                         }
-                        for (size_t ci = 0; ci < 3; ci++) {
-                            const uint32_t d0 = cols[ci][0], nc = cols[ci][1];
-                            if (nc == 0) continue;
-                            for (int j = 0; j < 4; j++) fill(y0[j], D, &s, false);
-                            memcpy(y1, y0, sizeof y0), memcpy(y2, y0, sizeof y0);
-                            kvt_vec_axpy_enc_qn_ref(f, yy0, ww, nq, k16, rb, nr, d0, nc);
-                            op->axpy_enc_qn(f, yy1, ww, nq, k16, rb, nr, d0, nc);
-                            for (uint32_t j = 0; j < nq; j++) ref->axpy_rows(y2[j], w[j], dec[0] + d0, D, nr, nc);
-                            assert_memory_equal(y0, y1, sizeof y0); /* queries past nq untouched too */
-                            assert_memory_equal(y0, y2, sizeof y0);
+                        for (size_t ci = 0; ci < 3 * 4; ci++) {
+                            const uint32_t d0 = cols[ci / 4][0], nc = cols[ci / 4][1];
+                            /* lanes: one (a plain axpy), the attention's 16 from lanes 0 and 5, 3 from 2 */
+                            static const uint32_t lanes[4][2] = {{1, 0}, {16, 0}, {16, 5}, {3, 2}};
+                            const uint32_t nl = lanes[ci % 4][0], l0 = lanes[ci % 4][1];
+                            if (nc == 0 || (nl > 1 && fi % 3 != 0)) continue; /* lanes without a continuation */
+                            for (int j = 0; j < 4; j++) fill(yl0[j][0], 16 * D, &s, false);
+                            memcpy(yl1, yl0, sizeof yl0), memcpy(yl2, yl0, sizeof yl0);
+                            float *ly0[4] = {yl0[0][0], yl0[1][0], yl0[2][0], yl0[3][0]};
+                            float *ly1[4] = {yl1[0][0], yl1[1][0], yl1[2][0], yl1[3][0]};
+                            kvt_vec_axpy_enc_qn_ref(f, ly0, D, nl, l0, ww, nq, k16, rb, nr, d0, nc);
+                            op->axpy_enc_qn(f, ly1, D, nl, l0, ww, nq, k16, rb, nr, d0, nc);
+                            for (uint32_t r = 0; r < nr; r++) /* row by row: each lane's chain ascending */
+                                for (uint32_t j = 0; j < nq; j++)
+                                    ref->axpy_rows(yl2[j][(l0 + r) % nl], &w[j][r], dec[r] + d0, D, 1, nc);
+                            assert_memory_equal(yl0, yl1, sizeof yl0); /* queries past nq untouched too */
+                            assert_memory_equal(yl0, yl2, sizeof yl0);
                         }
                     }
         }
@@ -229,10 +236,12 @@ static void test_enc_rows_equal_ref(void **st) {
         kvt_vec_dot_enc_qn(f, qq, 3, k16, RB, 17, 0.5f, oo0);
         kvt_vec_dot_enc_qn_ref(f, qq, 3, k16, RB, 17, 0.5f, oo1);
         for (int j = 0; j < 3; j++) assert_memory_equal(o0[j], o1[j], 17 * sizeof(float));
-        memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
-        kvt_vec_axpy_enc_qn(f, yy0, ww, 3, k16, RB, 17, 0, f->dim);
-        kvt_vec_axpy_enc_qn_ref(f, yy1, ww, 3, k16, RB, 17, 0, f->dim);
-        assert_memory_equal(y0, y1, sizeof y0);
+        memset(yl0, 0, sizeof yl0), memset(yl1, 0, sizeof yl1);
+        float *ly0[4] = {yl0[0][0], yl0[1][0], yl0[2][0], yl0[3][0]};
+        float *ly1[4] = {yl1[0][0], yl1[1][0], yl1[2][0], yl1[3][0]};
+        kvt_vec_axpy_enc_qn(f, ly0, D, 16, 7, ww, 3, k16, RB, 17, 0, f->dim);
+        kvt_vec_axpy_enc_qn_ref(f, ly1, D, 16, 7, ww, 3, k16, RB, 17, 0, f->dim);
+        assert_memory_equal(yl0, yl1, sizeof yl0);
     }
     /* the SIMD domain: whole 16-element steps within the row, affine groups of 32-128 */
     const kvt_vec_rowfmt bad[] = {RF(KVT_ROWS_F16, 0, 0, 72), RF(KVT_ROWS_A8, 0, 16, 64), RF(KVT_ROWS_A4, 0, 64, 96)};

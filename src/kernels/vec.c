@@ -81,11 +81,14 @@ void kvt_vec_dot_enc_qn_ref(const kvt_vec_rowfmt *f, const float *const *q, uint
         for (uint32_t j = 0; j < nq; j++) out[j][r] = dot_ref_row(q[j], NULL, f, k + (size_t)r * rb, f->dim) * scale;
 }
 
-void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,
+                             const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows,
+                             uint32_t d0, uint32_t n) {
     for (uint32_t r = 0; r < n_rows; r++)
-        for (uint32_t j = 0; j < nq; j++)
-            for (uint32_t i = 0; i < n; i++) y[j][i] = fmaf(w[j][r], enc_at(f, x + (size_t)r * rb, d0 + i), y[j][i]);
+        for (uint32_t j = 0; j < nq; j++) {
+            float *yl = y[j] + (size_t)((lane0 + r) % nl) * ld;
+            for (uint32_t i = 0; i < n; i++) yl[i] = fmaf(w[j][r], enc_at(f, x + (size_t)r * rb, d0 + i), yl[i]);
+        }
 }
 
 void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n) {
@@ -961,8 +964,8 @@ T2I void enc_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int
  * over the rows in ascending order, as axpy_rows makes it. Each row read fetches the row n_rows
  * strides on: for an attention V lane (rows ATT_VL apart, n_rows of them per chunk) that is the
  * same lane's row of the next chunk, whatever the chunk's length. */
-T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq, const uint8_t *x,
-                       size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
+T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t ws, int nq,
+                       const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
     const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
     const size_t pfd = (size_t)n_rows * rb;
     for (uint32_t i = 0; i < n; i += 16) {
@@ -977,7 +980,7 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
             enc16(K, xr, d0 + i, vs, vb, &k0, &k1);
 #pragma GCC unroll 4
             for (int j = 0; j < nq; j++) {
-                const __m256 wv = _mm256_set1_ps(w[j][r]);
+                const __m256 wv = _mm256_set1_ps(w[j][(size_t)r * ws]);
                 a0[j] = _mm256_fmadd_ps(wv, k0, a0[j]);
                 a1[j] = _mm256_fmadd_ps(wv, k1, a1[j]);
             }
@@ -986,6 +989,22 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
         for (int j = 0; j < nq; j++) _mm256_storeu_ps(y[j] + i, a0[j]), _mm256_storeu_ps(y[j] + i + 8, a1[j]);
     }
 }
+
+/* The lanes of an axpy_enc_qn call (vec.h): lane l's rows are r0, r0 + nl, ... (r0 its first), one
+ * body call each with the rows and weights nl apart, so a lane's accumulators stay in registers
+ * over its rows. BODY is an ISA's enc*_axpy_body (inlined with K and NQ constant). */
+#define enc_axpy_lanes(BODY, K, f, y, ld, nl, lane0, w, NQ, x, rb, n_rows, d0, n)                                      \
+    do {                                                                                                               \
+        for (uint32_t l_ = 0; l_ < (nl); l_++) {                                                                       \
+            const uint32_t r0_ = (l_ + (nl) - (lane0)) % (nl);                                                         \
+            if (r0_ >= (n_rows)) continue;                                                                             \
+            float *yl_[KVT_VEC_QN];                                                                                    \
+            const float *wl_[KVT_VEC_QN];                                                                              \
+            for (int j_ = 0; j_ < (NQ); j_++) yl_[j_] = (y)[j_] + (size_t)l_ * (ld), wl_[j_] = (w)[j_] + r0_;         \
+            BODY(K, f, yl_, wl_, nl, NQ, (x) + (size_t)r0_ * (rb), (size_t)(nl) * (rb), ((n_rows) - 1 - r0_) / (nl) + 1, \
+                 d0, n);                                                                                               \
+        }                                                                                                              \
+    } while (0)
 
 #define ENC_KERNELS(TGT, B, NAME, K)                                                                                   \
     TGT static void dot_##NAME(const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,    \
@@ -997,13 +1016,14 @@ T2I void enc_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const fl
         default: B##dot_body(K, f, q, 4, k, rb, n_rows, scale, out); break;                                            \
         }                                                                                                              \
     }                                                                                                                  \
-    TGT static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,               \
-                                const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {               \
+    TGT static void axpy_##NAME(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,     \
+                                const float *const *w, int nq, const uint8_t *x, size_t rb, uint32_t n_rows,           \
+                                uint32_t d0, uint32_t n) {                                                             \
         switch (nq) {                                                                                                  \
-        case 1: B##axpy_body(K, f, y, w, 1, x, rb, n_rows, d0, n); break;                                              \
-        case 2: B##axpy_body(K, f, y, w, 2, x, rb, n_rows, d0, n); break;                                              \
-        case 3: B##axpy_body(K, f, y, w, 3, x, rb, n_rows, d0, n); break;                                              \
-        default: B##axpy_body(K, f, y, w, 4, x, rb, n_rows, d0, n); break;                                             \
+        case 1: enc_axpy_lanes(B##axpy_body, K, f, y, ld, nl, lane0, w, 1, x, rb, n_rows, d0, n); break;               \
+        case 2: enc_axpy_lanes(B##axpy_body, K, f, y, ld, nl, lane0, w, 2, x, rb, n_rows, d0, n); break;               \
+        case 3: enc_axpy_lanes(B##axpy_body, K, f, y, ld, nl, lane0, w, 3, x, rb, n_rows, d0, n); break;               \
+        default: enc_axpy_lanes(B##axpy_body, K, f, y, ld, nl, lane0, w, 4, x, rb, n_rows, d0, n); break;              \
         }                                                                                                              \
     }
 
@@ -1030,13 +1050,14 @@ static bool enc_simd_ok(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n) {
         else if (f->kind == KVT_ROWS_A8) dot_a8_rows_##ISA(f, q, (int)nq, k, rb, n_rows, scale, out);           \
         else dot_a4_rows_##ISA(f, q, (int)nq, k, rb, n_rows, scale, out);                                       \
     }                                                                                                           \
-    static void axpy_enc_qn_##ISA(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq, \
-                                  const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {      \
+    static void axpy_enc_qn_##ISA(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl,             \
+                                  uint32_t lane0, const float *const *w, uint32_t nq, const uint8_t *x,         \
+                                  size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {                        \
         if (nq < 1 || nq > KVT_VEC_QN || !enc_simd_ok(f, d0, n))                                                \
-            kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);                                         \
-        else if (f->kind == KVT_ROWS_F16) axpy_f16_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);          \
-        else if (f->kind == KVT_ROWS_A8) axpy_a8_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);            \
-        else axpy_a4_rows_##ISA(f, y, w, (int)nq, x, rb, n_rows, d0, n);                                        \
+            kvt_vec_axpy_enc_qn_ref(f, y, ld, nl, lane0, w, nq, x, rb, n_rows, d0, n);                          \
+        else if (f->kind == KVT_ROWS_F16) axpy_f16_rows_##ISA(f, y, ld, nl, lane0, w, (int)nq, x, rb, n_rows, d0, n); \
+        else if (f->kind == KVT_ROWS_A8) axpy_a8_rows_##ISA(f, y, ld, nl, lane0, w, (int)nq, x, rb, n_rows, d0, n); \
+        else axpy_a4_rows_##ISA(f, y, ld, nl, lane0, w, (int)nq, x, rb, n_rows, d0, n);                         \
     }
 ENC_ISA(T2H, enc_, avx2)
 
@@ -1139,7 +1160,7 @@ T5I void enc5_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, in
 }
 /* C 16-column steps side by side over all rows (C * nq <= 16 accumulators): each column is one
  * fmaf chain over the rows in ascending order, and C chains per query run at once. */
-T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,
+T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t ws, int nq,
                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t i, int C, uint32_t gs,
                         uint32_t ng, size_t pfd) {
     __m512 a[4][KVT_VEC_QN];
@@ -1151,7 +1172,7 @@ T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const f
         const uint8_t *xr = x + (size_t)r * rb;
         __m512 wv[KVT_VEC_QN];
 #pragma GCC unroll 4
-        for (int j = 0; j < nq; j++) wv[j] = _mm512_set1_ps(w[j][r]);
+        for (int j = 0; j < nq; j++) wv[j] = _mm512_set1_ps(w[j][(size_t)r * ws]);
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const uint32_t e = d0 + i + 16 * (uint32_t)c;
@@ -1168,14 +1189,14 @@ T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const f
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) _mm512_storeu_ps(y[j] + i + 16 * c, a[c][j]);
 }
-T5I void enc5_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, int nq,
+T5I void enc5_axpy_body(int K, const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t ws, int nq,
                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
     const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
     const size_t pfd = (size_t)n_rows * rb;
     uint32_t i = 0;
-    for (; i + 64 <= n; i += 64) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 4, gs, ng, pfd);
-    if (i + 32 <= n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 2, gs, ng, pfd), i += 32;
-    if (i < n) enc5_axpy_cols(K, f, y, w, nq, x, rb, n_rows, d0, i, 1, gs, ng, pfd);
+    for (; i + 64 <= n; i += 64) enc5_axpy_cols(K, f, y, w, ws, nq, x, rb, n_rows, d0, i, 4, gs, ng, pfd);
+    if (i + 32 <= n) enc5_axpy_cols(K, f, y, w, ws, nq, x, rb, n_rows, d0, i, 2, gs, ng, pfd), i += 32;
+    if (i < n) enc5_axpy_cols(K, f, y, w, ws, nq, x, rb, n_rows, d0, i, 1, gs, ng, pfd);
 }
 ENC_ISA(T5H, enc5_, avx512)
 #undef ENC_ISA
@@ -1301,10 +1322,11 @@ void kvt_vec_dot_enc_qn(const kvt_vec_rowfmt *f, const float *const *q, uint32_t
     if (g_cur->dot_enc_qn) g_cur->dot_enc_qn(f, q, nq, k, rb, n_rows, scale, out);
     else kvt_vec_dot_enc_qn_ref(f, q, nq, k, rb, n_rows, scale, out);
 }
-void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n) {
-    if (g_cur->axpy_enc_qn) g_cur->axpy_enc_qn(f, y, w, nq, x, rb, n_rows, d0, n);
-    else kvt_vec_axpy_enc_qn_ref(f, y, w, nq, x, rb, n_rows, d0, n);
+void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,
+                         const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0,
+                         uint32_t n) {
+    if (g_cur->axpy_enc_qn) g_cur->axpy_enc_qn(f, y, ld, nl, lane0, w, nq, x, rb, n_rows, d0, n);
+    else kvt_vec_axpy_enc_qn_ref(f, y, ld, nl, lane0, w, nq, x, rb, n_rows, d0, n);
 }
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc, n, m); }
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }

@@ -66,8 +66,9 @@ typedef struct kvt_vec_ops {
     /* encoded rows read in place (NULL: this level decodes rows into a tile and runs the f32 forms) */
     void (*dot_enc_qn)(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
                        uint32_t n_rows, float scale, float *const *out);
-    void (*axpy_enc_qn)(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                        const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
+    void (*axpy_enc_qn)(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,
+                        const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0,
+                        uint32_t n);
     float (*exp_sum)(float *sc, uint32_t n, float m);
     void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
     void (*exp_clamped)(float *y, const float *x, uint32_t n);
@@ -109,8 +110,12 @@ void kvt_vec_force_level(int level);
  *   laid out as f says, each element decoded exactly as the codec does), for nq = 1..KVT_VEC_QN
  *   queries:
  *   dot_enc_qn: out[j][r] = dot(q[j], row r, f->dim) * scale;
- *   axpy_enc_qn: for r ascending, axpy(y[j], w[j][r], elements [d0, d0 + n) of row r, n).
- *   The same bits as decoding the rows and calling dot_rows / axpy_rows per query.
+ *   axpy_enc_qn: for r ascending, axpy(y[j] + ((lane0 + r) % nl) * ld, w[j][r], elements [d0, d0 + n)
+ *   of row r, n): row r into lane (lane0 + r) % nl of nl >= 1 lanes (lane0 < nl), lane l
+ *   of query j at y[j] + l * ld (the attention's V product: key p into lane p % 16). Each element
+ *   of a lane is one fmaf chain over its rows in ascending order, however the kernel orders the
+ *   lanes.
+ *   The same bits as decoding the rows and calling dot_rows / axpy_rows per query (and lane).
  *   kvt_vec_rows_fused(f, d0, n) says whether the table in use has SIMD forms for that format and
  *   column range (dim, d0 and n multiples of 16, dim <= KVT_KT_MAX_DIM); the kvt_vec_* calls work
  *   for any valid format at every level (the scalar references otherwise).
@@ -139,8 +144,9 @@ void kvt_vec_dot_kt_q4(const float *const *q, const float *kt, size_t ldk, uint3
 bool kvt_vec_rows_fused(const kvt_vec_rowfmt *f, uint32_t d0, uint32_t n);
 void kvt_vec_dot_enc_qn(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
                         uint32_t n_rows, float scale, float *const *out);
-void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                         const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
+void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,
+                         const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0,
+                         uint32_t n);
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
@@ -166,8 +172,9 @@ void kvt_vec_dot_kt_q4_ref(const float *const *q, const float *kt, size_t ldk, u
                            float scale, float *const *out);
 void kvt_vec_dot_enc_qn_ref(const kvt_vec_rowfmt *f, const float *const *q, uint32_t nq, const uint8_t *k, size_t rb,
                             uint32_t n_rows, float scale, float *const *out);
-void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, const float *const *w, uint32_t nq,
-                             const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0, uint32_t n);
+void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, size_t ld, uint32_t nl, uint32_t lane0,
+                             const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows,
+                             uint32_t d0, uint32_t n);
 float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
 void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
 

@@ -298,27 +298,16 @@ static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_l
 }
 
 /* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from encoded rows in
- * place: lane ln takes keys f, f + ATT_VL, ... (f its first key in [a, e]) into its accumulator,
- * in ascending order, as the tile path's kvt_vec_axpy_rows per lane does. Query t's weight of key
- * p is wsc[t][p - ulo]; lane l of its accumulators is acc[t] + l * ld; key p's row (format fm) is
- * at rows + (p - p0) * rb, and its elements [d0, d0 + w) are read. */
+ * place: key p into lane p % ATT_VL, each lane in ascending key order (kvt_vec_axpy_enc_qn), as the
+ * tile path's kvt_vec_axpy_rows per lane does. Query t's weight of key p is wsc[t][p - ulo]; lane l
+ * of its accumulators is acc[t] + l * ld; key p's row (format fm) is at rows + (p - p0) * rb, and
+ * its elements [d0, d0 + w) are read. */
 static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t nq, uint32_t a, uint32_t e,
                            uint32_t ulo, size_t ld, const kvt_vec_rowfmt *fm, const uint8_t *rows, uint32_t p0,
                            size_t rb, uint32_t d0, uint32_t w) {
-    for (uint32_t ln = 0; ln < ATT_VL; ln++) {
-        const uint32_t f = a + (ln + ATT_VL - a % ATT_VL) % ATT_VL; /* first key of lane ln */
-        if (f > e) continue;
-        const uint32_t cnt = (e - f) / ATT_VL + 1;
-        float wl[KVT_VEC_QN][ATT_VKC / ATT_VL + 1];
-        const float *ww[KVT_VEC_QN];
-        float *yy[KVT_VEC_QN];
-        for (uint32_t t = 0; t < nq; t++) {
-            for (uint32_t r = 0; r < cnt; r++) wl[t][r] = wsc[t][f + r * ATT_VL - ulo];
-            ww[t] = wl[t];
-            yy[t] = acc[t] + (size_t)(f % ATT_VL) * ld;
-        }
-        kvt_vec_axpy_enc_qn(fm, yy, ww, nq, rows + (size_t)(f - p0) * rb, (size_t)ATT_VL * rb, cnt, d0, w);
-    }
+    const float *ww[KVT_VEC_QN];
+    for (uint32_t t = 0; t < nq; t++) ww[t] = wsc[t] + (a - ulo);
+    kvt_vec_axpy_enc_qn(fm, acc, ld, ATT_VL, a % ATT_VL, ww, nq, rows + (size_t)(a - p0) * rb, rb, e - a + 1, d0, w);
 }
 
 typedef struct att_pair {
