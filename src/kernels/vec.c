@@ -1101,13 +1101,38 @@ T5I void enc_group512(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32
  * rows side by side, so R * nq independent accumulators hide the multiply-add latency (one row
  * at a time left its nq short chains waiting on it). R * nq <= 24 registers. */
 T5I void enc5_dot_rows(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
-                       int R, uint32_t gs, uint32_t ng, __m256 *t) {
+                       int R, uint32_t D, uint32_t gs, uint32_t ng, __m256 *t) {
     __m512 acc[8][KVT_VEC_QN];
 #pragma GCC unroll 8
     for (int rr = 0; rr < R; rr++)
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) acc[rr][j] = _mm512_setzero_ps();
-    const uint32_t gw = K == KVT_ROWS_F16 ? f->dim : 1u << gs;
+    if (K == KVT_ROWS_F16) { /* D: the row width, a constant where the caller made it one */
+#pragma GCC unroll 8
+        for (int rr = 0; rr < R; rr++) { /* each row's lines, once, ENC_PF bytes on */
+            const char *pf = enc_pf_addr(f, (uintptr_t)(k + (size_t)rr * rb) + ENC_PF);
+#pragma GCC unroll 8
+            for (uint32_t o = 0; o < 2 * D; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        }
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < D; i += 16) {
+            __m512 qv[KVT_VEC_QN];
+#pragma GCC unroll 4
+            for (int j = 0; j < nq; j++) qv[j] = _mm512_loadu_ps(q[j] + i);
+#pragma GCC unroll 8
+            for (int rr = 0; rr < R; rr++) {
+                const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (size_t)rr * rb + 2 * (size_t)i)));
+#pragma GCC unroll 4
+                for (int j = 0; j < nq; j++) acc[rr][j] = _mm512_fmadd_ps(qv[j], kv, acc[rr][j]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int rr = 0; rr < R; rr++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nq; j++) t[j * 8 + rr] = half_sum(acc[rr][j]);
+        return;
+    }
+    const uint32_t gw = 1u << gs;
     for (uint32_t g0 = 0; g0 < f->dim; g0 += gw) {
         __m512 vs[8], vb[8];
 #pragma GCC unroll 8
@@ -1132,25 +1157,35 @@ T5I void enc5_dot_rows(int K, const kvt_vec_rowfmt *f, const float *const *q, in
         for (int j = 0; j < nq; j++) t[j * 8 + rr] = half_sum(acc[rr][j]);
 }
 /* Rows in groups of 8 (f16 with up to 3 queries: all 8 side by side; else two runs of 4) reduced
- * vertically (reduce8_avx2), the rest one by one. */
+ * vertically (reduce8_avx2), the rest one by one. f16 rows of 64 and 128 elements (the head dims
+ * of most models) take D constant: the column loop unrolls, the queries' steps stay in registers
+ * and the fetches ahead are a row's lines with no test per step. */
+T5I void enc5_dot_rows_d(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                         uint32_t n_rows, float scale, float *const *out, uint32_t D);
 T5I void enc5_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
                        uint32_t n_rows, float scale, float *const *out) {
+    if (K == KVT_ROWS_F16 && f->dim == 64) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 64);
+    else if (K == KVT_ROWS_F16 && f->dim == 128) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 128);
+    else enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, f->dim);
+}
+T5I void enc5_dot_rows_d(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                         uint32_t n_rows, float scale, float *const *out, uint32_t D) {
     const __m256 vs = _mm256_set1_ps(scale);
     const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
     __m256 t[KVT_VEC_QN * 8];
     uint32_t r = 0;
     for (; r + 8 <= n_rows; r += 8) {
         if (K == KVT_ROWS_F16 && nq <= 3) {
-            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 8, gs, ng, t);
+            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 8, D, gs, ng, t);
         } else {
-            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 4, gs, ng, t);
-            enc5_dot_rows(K, f, q, nq, k + (size_t)(r + 4) * rb, rb, 4, gs, ng, t + 4);
+            enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 4, D, gs, ng, t);
+            enc5_dot_rows(K, f, q, nq, k + (size_t)(r + 4) * rb, rb, 4, D, gs, ng, t + 4);
         }
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) _mm256_storeu_ps(out[j] + r, _mm256_mul_ps(reduce8_avx2(t + j * 8), vs));
     }
     for (; r < n_rows; r++) {
-        enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 1, gs, ng, t);
+        enc5_dot_rows(K, f, q, nq, k + (size_t)r * rb, rb, 1, D, gs, ng, t);
         for (int j = 0; j < nq; j++) {
             float tl[8];
             _mm256_storeu_ps(tl, t[j * 8]);
@@ -1173,10 +1208,15 @@ T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const f
         __m512 wv[KVT_VEC_QN];
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) wv[j] = _mm512_set1_ps(w[j][(size_t)r * ws]);
+        if (K == KVT_ROWS_F16) { /* the steps' lines (32 bytes a step), one address test a row */
+            const char *pf = enc_pf_addr(f, (uintptr_t)xr + 2 * (size_t)(d0 + i) + pfd);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c += 2) _mm_prefetch(pf + 32 * c, _MM_HINT_T0);
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const uint32_t e = d0 + i + 16 * (uint32_t)c;
-            enc_prefetch(K, f, xr, e, d0, pfd);
+            if (K != KVT_ROWS_F16) enc_prefetch(K, f, xr, e, d0, pfd);
             __m512 vs = _mm512_setzero_ps(), vb = vs;
             if (K != KVT_ROWS_F16) enc_group512(K, f, xr, e >> gs, ng, &vs, &vb);
             const __m512 kv = enc16_512(K, xr, e, vs, vb);
