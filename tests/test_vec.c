@@ -27,7 +27,8 @@ static void fill(float *x, size_t n, uint64_t *s, bool specials) {
     for (size_t i = 0; i < n; i++) x[i] = specials ? special(s) : tu_randf(s);
 }
 
-/* The elementwise operations and exp_sum, on random values with every special value mixed in. */
+/* The elementwise operations, exp_sum and lanes_reduce, on random values with every special value
+ * mixed in. */
 static void test_elementwise_equal_ref(void **st) {
     (void)st;
     kvt_isa isas[4];
@@ -69,6 +70,21 @@ static void test_elementwise_equal_ref(void **st) {
             assert_memory_equal(a, b, n * sizeof(float));
             ref->round_f16(a2, a2, n, 0.25f), op->round_f16(b2, b2, n, 0.25f);
             assert_memory_equal(a2, b2, n * sizeof(float));
+            /* the V lanes' reduction: 16 lanes ld apart (ld > n: padding between lanes), every
+             * special value; the tree written out for column 0 */
+            static float lanes[16 * (N + 3)];
+            fill(lanes, 16 * (N + 3), &s, true);
+            ref->lanes_reduce(a, lanes, N + 3, n), op->lanes_reduce(b, lanes, N + 3, n);
+            for (uint32_t i = 0; i < n; i++) /* a NaN: any payload */
+                assert_true(memcmp(&a[i], &b[i], 4) == 0 || (a[i] != a[i] && b[i] != b[i]));
+            if (n > 0) {
+                const float *c = lanes;
+                const size_t ld = N + 3;
+                float t[8];
+                for (int l = 0; l < 8; l++) t[l] = c[l * ld] + c[(l + 8) * ld];
+                const float want = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+                assert_true(memcmp(&want, a, 4) == 0 || (want != want && a[0] != a[0]));
+            }
         }
     }
 }

@@ -91,6 +91,15 @@ void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, size_t ld
         }
 }
 
+void kvt_vec_lanes_reduce_ref(float *o, const float *acc, size_t ld, uint32_t n) {
+    for (uint32_t d = 0; d < n; d++) {
+        float t[8], u[4];
+        for (int l = 0; l < 8; l++) t[l] = acc[(size_t)l * ld + d] + acc[(size_t)(l + 8) * ld + d];
+        for (int l = 0; l < 4; l++) u[l] = t[l] + t[l + 4];
+        o[d] = (u[0] + u[2]) + (u[1] + u[3]);
+    }
+}
+
 void kvt_vec_axpy_ref(float *y, float a, const float *x, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
@@ -1278,13 +1287,37 @@ static void dot_kt_q4_512(const float *const *q, const float *kt, size_t ldk, ui
 }
 #endif
 
+/* lanes_reduce, 8 or 16 columns a step: the same adds per column as the reference. */
+#define LANES_REDUCE_BODY(V, W, LD, ADD)                                                                               \
+    uint32_t d = 0;                                                                                                    \
+    for (; d + (W) <= n; d += (W)) {                                                                                   \
+        V t[8], u[4];                                                                                                  \
+        for (int l = 0; l < 8; l++) t[l] = ADD(LD(acc + (size_t)l * ld + d), LD(acc + (size_t)(l + 8) * ld + d));      \
+        for (int l = 0; l < 4; l++) u[l] = ADD(t[l], t[l + 4]);                                                        \
+        ST(o + d, ADD(ADD(u[0], u[2]), ADD(u[1], u[3])));                                                              \
+    }                                                                                                                  \
+    if (d < n) kvt_vec_lanes_reduce_ref(o + d, acc + d, ld, n - d)
+#if KVT_X86
+#define ST _mm256_storeu_ps
+T2 static void lanes_reduce_avx2(float *o, const float *acc, size_t ld, uint32_t n) {
+    LANES_REDUCE_BODY(__m256, 8, _mm256_loadu_ps, _mm256_add_ps);
+}
+#undef ST
+#define ST _mm512_storeu_ps
+T5 static void lanes_reduce_avx512(float *o, const float *acc, size_t ld, uint32_t n) {
+    LANES_REDUCE_BODY(__m512, 16, _mm512_loadu_ps, _mm512_add_ps);
+}
+#undef ST
+#endif
+#undef LANES_REDUCE_BODY
+
 /* ------------------------------------------------------------------ tables and dispatch */
 static const kvt_vec_ops ops_ref = {
     .level = 0, .dot = kvt_vec_dot_ref, .axpy = kvt_vec_axpy_ref, .vfma = vfma_ref, .scale = scale_ref,
     .dot_rows = kvt_vec_dot_rows_ref, .axpy_rows = kvt_vec_axpy_rows_ref, .dot_q4 = dot_q4_ref,
     .axpy_q4 = axpy_q4_ref, .transpose_rows = kvt_vec_transpose_rows_ref,
     .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref, .dot_kt_q4 = kvt_vec_dot_kt_q4_ref,
-    .exp_sum = kvt_vec_exp_sum_ref, .round_f16 = kvt_vec_round_f16_ref, .exp_clamped = exp_clamped_ref,
+    .exp_sum = kvt_vec_exp_sum_ref, .lanes_reduce = kvt_vec_lanes_reduce_ref, .round_f16 = kvt_vec_round_f16_ref, .exp_clamped = exp_clamped_ref,
     .silu_mul = silu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
 };
 #if KVT_X86
@@ -1293,7 +1326,7 @@ static const kvt_vec_ops ops_avx2 = {
     .dot_rows = dot_rows_avx2, .axpy_rows = axpy_rows_avx2, .dot_q4 = dot_q4_avx2, .axpy_q4 = axpy_q4_avx2,
     .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
     .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .dot_enc_qn = dot_enc_qn_avx2, .axpy_enc_qn = axpy_enc_qn_avx2,
-    .exp_sum = exp_sum_avx2, .round_f16 = round_f16_f16c,
+    .exp_sum = exp_sum_avx2, .lanes_reduce = lanes_reduce_avx2, .round_f16 = round_f16_f16c,
     .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
 };
 static const kvt_vec_ops ops_avx512 = {
@@ -1301,7 +1334,7 @@ static const kvt_vec_ops ops_avx512 = {
     .dot_rows = dot_rows_512, .axpy_rows = axpy_rows_avx512, .dot_q4 = dot_q4_512, .axpy_q4 = axpy_q4_512,
     .transpose_rows = transpose_rows_512, .transpose_f16_rows = transpose_f16_rows_512,
     .dot_kt_q4 = dot_kt_q4_512, .dot_enc_qn = dot_enc_qn_avx512, .axpy_enc_qn = axpy_enc_qn_avx512,
-    .exp_sum = exp_sum_avx512, .round_f16 = round_f16_avx512,
+    .exp_sum = exp_sum_avx512, .lanes_reduce = lanes_reduce_avx512, .round_f16 = round_f16_avx512,
     .exp_clamped = exp_clamped_avx512, .silu_mul = silu_mul_avx512, .sigmoid_mul = sigmoid_mul_avx512,
 };
 #endif
@@ -1369,5 +1402,6 @@ void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, size_t ld, ui
     else kvt_vec_axpy_enc_qn_ref(f, y, ld, nl, lane0, w, nq, x, rb, n_rows, d0, n);
 }
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc, n, m); }
+void kvt_vec_lanes_reduce(float *o, const float *acc, size_t ld, uint32_t n) { g_cur->lanes_reduce(o, acc, ld, n); }
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n) { g_cur->silu_mul(y, g, u, n); }

@@ -70,6 +70,7 @@ typedef struct kvt_vec_ops {
                         const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0,
                         uint32_t n);
     float (*exp_sum)(float *sc, uint32_t n, float m);
+    void (*lanes_reduce)(float *o, const float *acc, size_t ld, uint32_t n);
     void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
     void (*exp_clamped)(float *y, const float *x, uint32_t n);
     void (*silu_mul)(float *y, const float *g, const float *u, uint32_t n);
@@ -119,6 +120,9 @@ void kvt_vec_force_level(int level);
  *   kvt_vec_rows_fused(f, d0, n) says whether the table in use has SIMD forms for that format and
  *   column range (dim, d0 and n multiples of 16, dim <= KVT_KT_MAX_DIM); the kvt_vec_* calls work
  *   for any valid format at every level (the scalar references otherwise).
+ * lanes_reduce: o[d] = the 16 lanes acc[l * ld + d] (l < 16) of column d reduced as
+ *   _mm512_reduce_add_ps does (t_l = a_l + a_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)), d < n:
+ *   the attention's V lanes into its output. Column by column, so every level has the same bits.
  * exp_sum (softmax): sc[j] = kvt_vec_exp(sc[j] - m) for j < n; returns their sum in the dot's
  *   16-lane order.
  * round_f16: dst[i] = f16(src[i] * mul) widened to f32, round to nearest even (src == dst allowed).
@@ -148,6 +152,7 @@ void kvt_vec_axpy_enc_qn(const kvt_vec_rowfmt *f, float *const *y, size_t ld, ui
                          const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows, uint32_t d0,
                          uint32_t n);
 float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
+void kvt_vec_lanes_reduce(float *o, const float *acc, size_t ld, uint32_t n);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
 
@@ -176,6 +181,7 @@ void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, size_t ld
                              const float *const *w, uint32_t nq, const uint8_t *x, size_t rb, uint32_t n_rows,
                              uint32_t d0, uint32_t n);
 float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
+void kvt_vec_lanes_reduce_ref(float *o, const float *acc, size_t ld, uint32_t n);
 void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
 
 #endif

@@ -9,7 +9,7 @@
  *   m = max_j s_j; e_j = kvt_vec_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_vec_exp_sum order)
  *   w_j = f16(e_j * (1/sum))                          (kvt_vec_round_f16)
  *   acc[0..15] = 0; for j ascending: kvt_vec_axpy(acc[j % 16], w_j, v_j)  (lane = absolute position % 16)
- *   o = lane_reduce(acc): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
+ *   o = kvt_vec_lanes_reduce(acc) (kernels/vec.h): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
  * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
  * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
  * the V product converts the normalized softmax weights to f16; the V product's 16 lanes over keys
@@ -52,7 +52,7 @@
  * and the f16 rounding, as above: the exp sum's order stays kvt_vec_exp_sum's over all keys); (3)
  * each thread accumulates its range of V columns over all keys, each key into the lane of its
  * position and every lane in ascending order, then reduces the lanes per column (axpy is an
- * elementwise fmaf chain and lane_reduce works per column, so a column range has the bits of the
+ * elementwise fmaf chain and kvt_vec_lanes_reduce works per column, so a column range has the bits of the
  * whole row). Every K and V row is
  * thus read by one thread, whatever the head counts, and the output equals kvt_attention's bit for
  * bit (tests/test_kv_attention.c). TURBO and MLA layers are not split this way.
@@ -90,7 +90,7 @@
  * row-major kernel). Either kernel gives the same bits. */
 #define ATT_KT_MIN_PAIRS 16
 /* The V product (non-latent layers) sums key p's term into lane p % ATT_VL, each lane in ascending
- * key order with fmaf, then reduces the lanes (lane_reduce): the order of llama.cpp's CPU V product
+ * key order with fmaf, then reduces the lanes (kvt_vec_lanes_reduce): the order of llama.cpp's CPU V product
  * over an f16 cache for a batch on an AVX-512 machine (tinyBLAS, 16 lanes; the machine of the
  * reference fixtures, tests/test_ref_llama_q5km.c, whose agreement depends on this order). */
 #define ATT_VL 16
@@ -117,23 +117,6 @@ size_t kvt_attention_scratch_floats(const kvt_kv_layout *l, uint32_t n_ctx) {
     }
     return (size_t)(ATT_TILE + 2 * ATT_KC) * pad16(l->max_head_dim) + sc + 2 * (size_t)ATT_TILE * pad16(l->max_head_dim) +
            2 * (size_t)ATT_TILE * ATT_VL * pad16(l->max_head_dim); /* the V product's lane accumulators */
-}
-
-/* o[d] = the 16 lane sums acc[l*ld + d] reduced as _mm512_reduce_add_ps does (tinyBLAS's AVX-512
- * horizontal sum): t[l] = acc[l] + acc[l+8], u[l] = t[l] + t[l+4], then (u0 + u2) + (u1 + u3). */
-static void lane_reduce(float *o, const float *acc, size_t ld, uint32_t n) {
-    /* columns in runs of 16 with the lane loops outside, so the compiler vectorizes over columns
-     * (each column's additions are the same, in the same order) */
-    for (uint32_t d0 = 0; d0 < n; d0 += 16) {
-        const uint32_t w = n - d0 < 16 ? n - d0 : 16;
-        const float *a = acc + d0;
-        float t[8][16], u[4][16];
-        for (int l = 0; l < 8; l++)
-            for (uint32_t d = 0; d < w; d++) t[l][d] = a[(size_t)(l + 8) * ld + d] + a[(size_t)l * ld + d];
-        for (int l = 0; l < 4; l++)
-            for (uint32_t d = 0; d < w; d++) u[l][d] = t[l + 4][d] + t[l][d];
-        for (uint32_t d = 0; d < w; d++) o[d0 + d] = (u[0][d] + u[2][d]) + (u[1][d] + u[3][d]);
-    }
 }
 
 /* Maximum of sc[0..n) ignoring NaNs, or -INFINITY. 8 running maxima then a combine: max is exact,
@@ -238,7 +221,7 @@ void kvt_attention_ref(const float *k, const float *v, uint32_t n_kv, uint32_t n
             for (uint32_t j = 0; j < n; j++)
                 kvt_vec_axpy(acc + (size_t)((lo + j) % ATT_VL) * hd_v, sc[j],
                              v + ((size_t)(lo + j) * n_kv_heads + kvh) * hd_v, hd_v);
-            lane_reduce(o, acc, hd_v, hd_v);
+            kvt_vec_lanes_reduce_ref(o, acc, hd_v, hd_v);
         }
     }
     free(sc);
@@ -596,8 +579,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
             if (lanes)
                 for (uint32_t j = 0; j < np; j++) {
                     if (pr[j].inv == 0.0f) continue;
-                    lane_reduce(pr[j].o, lane_base + (size_t)j * ATT_VL * hdp, hdp, hd_v);
-                    if (turbo) lane_reduce(pr[j].orot, lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, hdp, hd_v);
+                    kvt_vec_lanes_reduce(pr[j].o, lane_base + (size_t)j * ATT_VL * hdp, hdp, hd_v);
+                    if (turbo) kvt_vec_lanes_reduce(pr[j].orot, lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, hdp, hd_v);
                 }
             /* The weights were normalized before the V pass (f16-rounded), so no 1/sum here. */
             for (uint32_t j = 0; j < np && turbo; j++) {
@@ -719,7 +702,7 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
 
 /* Phase 3: columns [d0, d1) of the outputs of KV head kvh's query heads, every visible key in
  * ascending order into the lane of its position (p % ATT_VL), then the lanes reduced: kvt_attention's
- * V product. The axpy kernels are elementwise fmaf chains and lane_reduce is per column, so a column
+ * V product. The axpy kernels are elementwise fmaf chains and kvt_vec_lanes_reduce is per column, so a column
  * range of an output gets the bits of the whole-row accumulation. lanes: ATT_TILE * ATT_VL * w
  * floats of this thread's scratch. */
 static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_t d1, float *out, float *tile,
@@ -779,7 +762,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
             }
         }
     }
-    for (uint32_t g = 0; g < na; g++) lane_reduce(out + (size_t)act[g] * hd_v + d0, lanes + (size_t)g * ATT_VL * w, w, w);
+    for (uint32_t g = 0; g < na; g++) kvt_vec_lanes_reduce(out + (size_t)act[g] * hd_v + d0, lanes + (size_t)g * ATT_VL * w, w, w);
 }
 
 void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint32_t pos, uint32_t n_head, float scale,
