@@ -930,11 +930,15 @@ T2I void enc_dot_lanes(int K, const kvt_vec_rowfmt *f, const float *const *q, in
 #pragma GCC unroll 4
     for (int j = 0; j < nq; j++) lo[j] = hi[j] = _mm256_setzero_ps();
     const uint32_t gw = K == KVT_ROWS_F16 ? f->dim : 1u << gs; /* elements sharing a scale */
+    if (K == KVT_ROWS_F16) { /* the row's lines, one address test */
+        const char *pf = enc_pf_addr(f, (uintptr_t)kr + ENC_PF);
+        for (uint32_t o = 0; o < 2 * f->dim; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+    }
     for (uint32_t g0 = 0; g0 < f->dim; g0 += gw) {
         __m256 vs = _mm256_setzero_ps(), vb = vs;
         if (K != KVT_ROWS_F16) enc_group(K, f, kr, g0 >> gs, ng, &vs, &vb);
         for (uint32_t i = g0; i < g0 + gw; i += 16) {
-            enc_prefetch(K, f, kr, i, 0, ENC_PF);
+            if (K != KVT_ROWS_F16) enc_prefetch(K, f, kr, i, 0, ENC_PF);
             __m256 k0, k1;
             enc16(K, kr, i, vs, vb, &k0, &k1);
 #pragma GCC unroll 4
