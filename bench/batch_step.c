@@ -1,9 +1,7 @@
 // bench/batch_step.c — cost of one batched decode step (kvt_model_forward_batch) with R rows, each
 // row one token of its own sequence (continuous batching, docs/batching.md).
-// Built by hand against the library (not part of `make`):
-//   make && gcc -std=c11 -O2 -g -D_GNU_SOURCE -pthread -Isrc bench/batch_step.c build/libkvtier.a \
-//       -lxxhash -lm -o /tmp/batch_step
-//   /tmp/batch_step MODEL.gguf [THREADS=2] [ROWS="1 2 4 8 16"] [DEPTH=200] [STEPS=32]
+// Built on demand (not part of `make all`): `make build/bench/batch_step`, then
+//   build/bench/batch_step MODEL.gguf [THREADS=2] [ROWS="1 2 4 8 16"] [DEPTH=200] [STEPS=32]
 // For each R: R sequences are prefilled with DEPTH distinct tokens (not timed), then STEPS decode
 // steps of R rows run (greedy: each row feeds back its argmax). Prints the median and minimum
 // wall ms per step, the aggregate rows/s it implies (R / median step) and, against R = 1, that
