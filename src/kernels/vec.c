@@ -1174,14 +1174,6 @@ T5I void enc5_dot_rows(int K, const kvt_vec_rowfmt *f, const float *const *q, in
  * of most models) take D constant: the column loop unrolls, the queries' steps stay in registers
  * and the fetches ahead are a row's lines with no test per step. */
 T5I void enc5_dot_rows_d(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
-                         uint32_t n_rows, float scale, float *const *out, uint32_t D);
-T5I void enc5_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
-                       uint32_t n_rows, float scale, float *const *out) {
-    if (K == KVT_ROWS_F16 && f->dim == 64) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 64);
-    else if (K == KVT_ROWS_F16 && f->dim == 128) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 128);
-    else enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, f->dim);
-}
-T5I void enc5_dot_rows_d(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
                          uint32_t n_rows, float scale, float *const *out, uint32_t D) {
     const __m256 vs = _mm256_set1_ps(scale);
     const uint32_t gs = K == KVT_ROWS_F16 ? 0 : (uint32_t)__builtin_ctz(f->group), ng = f->dim >> gs;
@@ -1205,6 +1197,12 @@ T5I void enc5_dot_rows_d(int K, const kvt_vec_rowfmt *f, const float *const *q, 
             out[j][r] = lane_reduce(tl) * scale;
         }
     }
+}
+T5I void enc5_dot_body(int K, const kvt_vec_rowfmt *f, const float *const *q, int nq, const uint8_t *k, size_t rb,
+                       uint32_t n_rows, float scale, float *const *out) {
+    if (K == KVT_ROWS_F16 && f->dim == 64) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 64);
+    else if (K == KVT_ROWS_F16 && f->dim == 128) enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, 128);
+    else enc5_dot_rows_d(K, f, q, nq, k, rb, n_rows, scale, out, f->dim);
 }
 /* C 16-column steps side by side over all rows (C * nq <= 16 accumulators): each column is one
  * fmaf chain over the rows in ascending order, and C chains per query run at once. */
@@ -1292,7 +1290,7 @@ static void dot_kt_q4_512(const float *const *q, const float *kt, size_t ldk, ui
 #endif
 
 /* lanes_reduce, 8 or 16 columns a step: the same adds per column as the reference. */
-#define LANES_REDUCE_BODY(V, W, LD, ADD)                                                                               \
+#define LANES_REDUCE_BODY(V, W, LD, ST, ADD)                                                                           \
     uint32_t d = 0;                                                                                                    \
     for (; d + (W) <= n; d += (W)) {                                                                                   \
         V t[8], u[4];                                                                                                  \
@@ -1302,16 +1300,12 @@ static void dot_kt_q4_512(const float *const *q, const float *kt, size_t ldk, ui
     }                                                                                                                  \
     if (d < n) kvt_vec_lanes_reduce_ref(o + d, acc + d, ld, n - d)
 #if KVT_X86
-#define ST _mm256_storeu_ps
 T2 static void lanes_reduce_avx2(float *o, const float *acc, size_t ld, uint32_t n) {
-    LANES_REDUCE_BODY(__m256, 8, _mm256_loadu_ps, _mm256_add_ps);
+    LANES_REDUCE_BODY(__m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps);
 }
-#undef ST
-#define ST _mm512_storeu_ps
 T5 static void lanes_reduce_avx512(float *o, const float *acc, size_t ld, uint32_t n) {
-    LANES_REDUCE_BODY(__m512, 16, _mm512_loadu_ps, _mm512_add_ps);
+    LANES_REDUCE_BODY(__m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps);
 }
-#undef ST
 #endif
 #undef LANES_REDUCE_BODY
 
@@ -1321,8 +1315,8 @@ static const kvt_vec_ops ops_ref = {
     .dot_rows = kvt_vec_dot_rows_ref, .axpy_rows = kvt_vec_axpy_rows_ref, .dot_q4 = dot_q4_ref,
     .axpy_q4 = axpy_q4_ref, .transpose_rows = kvt_vec_transpose_rows_ref,
     .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref, .dot_kt_q4 = kvt_vec_dot_kt_q4_ref,
-    .exp_sum = kvt_vec_exp_sum_ref, .lanes_reduce = kvt_vec_lanes_reduce_ref, .round_f16 = kvt_vec_round_f16_ref, .exp_clamped = exp_clamped_ref,
-    .silu_mul = silu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
+    .exp_sum = kvt_vec_exp_sum_ref, .lanes_reduce = kvt_vec_lanes_reduce_ref, .round_f16 = kvt_vec_round_f16_ref,
+    .exp_clamped = exp_clamped_ref, .silu_mul = silu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
 };
 #if KVT_X86
 static const kvt_vec_ops ops_avx2 = {
