@@ -9,7 +9,7 @@
  *   m = max_j s_j; e_j = kvt_vec_exp(s_j - m); sum = e_lo + ... + e_hi (kvt_vec_exp_sum order)
  *   w_j = f16(e_j * (1/sum))                          (kvt_vec_round_f16)
  *   acc[0..15] = 0; for j ascending: kvt_vec_axpy(acc[j % 16], w_j, v_j)  (lane = absolute position % 16)
- *   o = kvt_vec_lanes_reduce(acc) (kernels/vec.h): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
+ *   o = kvt_vec_lanes_reduce(acc): t_l = acc_l + acc_l+8, u_l = t_l + t_l+4, (u0 + u2) + (u1 + u3)
  * so for the same decoded f32 K/V they produce identical bits. The two f16 roundings are those of
  * llama.cpp's default (non-flash) CPU attention over an f16 cache, where K·Q converts Q to f16 and
  * the V product converts the normalized softmax weights to f16; the V product's 16 lanes over keys
@@ -261,22 +261,16 @@ static bool fused_rows(kvt_codec c, bool mla, uint32_t dim, uint32_t d0, uint32_
 }
 
 /* Sets f's continuation (kvt_vec_rowfmt run_end / run_next) for KV head kvh's rows of side vs
- * (0 K, 1 V) in block bi: the end of the head's run in that block, and the head's run in block
- * bi + 1 when the pass goes on there (bi < last and the block is held). Only the kernels' fetches
- * ahead use it: 2.7-3.2 -> 2.5-2.6 ms per layer for qwen3-0.6b's shape at 16384 keys, 0.66-0.69 ->
- * 0.47-0.50 for smol-135m's (bench/attn --split 2 16384, AVX-512 Zen 5), whose fetches ahead of a
- * block's last rows had landed on the next head's rows of the same block. */
+ * (0 K, 1 V) in block bi: the end of the head's run in that block and the head's run in block
+ * bi + 1, when the pass goes on there (bi < last and the block is held); none otherwise. Only the
+ * kernels' fetches ahead use it (docs/kv-blocks.md "Rows read in place"). */
 static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_layer_info *li,
                           kvt_block *const *slots, uint32_t bi, uint32_t last, uint32_t kvh, int vs) {
-    const uint32_t bt = l->block_tokens;
-    const int var = kvt_layout_variant(l, bi);
+    f->run_end = f->run_next = NULL;
+    if (bi + 1 > last || !slots[bi + 1]) return;
+    const size_t bt = l->block_tokens;
+    const int var = kvt_layout_variant(l, bi), nv = kvt_layout_variant(l, bi + 1);
     f->run_end = slots[bi]->data + li->offset[var][vs] + ((size_t)kvh + 1) * bt * li->row_bytes[var][vs];
-    f->run_next = NULL;
-    if (bi + 1 > last || !slots[bi + 1]) {
-        f->run_end = NULL;
-        return;
-    }
-    const int nv = kvt_layout_variant(l, bi + 1);
     f->run_next = slots[bi + 1]->data + li->offset[nv][vs] + (size_t)kvh * bt * li->row_bytes[nv][vs];
 }
 
@@ -401,6 +395,9 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const size_t rb = li->row_bytes[var][0];
                 /* rows of this KV head: contiguous, token t at base + t*rb */
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
+                kvt_vec_rowfmt fm;
+                const bool fk = fused_rows(c, mla, hd_k, 0, hd_k, &fm);
+                if (fk) rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, 0);
                 for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
@@ -409,9 +406,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     if (na == 0) continue;
                     const bool use_kt = kt && na >= ATT_KT_MIN_PAIRS;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
-                    kvt_vec_rowfmt fm;
-                    if (!use_kt && fused_rows(c, mla, hd_k, 0, hd_k, &fm)) { /* rows read in place, up to 4 pairs a pass */
-                        rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, 0);
+                    if (!use_kt && fk) { /* rows read in place, up to 4 pairs a pass */
                         for (uint32_t g0 = 0; g0 < na; g0 += KVT_VEC_QN) {
                             const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g0);
                             const float *qq[KVT_VEC_QN];
@@ -580,7 +575,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 for (uint32_t j = 0; j < np; j++) {
                     if (pr[j].inv == 0.0f) continue;
                     kvt_vec_lanes_reduce(pr[j].o, lane_base + (size_t)j * ATT_VL * hdp, hdp, hd_v);
-                    if (turbo) kvt_vec_lanes_reduce(pr[j].orot, lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, hdp, hd_v);
+                    if (turbo)
+                        kvt_vec_lanes_reduce(pr[j].orot, lane_base + (size_t)(ATT_TILE + j) * ATT_VL * hdp, hdp, hd_v);
                 }
             /* The weights were normalized before the V pass (f16-rounded), so no 1/sum here. */
             for (uint32_t j = 0; j < np && turbo; j++) {
@@ -762,7 +758,8 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
             }
         }
     }
-    for (uint32_t g = 0; g < na; g++) kvt_vec_lanes_reduce(out + (size_t)act[g] * hd_v + d0, lanes + (size_t)g * ATT_VL * w, w, w);
+    for (uint32_t g = 0; g < na; g++)
+        kvt_vec_lanes_reduce(out + (size_t)act[g] * hd_v + d0, lanes + (size_t)g * ATT_VL * w, w, w);
 }
 
 void kvt_attention_split(const kvt_seq *s, uint32_t layer, const float *q, uint32_t pos, uint32_t n_head, float scale,
