@@ -914,6 +914,14 @@ T2I const char *enc_pf_addr(const kvt_vec_rowfmt *f, uintptr_t a) {
     return (const char *)(f->run_end && a >= e ? (uintptr_t)f->run_next + (a - e) : a);
 }
 
+/* f16 rows: the lines of the n bytes at byte address a (a row, or its steps' part), one address
+ * test for them all (a row never straddles a run's end). */
+T2I void enc_prefetch_lines(const kvt_vec_rowfmt *f, uintptr_t a, size_t n) {
+    const char *pf = enc_pf_addr(f, a);
+#pragma GCC unroll 8
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+}
+
 /* Fetch dist bytes ahead of the line holding element i's code when that code starts a line of
  * the step sequence, and of an affine row's scales with its first step (d0). */
 T2I void enc_prefetch(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t d0, size_t dist) {
@@ -930,10 +938,7 @@ T2I void enc_dot_lanes(int K, const kvt_vec_rowfmt *f, const float *const *q, in
 #pragma GCC unroll 4
     for (int j = 0; j < nq; j++) lo[j] = hi[j] = _mm256_setzero_ps();
     const uint32_t gw = K == KVT_ROWS_F16 ? f->dim : 1u << gs; /* elements sharing a scale */
-    if (K == KVT_ROWS_F16) { /* the row's lines, one address test */
-        const char *pf = enc_pf_addr(f, (uintptr_t)kr + ENC_PF);
-        for (uint32_t o = 0; o < 2 * f->dim; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-    }
+    if (K == KVT_ROWS_F16) enc_prefetch_lines(f, (uintptr_t)kr + ENC_PF, 2 * (size_t)f->dim);
     for (uint32_t g0 = 0; g0 < f->dim; g0 += gw) {
         __m256 vs = _mm256_setzero_ps(), vb = vs;
         if (K != KVT_ROWS_F16) enc_group(K, f, kr, g0 >> gs, ng, &vs, &vb);
@@ -1122,11 +1127,8 @@ T5I void enc5_dot_rows(int K, const kvt_vec_rowfmt *f, const float *const *q, in
         for (int j = 0; j < nq; j++) acc[rr][j] = _mm512_setzero_ps();
     if (K == KVT_ROWS_F16) { /* D: the row width, a constant where the caller made it one */
 #pragma GCC unroll 8
-        for (int rr = 0; rr < R; rr++) { /* each row's lines, once, ENC_PF bytes on */
-            const char *pf = enc_pf_addr(f, (uintptr_t)(k + (size_t)rr * rb) + ENC_PF);
-#pragma GCC unroll 8
-            for (uint32_t o = 0; o < 2 * D; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        }
+        for (int rr = 0; rr < R; rr++) /* each row's lines, once, ENC_PF bytes on */
+            enc_prefetch_lines(f, (uintptr_t)(k + (size_t)rr * rb) + ENC_PF, 2 * (size_t)D);
 #pragma GCC unroll 8
         for (uint32_t i = 0; i < D; i += 16) {
             __m512 qv[KVT_VEC_QN];
@@ -1219,11 +1221,8 @@ T5I void enc5_axpy_cols(int K, const kvt_vec_rowfmt *f, float *const *y, const f
         __m512 wv[KVT_VEC_QN];
 #pragma GCC unroll 4
         for (int j = 0; j < nq; j++) wv[j] = _mm512_set1_ps(w[j][(size_t)r * ws]);
-        if (K == KVT_ROWS_F16) { /* the steps' lines (32 bytes a step), one address test a row */
-            const char *pf = enc_pf_addr(f, (uintptr_t)xr + 2 * (size_t)(d0 + i) + pfd);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c += 2) _mm_prefetch(pf + 32 * c, _MM_HINT_T0);
-        }
+        if (K == KVT_ROWS_F16) /* the steps' lines (32 bytes a step) */
+            enc_prefetch_lines(f, (uintptr_t)xr + 2 * (size_t)(d0 + i) + pfd, 32 * (size_t)C);
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const uint32_t e = d0 + i + 16 * (uint32_t)c;
