@@ -261,17 +261,38 @@ static bool fused_rows(kvt_codec c, bool mla, uint32_t dim, uint32_t d0, uint32_
 }
 
 /* Sets f's continuation (kvt_vec_rowfmt run_end / run_next) for KV head kvh's rows of side vs
- * (0 K, 1 V) in block bi: the end of the head's run in that block and the head's run in block
- * bi + 1, when the pass goes on there (bi < last and the block is held); none otherwise. Only the
- * kernels' fetches ahead use it (docs/kv-blocks.md "Rows read in place"). */
+ * (0 K, 1 V) in block bi of a pass over keys up to hi (in block last = hi / bt): before the last
+ * block, the end of the head's run in block bi and its run in block bi + 1 (when held); in the last
+ * block, the end of the rows the pass reads (key hi) and `after`, where the next pass starts
+ * (run_at; NULL: none). Only the kernels' fetches ahead use it (docs/kv-blocks.md "Rows read in
+ * place"). */
 static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_layer_info *li,
-                          kvt_block *const *slots, uint32_t bi, uint32_t last, uint32_t kvh, int vs) {
+                          kvt_block *const *slots, uint32_t bi, uint32_t hi, uint32_t kvh, int vs, const uint8_t *after) {
     f->run_end = f->run_next = NULL;
-    if (bi + 1 > last || !slots[bi + 1]) return;
     const size_t bt = l->block_tokens;
-    const int var = kvt_layout_variant(l, bi), nv = kvt_layout_variant(l, bi + 1);
-    f->run_end = slots[bi]->data + li->offset[var][vs] + ((size_t)kvh + 1) * bt * li->row_bytes[var][vs];
+    const int var = kvt_layout_variant(l, bi);
+    const uint8_t *run = slots[bi]->data + li->offset[var][vs] + (size_t)kvh * bt * li->row_bytes[var][vs];
+    if (bi == hi / bt) {
+        if (!after) return;
+        f->run_end = run + (hi % bt + 1) * li->row_bytes[var][vs];
+        f->run_next = after;
+        return;
+    }
+    if (!slots[bi + 1]) return;
+    const int nv = kvt_layout_variant(l, bi + 1);
+    f->run_end = run + bt * li->row_bytes[var][vs];
     f->run_next = slots[bi + 1]->data + li->offset[nv][vs] + (size_t)kvh * bt * li->row_bytes[nv][vs];
+}
+
+/* Where KV head kvh's row of key p, side vs, lies; NULL when its block is not held or the layer
+ * has no such side (MLA's V). For the fetches ahead only (rows_continue). */
+static const uint8_t *run_at(const kvt_kv_layout *l, const kvt_layer_info *li, kvt_block *const *slots, uint32_t p,
+                             uint32_t kvh, int vs) {
+    const uint32_t bt = l->block_tokens, bi = p / bt;
+    const int var = kvt_layout_variant(l, bi);
+    const size_t rb = li->row_bytes[var][vs];
+    if (!slots[bi] || rb == 0) return NULL;
+    return slots[bi]->data + li->offset[var][vs] + ((size_t)kvh * bt + p % bt) * rb;
 }
 
 /* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from encoded rows in
@@ -397,7 +418,8 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint8_t *base = b->data + li->offset[var][0] + (size_t)kvh * bt * rb;
                 kvt_vec_rowfmt fm;
                 const bool fk = fused_rows(c, mla, hd_k, 0, hd_k, &fm);
-                if (fk) rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, 0);
+                /* the K rows' fetches ahead run on into this head's V rows (mla: none), read next */
+                if (fk) rows_continue(&fm, l, li, slots, bi, uhi, kvh, 0, mla ? NULL : run_at(l, li, slots, ulo, kvh, 1));
                 for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1);
                     uint32_t act[ATT_TILE], na = 0;
@@ -486,7 +508,13 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                 const uint8_t *base = b->data + li->offset[var][vs] + (size_t)kvh * bt * rb;
                 kvt_vec_rowfmt fm;
                 const bool fv = lanes && fused_rows(c, mla, hd_v, 0, hd_v, &fm);
-                if (fv) rows_continue(&fm, l, li, slots, bi, uhi / bt, kvh, vs);
+                /* the V rows' fetches ahead run on into the K rows the next pass reads: the next
+                 * tile's of this head, else the next head's (its first keys taken as this tile's) */
+                if (fv) {
+                    const uint32_t nk = t0 + tp < n_pairs ? kvh : kvh + 1;
+                    rows_continue(&fm, l, li, slots, bi, uhi, kvh, vs,
+                                  nk <= (h1 - 1) / rep ? run_at(l, li, slots, ulo, nk, 0) : NULL);
+                }
                 const uint32_t vkc = fv ? ATT_VKC : kc;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += vkc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + vkc - 1);
@@ -662,7 +690,7 @@ static void split_scores(const split_job *jb, uint32_t kvh, const float *q, floa
         const uint8_t *base = b->data + jb->li->offset[var][0] + (size_t)kvh * bt * rb;
         kvt_vec_rowfmt fm;
         if (fused_rows(c, false, hd_k, 0, hd_k, &fm)) { /* rows in place, the whole run at once */
-            rows_continue(&fm, l, jb->li, jb->slots, bi, (kb - 1) / bt, kvh, 0);
+            rows_continue(&fm, l, jb->li, jb->slots, bi, kb - 1, kvh, 0, NULL);
             for (uint32_t g0 = 0; g0 < rep; g0 += KVT_VEC_QN) {
                 const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, rep - g0);
                 const float *qq[KVT_VEC_QN];
@@ -723,7 +751,7 @@ static void split_values(const split_job *jb, uint32_t kvh, uint32_t d0, uint32_
         const uint8_t *base = b->data + jb->li->offset[var][1] + (size_t)kvh * bt * rb;
         kvt_vec_rowfmt fm;
         const bool fv = fused_rows(c, false, hd_v, d0, w, &fm);
-        if (fv) rows_continue(&fm, l, jb->li, jb->slots, bi, hi / bt, kvh, 1);
+        if (fv) rows_continue(&fm, l, jb->li, jb->slots, bi, hi, kvh, 1, NULL);
         const uint32_t kc = fv ? ATT_VKC : jb->kc;
         for (uint32_t p0 = pa; p0 <= pb; p0 += kc) {
             const uint32_t p1 = KVT_MIN(pb, p0 + kc - 1), nr = p1 - p0 + 1;

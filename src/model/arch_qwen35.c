@@ -343,8 +343,7 @@ static kvt_status q35_ctx_create(const kvt_model *m, const void *state, int n_th
 
 
 static void l2norm(float *x, uint32_t n, float eps) {
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    const double sum = kvt_sum_squares(x, n);
     const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
     for (uint32_t i = 0; i < n; i++) x[i] *= scale;
 }

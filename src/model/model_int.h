@@ -61,6 +61,8 @@ kvt_status kvt_load_mat(kvt_model *m, const kvt_gguf *g, const char *name, uint3
                         uint32_t n_mat, bool required, kvt_wmat *out, char *err, size_t errlen);
 
 /* ---- row math and matmul helpers (model.c) ---- */
+/* Sum of squares of x[0..n) in double, one fixed order everywhere (the norms' sums). */
+double kvt_sum_squares(const float *x, uint32_t n);
 void kvt_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps);
 void kvt_rope_apply(float *x, const float *cs, uint32_t n_rot, bool neox);
 void kvt_split_range(uint32_t n, int ith, int nth, uint32_t *r0, uint32_t *r1);
