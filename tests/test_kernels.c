@@ -938,18 +938,20 @@ static void test_packed_k16_shapes(void **st) {
 }
 
 /* The Q4_K/Q5_K/Q4_0 decode layouts across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
- * tile alone, every activation row alone (check_n16_rows through check_packed). */
+ * tile alone, every activation row alone (check_n16_rows through check_packed); 3 activation rows
+ * (chunks of 2 and 1), 7 (4, 2, 1) and 8 (the K-quants' 8-row chunk, a tile's groups two at a time). */
 static void test_packed_n16_tiles(void **st) {
     (void)st;
     const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0};
-    const int64_t outs[] = {149, 64, 80};
+    const int64_t outs[] = {149, 64, 80}, rows[] = {3, 7, 8};
     for (size_t ti = 0; ti < 3; ti++)
-        for (size_t oi = 0; oi < 3; oi++) {
-            mm_case c;
-            mm_setup(&c, ts[ti], oi == 1 ? 2048 : 512, outs[oi], 3, 1400 + ti * 8 + oi);
-            check_packed(&c);
-            mm_free(&c);
-        }
+        for (size_t oi = 0; oi < 3; oi++)
+            for (size_t ri = 0; ri < 3; ri++) {
+                mm_case c;
+                mm_setup(&c, ts[ti], oi == 1 ? 2048 : 512, outs[oi], rows[ri], 1400 + ti * 8 + oi + 100 * ri);
+                check_packed(&c);
+                mm_free(&c);
+            }
     mm_case c; /* Q4_0 rows of an odd block count: no nibble layout (it holds pairs of blocks) */
     mm_setup(&c, KVT_TYPE_Q4_0, 96, 40, 2, 1450);
     check_packed(&c);
