@@ -939,7 +939,7 @@ static void test_packed_k16_shapes(void **st) {
 
 /* The Q4_K/Q5_K/Q4_0 decode layouts across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
  * tile alone, every activation row alone (check_n16_rows through check_packed); 3 activation rows
- * (chunks of 2 and 1), 7 (4, 2, 1) and 8 (the K-quants' 8-row chunk, a tile's groups two at a time). */
+ * (kq_n16_drive's chunks of 2 and 1), 7 (4, 2, 1) and 8 (4, 4: the second chunk reads the tile from L2). */
 static void test_packed_n16_tiles(void **st) {
     (void)st;
     const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0};

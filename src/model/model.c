@@ -790,8 +790,9 @@ void kvt_ctx_set_mla_prefill(kvt_ctx *c, kvt_mla_prefill mode) { c->mla_prefill 
 /* Sum of x[i]^2 in double, in a fixed order on every machine: element i into running sum i % 8, the
  * eight sums then added pairwise. Eight independent chains rather than one: a single chain of
  * dependent double adds (about 3,500 a layer of a qwen3-0.6b decode step: two norms of the hidden
- * row, the Q and K head norms) cost 2-3 % of the step. The products are exact in double; ggml adds
- * them in one chain, and both differ from the exact sum far below a float's last bit. */
+ * row, the Q and K head norms) cost about 1 % of the step (bench/results/zen5-2026-12-06c.md). The
+ * products are exact in double; ggml adds them in one chain, and both differ from the exact sum far
+ * below a float's last bit. */
 #define SQ(i) ((double)x[i] * (double)x[i])
 double kvt_sum_squares(const float *x, uint32_t n) {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
