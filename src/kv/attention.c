@@ -260,30 +260,6 @@ static bool fused_rows(kvt_codec c, bool mla, uint32_t dim, uint32_t d0, uint32_
     return kvt_vec_rows_fused(f, d0, w);
 }
 
-/* Sets f's continuation (kvt_vec_rowfmt run_end / run_next) for KV head kvh's rows of side vs
- * (0 K, 1 V) in block bi of a pass over keys up to hi (in block last = hi / bt): before the last
- * block, the end of the head's run in block bi and its run in block bi + 1 (when held); in the last
- * block, the end of the rows the pass reads (key hi) and `after`, where the next pass starts
- * (run_at; NULL: none). Only the kernels' fetches ahead use it (docs/kv-blocks.md "Rows read in
- * place"). */
-static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_layer_info *li,
-                          kvt_block *const *slots, uint32_t bi, uint32_t hi, uint32_t kvh, int vs, const uint8_t *after) {
-    f->run_end = f->run_next = NULL;
-    const size_t bt = l->block_tokens;
-    const int var = kvt_layout_variant(l, bi);
-    const uint8_t *run = slots[bi]->data + li->offset[var][vs] + (size_t)kvh * bt * li->row_bytes[var][vs];
-    if (bi == hi / bt) {
-        if (!after) return;
-        f->run_end = run + (hi % bt + 1) * li->row_bytes[var][vs];
-        f->run_next = after;
-        return;
-    }
-    if (!slots[bi + 1]) return;
-    const int nv = kvt_layout_variant(l, bi + 1);
-    f->run_end = run + bt * li->row_bytes[var][vs];
-    f->run_next = slots[bi + 1]->data + li->offset[nv][vs] + (size_t)kvh * bt * li->row_bytes[nv][vs];
-}
-
 /* Where KV head kvh's row of key p, side vs, lies; NULL when its block is not held or the layer
  * has no such side (MLA's V). For the fetches ahead only (rows_continue). */
 static const uint8_t *run_at(const kvt_kv_layout *l, const kvt_layer_info *li, kvt_block *const *slots, uint32_t p,
@@ -293,6 +269,20 @@ static const uint8_t *run_at(const kvt_kv_layout *l, const kvt_layer_info *li, k
     const size_t rb = li->row_bytes[var][vs];
     if (!slots[bi] || rb == 0) return NULL;
     return slots[bi]->data + li->offset[var][vs] + ((size_t)kvh * bt + p % bt) * rb;
+}
+
+/* Sets f's continuation (kvt_vec_rowfmt run_end / run_next) for KV head kvh's rows of side vs
+ * (0 K, 1 V) in held block bi of a pass over keys up to hi: before the pass's last block, the end
+ * of the head's run in block bi and its run in block bi + 1 (when held); in the last block, the
+ * end of the rows the pass reads (key hi) and `after`, where the next pass starts (run_at; NULL:
+ * none). Only the kernels' fetches ahead use it (docs/kv-blocks.md "Rows read in place"). */
+static void rows_continue(kvt_vec_rowfmt *f, const kvt_kv_layout *l, const kvt_layer_info *li,
+                          kvt_block *const *slots, uint32_t bi, uint32_t hi, uint32_t kvh, int vs, const uint8_t *after) {
+    const uint32_t bt = l->block_tokens;
+    const bool last = bi == hi / bt;
+    const size_t rb = li->row_bytes[kvt_layout_variant(l, bi)][vs];
+    f->run_next = last ? after : run_at(l, li, slots, (bi + 1) * bt, kvh, vs);
+    f->run_end = f->run_next ? run_at(l, li, slots, bi * bt, kvh, vs) + (last ? hi % bt + 1 : bt) * rb : NULL;
 }
 
 /* The V product of up to KVT_VEC_QN queries seeing the same keys [a, e], read from encoded rows in
