@@ -36,9 +36,13 @@
  * the kernel runs a tile's groups at once (n16_tile): one sequential stream, prefetched a fixed
  * distance ahead. The integers (isum = Σ sc·Σq·x, msum = Σ mn·bsums) are exact and the float
  * expression is the one above, so it equals the GEMM and the row-major kernels bit for bit; it
- * replaces the 4-row GEMV copy (kq_ilv_build) of these types under AVX-512 VNNI and AMX. Q6_K keeps
- * that copy: a nibble form with a plane of 2-bit pairs and a scale per 16 weights measured slower
- * for decode than it (bench/results/zen5-2026-12-05b.md).
+ * replaces the 4-row GEMV copy (kq_ilv_build) of these types under AVX-512 VNNI and AMX. Q6_K
+ * (N16_GBB_Q6 = 3392 bytes, 212 a row and super-block against the file's 210): its f16 d, the int8
+ * scale of each 16-weight half, the low 4 bits of q + 32 in Q4_K's q plane and the top 2 bits in a
+ * plane of bit pairs, two vectors a sub-block (n16_sub6 moves a pair to bits 4-5 with a shift and a
+ * ternary-logic merge). Its isum − 32·msum is formed per half by starting each lane at −32·bsum, so
+ * the float expression is Q6_K's above. In cache it multiplies at 2.4x the 4-row copy's rate, which
+ * was bound by the unpacking of the file's ql/qh bytes (bench/results/zen5-2026-12-06d.md).
  *
  * Ownership: the layouts are owned by the kvt_packed (freed by kvt_packed_free), 64-byte aligned.
  */
@@ -84,7 +88,7 @@ size_t kq_n16_bytes(const kvt_packed *P) {
 }
 
 bool kq_n16_build(kvt_packed *P) {
-    if (P->kind != KQP_KM && !(P->type == KVT_TYPE_Q4_0 && P->nb % 2 == 0)) return false;
+    if (P->kind != KQP_KM && P->kind != KQP_K6 && !(P->type == KVT_TYPE_Q4_0 && P->nb % 2 == 0)) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     const size_t gbb = kq_n16_gbb(P);
     uint64_t bytes;
@@ -97,6 +101,30 @@ bool kq_n16_build(kvt_packed *P) {
         return true;
     }
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
+    if (P->kind == KQP_K6) {
+        for (int64_t o = 0; o < P->n_out; o++)
+            for (int64_t b = 0; b < P->nb; b++) {
+                const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
+                uint8_t *p = L + kq_n16_off(P, o / K16_ROWS, b);
+                const int n = (int)(o % K16_ROWS);
+                uint8_t q[QK_K]; /* q + 32 */
+                float d, dm;
+                int16_t sc2[8][2], mv[16];
+                kq_unpack_k(P->type, src, q, &d, &dm, sc2, mv);
+                memcpy(p + 2 * n, src + 208, 2); /* f16 d */
+                for (int h = 0; h < 16; h++) p[N16_SC + 16 * h + n] = src[192 + h];
+                for (int s = 0; s < 32; s++) {
+                    const int g = s / 4, k = (s % 4) / 2, u = s % 2;
+                    for (int j = 0; j < 4; j++) {
+                        const int wl = 8 * s + j, wh = wl + 4;
+                        p[N16_Q + 64 * s + 4 * n + j] = (uint8_t)((q[wl] & 15) | (q[wh] & 15) << 4);
+                        p[N16_QH + 128 * g + 64 * k + 4 * n + j] |= (uint8_t)((q[wl] >> 4) << (2 * u) | (q[wh] >> 4) << (4 + 2 * u));
+                    }
+                }
+            }
+        P->n16 = L;
+        return true;
+    }
     const bool q5 = P->type == KVT_TYPE_Q5_K;
     const size_t qso = q5 ? 48 : 16; /* qs in the block (Q5_K: after the 32 bytes of fifth bits) */
     for (int64_t o = 0; o < P->n_out; o++)
@@ -133,6 +161,34 @@ bool kq_n16_build(kvt_packed *P) {
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     if (P->type == KVT_TYPE_Q4_0) {
         kq_n16_q40_ref(P, act, y, o0, o1);
+        return;
+    }
+    if (P->type == KVT_TYPE_Q6_K) { /* kq_k16_ref's integers and float expression */
+        for (int64_t o = o0; o < o1; o++) {
+            const int n = (int)(o % K16_ROWS);
+            float sumf = 0.0f;
+            for (int64_t b = 0; b < P->nb; b++) {
+                const uint8_t *p = P->n16 + kq_n16_off(P, o / K16_ROWS, b);
+                const blk_q8_K *xa = (const blk_q8_K *)act + b;
+                int32_t isum = 0, msum = 0;
+                for (int h = 0; h < 16; h++) {
+                    int32_t dot = 0;
+                    for (int s = 2 * h; s < 2 * h + 2; s++) {
+                        const int u = s % 2;
+                        for (int j = 0; j < 4; j++) {
+                            const uint8_t v = p[N16_Q + 64 * s + 4 * n + j], hb = p[N16_QH + 64 * h + 4 * n + j];
+                            const int lo = (v & 15) | ((hb >> (2 * u)) & 3) << 4, hi = (v >> 4) | ((hb >> (4 + 2 * u)) & 3) << 4;
+                            dot += lo * xa->qs[8 * s + j] + hi * xa->qs[8 * s + 4 + j];
+                        }
+                    }
+                    const int32_t sc = (int8_t)p[N16_SC + 16 * h + n];
+                    isum += dot * sc;
+                    msum += sc * xa->bsums[h];
+                }
+                sumf += (kq_h2f(kq_rd16(p + 2 * n)) * xa->d) * (float)(isum - 32 * msum);
+            }
+            y[o] = sumf;
+        }
         return;
     }
     const bool q5 = P->type == KVT_TYPE_Q5_K;
@@ -368,6 +424,61 @@ K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p,
     }
 }
 
+/* Q6_K's sub-block g for n16_tile: per 16-weight half h = 2g + k, each (group, row) pair's lanes start
+ * from -32·bsums[h] of the row, vpdpbusd adds the 6-bit weights (q + 32: the low nibbles of the q plane
+ * with the two top bits of the qh plane moved to bits 4-5) against the activations, and the lane's
+ * scale multiplies that (vpmulld). Σ sc·(Σ(q+32)·x − 32·bsum) is exactly kq_k16_ref's isum − 32·msum. */
+K16_AI void n16_sub6(const int NG, const int NR, const uint8_t *p, size_t gbb, const uint8_t *const *xq, const int g,
+                     __m512i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const bool two = NG * NR <= 8;
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        const int h = 2 * g + k;
+        __m512i dot[16], doth[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const __m512i c0 = _mm512_set1_epi32(-32 * (int32_t)((const blk_q8_K *)xq[r])->bsums[h]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NG; i++) {
+                dot[i * NR + r] = c0;
+                if (two) doth[i * NR + r] = _mm512_setzero_si512();
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const __m512i hb = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_QH + 64 * h));
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+                const int st = 2 * h + u;
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + N16_Q + 64 * st));
+                /* A | (B & C) (imm 0xF8): the nibble, and bits 4-5 from the moved pair (16-bit shifts:
+                 * what crosses from the neighbouring byte lands outside 0x30) */
+                const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_slli_epi16(hb, 4 - 2 * u), m30, 0xF8);
+                const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                                             u ? _mm512_srli_epi16(hb, 2) : hb, m30, 0xF8);
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++) {
+                    const int kk = i * NR + r;
+                    dot[kk] = _mm512_dpbusd_epi32(dot[kk], lo, k16_bcast(xq[r] + 4 + 8 * st));
+                    if (two) doth[kk] = _mm512_dpbusd_epi32(doth[kk], hi, k16_bcast(xq[r] + 8 + 8 * st));
+                    else dot[kk] = _mm512_dpbusd_epi32(dot[kk], hi, k16_bcast(xq[r] + 8 + 8 * st));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * h)));
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                const int kk = i * NR + r;
+                const __m512i d = two ? _mm512_add_epi32(dot[kk], doth[kk]) : dot[kk];
+                isum[kk] = _mm512_add_epi32(isum[kk], _mm512_mullo_epi32(d, sc));
+            }
+        }
+    }
+}
+
 /* Decode and small batches (1..N16_MAX_ROWS activation rows): the NG groups of a tile × NR activation
  * rows per register tile (NG <= 4, NR 1, 2 or 4). Each loaded weight vector gives two
  * vpdpbusd operands (low nibbles against x[8s..8s+3] of each row, high against x[8s+4..8s+7],
@@ -401,7 +512,23 @@ K16_AI void n16_tile(const int kind, const int NG, const int NR, const uint8_t *
 #pragma GCC unroll 1
         for (int g = 0; g < 8; g++) {
             if (pf) kq_n16_prefetch(p + N16_PFD + (size_t)g * pfs, pfs, pend);
-            n16_sub(q5, NG, NR, p, gbb, xq, g, isum);
+            if (kind == N16_K6) n16_sub6(NG, NR, p, gbb, xq, g, isum);
+            else n16_sub(q5, NG, NR, p, gbb, xq, g, isum);
+        }
+        if (kind == N16_K6) { /* sumf += (dw·dx)·(float)(isum − 32·msum), the −32·msum already in isum */
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                float dxs;
+                memcpy(&dxs, &((const blk_q8_K *)xq[r])->d, 4);
+                const __m512 dx = _mm512_set1_ps(dxs);
+#pragma GCC unroll 4
+                for (int i = 0; i < NG; i++) {
+                    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + (size_t)i * gbb)));
+                    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[i * NR + r]));
+                    _mm512_store_ps(sumf[i * NR + r], _mm512_add_ps(_mm512_load_ps(sumf[i * NR + r]), a));
+                }
+            }
+            continue;
         }
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -490,6 +617,10 @@ static K16_TGT void n16_step(void *ctx, int64_t r, int nr, int64_t g, int64_t te
         if (nr == 4) N16_R(N16_K5, 4);
         else if (nr == 2) N16_R(N16_K5, 2);
         else N16_R(N16_K5, 1);
+    } else if (j->P->type == KVT_TYPE_Q6_K) {
+        if (nr == 4) N16_R(N16_K6, 4);
+        else if (nr == 2) N16_R(N16_K6, 2);
+        else N16_R(N16_K6, 1);
     } else {
         if (nr == 4) N16_R(N16_K4, 4);
         else if (nr == 2) N16_R(N16_K4, 2);
