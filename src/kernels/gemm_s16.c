@@ -72,14 +72,13 @@ bool kq_s16_build(kvt_packed *P) {
 /* Q4_0's n16 decode layout (kernels_internal.h): per pair of blocks the 16 bytes of nibbles (byte i:
  * weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the file's f16 scales. */
 void kq_n16_q40_build(kvt_packed *P, uint8_t *L) {
-    const int64_t bpg = kq_n16_q40_bpg(P);
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
     for (int64_t o = 0; o < P->n_out; o++)
         for (int64_t b = 0; b < P->nb; b++) {
             const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
-            uint8_t *p = L + kq_n16_off(P, o / KQS_N, b / bpg);
-            const int n = (int)(o % KQS_N), h = (int)(b % bpg);
-            memcpy(p + 256 * bpg + 32 * h + 2 * n, src, 2);
+            uint8_t *p = L + kq_n16_off(P, o / KQS_N, b / 2);
+            const int n = (int)(o % KQS_N), h = (int)(b % 2);
+            memcpy(p + N16_Q40_D + 32 * h + 2 * n, src, 2);
             for (int k = 0; k < 4; k++) memcpy(p + 256 * h + 64 * k + 4 * n, src + 2 + 4 * k, 4);
         }
 }
@@ -87,20 +86,19 @@ void kq_n16_q40_build(kvt_packed *P, uint8_t *L) {
 /* The arithmetic of kq_s16_ref (exact int32 block dot, fma in block order) on the n16 layout. */
 void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     const uint8_t *A = act;
-    const int64_t bpg = kq_n16_q40_bpg(P);
     for (int64_t o = o0; o < o1; o++) {
         const int n = (int)(o % KQS_N);
         float acc = 0.0f;
         for (int64_t b = 0; b < P->nb; b++) {
-            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b / bpg), *pa = A + (size_t)b * sizeof(blk_q8_0);
-            const int h = (int)(b % bpg);
+            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b / 2), *pa = A + (size_t)b * sizeof(blk_q8_0);
+            const int h = (int)(b % 2);
             int32_t isum = 0;
             for (int k = 0; k < 4; k++)
                 for (int j = 0; j < 4; j++) {
                     const uint8_t v = p[256 * h + 64 * k + 4 * n + j];
                     isum += ((v & 15) - 8) * (int8_t)pa[2 + 4 * k + j] + ((v >> 4) - 8) * (int8_t)pa[2 + 16 + 4 * k + j];
                 }
-            acc = fmaf((float)isum, kq_h2f(kq_rd16(p + 256 * bpg + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
+            acc = fmaf((float)isum, kq_h2f(kq_rd16(p + N16_Q40_D + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
         }
         y[o] = acc;
     }
@@ -273,20 +271,18 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
  * 0.78-0.81x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
  * Σ(q−8)·x of s16_tile; then its fma in block order: the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
-KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t bpg, int64_t nb, const uint8_t *C,
-                      size_t crb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
+KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
+                      size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const size_t gbb = N16_Q40_BB * (size_t)bpg, pfh = (pf / (size_t)bpg + 63) & ~(size_t)63;
+    const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
     const bool two = NG * NR <= 8; /* low and high nibbles in separate chains (else one a pair: 16 chains) */
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
-    const uint8_t *gb = G; /* the tile's group-blocks of block b, which is block h of theirs */
-    size_t h = 0;
-    for (int64_t b = 0; b < nb; b++, h = h + 1 == (size_t)bpg ? (gb += bs, 0) : h + 1) {
-        const uint8_t *p = gb + 256 * h, *pd = gb + 256 * (size_t)bpg + 32 * h;
-        if (pf) /* the tile's share, 1/bpg of it a block (spread: n16_tile, gemm_k16.c) */
-            kq_n16_prefetch(gb + N16_PFD + h * pfh, pfh, pend);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
+        if (pf) /* the group-block's share, half of it a block (spread: n16_tile, gemm_k16.c) */
+            kq_n16_prefetch(G + (size_t)(b / 2) * bs + N16_PFD + (size_t)(b % 2) * pfh, pfh, pend);
         __m512i lo[16], hi[8];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
@@ -301,7 +297,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
         for (int k = 0; k < 4; k++)
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
-                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + 64 * k));
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k));
                 const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) {
@@ -316,7 +312,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
             }
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++) {
-            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * gbb)));
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * N16_GBB_Q40)));
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 float dx;
@@ -337,13 +333,13 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
 KQS_AI void n16q_rows(const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy, int64_t o0,
                       int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
     const int ng = (int)(tend - g);
-    const size_t pfb = (size_t)ng * kq_n16_gbb(P);
+    const size_t pfb = (size_t)ng * N16_GBB_Q40;
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
     __mmask16 keep[N16_NG];
     for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
     const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
     float *yg = y + g * KQS_N;
-#define N16Q_T(NG) n16q_tile(NG, NR, G, bs, kq_n16_q40_bpg(P), P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
+#define N16Q_T(NG) n16q_tile(NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
     switch (ng) { /* constant widths: the accumulators stay in registers */
     case 4: N16Q_T(4); break;
     case 3: N16Q_T(3); break;

@@ -195,9 +195,8 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
  * 32 zero bytes; int8 sc[16 halves][16]; the q plane of Q4_K holding the low 4 bits of q + 32; uint8
  * qh[8 sub-blocks g][2 k][16][4] (the top 2 bits: byte j holds, for the steps s = 4g + 2k + u, u = 0
  * and 1, those of weight 8s+j at bits 2u..2u+1 and of weight 8s+4+j at bits 4+2u..5+2u). Q4_0
- * (gemm_s16.c), per group and run of B 32-weight blocks (kq_n16_q40_bpg: 8, or 2 where the row's
- * block count is not a multiple of 8): uint8 q[B][4][16][4] (the file's bytes: byte j of k holds
- * weights 4k+j and 16+4k+j); uint16 d[B][16]. */
+ * (gemm_s16.c), per group and pair of 32-weight blocks: uint8 q[2][4][16][4] (the file's bytes: byte
+ * j of k holds weights 4k+j and 16+4k+j); uint16 d[2][16]. */
 #define N16_NG 4
 #define N16_DM 32
 #define N16_SC 64
@@ -207,22 +206,19 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define N16_GBB_Q4 2368
 #define N16_GBB_Q5 2880
 #define N16_GBB_Q6 3392
-#define N16_Q40_BB 288 /* a Q4_0 block's bytes for 16 rows: 256 of q, 32 of d */
+#define N16_Q40_D 512
+#define N16_GBB_Q40 576
 enum { N16_K4 = 0, N16_K5 = 1, N16_K6 = 2 }; /* the K-quant kernel's variants */
 #define N16_MAX_ROWS 8 /* activation rows the n16 kernels take (more: the GEMM layouts) */
 #define N16_PFD 8192   /* bytes of the layout's stream the n16 kernels prefetch ahead */
-/* Q4_0 blocks a group-block holds: 8 (2304 bytes, a super-block's worth: each group's part of a tile
- * is then read in runs as long as Q4_K's, which streamed from DRAM at 1.2-1.3x the rate of pairs,
- * bench/results/zen5-2026-12-06d.md), or 2 where the block count is not a multiple of 8. */
-static inline int64_t kq_n16_q40_bpg(const kvt_packed *P) { return P->nb % 8 == 0 ? 8 : 2; }
 static inline size_t kq_n16_gbb(const kvt_packed *P) {
     return P->type == KVT_TYPE_Q5_K   ? N16_GBB_Q5
            : P->type == KVT_TYPE_Q6_K ? N16_GBB_Q6
-           : P->type == KVT_TYPE_Q4_0 ? N16_Q40_BB * (size_t)kq_n16_q40_bpg(P)
+           : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40
                                       : N16_GBB_Q4;
 }
-/* Group-blocks a group holds: the blocks (Q4_0: runs of kq_n16_q40_bpg blocks; its rows have an even count). */
-static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->type == KVT_TYPE_Q4_0 ? P->nb / kq_n16_q40_bpg(P) : P->nb; }
+/* Group-blocks a group holds: the blocks (Q4_0: pairs of blocks; its rows have an even count). */
+static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->type == KVT_TYPE_Q4_0 ? P->nb / 2 : P->nb; }
 /* Groups in the tile that starts at group t0 (N16_NG but for the last tile). */
 static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
     const int64_t ng = (P->n_out + 15) / 16;
