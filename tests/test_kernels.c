@@ -803,7 +803,7 @@ static void test_gemv_interleaved(void **st) {
                 assert_non_null(P);
                 /* AVX-512 VNNI: Q8_0/Q4_0/Q5_0 row-major products take the int8-block order (no copy) */
                 const bool int8_block = isas[m] == KVT_ISA_AVX512 && !strcmp(kvt_kernels_numerics_id(), "int8-block");
-                /* and Q4_K/Q5_K/Q4_0 read a 16-row nibble layout instead of the 4-row copy; Q5_0 its rows */
+                /* and Q4_K/Q5_K/Q6_K/Q4_0 read a 16-row nibble layout instead of the 4-row copy; Q5_0 its rows */
                 const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K || t == KVT_TYPE_Q4_0) && int8_block;
                 assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR && !(small_s && int8_block) && !n16);
                 const char *lay = kvt_packed_gemv_layout(P);
@@ -834,7 +834,7 @@ static void test_gemv_interleaved(void **st) {
             if (int8 && t == KVT_TYPE_Q5_0) {
                 assert_null(P); /* no copy for this ISA: nothing to make */
             } else { /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy, and
-                      * Q4_K/Q5_K/Q4_0 have their nibble layouts */
+                      * Q4_K/Q5_K/Q6_K/Q4_0 have their nibble layouts */
                 assert_non_null(P);
                 const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K || t == KVT_TYPE_Q4_0) &&
                                  !strcmp(kvt_kernels_numerics_id(), "int8-block");

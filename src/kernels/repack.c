@@ -252,7 +252,7 @@ static bool ilv_wanted(const kvt_packed *P) {
     return kq_ilv_fits(P->kind);
 }
 
-/* Whether P (Q4_K/Q5_K/Q4_0) gets the 16-row nibble decode layout: the ISA in use has its kernel
+/* Whether P (Q4_K/Q5_K/Q6_K/Q4_0) gets the 16-row nibble decode layout: the ISA in use has its kernel
  * (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels and whose Q4_0 products
  * have the same arithmetic), and the GEMV copy is not off. */
 static bool n16_wanted(const kvt_packed *P) {
@@ -302,7 +302,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
      * 2+ rows then take the row-major kernels, same results) */
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
-    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q4_0
+    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q6_K/Q4_0
      * under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
     if (P && n16_wanted(P)) (void)kq_n16_build(P);
     else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
