@@ -157,41 +157,24 @@ bool kq_n16_build(kvt_packed *P) {
     return true;
 }
 
-/* The n16 GEMV's arithmetic in scalar C (any CPU): the integers of kq_k16_ref, the same float expression. */
+/* Weight e (0..255) of lane n in the n16 group-block p of a K-quant: Q4_K its 4 bits, Q5_K 5, Q6_K q + 32. */
+static int n16_weight(uint32_t type, const uint8_t *p, int n, int e) {
+    const int s = e / 8, j = e % 4, hi = (e / 4) % 2; /* step s, byte j, high nibble */
+    const uint8_t v = p[N16_Q + 64 * s + 4 * n + j];
+    const int lo4 = hi ? v >> 4 : v & 15;
+    if (type == KVT_TYPE_Q5_K) return lo4 | ((p[N16_QH + 64 * (s / 4) + 4 * n + j] >> (4 * hi + s % 4)) & 1) << 4;
+    if (type == KVT_TYPE_Q6_K) return lo4 | ((p[N16_QH + 64 * (s / 2) + 4 * n + j] >> (4 * hi + 2 * (s % 2))) & 3) << 4;
+    return lo4;
+}
+
+/* The n16 GEMV's arithmetic in scalar C (any CPU): the integers of kq_k16_ref (per 16-weight half: the
+ * dot times the half's scale, and the bsum times its min, Q6_K its scale), the same float expression. */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     if (P->type == KVT_TYPE_Q4_0) {
         kq_n16_q40_ref(P, act, y, o0, o1);
         return;
     }
-    if (P->type == KVT_TYPE_Q6_K) { /* kq_k16_ref's integers and float expression */
-        for (int64_t o = o0; o < o1; o++) {
-            const int n = (int)(o % K16_ROWS);
-            float sumf = 0.0f;
-            for (int64_t b = 0; b < P->nb; b++) {
-                const uint8_t *p = P->n16 + kq_n16_off(P, o / K16_ROWS, b);
-                const blk_q8_K *xa = (const blk_q8_K *)act + b;
-                int32_t isum = 0, msum = 0;
-                for (int h = 0; h < 16; h++) {
-                    int32_t dot = 0;
-                    for (int s = 2 * h; s < 2 * h + 2; s++) {
-                        const int u = s % 2;
-                        for (int j = 0; j < 4; j++) {
-                            const uint8_t v = p[N16_Q + 64 * s + 4 * n + j], hb = p[N16_QH + 64 * h + 4 * n + j];
-                            const int lo = (v & 15) | ((hb >> (2 * u)) & 3) << 4, hi = (v >> 4) | ((hb >> (4 + 2 * u)) & 3) << 4;
-                            dot += lo * xa->qs[8 * s + j] + hi * xa->qs[8 * s + 4 + j];
-                        }
-                    }
-                    const int32_t sc = (int8_t)p[N16_SC + 16 * h + n];
-                    isum += dot * sc;
-                    msum += sc * xa->bsums[h];
-                }
-                sumf += (kq_h2f(kq_rd16(p + 2 * n)) * xa->d) * (float)(isum - 32 * msum);
-            }
-            y[o] = sumf;
-        }
-        return;
-    }
-    const bool q5 = P->type == KVT_TYPE_Q5_K;
+    const bool q6 = P->type == KVT_TYPE_Q6_K;
     for (int64_t o = o0; o < o1; o++) {
         const int n = (int)(o % K16_ROWS);
         float sumf = 0.0f;
@@ -199,21 +182,17 @@ void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int6
             const uint8_t *p = P->n16 + kq_n16_off(P, o / K16_ROWS, b);
             const blk_q8_K *xa = (const blk_q8_K *)act + b;
             int32_t isum = 0, msum = 0;
-            for (int g = 0; g < 8; g++) {
+            for (int h = 0; h < 16; h++) {
                 int32_t dot = 0;
-                for (int t = 0; t < 4; t++) {
-                    const int s = 4 * g + t;
-                    for (int j = 0; j < 4; j++) {
-                        const uint8_t v = p[N16_Q + 64 * s + 4 * n + j], h = q5 ? p[N16_QH + 64 * g + 4 * n + j] : 0;
-                        const int lo = (v & 15) | ((h >> t) & 1) << 4, hi = (v >> 4) | ((h >> (4 + t)) & 1) << 4;
-                        dot += lo * xa->qs[8 * s + j] + hi * xa->qs[8 * s + 4 + j];
-                    }
-                }
-                isum += dot * p[N16_SC + 16 * g + n];
-                msum += (int32_t)p[N16_MN + 32 * (g / 2) + 2 * n + (g % 2)] * (xa->bsums[2 * g] + xa->bsums[2 * g + 1]);
+                for (int e = 16 * h; e < 16 * h + 16; e++) dot += n16_weight(P->type, p, n, e) * xa->qs[e];
+                const int32_t sc = q6 ? (int8_t)p[N16_SC + 16 * h + n] : p[N16_SC + 16 * (h / 2) + n];
+                const int32_t mn = q6 ? sc : p[N16_MN + 32 * (h / 4) + 2 * n + (h / 2) % 2];
+                isum += dot * sc;
+                msum += mn * xa->bsums[h];
             }
-            const float dw = kq_h2f(kq_rd16(p + 2 * n)), dm = kq_h2f(kq_rd16(p + N16_DM + 2 * n));
-            sumf += (dw * xa->d) * (float)isum - (dm * xa->d) * (float)msum;
+            const float dw = kq_h2f(kq_rd16(p + 2 * n));
+            if (q6) sumf += (dw * xa->d) * (float)(isum - 32 * msum);
+            else sumf += (dw * xa->d) * (float)isum - (kq_h2f(kq_rd16(p + N16_DM + 2 * n)) * xa->d) * (float)msum;
         }
         y[o] = sumf;
     }
@@ -374,6 +353,34 @@ K16_AI void k16_pmm(const bool q6, const kvt_packed *P, const void *act, int64_t
     }
 }
 
+/* One weight vector's two vpdpbusd operands (lo: weights 8st..8st+3 of each lane's row, hi: 8st+4..)
+ * against the 4 activation bytes of each of the NR rows: dot (and doth, with two chains) of group i. */
+K16_AI void n16_dots(const int NR, const bool two, const int i, const __m512i lo, const __m512i hi,
+                     const uint8_t *const *xq, const int st, __m512i *dot, __m512i *doth) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) {
+        const int k = i * NR + r;
+        dot[k] = _mm512_dpbusd_epi32(dot[k], lo, k16_bcast(xq[r] + 4 + 8 * st));
+        if (two) doth[k] = _mm512_dpbusd_epi32(doth[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
+        else dot[k] = _mm512_dpbusd_epi32(dot[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
+    }
+}
+/* isum += the exact dots times each lane's scale, the int8 scales of NG groups at sc, gbb apart
+ * (Q4_K/Q5_K's 6-bit scales read the same sign- or zero-extended). */
+K16_AI void n16_scaled(const int NG, const int NR, const bool two, const uint8_t *sc, size_t gbb, const __m512i *dot,
+                       const __m512i *doth, __m512i *isum) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) {
+        const __m512i s = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(sc + (size_t)i * gbb)));
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            const int k = i * NR + r;
+            const __m512i d = two ? _mm512_add_epi32(dot[k], doth[k]) : dot[k];
+            isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(d, s));
+        }
+    }
+}
+
 /* Sub-block g (32 weights a row) of one super-block for n16_tile: isum[i·NR + r] += scale ×
  * the exact int32 dot of group i's 16 rows with activation row r. Up to 8 (group, row) pairs keep the
  * low and high nibbles in separate accumulators (16 independent vpdpbusd chains); 16 pairs (4 groups
@@ -403,25 +410,10 @@ K16_AI void n16_sub(const bool q5, const int NG, const int NR, const uint8_t *p,
                 lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h[i], 4 - t), b4));
                 hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h[i], t), b4));
             }
-#pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) {
-                const int k = i * NR + r;
-                dot[k] = _mm512_dpbusd_epi32(dot[k], lo, k16_bcast(xq[r] + 4 + 8 * st));
-                if (two) doth[k] = _mm512_dpbusd_epi32(doth[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
-                else dot[k] = _mm512_dpbusd_epi32(dot[k], hi, k16_bcast(xq[r] + 8 + 8 * st));
-            }
+            n16_dots(NR, two, i, lo, hi, xq, st, dot, doth);
         }
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < NG; i++) {
-        const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * g)));
-#pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) {
-            const int k = i * NR + r;
-            const __m512i d = two ? _mm512_add_epi32(dot[k], doth[k]) : dot[k];
-            isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(d, sc));
-        }
-    }
+    n16_scaled(NG, NR, two, p + N16_SC + 16 * g, gbb, dot, doth, isum);
 }
 
 /* Q6_K's sub-block g for n16_tile: per 16-weight half h = 2g + k, each (group, row) pair's lanes start
@@ -457,25 +449,10 @@ K16_AI void n16_sub6(const int NG, const int NR, const uint8_t *p, size_t gbb, c
                 const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_slli_epi16(hb, 4 - 2 * u), m30, 0xF8);
                 const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
                                                              u ? _mm512_srli_epi16(hb, 2) : hb, m30, 0xF8);
-#pragma GCC unroll 8
-                for (int r = 0; r < NR; r++) {
-                    const int kk = i * NR + r;
-                    dot[kk] = _mm512_dpbusd_epi32(dot[kk], lo, k16_bcast(xq[r] + 4 + 8 * st));
-                    if (two) doth[kk] = _mm512_dpbusd_epi32(doth[kk], hi, k16_bcast(xq[r] + 8 + 8 * st));
-                    else dot[kk] = _mm512_dpbusd_epi32(dot[kk], hi, k16_bcast(xq[r] + 8 + 8 * st));
-                }
+                n16_dots(NR, two, i, lo, hi, xq, st, dot, doth);
             }
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < NG; i++) {
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + (size_t)i * gbb + N16_SC + 16 * h)));
-#pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) {
-                const int kk = i * NR + r;
-                const __m512i d = two ? _mm512_add_epi32(dot[kk], doth[kk]) : dot[kk];
-                isum[kk] = _mm512_add_epi32(isum[kk], _mm512_mullo_epi32(d, sc));
-            }
-        }
+        n16_scaled(NG, NR, two, p + N16_SC + 16 * h, gbb, dot, doth, isum);
     }
 }
 
