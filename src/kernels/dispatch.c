@@ -182,15 +182,14 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
 #if KVT_X86
     if (n_rows == 1 && g_isa == KVT_ISA_AVX512 && g_vnni && p->type == KVT_TYPE_Q8_0 && p->s16) {
         /* decode from the 16-row layout (gemm_s16.c): 1.2-1.5x the row-major kernel's tok/s on a
-         * Zen 5 (bench/results/zen5-2026-12-05.md); Q4_0 has a nibble layout (below), Q5_0 keeps its
-         * rows, which hold 0.6 of its bytes */
+         * Zen 5 (bench/results/zen5-2026-12-05.md); Q4_0 and Q5_0 have nibble layouts (below) */
         kq_s16_gemv(p, act, y, o0, o1);
         return;
     }
     if (n_rows <= N16_MAX_ROWS && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
         /* decode and small batched steps from the nibble layouts: the GEMM layouts hold 2.2x
-         * (K-quants, gemm_k16.c) and 2x (Q4_0, gemm_s16.c) their bytes */
-        if (p->type == KVT_TYPE_Q4_0) kq_n16_q40_mm(p, act, n_rows, y, ldy, o0, o1);
+         * (K-quants, gemm_k16.c), 2x (Q4_0) and 1.6x (Q5_0, gemm_s16.c) their bytes */
+        if (p->type == KVT_TYPE_Q4_0 || p->type == KVT_TYPE_Q5_0) kq_n16_s_mm(p, act, n_rows, y, ldy, o0, o1);
         else kq_n16_mm(p, act, n_rows, y, ldy, o0, o1);
         return;
     }

@@ -88,15 +88,16 @@ size_t kq_n16_bytes(const kvt_packed *P) {
 }
 
 bool kq_n16_build(kvt_packed *P) {
-    if (P->kind != KQP_KM && P->kind != KQP_K6 && !(P->type == KVT_TYPE_Q4_0 && P->nb % 2 == 0)) return false;
+    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0;
+    if (P->kind != KQP_KM && P->kind != KQP_K6 && !(small && P->nb % 2 == 0)) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     const size_t gbb = kq_n16_gbb(P);
     uint64_t bytes;
     if (!kvt_mul_ok((uint64_t)ng * (uint64_t)kq_n16_nblk(P), gbb, &bytes) || bytes > SIZE_MAX / 2) return false;
     uint8_t *L = kq_packed_alloc((size_t)bytes); /* zeroed: padding rows are 0 (scales 0) */
     if (!L) return false;
-    if (P->type == KVT_TYPE_Q4_0) {
-        kq_n16_q40_build(P, L);
+    if (small) {
+        kq_n16_s_build(P, L);
         P->n16 = L;
         return true;
     }
@@ -170,8 +171,8 @@ static int n16_weight(uint32_t type, const uint8_t *p, int n, int e) {
 /* The n16 GEMV's arithmetic in scalar C (any CPU): the integers of kq_k16_ref (per 16-weight half: the
  * dot times the half's scale, and the bsum times its min, Q6_K its scale), the same float expression. */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
-    if (P->type == KVT_TYPE_Q4_0) {
-        kq_n16_q40_ref(P, act, y, o0, o1);
+    if (P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0) {
+        kq_n16_s_ref(P, act, y, o0, o1);
         return;
     }
     const bool q6 = P->type == KVT_TYPE_Q6_K;

@@ -22,10 +22,11 @@
  * AVX-512 VNNI and AMX paths: results do not depend on n_rows, [o0,o1), tile shapes or the thread
  * count (decode == full recompute), and the numerics id is shared ("int8-block").
  *
- * Q4_0 decode and batched steps of up to N16_MAX_ROWS rows read a nibble layout instead
- * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, half the bytes
- * of this one) with the same arithmetic: each lane starts from −8·Σx of the block, vpdpbusd adds the
- * low and high nibbles against their activation bytes (n16q_tile).
+ * Q4_0 and Q5_0 decode and batched steps of up to N16_MAX_ROWS rows read a nibble layout instead
+ * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, 0.5 / 0.6 the
+ * bytes of this one) with the same arithmetic: each lane starts from −8·Σx (Q5_0: −16·Σx) of the
+ * block, vpdpbusd adds the low and high nibbles (Q5_0: with their fifth bits) against their
+ * activation bytes (n16q_tile).
  *
  * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free); the kernel keeps its
  * converted activation rows in the calling thread's scratch (kq_tls_scratch).
@@ -69,23 +70,36 @@ bool kq_s16_build(kvt_packed *P) {
     return true;
 }
 
-/* Q4_0's n16 decode layout (kernels_internal.h): per pair of blocks the 16 bytes of nibbles (byte i:
- * weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the file's f16 scales. */
-void kq_n16_q40_build(kvt_packed *P, uint8_t *L) {
+/* Q4_0's and Q5_0's n16 decode layout (kernels_internal.h): per pair of blocks the 16 bytes of
+ * nibbles (byte i: weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the file's
+ * f16 scales; Q5_0 then the fifth bits, regrouped so that byte j of vector k's lane holds those of
+ * its weights at bits k (low nibble) and 4+k (high). */
+void kq_n16_s_build(kvt_packed *P, uint8_t *L) {
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
+    const bool q5 = P->type == KVT_TYPE_Q5_0;
+    const size_t qo = q5 ? 6 : 2; /* the nibbles in the file's block (Q5_0: after d and qh) */
     for (int64_t o = 0; o < P->n_out; o++)
         for (int64_t b = 0; b < P->nb; b++) {
             const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
             uint8_t *p = L + kq_n16_off(P, o / KQS_N, b / 2);
             const int n = (int)(o % KQS_N), h = (int)(b % 2);
             memcpy(p + N16_Q40_D + 32 * h + 2 * n, src, 2);
-            for (int k = 0; k < 4; k++) memcpy(p + 256 * h + 64 * k + 4 * n, src + 2 + 4 * k, 4);
+            for (int k = 0; k < 4; k++) memcpy(p + 256 * h + 64 * k + 4 * n, src + qo + 4 * k, 4);
+            if (!q5) continue;
+            const uint32_t qh = (uint32_t)src[2] | (uint32_t)src[3] << 8 | (uint32_t)src[4] << 16 | (uint32_t)src[5] << 24;
+            for (int j = 0; j < 4; j++) {
+                uint8_t v = 0;
+                for (int k = 0; k < 4; k++) v |= (uint8_t)(((qh >> (4 * k + j)) & 1) << k | ((qh >> (16 + 4 * k + j)) & 1) << (4 + k));
+                p[N16_Q50_H + 64 * h + 4 * n + j] = v;
+            }
         }
 }
 
 /* The arithmetic of kq_s16_ref (exact int32 block dot, fma in block order) on the n16 layout. */
-void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+void kq_n16_s_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     const uint8_t *A = act;
+    const bool q5 = P->type == KVT_TYPE_Q5_0;
+    const int off = q5 ? 16 : 8; /* the codes' zero */
     for (int64_t o = o0; o < o1; o++) {
         const int n = (int)(o % KQS_N);
         float acc = 0.0f;
@@ -95,8 +109,9 @@ void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, 
             int32_t isum = 0;
             for (int k = 0; k < 4; k++)
                 for (int j = 0; j < 4; j++) {
-                    const uint8_t v = p[256 * h + 64 * k + 4 * n + j];
-                    isum += ((v & 15) - 8) * (int8_t)pa[2 + 4 * k + j] + ((v >> 4) - 8) * (int8_t)pa[2 + 16 + 4 * k + j];
+                    const uint8_t v = p[256 * h + 64 * k + 4 * n + j], e = q5 ? p[N16_Q50_H + 64 * h + 4 * n + j] : 0;
+                    const int wl = (v & 15) | ((e >> k) & 1) << 4, wh = (v >> 4) | ((e >> (4 + k)) & 1) << 4;
+                    isum += (wl - off) * (int8_t)pa[2 + 4 * k + j] + (wh - off) * (int8_t)pa[2 + 16 + 4 * k + j];
                 }
             acc = fmaf((float)isum, kq_h2f(kq_rd16(p + N16_Q40_D + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
         }
@@ -264,16 +279,19 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * and fma in block order, so the bits are those of the GEMM and of the row-major kernel
  * (kq_amx_mm_*); the layout's 576 bytes a block of 16 outputs stream at about the bandwidth, where
  * the row-major kernel's four rows with horizontal adds per block did not. */
-/* Q4_0 decode and small batches on the n16 layout: the NG groups of a tile (NG <= 4) × NR converted
- * activation rows (1, 2 or 4). Per block each lane starts from −8·Σx (the converted block's −128·Σx
- * / 16, exact), vpdpbusd adds the low nibbles against x[4k..4k+3] and the high ones against
- * x[16+4k..] (a second chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one
+/* Q4_0 and Q5_0 decode and small batches on the n16 layout: the NG groups of a tile (NG <= 4) × NR
+ * converted activation rows (1, 2 or 4). Per block each lane starts from −8·Σx (Q5_0: −16·Σx; the
+ * converted block's −128·Σx / 16 or / 8, exact), vpdpbusd adds the low nibbles against x[4k..4k+3]
+ * and the high ones against x[16+4k..] (Q5_0: each with its fifth bit or-ed in at bit 4 by one
+ * ternary-logic op; a second chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one
  * accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
  * 0.78-0.81x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
- * Σ(q−8)·x of s16_tile; then its fma in block order: the bits of kq_s16_pmm and kq_amx_mm_q4_0. */
-KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t crb,
-                      size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+ * Σ(q−8)·x (Σ(q−16)·x) of s16_tile; then its fma in block order: the bits of kq_s16_pmm and
+ * kq_amx_mm_q4_0 / kq_amx_mm_q5_0. */
+KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C,
+                      size_t crb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const size_t gbb = q5 ? N16_GBB_Q50 : N16_GBB_Q40;
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
     const bool two = NG * NR <= 8; /* low and high nibbles in separate chains (else one a pair: 16 chains) */
     __m512 acc[16];
@@ -281,12 +299,13 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
+        const uint8_t *ph = G + (size_t)(b / 2) * bs + N16_Q50_H + 64 * (size_t)(b % 2);
         if (pf) /* the group-block's share, half of it a block (spread: n16_tile, gemm_k16.c) */
             kq_n16_prefetch(G + (size_t)(b / 2) * bs + N16_PFD + (size_t)(b % 2) * pfh, pfh, pend);
-        __m512i lo[16], hi[8];
+        __m512i lo[16], hi[8], qh[N16_NG];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            const __m512i c0 = _mm512_srai_epi32(_mm512_set1_epi32(*(const int32_t *)(C + (size_t)r * crb + (size_t)b * KQS_CA)), 4);
+            const __m512i c0 = _mm512_srai_epi32(_mm512_set1_epi32(*(const int32_t *)(C + (size_t)r * crb + (size_t)b * KQS_CA)), q5 ? 3 : 4);
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
                 lo[i * NR + r] = c0;
@@ -294,11 +313,19 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
             }
         }
 #pragma GCC unroll 4
+        for (int i = 0; i < NG; i++)
+            if (q5) qh[i] = _mm512_load_si512((const void *)(ph + (size_t)i * gbb));
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++)
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
-                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k));
-                const __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + 64 * k));
+                __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) { /* A | (B & C) (imm 0xF8): bit k / 4+k of each byte to bit 4 (16-bit shifts: what
+                           * crosses from the neighbouring byte lands outside 0x10) */
+                    wl = _mm512_ternarylogic_epi32(wl, _mm512_slli_epi16(qh[i], 4 - k), b4, 0xF8);
+                    wh = _mm512_ternarylogic_epi32(wh, k ? _mm512_srli_epi16(qh[i], k) : qh[i], b4, 0xF8);
+                }
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) {
                     const uint8_t *x = C + (size_t)r * crb + (size_t)b * KQS_CA + 8;
@@ -312,7 +339,7 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
             }
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++) {
-            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * N16_GBB_Q40)));
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * gbb)));
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
                 float dx;
@@ -330,16 +357,16 @@ KQS_AI void n16q_tile(const int NG, const int NR, const uint8_t *G, size_t bs, i
 
 /* Rows [r, r + NR) (converted at C) × the in-range groups [g, tend) of one tile (at most N16_NG) in one
  * register tile; pf: prefetch the tile's stream (the first row chunk). */
-KQS_AI void n16q_rows(const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy, int64_t o0,
-                      int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
+KQS_AI void n16q_rows(const bool q5, const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy,
+                      int64_t o0, int64_t o1, int64_t g, int64_t tend, size_t bs, bool pf) {
     const int ng = (int)(tend - g);
-    const size_t pfb = (size_t)ng * N16_GBB_Q40;
+    const size_t pfb = (size_t)ng * kq_n16_gbb(P);
     const uint8_t *pend = P->n16 + kq_n16_bytes(P);
     __mmask16 keep[N16_NG];
     for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
     const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
     float *yg = y + g * KQS_N;
-#define N16Q_T(NG) n16q_tile(NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
+#define N16Q_T(NG) n16q_tile(q5, NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
     switch (ng) { /* constant widths: the accumulators stay in registers */
     case 4: N16Q_T(4); break;
     case 3: N16Q_T(3); break;
@@ -361,12 +388,20 @@ static KQS_TGT void n16q_step(void *ctx, int64_t r, int nr, int64_t g, int64_t t
     const n16q_job *j = ctx;
     const uint8_t *Cr = j->C + (size_t)r * j->crb;
     float *yr = j->y + r * j->ldy;
-    if (nr == 4) n16q_rows(4, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
-    else if (nr == 2) n16q_rows(2, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
-    else n16q_rows(1, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0);
+#define N16Q_R(Q5, NR) n16q_rows(Q5, NR, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0)
+    if (j->P->type == KVT_TYPE_Q5_0) {
+        if (nr == 4) N16Q_R(true, 4);
+        else if (nr == 2) N16Q_R(true, 2);
+        else N16Q_R(true, 1);
+    } else {
+        if (nr == 4) N16Q_R(false, 4);
+        else if (nr == 2) N16Q_R(false, 2);
+        else N16Q_R(false, 1);
+    }
+#undef N16Q_R
 }
 
-void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t nb = P->nb;
     const size_t arb = (size_t)nb * sizeof(blk_q8_0), crb = (size_t)nb * KQS_CA;
     uint8_t *C = kq_tls_scratch((size_t)n_rows * crb);

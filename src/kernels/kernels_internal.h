@@ -101,7 +101,7 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
-    uint8_t *n16;          /* Q4_K/Q5_K/Q6_K/Q4_0 with AVX-512 VNNI or AMX in use at create time: the decode
+    uint8_t *n16;          /* Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 with AVX-512 VNNI or AMX in use at create time: the decode
                             * copy in a 16-row nibble layout (kq_n16_bytes, owned); ilv is then NULL */
     uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
                             * with rows taken 4 at a time and interleaved by block, group g holding
@@ -194,9 +194,10 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
  * uint8 qh[8][16][4] (fifth bits). Q6_K (gemm_k16.c), per group and super-block: uint16 d[16] (f16);
  * 32 zero bytes; int8 sc[16 halves][16]; the q plane of Q4_K holding the low 4 bits of q + 32; uint8
  * qh[8 sub-blocks g][2 k][16][4] (the top 2 bits: byte j holds, for the steps s = 4g + 2k + u, u = 0
- * and 1, those of weight 8s+j at bits 2u..2u+1 and of weight 8s+4+j at bits 4+2u..5+2u). Q4_0
- * (gemm_s16.c), per group and pair of 32-weight blocks: uint8 q[2][4][16][4] (the file's bytes: byte
- * j of k holds weights 4k+j and 16+4k+j); uint16 d[2][16]. */
+ * and 1, those of weight 8s+j at bits 2u..2u+1 and of weight 8s+4+j at bits 4+2u..5+2u). Q4_0 and
+ * Q5_0 (gemm_s16.c), per group and pair of 32-weight blocks: uint8 q[2][4][16][4] (the file's nibble
+ * bytes: byte j of k holds weights 4k+j and 16+4k+j); uint16 d[2][16]; Q5_0 also uint8
+ * qh[2][16][4] (byte j holds the fifth bit of weight 4k+j at bit k and of weight 16+4k+j at bit 4+k). */
 #define N16_NG 4
 #define N16_DM 32
 #define N16_SC 64
@@ -208,6 +209,8 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define N16_GBB_Q6 3392
 #define N16_Q40_D 512
 #define N16_GBB_Q40 576
+#define N16_Q50_H 576
+#define N16_GBB_Q50 704
 enum { N16_K4 = 0, N16_K5 = 1, N16_K6 = 2 }; /* the K-quant kernel's variants */
 #define N16_MAX_ROWS 8 /* activation rows the n16 kernels take (more: the GEMM layouts) */
 #define N16_PFD 8192   /* bytes of the layout's stream the n16 kernels prefetch ahead */
@@ -215,10 +218,13 @@ static inline size_t kq_n16_gbb(const kvt_packed *P) {
     return P->type == KVT_TYPE_Q5_K   ? N16_GBB_Q5
            : P->type == KVT_TYPE_Q6_K ? N16_GBB_Q6
            : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40
+           : P->type == KVT_TYPE_Q5_0 ? N16_GBB_Q50
                                       : N16_GBB_Q4;
 }
-/* Group-blocks a group holds: the blocks (Q4_0: pairs of blocks; its rows have an even count). */
-static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->type == KVT_TYPE_Q4_0 ? P->nb / 2 : P->nb; }
+/* Group-blocks a group holds: the blocks (Q4_0/Q5_0: pairs of blocks; their rows have an even count). */
+static inline int64_t kq_n16_nblk(const kvt_packed *P) {
+    return P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 ? P->nb / 2 : P->nb;
+}
 /* Groups in the tile that starts at group t0 (N16_NG but for the last tile). */
 static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
     const int64_t ng = (P->n_out + 15) / 16;
@@ -240,16 +246,16 @@ static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
  * [g, tend) of one tile, bs its bytes per block. */
 typedef void (*kq_n16_fn)(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs);
 void kq_n16_drive(const kvt_packed *P, int64_t n_rows, int64_t o0, int64_t o1, kq_n16_fn fn, void *ctx);
-bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q6_K, Q4_0); false on OOM / overflow */
+bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
 /* Scalar reference of the n16 kernels for one activation row: y[o] for o in [o0, o1). */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
-void kq_n16_q40_build(kvt_packed *P, uint8_t *L); /* gemm_s16.c: fills L (Q4_0) */
-void kq_n16_q40_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
+void kq_n16_s_build(kvt_packed *P, uint8_t *L); /* gemm_s16.c: fills L (Q4_0, Q5_0) */
+void kq_n16_s_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
 /* Up to N16_MAX_ROWS activation rows on P->n16: kvt_matmul_packed's contract, the bits of the GEMM
- * layouts and of the row-major kernels (Q4_K/Q5_K/Q6_K: gemm_k16.c; Q4_0: gemm_s16.c). */
+ * layouts and of the row-major kernels (Q4_K/Q5_K/Q6_K: gemm_k16.c; Q4_0/Q5_0: gemm_s16.c). */
 void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
-void kq_n16_q40_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 /* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
  * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);

@@ -252,14 +252,14 @@ static bool ilv_wanted(const kvt_packed *P) {
     return kq_ilv_fits(P->kind);
 }
 
-/* Whether P (Q4_K/Q5_K/Q6_K/Q4_0) gets the 16-row nibble decode layout: the ISA in use has its kernel
- * (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels and whose Q4_0 products
- * have the same arithmetic), and the GEMV copy is not off. */
+/* Whether P (Q4_K/Q5_K/Q6_K/Q4_0/Q5_0) gets the 16-row nibble decode layout: the ISA in use has its
+ * kernel (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels and whose Q4_0/Q5_0
+ * products have the same arithmetic), and the GEMV copy is not off. */
 static bool n16_wanted(const kvt_packed *P) {
     const char *e = getenv("KVT_GEMV_ILV");
     if (e && !strcmp(e, "0")) return false;
     const kvt_isa isa = kvt_kernels_isa();
-    return (P->kind == KQP_KM || P->kind == KQP_K6 || P->type == KVT_TYPE_Q4_0) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
+    return (P->kind == KQP_KM || P->kind == KQP_K6 || P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
 }
 
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
@@ -302,8 +302,8 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
      * 2+ rows then take the row-major kernels, same results) */
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
-    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q6_K/Q4_0
-     * under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
+    /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q6_K/
+     * Q4_0/Q5_0 under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
     if (P && n16_wanted(P)) (void)kq_n16_build(P);
     else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
     if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16 && !P->n16) { /* nothing made */
