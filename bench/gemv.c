@@ -6,7 +6,7 @@
 // thread pool with each thread taking its 16-aligned output columns of every
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
-//   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"] [MIB=256] [PASSES=15]
+//   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"; also q5_0 q4_1 q5_1] [MIB=256] [PASSES=15]
 // Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate; GEMV_NIN / GEMV_NOUT set others) replicated to MIB of weights. bf16x = F16
 // weights packed for the bf16 pair dot (what the loader uses for F16/BF16 files on AVX-512 BF16).
 #include <stdio.h>
@@ -64,6 +64,9 @@ static uint32_t type_of(const char *s) {
     if (!strcmp(s, "q6_k")) return KVT_TYPE_Q6_K;
     if (!strcmp(s, "q8_0")) return KVT_TYPE_Q8_0;
     if (!strcmp(s, "q4_0")) return KVT_TYPE_Q4_0;
+    if (!strcmp(s, "q5_0")) return KVT_TYPE_Q5_0;
+    if (!strcmp(s, "q4_1")) return KVT_TYPE_Q4_1;
+    if (!strcmp(s, "q5_1")) return KVT_TYPE_Q5_1;
     if (!strcmp(s, "f16")) return KVT_TYPE_F16;
     if (!strcmp(s, "bf16")) return KVT_TYPE_BF16;
     if (!strcmp(s, "bf16x")) return KVT_TYPE_BF16X;

@@ -638,7 +638,7 @@ static void test_numerics_id(void **st) {
  * reading the packed layout) equals the SIMD paths, and for K-quants the scalar reference. */
 /* One packed matrix P (made under whatever ISA): every ISA's kvt_matmul_packed equals its
  * kvt_matmul_rows bit for bit, full range and column cuts, nothing outside [o0,o1) written. */
-/* Single-row products of P's n16 layout (Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 under AVX-512 VNNI) against yr (the reference,
+/* Single-row products of P's n16 layout (K-quants, Q4_0/Q5_0/Q4_1/Q5_1 under AVX-512 VNNI) against yr (the reference,
  * n_rows rows): kq_n16_ref for all columns, and kvt_matmul_packed under `made` for column cuts at
  * and inside the 16-row groups and the 64-row tiles (nothing outside a cut is written). */
 static void check_n16_rows(const mm_case *c, const kvt_packed *P, kvt_isa made, const float *yr) {
@@ -719,7 +719,8 @@ static void check_packed_one(const mm_case *c, const kvt_packed *P, kvt_isa made
     if (P->n16) { /* the decode layout: its scalar reference and, under the ISA it was made for, the
                    * kernel on every activation row alone, cut anywhere */
         kvt_matmul_rows_ref(c->t, c->w, n, c->a, nr, yr, no, 0, no);
-        if (c->t == KVT_TYPE_Q4_0 || c->t == KVT_TYPE_Q5_0) { /* int8-block order: the row-major kernel of the ISA it was made under */
+        if (!is_kquant(c->t)) { /* int8-block order (Q4_0/Q5_0) or the 8 lanes of Q4_1/Q5_1: the row-major
+                                 * kernel of the ISA it was made under */
             assert_true(kvt_kernels_force_isa(made));
             kvt_matmul_rows(c->t, c->w, n, c->a, nr, yr, no, 0, no);
         }
@@ -746,9 +747,9 @@ static void check_packed(const mm_case *c) {
         const bool vnni512 = isas[m] == KVT_ISA_AVX512 && strcmp(kvt_kernels_numerics_id(), "avx2") != 0;
         const bool want16 = is_kquant(c->t) && vnni512;
         assert_true(want16 == (P->k16 != NULL));
-        /* Q4_K/Q5_K/Q6_K/Q4_0/Q5_0: the nibble decode layout instead of the 4-row GEMV copy (Q4_0/Q5_0:
-         * pairs of blocks) */
-        const bool wantn = want16 || (vnni512 && (c->t == KVT_TYPE_Q4_0 || c->t == KVT_TYPE_Q5_0) && n % 64 == 0);
+        /* K-quants, Q4_0/Q5_0/Q4_1/Q5_1: the nibble decode layout instead of the 4-row GEMV copy (the
+         * 32-weight types: pairs of blocks) */
+        const bool wantn = want16 || (vnni512 && c->t != KVT_TYPE_Q8_0 && n % 64 == 0);
         assert_true(wantn == (P->n16 != NULL));
         if (wantn) assert_false(kvt_packed_has_ilv(P));
         if (is_kquant(c->t)) assert_true(want16 == (P->data == NULL)); /* never both layouts */
@@ -804,9 +805,8 @@ static void test_gemv_interleaved(void **st) {
                 assert_non_null(P);
                 /* AVX-512 VNNI: Q8_0/Q4_0/Q5_0 row-major products take the int8-block order (no copy) */
                 const bool int8_block = isas[m] == KVT_ISA_AVX512 && !strcmp(kvt_kernels_numerics_id(), "int8-block");
-                /* and Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 read a 16-row nibble layout instead of the 4-row copy */
-                const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K || t == KVT_TYPE_Q4_0 ||
-                                  t == KVT_TYPE_Q5_0) && int8_block;
+                /* and all but Q8_0 read a 16-row nibble layout instead of the 4-row copy */
+                const bool n16 = t != KVT_TYPE_Q8_0 && int8_block;
                 assert_int_equal(kvt_packed_has_ilv(P), isas[m] != KVT_ISA_SCALAR && !(small_s && int8_block) && !n16);
                 const char *lay = kvt_packed_gemv_layout(P);
                 assert_string_equal(lay ? lay : "rows", isas[m] == KVT_ISA_SCALAR ? "rows"
@@ -832,12 +832,11 @@ static void test_gemv_interleaved(void **st) {
             setenv("KVT_REPACK", "gemv", 1);
             P = kvt_packed_create(t, c.w, n, no);
             unsetenv("KVT_REPACK");
-            /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy, and
-             * Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 have their nibble layouts */
+            /* under AVX-512 VNNI Q8_0's 16-row layout (gemm_s16.c) is its GEMV copy, and the others
+             * have their nibble layouts */
             const bool int8 = small_s && !strcmp(kvt_kernels_numerics_id(), "int8-block");
             assert_non_null(P);
-            const bool n16 = (t == KVT_TYPE_Q4_K || t == KVT_TYPE_Q5_K || t == KVT_TYPE_Q6_K || t == KVT_TYPE_Q4_0 ||
-                              t == KVT_TYPE_Q5_0) && !strcmp(kvt_kernels_numerics_id(), "int8-block");
+            const bool n16 = t != KVT_TYPE_Q8_0 && !strcmp(kvt_kernels_numerics_id(), "int8-block");
             assert_int_equal(kvt_packed_has_ilv(P), !int8 && !n16);
             assert_non_null(kvt_packed_gemv_layout(P));
             memset(yp, 0xff, (size_t)no * 4);
@@ -936,12 +935,12 @@ static void test_packed_k16_shapes(void **st) {
             }
 }
 
-/* The Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 decode layouts across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
+/* The nibble decode layouts (K-quants, Q4_0/Q5_0/Q4_1/Q5_1) across 64-row tiles: 10 groups (2 whole tiles and one of 2 groups), a
  * tile alone, every activation row alone (check_n16_rows through check_packed); 3 activation rows
  * (kq_n16_drive's chunks of 2 and 1), 7 (4, 2, 1) and 8 (4, 4: the second chunk reads the tile from L2). */
 static void test_packed_n16_tiles(void **st) {
     (void)st;
-    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0, KVT_TYPE_Q6_K, KVT_TYPE_Q5_0};
+    const uint32_t ts[] = {KVT_TYPE_Q4_K, KVT_TYPE_Q5_K, KVT_TYPE_Q4_0, KVT_TYPE_Q6_K, KVT_TYPE_Q5_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_1};
     const int64_t outs[] = {149, 64, 80}, rows[] = {3, 7, 8};
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++)
         for (size_t oi = 0; oi < 3; oi++)
@@ -951,9 +950,12 @@ static void test_packed_n16_tiles(void **st) {
                 check_packed(&c);
                 mm_free(&c);
             }
-    for (int k = 0; k < 2; k++) { /* Q4_0/Q5_0 rows of an odd block count: no nibble layout (it holds pairs of blocks) */
+    /* rows of an odd block count: no nibble layout (it holds pairs of blocks); Q4_1/Q5_1 then get the
+     * 4-row GEMV copy */
+    const uint32_t odd[] = {KVT_TYPE_Q4_0, KVT_TYPE_Q5_0, KVT_TYPE_Q4_1, KVT_TYPE_Q5_1};
+    for (int k = 0; k < 4; k++) {
         mm_case c;
-        mm_setup(&c, k ? KVT_TYPE_Q5_0 : KVT_TYPE_Q4_0, 96, 40, 2, 1450 + k);
+        mm_setup(&c, odd[k], 96, 40, 2, 1450 + k);
         check_packed(&c);
         mm_free(&c);
     }

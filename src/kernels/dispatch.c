@@ -188,8 +188,10 @@ void kvt_matmul_packed(const kvt_packed *p, const void *act, int64_t n_rows, flo
     }
     if (n_rows <= N16_MAX_ROWS && p->n16 && ((g_isa == KVT_ISA_AVX512 && g_vnni) || g_isa == KVT_ISA_AMX)) {
         /* decode and small batched steps from the nibble layouts: the GEMM layouts hold 2.2x
-         * (K-quants, gemm_k16.c), 2x (Q4_0) and 1.6x (Q5_0, gemm_s16.c) their bytes */
+         * (K-quants, gemm_k16.c), 2x (Q4_0) and 1.6x (Q5_0, gemm_s16.c) their bytes, the 4-row
+         * tiles of Q4_1/Q5_1 2x and 1.7x */
         if (p->type == KVT_TYPE_Q4_0 || p->type == KVT_TYPE_Q5_0) kq_n16_s_mm(p, act, n_rows, y, ldy, o0, o1);
+        else if (p->kind == KQP_SMALL_U) kq_n16_u_mm(p, act, n_rows, y, ldy, o0, o1);
         else kq_n16_mm(p, act, n_rows, y, ldy, o0, o1);
         return;
     }

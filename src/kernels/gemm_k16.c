@@ -88,7 +88,7 @@ size_t kq_n16_bytes(const kvt_packed *P) {
 }
 
 bool kq_n16_build(kvt_packed *P) {
-    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0;
+    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 || P->kind == KQP_SMALL_U;
     if (P->kind != KQP_KM && P->kind != KQP_K6 && !(small && P->nb % 2 == 0)) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     const size_t gbb = kq_n16_gbb(P);
@@ -173,6 +173,10 @@ static int n16_weight(uint32_t type, const uint8_t *p, int n, int e) {
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     if (P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0) {
         kq_n16_s_ref(P, act, y, o0, o1);
+        return;
+    }
+    if (P->kind == KQP_SMALL_U) {
+        kq_n16_u_ref(P, act, y, o0, o1);
         return;
     }
     const bool q6 = P->type == KVT_TYPE_Q6_K;

@@ -70,36 +70,47 @@ bool kq_s16_build(kvt_packed *P) {
     return true;
 }
 
-/* Q4_0's and Q5_0's n16 decode layout (kernels_internal.h): per pair of blocks the 16 bytes of
- * nibbles (byte i: weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the file's
- * f16 scales; Q5_0 then the fifth bits, regrouped so that byte j of vector k's lane holds those of
- * its weights at bits k (low nibble) and 4+k (high). */
+/* The n16 decode layout of the 32-weight nibble types (kernels_internal.h): per pair of blocks the 16
+ * bytes of nibbles (byte i: weight i low, 16+i high), 4 bytes of each of 16 rows a vector, then the
+ * file's f16 scales (Q4_1/Q5_1: and mins); Q5_0/Q5_1 then the fifth bits, regrouped so that byte j of
+ * vector k's lane holds those of its weights at bits k (low nibble) and 4+k (high). */
 void kq_n16_s_build(kvt_packed *P, uint8_t *L) {
     const size_t wrb = (size_t)kvt_type_row_bytes(P->type, (uint64_t)P->n_in), wbb = kvt_type_block_bytes(P->type);
-    const bool q5 = P->type == KVT_TYPE_Q5_0;
-    const size_t qo = q5 ? 6 : 2; /* the nibbles in the file's block (Q5_0: after d and qh) */
+    const bool mins = P->type == KVT_TYPE_Q4_1 || P->type == KVT_TYPE_Q5_1;
+    const bool q5 = P->type == KVT_TYPE_Q5_0 || P->type == KVT_TYPE_Q5_1;
+    const size_t ho = mins ? 4 : 2, qo = ho + (q5 ? 4 : 0);               /* qh, qs in the file's block */
+    const size_t lh = P->type == KVT_TYPE_Q5_1 ? N16_Q51_H : N16_Q50_H; /* the qh plane */
     for (int64_t o = 0; o < P->n_out; o++)
         for (int64_t b = 0; b < P->nb; b++) {
             const uint8_t *src = (const uint8_t *)P->W + (size_t)o * wrb + (size_t)b * wbb;
             uint8_t *p = L + kq_n16_off(P, o / KQS_N, b / 2);
             const int n = (int)(o % KQS_N), h = (int)(b % 2);
             memcpy(p + N16_Q40_D + 32 * h + 2 * n, src, 2);
+            if (mins) memcpy(p + N16_Q41_M + 32 * h + 2 * n, src + 2, 2);
             for (int k = 0; k < 4; k++) memcpy(p + 256 * h + 64 * k + 4 * n, src + qo + 4 * k, 4);
             if (!q5) continue;
-            const uint32_t qh = (uint32_t)src[2] | (uint32_t)src[3] << 8 | (uint32_t)src[4] << 16 | (uint32_t)src[5] << 24;
+            const uint32_t qh = (uint32_t)src[ho] | (uint32_t)src[ho + 1] << 8 | (uint32_t)src[ho + 2] << 16 | (uint32_t)src[ho + 3] << 24;
             for (int j = 0; j < 4; j++) {
                 uint8_t v = 0;
                 for (int k = 0; k < 4; k++) v |= (uint8_t)(((qh >> (4 * k + j)) & 1) << k | ((qh >> (16 + 4 * k + j)) & 1) << (4 + k));
-                p[N16_Q50_H + 64 * h + 4 * n + j] = v;
+                p[lh + 64 * h + 4 * n + j] = v;
             }
         }
 }
 
-/* The arithmetic of kq_s16_ref (exact int32 block dot, fma in block order) on the n16 layout. */
+/* Weight 4k+j (hi: 16+4k+j) of lane n in block h of the group-block p: its 4 or 5 bits. */
+static int n16s_weight(uint32_t type, const uint8_t *p, int h, int n, int k, int j, int hi) {
+    const uint8_t v = p[256 * h + 64 * k + 4 * n + j];
+    const int lo4 = hi ? v >> 4 : v & 15;
+    if (type != KVT_TYPE_Q5_0 && type != KVT_TYPE_Q5_1) return lo4;
+    const uint8_t e = p[(type == KVT_TYPE_Q5_1 ? N16_Q51_H : N16_Q50_H) + 64 * h + 4 * n + j];
+    return lo4 | ((e >> (4 * hi + k)) & 1) << 4;
+}
+
+/* The arithmetic of kq_s16_ref (exact int32 block dot, fma in block order) on the Q4_0/Q5_0 n16 layout. */
 void kq_n16_s_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
     const uint8_t *A = act;
-    const bool q5 = P->type == KVT_TYPE_Q5_0;
-    const int off = q5 ? 16 : 8; /* the codes' zero */
+    const int off = P->type == KVT_TYPE_Q5_0 ? 16 : 8; /* the codes' zero */
     for (int64_t o = o0; o < o1; o++) {
         const int n = (int)(o % KQS_N);
         float acc = 0.0f;
@@ -108,14 +119,40 @@ void kq_n16_s_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, in
             const int h = (int)(b % 2);
             int32_t isum = 0;
             for (int k = 0; k < 4; k++)
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t v = p[256 * h + 64 * k + 4 * n + j], e = q5 ? p[N16_Q50_H + 64 * h + 4 * n + j] : 0;
-                    const int wl = (v & 15) | ((e >> k) & 1) << 4, wh = (v >> 4) | ((e >> (4 + k)) & 1) << 4;
-                    isum += (wl - off) * (int8_t)pa[2 + 4 * k + j] + (wh - off) * (int8_t)pa[2 + 16 + 4 * k + j];
-                }
+                for (int j = 0; j < 4; j++)
+                    isum += (n16s_weight(P->type, p, h, n, k, j, 0) - off) * (int8_t)pa[2 + 4 * k + j] +
+                            (n16s_weight(P->type, p, h, n, k, j, 1) - off) * (int8_t)pa[2 + 16 + 4 * k + j];
             acc = fmaf((float)isum, kq_h2f(kq_rd16(p + N16_Q40_D + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa)), acc);
         }
         y[o] = acc;
+    }
+}
+
+/* The arithmetic of the Q4_1/Q5_1 row-major kernels (tile_small_s, kernels_x86_tmpl.h) on their n16
+ * layout: per block 8 lanes of exact 4-weight dots (lane k: weights 4k..4k+3, lane 4+k: 16+4k..),
+ * lane = fma(dot, dw·dx, lane), the mins' products m·s summed apart; then the lanes' horizontal sum
+ * in hsum_ps order plus that sum. */
+void kq_n16_u_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1) {
+    const uint8_t *A = act;
+    for (int64_t o = o0; o < o1; o++) {
+        const int n = (int)(o % KQS_N);
+        float lane[8] = {0}, macc = 0.0f;
+        for (int64_t b = 0; b < P->nb; b++) {
+            const uint8_t *p = P->n16 + kq_n16_off(P, o / KQS_N, b / 2), *pa = A + (size_t)b * sizeof(blk_q8_1);
+            const int h = (int)(b % 2);
+            const float s = kq_h2f(kq_rd16(p + N16_Q40_D + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa));
+            for (int k = 0; k < 4; k++) {
+                int32_t dl = 0, dh = 0;
+                for (int j = 0; j < 4; j++) {
+                    dl += n16s_weight(P->type, p, h, n, k, j, 0) * (int8_t)pa[4 + 4 * k + j];
+                    dh += n16s_weight(P->type, p, h, n, k, j, 1) * (int8_t)pa[4 + 16 + 4 * k + j];
+                }
+                lane[k] = fmaf((float)dl, s, lane[k]);
+                lane[4 + k] = fmaf((float)dh, s, lane[4 + k]);
+            }
+            macc += kq_h2f(kq_rd16(p + N16_Q41_M + 32 * h + 2 * n)) * kq_h2f(kq_rd16(pa + 2));
+        }
+        y[o] = kq_hsum8(lane) + macc;
     }
 }
 
@@ -412,6 +449,131 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
     s16_convert(act, arb, 0, n_rows, nb, C);
     n16q_job j = {P, C, crb, y, ldy, o0, o1};
     kq_n16_drive(P, n_rows, o0, o1, n16q_step, &j);
+}
+
+/* Q4_1 and Q5_1 decode and small batches on the n16 layout, with the row-major kernels' arithmetic
+ * (tile_small_s): the NG groups of a tile × NR activation rows (Q8_1 blocks at A, arb bytes apart).
+ * Per block, each nibble vector k (Q5_1: fifth bits or-ed in as in n16q_tile) gives by vpdpbusd from
+ * zero the exact dots of lanes k (low nibbles against x[4k..4k+3]) and 4+k (high, x[16+4k..]) for 16
+ * rows; each lane's float accumulator takes fma(dot, dw·dx, ·), the mins' m·s add apart, and at the
+ * end the 8 lanes are summed in hsum_ps order plus that sum: the bits of the row-major kernel and of
+ * the 4-row GEMV copy. NG·NR·9 accumulators: a 4-group, 1-row tile keeps 36 of them, so some live in
+ * the stack frame (L1). */
+KQS_AI void n16u_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *A,
+                      size_t arb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const size_t gbb = q5 ? N16_GBB_Q51 : N16_GBB_Q41;
+    const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
+    __m512 acc[16][8], macc[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < NG * NR; k++) {
+        macc[k] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) acc[k][l] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *P2 = G + (size_t)(b / 2) * bs; /* the pair's group-blocks */
+        const size_t h = (size_t)(b % 2);
+        if (pf) kq_n16_prefetch(P2 + N16_PFD + h * pfh, pfh, pend);
+        const uint8_t *xr[4];
+        __m512 dx[4], sx[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            xr[r] = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_1);
+            dx[r] = _mm512_set1_ps(kq_h2f(kq_rd16(xr[r])));
+            sx[r] = _mm512_set1_ps(kq_h2f(kq_rd16(xr[r] + 2)));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            const uint8_t *pi = P2 + (size_t)i * gbb;
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_Q40_D + 32 * h)));
+            const __m512 mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_Q41_M + 32 * h)));
+            const __m512i qh = q5 ? _mm512_load_si512((const void *)(pi + N16_Q51_H + 64 * h)) : _mm512_setzero_si512();
+            __m512 sc[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                sc[r] = _mm512_mul_ps(dw, dx[r]);
+                macc[i * NR + r] = _mm512_add_ps(macc[i * NR + r], _mm512_mul_ps(mw, sx[r]));
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = _mm512_load_si512((const void *)(pi + 256 * h + 64 * k));
+                __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) {
+                    wl = _mm512_ternarylogic_epi32(wl, _mm512_slli_epi16(qh, 4 - k), b4, 0xF8);
+                    wh = _mm512_ternarylogic_epi32(wh, k ? _mm512_srli_epi16(qh, k) : qh, b4, 0xF8);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    int32_t xl, xh;
+                    memcpy(&xl, xr[r] + 4 + 4 * k, 4);
+                    memcpy(&xh, xr[r] + 20 + 4 * k, 4);
+                    const __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, _mm512_set1_epi32(xl));
+                    const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, _mm512_set1_epi32(xh));
+                    acc[i * NR + r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl), sc[r], acc[i * NR + r][k]);
+                    acc[i * NR + r][4 + k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), sc[r], acc[i * NR + r][4 + k]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m512 *a = acc[i * NR + r];
+            const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+            const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+            _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * KQS_N, keep[i],
+                                  _mm512_add_ps(_mm512_add_ps(s0, s1), macc[i * NR + r]));
+        }
+}
+
+typedef struct n16u_job {
+    const kvt_packed *P;
+    const uint8_t *A; /* Q8_1 activation rows, arb bytes apart */
+    size_t arb;
+    float *y;
+    int64_t ldy, o0, o1;
+} n16u_job;
+
+/* Rows [r, r + NR) × the in-range groups [g, tend) of one tile; pf: prefetch the tile's stream. */
+KQS_AI void n16u_rows(const bool q5, const int NR, const n16u_job *j, int64_t r, int64_t g, int64_t tend, size_t bs) {
+    const kvt_packed *P = j->P;
+    const int ng = (int)(tend - g);
+    const size_t pfb = r == 0 ? (size_t)ng * kq_n16_gbb(P) : 0;
+    const uint8_t *pend = P->n16 + kq_n16_bytes(P), *G = P->n16 + kq_n16_off(P, g, 0), *Ar = j->A + (size_t)r * j->arb;
+    __mmask16 keep[N16_NG];
+    for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, j->o0, j->o1);
+    float *yg = j->y + r * j->ldy + g * KQS_N;
+#define N16U_T(NG) n16u_tile(q5, NG, NR, G, bs, P->nb, Ar, j->arb, pfb, pend, yg, j->ldy, keep)
+    switch (ng) { /* constant widths */
+    case 4: N16U_T(4); break;
+    case 3: N16U_T(3); break;
+    case 2: N16U_T(2); break;
+    default: N16U_T(1); break;
+    }
+#undef N16U_T
+}
+
+static KQS_TGT void n16u_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
+    const n16u_job *j = ctx;
+    const bool q5 = j->P->type == KVT_TYPE_Q5_1;
+#define N16U_R(Q5, NR) n16u_rows(Q5, NR, j, r, g, tend, bs)
+    if (q5) {
+        if (nr == 4) N16U_R(true, 4);
+        else if (nr == 2) N16U_R(true, 2);
+        else N16U_R(true, 1);
+    } else {
+        if (nr == 4) N16U_R(false, 4);
+        else if (nr == 2) N16U_R(false, 2);
+        else N16U_R(false, 1);
+    }
+#undef N16U_R
+}
+
+void kq_n16_u_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    n16u_job j = {P, act, (size_t)P->nb * sizeof(blk_q8_1), y, ldy, o0, o1};
+    kq_n16_drive(P, n_rows, o0, o1, n16u_step, &j);
 }
 
 #define KQS_GEMV_NG 4

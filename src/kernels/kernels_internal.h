@@ -101,8 +101,9 @@ struct kvt_packed {
                             * 16-row layout of gemm_s16.c (owned; data is then NULL), else NULL */
     uint8_t *k16;          /* kinds KQP_KM / KQP_K6 with AVX-512 VNNI (not AMX) in use at create time: the
                             * 16-row layout (gemm_k16.c; kq_k16_bytes, owned) and then data == NULL */
-    uint8_t *n16;          /* Q4_K/Q5_K/Q6_K/Q4_0/Q5_0 with AVX-512 VNNI or AMX in use at create time: the decode
-                            * copy in a 16-row nibble layout (kq_n16_bytes, owned); ilv is then NULL */
+    uint8_t *n16;          /* Q4_K/Q5_K/Q6_K, Q4_0/Q5_0/Q4_1/Q5_1 with AVX-512 VNNI or AMX in use at create
+                            * time: the decode copy in a 16-row nibble layout (kq_n16_bytes, owned); ilv
+                            * is then NULL */
     uint8_t *ilv;          /* the single-row GEMV copy (kq_ilv_build; owned) or NULL: the original blocks
                             * with rows taken 4 at a time and interleaved by block, group g holding
                             * block b of rows 4g..4g+3 at (g * nb + b) * 4 + i blocks; n_out rounded
@@ -197,7 +198,8 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
  * and 1, those of weight 8s+j at bits 2u..2u+1 and of weight 8s+4+j at bits 4+2u..5+2u). Q4_0 and
  * Q5_0 (gemm_s16.c), per group and pair of 32-weight blocks: uint8 q[2][4][16][4] (the file's nibble
  * bytes: byte j of k holds weights 4k+j and 16+4k+j); uint16 d[2][16]; Q5_0 also uint8
- * qh[2][16][4] (byte j holds the fifth bit of weight 4k+j at bit k and of weight 16+4k+j at bit 4+k). */
+ * qh[2][16][4] (byte j holds the fifth bit of weight 4k+j at bit k and of weight 16+4k+j at bit 4+k).
+ * Q4_1 and Q5_1: Q4_0's q and d, then uint16 m[2][16] (f16); Q5_1 also Q5_0's qh plane. */
 #define N16_NG 4
 #define N16_DM 32
 #define N16_SC 64
@@ -211,6 +213,10 @@ void kq_amx_mm_q5_0(const void *W, int64_t n_in, const void *act, int64_t n_rows
 #define N16_GBB_Q40 576
 #define N16_Q50_H 576
 #define N16_GBB_Q50 704
+#define N16_Q41_M 576
+#define N16_GBB_Q41 640
+#define N16_Q51_H 640
+#define N16_GBB_Q51 768
 enum { N16_K4 = 0, N16_K5 = 1, N16_K6 = 2 }; /* the K-quant kernel's variants */
 #define N16_MAX_ROWS 8 /* activation rows the n16 kernels take (more: the GEMM layouts) */
 #define N16_PFD 8192   /* bytes of the layout's stream the n16 kernels prefetch ahead */
@@ -219,12 +225,13 @@ static inline size_t kq_n16_gbb(const kvt_packed *P) {
            : P->type == KVT_TYPE_Q6_K ? N16_GBB_Q6
            : P->type == KVT_TYPE_Q4_0 ? N16_GBB_Q40
            : P->type == KVT_TYPE_Q5_0 ? N16_GBB_Q50
+           : P->type == KVT_TYPE_Q4_1 ? N16_GBB_Q41
+           : P->type == KVT_TYPE_Q5_1 ? N16_GBB_Q51
                                       : N16_GBB_Q4;
 }
-/* Group-blocks a group holds: the blocks (Q4_0/Q5_0: pairs of blocks; their rows have an even count). */
-static inline int64_t kq_n16_nblk(const kvt_packed *P) {
-    return P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 ? P->nb / 2 : P->nb;
-}
+/* Group-blocks a group holds: the blocks (the 32-weight types: pairs of blocks; their rows have an even
+ * count). */
+static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->kind <= KQP_SMALL_U ? P->nb / 2 : P->nb; }
 /* Groups in the tile that starts at group t0 (N16_NG but for the last tile). */
 static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
     const int64_t ng = (P->n_out + 15) / 16;
@@ -246,16 +253,26 @@ static inline size_t kq_n16_off(const kvt_packed *P, int64_t g, int64_t b) {
  * [g, tend) of one tile, bs its bytes per block. */
 typedef void (*kq_n16_fn)(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs);
 void kq_n16_drive(const kvt_packed *P, int64_t n_rows, int64_t o0, int64_t o1, kq_n16_fn fn, void *ctx);
-bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0); false on OOM / overflow */
+bool kq_n16_build(kvt_packed *P); /* fills P->n16 from P->W (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, Q5_1); false on OOM / overflow */
 size_t kq_n16_bytes(const kvt_packed *P);
 /* Scalar reference of the n16 kernels for one activation row: y[o] for o in [o0, o1). */
 void kq_n16_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
-void kq_n16_s_build(kvt_packed *P, uint8_t *L); /* gemm_s16.c: fills L (Q4_0, Q5_0) */
+void kq_n16_s_build(kvt_packed *P, uint8_t *L); /* gemm_s16.c: fills L (Q4_0, Q5_0, Q4_1, Q5_1) */
 void kq_n16_s_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
+void kq_n16_u_ref(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
 /* Up to N16_MAX_ROWS activation rows on P->n16: kvt_matmul_packed's contract, the bits of the GEMM
- * layouts and of the row-major kernels (Q4_K/Q5_K/Q6_K: gemm_k16.c; Q4_0/Q5_0: gemm_s16.c). */
+ * layouts and of the row-major kernels (Q4_K/Q5_K/Q6_K: gemm_k16.c; Q4_0/Q5_0, Q4_1/Q5_1: gemm_s16.c). */
 void kq_n16_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+void kq_n16_u_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
+/* The SIMD horizontal sum of 8 float lanes (hsum_ps in kernels_x86_tmpl.h) in scalar: the order of
+ * the Q4_1/Q5_1 products' 8 lanes. */
+static inline float kq_hsum8(const float *a) {
+    float s4[4];
+    for (int k = 0; k < 4; k++) s4[k] = a[k] + a[k + 4];
+    const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+    return s0 + s1;
+}
 /* One 32-weight block of Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 at p → q[32] (signed values; Q4_1/Q5_1 their
  * unsigned codes), scale d and (Q4_1/Q5_1) min m (repack.c). */
 void kq_unpack_small(uint32_t t, const uint8_t *p, int8_t *q, float *d, float *m);

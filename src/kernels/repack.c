@@ -252,14 +252,16 @@ static bool ilv_wanted(const kvt_packed *P) {
     return kq_ilv_fits(P->kind);
 }
 
-/* Whether P (Q4_K/Q5_K/Q6_K/Q4_0/Q5_0) gets the 16-row nibble decode layout: the ISA in use has its
- * kernel (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI K-quant kernels and whose Q4_0/Q5_0
- * products have the same arithmetic), and the GEMV copy is not off. */
+/* Whether P (Q4_K/Q5_K/Q6_K; Q4_0/Q5_0/Q4_1/Q5_1 of an even block count) gets the 16-row nibble decode
+ * layout: the ISA in use has its kernel (AVX-512 VNNI, or AMX, whose table keeps the AVX-512 VNNI
+ * K-quant and Q4_1/Q5_1 kernels and whose Q4_0/Q5_0 products have the same arithmetic), and the GEMV
+ * copy is not off. */
 static bool n16_wanted(const kvt_packed *P) {
     const char *e = getenv("KVT_GEMV_ILV");
     if (e && !strcmp(e, "0")) return false;
     const kvt_isa isa = kvt_kernels_isa();
-    return (P->kind == KQP_KM || P->kind == KQP_K6 || P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
+    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 || P->kind == KQP_SMALL_U;
+    return (P->kind == KQP_KM || P->kind == KQP_K6 || (small && P->nb % 2 == 0)) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
 }
 
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
@@ -303,7 +305,7 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
     /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q6_K/
-     * Q4_0/Q5_0 under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
+     * Q4_0/Q5_0/Q4_1/Q5_1 under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
     if (P && n16_wanted(P)) (void)kq_n16_build(P);
     else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
     if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16 && !P->n16) { /* nothing made */
@@ -365,14 +367,6 @@ uint8_t *kq_tls_scratch(size_t bytes) {
     return s->p;
 }
 
-/* The SIMD horizontal sum of 8 lanes (hsum_ps in kernels_x86_tmpl.h), in scalar. */
-static float hsum8(const float *a) {
-    float s4[4];
-    for (int k = 0; k < 4; k++) s4[k] = a[k] + a[k + 4];
-    const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
-    return s0 + s1;
-}
-
 void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                            int64_t o1) {
     kvt_f16_table_init();
@@ -414,7 +408,7 @@ void kvt_matmul_packed_ref(const kvt_packed *P, const void *act, int64_t n_rows,
                     }
                     if (!sgn) macc += mw * sx;
                 }
-                y[r * ldy + o] = hsum8(lane) + macc;
+                y[r * ldy + o] = kq_hsum8(lane) + macc;
             } else {
                 float sumf = 0.0f;
                 for (int64_t b = 0; b < P->nb; b++) {
