@@ -452,49 +452,39 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
 }
 
 /* Q4_1 and Q5_1 decode and small batches on the n16 layout, with the row-major kernels' arithmetic
- * (tile_small_s): the NG groups of a tile × NR activation rows (Q8_1 blocks at A, arb bytes apart).
- * Per block, each nibble vector k (Q5_1: fifth bits or-ed in as in n16q_tile) gives by vpdpbusd from
- * zero the exact dots of lanes k (low nibbles against x[4k..4k+3]) and 4+k (high, x[16+4k..]) for 16
- * rows; each lane's float accumulator takes fma(dot, dw·dx, ·), the mins' m·s add apart, and at the
- * end the 8 lanes are summed in hsum_ps order plus that sum: the bits of the row-major kernel and of
- * the 4-row GEMV copy. NG·NR·9 accumulators: a 4-group, 1-row tile keeps 36 of them, so some live in
- * the stack frame (L1). */
-KQS_AI void n16u_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *A,
-                      size_t arb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
+ * (tile_small_s): the NG groups of a tile × one activation row (Q8_1 blocks at A). Per block, each
+ * nibble vector k (Q5_1: fifth bits or-ed in as in n16q_tile) gives by vpdpbusd from zero the exact
+ * dots of lanes k (low nibbles against x[4k..4k+3]) and 4+k (high, x[16+4k..]) for 16 rows; each
+ * lane's float accumulator takes fma(dot, dw·dx, ·), the mins' m·s add apart, and at the end the 8
+ * lanes are summed in hsum_ps order plus that sum: the bits of the row-major kernel and of the 4-row
+ * GEMV copy. That is 9 accumulators a (group, row) pair: a 4-group tile keeps 36 (a few live in the
+ * stack frame), and more rows take one pass each over the tile, which later rows find in L2 (4 rows
+ * a pass spilled 144 accumulators: llama-1b Q4_1 8-row steps took 4.1x a 1-row step). */
+KQS_AI void n16u_tile(const bool q5, const int NG, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *A, size_t pf,
+                      const uint8_t *pend, float *y, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const size_t gbb = q5 ? N16_GBB_Q51 : N16_GBB_Q41;
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
-    __m512 acc[16][8], macc[16];
-#pragma GCC unroll 16
-    for (int k = 0; k < NG * NR; k++) {
-        macc[k] = _mm512_setzero_ps();
+    __m512 acc[N16_NG][8], macc[N16_NG];
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) {
+        macc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8
-        for (int l = 0; l < 8; l++) acc[k][l] = _mm512_setzero_ps();
+        for (int l = 0; l < 8; l++) acc[i][l] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *P2 = G + (size_t)(b / 2) * bs; /* the pair's group-blocks */
+        const uint8_t *P2 = G + (size_t)(b / 2) * bs, *x = A + (size_t)b * sizeof(blk_q8_1); /* the pair's group-blocks */
         const size_t h = (size_t)(b % 2);
         if (pf) kq_n16_prefetch(P2 + N16_PFD + h * pfh, pfh, pend);
-        const uint8_t *xr[4];
-        __m512 dx[4], sx[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            xr[r] = A + (size_t)r * arb + (size_t)b * sizeof(blk_q8_1);
-            dx[r] = _mm512_set1_ps(kq_h2f(kq_rd16(xr[r])));
-            sx[r] = _mm512_set1_ps(kq_h2f(kq_rd16(xr[r] + 2)));
-        }
+        const __m512 dx = _mm512_set1_ps(kq_h2f(kq_rd16(x))), sx = _mm512_set1_ps(kq_h2f(kq_rd16(x + 2)));
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++) {
             const uint8_t *pi = P2 + (size_t)i * gbb;
             const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_Q40_D + 32 * h)));
             const __m512 mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pi + N16_Q41_M + 32 * h)));
             const __m512i qh = q5 ? _mm512_load_si512((const void *)(pi + N16_Q51_H + 64 * h)) : _mm512_setzero_si512();
-            __m512 sc[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                sc[r] = _mm512_mul_ps(dw, dx[r]);
-                macc[i * NR + r] = _mm512_add_ps(macc[i * NR + r], _mm512_mul_ps(mw, sx[r]));
-            }
+            const __m512 sc = _mm512_mul_ps(dw, dx);
+            macc[i] = _mm512_add_ps(macc[i], _mm512_mul_ps(mw, sx));
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m512i v = _mm512_load_si512((const void *)(pi + 256 * h + 64 * k));
@@ -503,29 +493,23 @@ KQS_AI void n16u_tile(const bool q5, const int NG, const int NR, const uint8_t *
                     wl = _mm512_ternarylogic_epi32(wl, _mm512_slli_epi16(qh, 4 - k), b4, 0xF8);
                     wh = _mm512_ternarylogic_epi32(wh, k ? _mm512_srli_epi16(qh, k) : qh, b4, 0xF8);
                 }
-#pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) {
-                    int32_t xl, xh;
-                    memcpy(&xl, xr[r] + 4 + 4 * k, 4);
-                    memcpy(&xh, xr[r] + 20 + 4 * k, 4);
-                    const __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, _mm512_set1_epi32(xl));
-                    const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, _mm512_set1_epi32(xh));
-                    acc[i * NR + r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl), sc[r], acc[i * NR + r][k]);
-                    acc[i * NR + r][4 + k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), sc[r], acc[i * NR + r][4 + k]);
-                }
+                int32_t xl, xh;
+                memcpy(&xl, x + 4 + 4 * k, 4);
+                memcpy(&xh, x + 20 + 4 * k, 4);
+                const __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, _mm512_set1_epi32(xl));
+                const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, _mm512_set1_epi32(xh));
+                acc[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl), sc, acc[i][k]);
+                acc[i][4 + k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), sc, acc[i][4 + k]);
             }
         }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < NG; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            const __m512 *a = acc[i * NR + r];
-            const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
-            const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
-            _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * KQS_N, keep[i],
-                                  _mm512_add_ps(_mm512_add_ps(s0, s1), macc[i * NR + r]));
-        }
+    for (int i = 0; i < NG; i++) {
+        const __m512 *a = acc[i];
+        const __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+        const __m512 s1 = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+        _mm512_mask_storeu_ps(y + (int64_t)i * KQS_N, keep[i], _mm512_add_ps(_mm512_add_ps(s0, s1), macc[i]));
+    }
 }
 
 typedef struct n16u_job {
@@ -536,8 +520,9 @@ typedef struct n16u_job {
     int64_t ldy, o0, o1;
 } n16u_job;
 
-/* Rows [r, r + NR) × the in-range groups [g, tend) of one tile; pf: prefetch the tile's stream. */
-KQS_AI void n16u_rows(const bool q5, const int NR, const n16u_job *j, int64_t r, int64_t g, int64_t tend, size_t bs) {
+/* Activation row r × the in-range groups [g, tend) of one tile; the first row prefetches the tile's
+ * stream. */
+KQS_AI void n16u_row(const bool q5, const n16u_job *j, int64_t r, int64_t g, int64_t tend, size_t bs) {
     const kvt_packed *P = j->P;
     const int ng = (int)(tend - g);
     const size_t pfb = r == 0 ? (size_t)ng * kq_n16_gbb(P) : 0;
@@ -545,7 +530,7 @@ KQS_AI void n16u_rows(const bool q5, const int NR, const n16u_job *j, int64_t r,
     __mmask16 keep[N16_NG];
     for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, j->o0, j->o1);
     float *yg = j->y + r * j->ldy + g * KQS_N;
-#define N16U_T(NG) n16u_tile(q5, NG, NR, G, bs, P->nb, Ar, j->arb, pfb, pend, yg, j->ldy, keep)
+#define N16U_T(NG) n16u_tile(q5, NG, G, bs, P->nb, Ar, pfb, pend, yg, keep)
     switch (ng) { /* constant widths */
     case 4: N16U_T(4); break;
     case 3: N16U_T(3); break;
@@ -557,18 +542,9 @@ KQS_AI void n16u_rows(const bool q5, const int NR, const n16u_job *j, int64_t r,
 
 static KQS_TGT void n16u_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
     const n16u_job *j = ctx;
-    const bool q5 = j->P->type == KVT_TYPE_Q5_1;
-#define N16U_R(Q5, NR) n16u_rows(Q5, NR, j, r, g, tend, bs)
-    if (q5) {
-        if (nr == 4) N16U_R(true, 4);
-        else if (nr == 2) N16U_R(true, 2);
-        else N16U_R(true, 1);
-    } else {
-        if (nr == 4) N16U_R(false, 4);
-        else if (nr == 2) N16U_R(false, 2);
-        else N16U_R(false, 1);
-    }
-#undef N16U_R
+    for (int64_t q = r; q < r + nr; q++)
+        if (j->P->type == KVT_TYPE_Q5_1) n16u_row(true, j, q, g, tend, bs);
+        else n16u_row(false, j, q, g, tend, bs);
 }
 
 void kq_n16_u_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
