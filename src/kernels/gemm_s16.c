@@ -1,7 +1,8 @@
 /*
  * gemm_s16.c — AVX-512 VNNI prefill GEMM for the signed small-block types (Q8_0, Q4_0, Q5_0:
  * kvt_packed kind KQP_SMALL_S) on a 16-row interleaved layout, with the same arithmetic as the AMX
- * kernel (kernels_amx.c), and the scalar reference of it.
+ * kernel (kernels_amx.c), and the scalar reference of it; the 16-row nibble decode layouts of the
+ * 4- and 5-bit 32-weight types (Q4_0, Q5_0, Q4_1, Q5_1) and their kernels.
  *
  * Why: the 4-row packed tiles (kernels_x86_tmpl.h) keep 8 partial int32 lanes per row and block and
  * convert, scale and fma each of them: 4 vector ops per 64 multiply-adds. Here a zmm holds 4
@@ -26,7 +27,9 @@
  * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, 0.5 / 0.6 the
  * bytes of this one) with the same arithmetic: each lane starts from −8·Σx (Q5_0: −16·Σx) of the
  * block, vpdpbusd adds the low and high nibbles (Q5_0: with their fifth bits) against their
- * activation bytes (n16q_tile).
+ * activation bytes (n16q_tile). Q4_1 and Q5_1 (kind KQP_SMALL_U, no GEMM layout here) read the same
+ * nibble layout with their mins beside the scales, keeping the 8-lane arithmetic of their row-major
+ * kernels (n16u_tile).
  *
  * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free); the kernel keeps its
  * converted activation rows in the calling thread's scratch (kq_tls_scratch).
@@ -413,19 +416,19 @@ KQS_AI void n16q_rows(const bool q5, const int NR, const kvt_packed *P, const ui
 #undef N16Q_T
 }
 
-typedef struct n16q_job {
+typedef struct n16s_job {
     const kvt_packed *P;
-    const uint8_t *C; /* converted activation rows, crb bytes apart */
-    size_t crb;
+    const uint8_t *A; /* activation rows, arb bytes apart: Q4_0/Q5_0 converted (KQS_CA a block), Q4_1/Q5_1 Q8_1 */
+    size_t arb;
     float *y;
     int64_t ldy, o0, o1;
-} n16q_job;
+} n16s_job;
 
 static KQS_TGT void n16q_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
-    const n16q_job *j = ctx;
-    const uint8_t *Cr = j->C + (size_t)r * j->crb;
+    const n16s_job *j = ctx;
+    const uint8_t *Cr = j->A + (size_t)r * j->arb;
     float *yr = j->y + r * j->ldy;
-#define N16Q_R(Q5, NR) n16q_rows(Q5, NR, j->P, Cr, j->crb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0)
+#define N16Q_R(Q5, NR) n16q_rows(Q5, NR, j->P, Cr, j->arb, yr, j->ldy, j->o0, j->o1, g, tend, bs, r == 0)
     if (j->P->type == KVT_TYPE_Q5_0) {
         if (nr == 4) N16Q_R(true, 4);
         else if (nr == 2) N16Q_R(true, 2);
@@ -447,7 +450,7 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
         return;
     }
     s16_convert(act, arb, 0, n_rows, nb, C);
-    n16q_job j = {P, C, crb, y, ldy, o0, o1};
+    n16s_job j = {P, C, crb, y, ldy, o0, o1};
     kq_n16_drive(P, n_rows, o0, o1, n16q_step, &j);
 }
 
@@ -459,7 +462,8 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
  * lanes are summed in hsum_ps order plus that sum: the bits of the row-major kernel and of the 4-row
  * GEMV copy. That is 9 accumulators a (group, row) pair: a 4-group tile keeps 36 (a few live in the
  * stack frame), and more rows take one pass each over the tile, which later rows find in L2 (4 rows
- * a pass spilled 144 accumulators: llama-1b Q4_1 8-row steps took 4.1x a 1-row step). */
+ * a pass spilled 144 accumulators: llama-1b Q4_1 8-row steps took 4.1x a 1-row step; pairs of rows
+ * over 2 groups at a time were no faster than single rows, bench/results/zen5-2026-12-06e.md). */
 KQS_AI void n16u_tile(const bool q5, const int NG, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *A, size_t pf,
                       const uint8_t *pend, float *y, const __mmask16 *keep) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
@@ -512,17 +516,9 @@ KQS_AI void n16u_tile(const bool q5, const int NG, const uint8_t *G, size_t bs, 
     }
 }
 
-typedef struct n16u_job {
-    const kvt_packed *P;
-    const uint8_t *A; /* Q8_1 activation rows, arb bytes apart */
-    size_t arb;
-    float *y;
-    int64_t ldy, o0, o1;
-} n16u_job;
-
 /* Activation row r × the in-range groups [g, tend) of one tile; the first row prefetches the tile's
  * stream. */
-KQS_AI void n16u_row(const bool q5, const n16u_job *j, int64_t r, int64_t g, int64_t tend, size_t bs) {
+KQS_AI void n16u_row(const bool q5, const n16s_job *j, int64_t r, int64_t g, int64_t tend, size_t bs) {
     const kvt_packed *P = j->P;
     const int ng = (int)(tend - g);
     const size_t pfb = r == 0 ? (size_t)ng * kq_n16_gbb(P) : 0;
@@ -541,14 +537,14 @@ KQS_AI void n16u_row(const bool q5, const n16u_job *j, int64_t r, int64_t g, int
 }
 
 static KQS_TGT void n16u_step(void *ctx, int64_t r, int nr, int64_t g, int64_t tend, size_t bs) {
-    const n16u_job *j = ctx;
+    const n16s_job *j = ctx;
     for (int64_t q = r; q < r + nr; q++)
         if (j->P->type == KVT_TYPE_Q5_1) n16u_row(true, j, q, g, tend, bs);
         else n16u_row(false, j, q, g, tend, bs);
 }
 
 void kq_n16_u_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
-    n16u_job j = {P, act, (size_t)P->nb * sizeof(blk_q8_1), y, ldy, o0, o1};
+    n16s_job j = {P, act, (size_t)P->nb * sizeof(blk_q8_1), y, ldy, o0, o1};
     kq_n16_drive(P, n_rows, o0, o1, n16u_step, &j);
 }
 
