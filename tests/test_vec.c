@@ -51,6 +51,9 @@ static void test_elementwise_equal_ref(void **st) {
             assert_memory_equal(a, b, n * sizeof(float));
             ref->sigmoid_mul(a, g, u, n), op->sigmoid_mul(b, g, u, n);
             assert_memory_equal(a, b, n * sizeof(float));
+            ref->gelu_mul(a, g, u, n), op->gelu_mul(b, g, u, n);
+            for (uint32_t i = 0; i < n; i++) /* a NaN (inf · 0): any payload */
+                assert_true(memcmp(&a[i], &b[i], 4) == 0 || (a[i] != a[i] && b[i] != b[i]));
             /* finite operands for the FMA forms (a NaN's payload is not part of their contract) */
             fill(x, N, &s, false), fill(g, N, &s, false);
             memcpy(a, u, sizeof u), memcpy(b, u, sizeof u);
@@ -312,6 +315,26 @@ static void test_exp_sweep_and_edges(void **st) {
 }
 
 /* The table in use follows the kernels' ISA; kvt_vec_force_level only lowers (restored after). */
+/* gelu_mul against GELU's tanh form in double over [-12, 12] (as g·σ(2z)): the relative error within a
+ * few float roundings of z2 (whose error σ(2z) scales by |2z| where σ is small); the float tanh form
+ * loses all of it for negative g to the cancellation in 1 + tanh(z). */
+static void test_gelu_accuracy(void **st) {
+    (void)st;
+    float worst = 0.0f;
+    for (int i = -120000; i <= 120000; i++) {
+        const float g = (float)i * 1e-4f, u = 1.0f;
+        float y;
+        kvt_vec_ops_for(KVT_ISA_SCALAR)->gelu_mul(&y, &g, &u, 1);
+        const double z = 0.7978845608028654 * (double)g * (1.0 + 0.044715 * (double)g * (double)g);
+        const double gd = (double)g / (1.0 + exp(-2.0 * z)); /* = 0.5·g·(1 + tanh(z)), no cancellation in double */
+        const double err = fabs((double)y - gd), bound = 1.2e-6 * (1.0 + 2.0 * fabs(z)) * fabs(gd) + 1e-30;
+        if (err > bound) fprintf(stderr, "gelu(%.9g) = %.9g, double %.17g\n", g, y, gd);
+        assert_true(err <= bound);
+        if (fabs(gd) > 1e-30 && err / fabs(gd) > worst) worst = (float)(err / fabs(gd));
+    }
+    fprintf(stderr, "gelu_mul: worst relative error %.3g (results above 1e-30)\n", worst);
+}
+
 static void test_dispatch_follows_kernels(void **st) {
     (void)st;
     kvt_kernels_init();
@@ -572,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_attention_products_equal_ref),
         cmocka_unit_test(test_enc_rows_equal_ref),
         cmocka_unit_test(test_exp_sweep_and_edges),
+        cmocka_unit_test(test_gelu_accuracy),
         cmocka_unit_test(test_dispatch_follows_kernels),
         /* these lower the level for the rest of the process: last, in this order */
         cmocka_unit_test(test_rows_vs_scalar),

@@ -31,13 +31,15 @@
 
 /* Bump when anything that changes KV numerics (kernels, rope, codecs) changes: old files then land
  * in another compat directory and are never reused. */
-#define KVT_NUMERICS_VERSION 7 /* 3: attention rounds Q and softmax weights to f16; 4: qwen35 DeltaNet
+#define KVT_NUMERICS_VERSION 8 /* 3: attention rounds Q and softmax weights to f16; 4: qwen35 DeltaNet
                                   * FMA-chain numerics, transposed S/k state layout (deltanet.h); 5: the
                                   * SwiGLU of dense and MoE FFNs uses deltanet.c's vector SiLU; 6: Q8_0/Q8_1
                                   * activations round as ggml's CPU quantizer (kvt_act_quantize_ref),
                                   * attention's V product sums keys in 16 lanes (attention.c),
                                   * RoPE's float angles and fused rotation (model.c); 7: the norms' sums
-                                  * of squares in eight running sums (kvt_sum_squares, model.c) */
+                                  * of squares in eight running sums (kvt_sum_squares, model.c); 8:
+                                  * GELU (gemma3's FFN) by the vector gelu_mul (kernels/vec.h) instead
+                                  * of libm tanhf */
 /* On-disk format version (docs/cache-format.md). */
 #define KVT_SSD_FORMAT_VERSION KVT_RECORD_FORMAT_VERSION
 #define KVT_SSD_COMPAT_KEY_MAX KVT_RECORD_COMPAT_KEY_MAX

@@ -249,6 +249,16 @@ static void silu_mul_ref(float *y, const float *g, const float *u, uint32_t n) {
         y[i] = u ? s * u[i] : s;
     }
 }
+/* GELU's tanh form 0.5·g·(1 + tanh(z)), z = sqrt(2/π)·g·(1 + 0.044715·g²), is g·σ(2z): written so, it
+ * takes the gates' exp and has no cancellation in 1 + tanh(z) for negative g. */
+#define GELU_K2 1.5957691216057308f /* 2·sqrt(2/π) */
+#define GELU_C 0.044715f
+static void gelu_mul_ref(float *y, const float *g, const float *u, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const float z2 = (g[i] * GELU_K2) * (1.0f + GELU_C * (g[i] * g[i]));
+        y[i] = (g[i] / (1.0f + kvt_vec_exp_clamped(-z2))) * u[i];
+    }
+}
 static void sigmoid_mul_ref(float *y, const float *g, const float *u, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + kvt_vec_exp_clamped(-g[i]));
 }
@@ -392,6 +402,18 @@ T2 static void silu_mul_avx2(float *y, const float *g, const float *u, uint32_t 
         _mm256_storeu_ps(y + i, s);
     }
     silu_mul_ref(y + i, g + i, u ? u + i : NULL, n - i);
+}
+T2 static void gelu_mul_avx2(float *y, const float *g, const float *u, uint32_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    const __m256 k2 = _mm256_set1_ps(GELU_K2), c = _mm256_set1_ps(GELU_C);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 vg = _mm256_loadu_ps(g + i);
+        const __m256 z2 = _mm256_mul_ps(_mm256_mul_ps(vg, k2), _mm256_add_ps(one, _mm256_mul_ps(c, _mm256_mul_ps(vg, vg))));
+        const __m256 s = _mm256_div_ps(vg, _mm256_add_ps(one, exp8(_mm256_xor_ps(z2, neg))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    gelu_mul_ref(y + i, g + i, u + i, n - i);
 }
 T2 static void sigmoid_mul_avx2(float *y, const float *g, const float *u, uint32_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
@@ -777,6 +799,19 @@ T5 static void silu_mul_avx512(float *y, const float *g, const float *u, uint32_
         __m512 s = _mm512_div_ps(vg, _mm512_add_ps(one, e));
         if (u) s = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i));
         _mm512_mask_storeu_ps(y + i, k, s);
+    }
+}
+T5 static void gelu_mul_avx512(float *y, const float *g, const float *u, uint32_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(EXP_LO_CLAMPED);
+    const __m512 k2 = _mm512_set1_ps(GELU_K2), c = _mm512_set1_ps(GELU_C);
+    const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u); /* -z2: the sign bit flipped, as in C */
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 vg = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 z2 = _mm512_mul_ps(_mm512_mul_ps(vg, k2), _mm512_add_ps(one, _mm512_mul_ps(c, _mm512_mul_ps(vg, vg))));
+        const __m512 nz2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(z2), sign));
+        const __m512 s = _mm512_div_ps(vg, _mm512_add_ps(one, exp16(nz2, lo)));
+        _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i)));
     }
 }
 T5 static void sigmoid_mul_avx512(float *y, const float *g, const float *u, uint32_t n) {
@@ -1315,7 +1350,7 @@ static const kvt_vec_ops ops_ref = {
     .axpy_q4 = axpy_q4_ref, .transpose_rows = kvt_vec_transpose_rows_ref,
     .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref, .dot_kt_q4 = kvt_vec_dot_kt_q4_ref,
     .exp_sum = kvt_vec_exp_sum_ref, .lanes_reduce = kvt_vec_lanes_reduce_ref, .round_f16 = kvt_vec_round_f16_ref,
-    .exp_clamped = exp_clamped_ref, .silu_mul = silu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
+    .exp_clamped = exp_clamped_ref, .silu_mul = silu_mul_ref, .gelu_mul = gelu_mul_ref, .sigmoid_mul = sigmoid_mul_ref,
 };
 #if KVT_X86
 static const kvt_vec_ops ops_avx2 = {
@@ -1324,7 +1359,7 @@ static const kvt_vec_ops ops_avx2 = {
     .transpose_rows = kvt_vec_transpose_rows_ref, .transpose_f16_rows = kvt_vec_transpose_f16_rows_ref,
     .dot_kt_q4 = kvt_vec_dot_kt_q4_ref, .dot_enc_qn = dot_enc_qn_avx2, .axpy_enc_qn = axpy_enc_qn_avx2,
     .exp_sum = exp_sum_avx2, .lanes_reduce = lanes_reduce_avx2, .round_f16 = round_f16_f16c,
-    .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
+    .exp_clamped = exp_clamped_avx2, .silu_mul = silu_mul_avx2, .gelu_mul = gelu_mul_avx2, .sigmoid_mul = sigmoid_mul_avx2,
 };
 static const kvt_vec_ops ops_avx512 = {
     .level = 2, .dot = dot_avx512, .axpy = axpy_avx512, .vfma = vfma_avx512, .scale = scale_avx512,
@@ -1332,7 +1367,7 @@ static const kvt_vec_ops ops_avx512 = {
     .transpose_rows = transpose_rows_512, .transpose_f16_rows = transpose_f16_rows_512,
     .dot_kt_q4 = dot_kt_q4_512, .dot_enc_qn = dot_enc_qn_avx512, .axpy_enc_qn = axpy_enc_qn_avx512,
     .exp_sum = exp_sum_avx512, .lanes_reduce = lanes_reduce_avx512, .round_f16 = round_f16_avx512,
-    .exp_clamped = exp_clamped_avx512, .silu_mul = silu_mul_avx512, .sigmoid_mul = sigmoid_mul_avx512,
+    .exp_clamped = exp_clamped_avx512, .silu_mul = silu_mul_avx512, .gelu_mul = gelu_mul_avx512, .sigmoid_mul = sigmoid_mul_avx512,
 };
 #endif
 
@@ -1402,3 +1437,4 @@ float kvt_vec_exp_sum(float *sc, uint32_t n, float m) { return g_cur->exp_sum(sc
 void kvt_vec_lanes_reduce(float *o, const float *acc, size_t ld, uint32_t n) { g_cur->lanes_reduce(o, acc, ld, n); }
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul) { g_cur->round_f16(src, dst, n, mul); }
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n) { g_cur->silu_mul(y, g, u, n); }
+void kvt_vec_gelu_mul(float *y, const float *g, const float *u, uint32_t n) { g_cur->gelu_mul(y, g, u, n); }

@@ -74,6 +74,7 @@ typedef struct kvt_vec_ops {
     void (*round_f16)(const float *src, float *dst, uint32_t n, float mul);
     void (*exp_clamped)(float *y, const float *x, uint32_t n);
     void (*silu_mul)(float *y, const float *g, const float *u, uint32_t n);
+    void (*gelu_mul)(float *y, const float *g, const float *u, uint32_t n);
     void (*sigmoid_mul)(float *y, const float *g, const float *u, uint32_t n);
 } kvt_vec_ops;
 
@@ -128,6 +129,8 @@ void kvt_vec_force_level(int level);
  * round_f16: dst[i] = f16(src[i] * mul) widened to f32, round to nearest even (src == dst allowed).
  * exp_clamped: y[i] = kvt_vec_exp_clamped(x[i]).
  * silu_mul: y[i] = g/(1 + exp_clamped(-g)) * u[i] (u NULL: the silu alone); y may alias g or u.
+ * gelu_mul: y[i] = GELU(g[i]) * u[i], GELU's tanh form as g/(1 + exp_clamped(-z2)) with
+ *   z2 = (g·2·sqrt(2/π))·(1 + 0.044715·g²) (= g·σ(2z), no 1 + tanh cancellation); y may alias g or u.
  * sigmoid_mul: y[i] = u[i] / (1 + exp_clamped(-g[i])); y may alias g or u. */
 #define KVT_KT_MAX_DIM 1024
 #define KVT_VEC_QN 4
@@ -155,6 +158,7 @@ float kvt_vec_exp_sum(float *sc, uint32_t n, float m);
 void kvt_vec_lanes_reduce(float *o, const float *acc, size_t ld, uint32_t n);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
+void kvt_vec_gelu_mul(float *y, const float *g, const float *u, uint32_t n);
 
 /* ---- exp: one polynomial (Cephes-style range reduction x = k·ln2 + r with a two-part ln2, a
  * degree-5 Horner polynomial in fmaf, e^r = fma(p, r·r, r) + 1, times 2^k), two edge rules:

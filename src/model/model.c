@@ -816,11 +816,6 @@ static void rmsnorm(float *y, const float *x, const float *w, uint32_t n, float 
 }
 
 
-static inline float gelu_tanh(float x) {
-    const float s = 0.79788456080286535588f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(s * x * (1.0f + 0.044715f * x * x)));
-}
-
 /* Rotate the first n_rot dims of one head vector by the (cos, sin) table of its position, with the
  * first product of each output fused as in ggml's CPU RoPE compiled by gcc (which contracts
  * x0*cos - x1*sin and x0*sin + x1*cos so): fusing x1*cos instead puts tests/test_ref_llama_q5km.c's
@@ -1134,10 +1129,10 @@ static void dense_ffn(kvt_ctx *c, const kvt_fwd *fw, const kvt_layer_w *w) {
         col_range(F, ith, nth, &o0, &o1);
         for (uint32_t r = 0; r < n; r++) {
             float *g = c->gate + (size_t)r * F, *u = c->up + (size_t)r * F;
-            if (o->ffn_act == KVT_FFN_GELU_TANH)
-                for (int64_t i = o0; i < o1; i++) g[i] = gelu_tanh(g[i]) * u[i];
-            else /* the vector SiLU (kernels/vec.h: its exp has a scalar twin, same bits on every split) */
-                kvt_vec_silu_mul(g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
+            /* the vector GELU / SiLU (kernels/vec.h: their exp has a scalar twin, same bits on every
+             * split) */
+            if (o->ffn_act == KVT_FFN_GELU_TANH) kvt_vec_gelu_mul(g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
+            else kvt_vec_silu_mul(g + o0, g + o0, u + o0, (uint32_t)(o1 - o0));
         }
     }
     kvt_threadpool_barrier(tp);
