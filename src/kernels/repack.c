@@ -305,7 +305,8 @@ kvt_packed *kvt_packed_create(uint32_t wtype, const void *W, int64_t n_in, int64
     const bool gemm = !(e && !strcmp(e, "gemv"));
     kvt_packed *P = packed_create(wtype, W, n_in, n_out, gemm);
     /* best effort: without memory for it, single rows keep reading W (same results). Q4_K/Q5_K/Q6_K/
-     * Q4_0/Q5_0/Q4_1/Q5_1 under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h) instead of the 4-row copy */
+     * Q4_0/Q5_0/Q4_1/Q5_1 under AVX-512 VNNI or AMX: a 16-row nibble layout (kernels_internal.h)
+     * instead of the 4-row copy */
     if (P && n16_wanted(P)) (void)kq_n16_build(P);
     else if (P && ilv_wanted(P)) (void)kq_ilv_build(P);
     if (P && (!gemm || P->kind == KQP_F) && !P->ilv && !P->s16 && !P->n16) { /* nothing made */
