@@ -88,7 +88,7 @@ size_t kq_n16_bytes(const kvt_packed *P) {
 }
 
 bool kq_n16_build(kvt_packed *P) {
-    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 || P->kind == KQP_SMALL_U;
+    const bool small = kq_n16_pairs(P);
     if (P->kind != KQP_KM && P->kind != KQP_K6 && !(small && P->nb % 2 == 0)) return false;
     const int64_t ng = (P->n_out + K16_ROWS - 1) / K16_ROWS;
     const size_t gbb = kq_n16_gbb(P);

@@ -319,18 +319,30 @@ KQS_TGT void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, fl
  * and fma in block order, so the bits are those of the GEMM and of the row-major kernel
  * (kq_amx_mm_*); the layout's 576 bytes a block of 16 outputs stream at about the bandwidth, where
  * the row-major kernel's four rows with horizontal adds per block did not. */
+/* Nibble vector k of a block (64 bytes: 4 of each of 16 rows) as the two vpdpbusd operands: the low
+ * nibbles (weights 4k..4k+3 of each row) and the high ones (16+4k..); with q5, the fifth bits from the
+ * block's qh plane vector moved to bit 4 by A | (B & C) (imm 0xF8; 16-bit shifts: what crosses from
+ * the neighbouring byte lands outside 0x10). */
+KQS_AI void n16s_split(const bool q5, const __m512i v, const __m512i qh, const int k, __m512i *wl, __m512i *wh) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    *wl = _mm512_and_si512(v, m4);
+    *wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (q5) {
+        *wl = _mm512_ternarylogic_epi32(*wl, _mm512_slli_epi16(qh, 4 - k), b4, 0xF8);
+        *wh = _mm512_ternarylogic_epi32(*wh, k ? _mm512_srli_epi16(qh, k) : qh, b4, 0xF8);
+    }
+}
+
 /* Q4_0 and Q5_0 decode and small batches on the n16 layout: the NG groups of a tile (NG <= 4) × NR
  * converted activation rows (1, 2 or 4). Per block each lane starts from −8·Σx (Q5_0: −16·Σx; the
  * converted block's −128·Σx / 16 or / 8, exact), vpdpbusd adds the low nibbles against x[4k..4k+3]
- * and the high ones against x[16+4k..] (Q5_0: each with its fifth bit or-ed in at bit 4 by one
- * ternary-logic op; a second chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one
- * accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
+ * and the high ones against x[16+4k..] (Q5_0: each with its fifth bit at bit 4, n16s_split; a second
+ * chain for up to 8 (group, row) pairs; 16 pairs have 16 chains of one accumulator, each nibble split and broadcast then serving 4 pairs: 4- and 8-row llama-1b steps
  * 0.78-0.81x the time of 2 groups a pass, bench/results/zen5-2026-12-06.md), so the sum is the exact
  * Σ(q−8)·x (Σ(q−16)·x) of s16_tile; then its fma in block order: the bits of kq_s16_pmm and
  * kq_amx_mm_q4_0 / kq_amx_mm_q5_0. */
 KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C,
                       size_t crb, size_t pf, const uint8_t *pend, float *y, int64_t ldy, const __mmask16 *keep) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const size_t gbb = q5 ? N16_GBB_Q50 : N16_GBB_Q40;
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
     const bool two = NG * NR <= 8; /* low and high nibbles in separate chains (else one a pair: 16 chains) */
@@ -339,7 +351,6 @@ KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *
     for (int k = 0; k < NG * NR; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)(b / 2) * bs + 256 * (size_t)(b % 2), *pd = G + (size_t)(b / 2) * bs + N16_Q40_D + 32 * (size_t)(b % 2);
-        const uint8_t *ph = G + (size_t)(b / 2) * bs + N16_Q50_H + 64 * (size_t)(b % 2);
         if (pf) /* the group-block's share, half of it a block (spread: n16_tile, gemm_k16.c) */
             kq_n16_prefetch(G + (size_t)(b / 2) * bs + N16_PFD + (size_t)(b % 2) * pfh, pfh, pend);
         __m512i lo[16], hi[8], qh[N16_NG];
@@ -354,18 +365,14 @@ KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *
         }
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++)
-            if (q5) qh[i] = _mm512_load_si512((const void *)(ph + (size_t)i * gbb));
+            qh[i] = q5 ? _mm512_load_si512((const void *)(G + (size_t)(b / 2) * bs + (size_t)i * gbb + N16_Q50_H + 64 * (size_t)(b % 2)))
+                       : _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++)
 #pragma GCC unroll 4
             for (int i = 0; i < NG; i++) {
-                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * gbb + 64 * k));
-                __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                if (q5) { /* A | (B & C) (imm 0xF8): bit k / 4+k of each byte to bit 4 (16-bit shifts: what
-                           * crosses from the neighbouring byte lands outside 0x10) */
-                    wl = _mm512_ternarylogic_epi32(wl, _mm512_slli_epi16(qh[i], 4 - k), b4, 0xF8);
-                    wh = _mm512_ternarylogic_epi32(wh, k ? _mm512_srli_epi16(qh[i], k) : qh[i], b4, 0xF8);
-                }
+                __m512i wl, wh;
+                n16s_split(q5, _mm512_load_si512((const void *)(p + (size_t)i * gbb + 64 * k)), qh[i], k, &wl, &wh);
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) {
                     const uint8_t *x = C + (size_t)r * crb + (size_t)b * KQS_CA + 8;
@@ -456,7 +463,7 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
 
 /* Q4_1 and Q5_1 decode and small batches on the n16 layout, with the row-major kernels' arithmetic
  * (tile_small_s): the NG groups of a tile × one activation row (Q8_1 blocks at A). Per block, each
- * nibble vector k (Q5_1: fifth bits or-ed in as in n16q_tile) gives by vpdpbusd from zero the exact
+ * nibble vector k (n16s_split; Q5_1 with its fifth bits) gives by vpdpbusd from zero the exact
  * dots of lanes k (low nibbles against x[4k..4k+3]) and 4+k (high, x[16+4k..]) for 16 rows; each
  * lane's float accumulator takes fma(dot, dw·dx, ·), the mins' m·s add apart, and at the end the 8
  * lanes are summed in hsum_ps order plus that sum: the bits of the row-major kernel and of the 4-row
@@ -466,7 +473,6 @@ void kq_n16_s_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
  * over 2 groups at a time were no faster than single rows, bench/results/zen5-2026-12-06e.md). */
 KQS_AI void n16u_tile(const bool q5, const int NG, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *A, size_t pf,
                       const uint8_t *pend, float *y, const __mmask16 *keep) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const size_t gbb = q5 ? N16_GBB_Q51 : N16_GBB_Q41;
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63;
     __m512 acc[N16_NG][8], macc[N16_NG];
@@ -491,12 +497,8 @@ KQS_AI void n16u_tile(const bool q5, const int NG, const uint8_t *G, size_t bs, 
             macc[i] = _mm512_add_ps(macc[i], _mm512_mul_ps(mw, sx));
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                const __m512i v = _mm512_load_si512((const void *)(pi + 256 * h + 64 * k));
-                __m512i wl = _mm512_and_si512(v, m4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                if (q5) {
-                    wl = _mm512_ternarylogic_epi32(wl, _mm512_slli_epi16(qh, 4 - k), b4, 0xF8);
-                    wh = _mm512_ternarylogic_epi32(wh, k ? _mm512_srli_epi16(qh, k) : qh, b4, 0xF8);
-                }
+                __m512i wl, wh;
+                n16s_split(q5, _mm512_load_si512((const void *)(pi + 256 * h + 64 * k)), qh, k, &wl, &wh);
                 int32_t xl, xh;
                 memcpy(&xl, x + 4 + 4 * k, 4);
                 memcpy(&xh, x + 20 + 4 * k, 4);

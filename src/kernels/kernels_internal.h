@@ -229,9 +229,13 @@ static inline size_t kq_n16_gbb(const kvt_packed *P) {
            : P->type == KVT_TYPE_Q5_1 ? N16_GBB_Q51
                                       : N16_GBB_Q4;
 }
-/* Group-blocks a group holds: the blocks (the 32-weight types: pairs of blocks; their rows have an even
- * count). */
-static inline int64_t kq_n16_nblk(const kvt_packed *P) { return P->kind <= KQP_SMALL_U ? P->nb / 2 : P->nb; }
+/* Whether P's type takes the nibble layout of the 32-weight blocks (Q4_0, Q5_0, Q4_1, Q5_1: pairs of
+ * blocks, gemm_s16.c) rather than the K-quants' one. */
+static inline bool kq_n16_pairs(const kvt_packed *P) {
+    return P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 || P->kind == KQP_SMALL_U;
+}
+/* Group-blocks a group holds: the blocks (kq_n16_pairs: pairs of blocks; their rows have an even count). */
+static inline int64_t kq_n16_nblk(const kvt_packed *P) { return kq_n16_pairs(P) ? P->nb / 2 : P->nb; }
 /* Groups in the tile that starts at group t0 (N16_NG but for the last tile). */
 static inline int64_t kq_n16_ntg(const kvt_packed *P, int64_t t0) {
     const int64_t ng = (P->n_out + 15) / 16;

@@ -260,8 +260,7 @@ static bool n16_wanted(const kvt_packed *P) {
     const char *e = getenv("KVT_GEMV_ILV");
     if (e && !strcmp(e, "0")) return false;
     const kvt_isa isa = kvt_kernels_isa();
-    const bool small = P->type == KVT_TYPE_Q4_0 || P->type == KVT_TYPE_Q5_0 || P->kind == KQP_SMALL_U;
-    return (P->kind == KQP_KM || P->kind == KQP_K6 || (small && P->nb % 2 == 0)) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
+    return (P->kind == KQP_KM || P->kind == KQP_K6 || (kq_n16_pairs(P) && P->nb % 2 == 0)) && ((isa == KVT_ISA_AVX512 && kq_has_vnni()) || isa == KVT_ISA_AMX);
 }
 
 bool kvt_packed_has_ilv(const kvt_packed *p) { return p && p->ilv; }
