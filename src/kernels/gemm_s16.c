@@ -402,6 +402,53 @@ KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *
         for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + (int64_t)i * KQS_N, keep[i], acc[i * NR + r]);
 }
 
+/* Q4_0 decode (one activation row) on the n16 layout: n16q_tile's arithmetic and bits, in another
+ * order. The block's 8 activation broadcasts are made once for all groups, the groups run one after
+ * the other (each its low and high chains over the 4 nibble vectors), and the block's prefetch is
+ * issued a quarter at a time during the first group instead of as one burst: llama-1b shapes streamed
+ * 1.05-1.07x the bytes a second from DRAM on 2 threads where the machine's bandwidth was free, and
+ * 1.04-1.10x on 1 thread (bench/results/zen5-2026-12-06f.md). Q5_0 was no faster this way. */
+KQS_AI void n16q_tile1(const int NG, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t pf,
+                       const uint8_t *pend, float *y, const __mmask16 *keep) {
+    const size_t pfh = (pf / 2 + 63) & ~(size_t)63, pfq = (pfh / 4 + 63) & ~(size_t)63;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[N16_NG];
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = G + (size_t)(b / 2) * bs, *p = pb + 256 * (size_t)(b % 2), *pd = pb + N16_Q40_D + 32 * (size_t)(b % 2);
+        const uint8_t *pfa = pb + N16_PFD + (size_t)(b % 2) * pfh, *cb = C + (size_t)b * KQS_CA;
+        const __m512i c0 = _mm512_srai_epi32(_mm512_set1_epi32(*(const int32_t *)cb), 4);
+        float dx;
+        memcpy(&dx, cb + 4, 4);
+        const __m512 vdx = _mm512_set1_ps(dx);
+        __m512i xl[4], xh[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            int32_t a, h;
+            memcpy(&a, cb + 8 + 4 * k, 4);
+            memcpy(&h, cb + 24 + 4 * k, 4);
+            xl[k] = _mm512_set1_epi32(a);
+            xh[k] = _mm512_set1_epi32(h);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NG; i++) {
+            __m512i lo = c0, hi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                if (pf && i == 0) kq_n16_prefetch(pfa + (size_t)k * pfq, pfq, pend);
+                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k));
+                lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), xl[k]);
+                hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), xh[k]);
+            }
+            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * N16_GBB_Q40)));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(dw, vdx), acc[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NG; i++) _mm512_mask_storeu_ps(y + (int64_t)i * KQS_N, keep[i], acc[i]);
+}
+
 /* Rows [r, r + NR) (converted at C) × the in-range groups [g, tend) of one tile (at most N16_NG) in one
  * register tile; pf: prefetch the tile's stream (the first row chunk). */
 KQS_AI void n16q_rows(const bool q5, const int NR, const kvt_packed *P, const uint8_t *C, size_t crb, float *y, int64_t ldy,
@@ -413,6 +460,17 @@ KQS_AI void n16q_rows(const bool q5, const int NR, const kvt_packed *P, const ui
     for (int i = 0; i < ng; i++) keep[i] = s16_cols((g + i) * KQS_N, o0, o1);
     const uint8_t *G = P->n16 + kq_n16_off(P, g, 0);
     float *yg = y + g * KQS_N;
+#define N16Q_1(NG) n16q_tile1(NG, G, bs, P->nb, C, pf ? pfb : 0, pend, yg, keep)
+    if (!q5 && NR == 1) {
+        switch (ng) { /* constant widths: the accumulators stay in registers */
+        case 4: N16Q_1(4); break;
+        case 3: N16Q_1(3); break;
+        case 2: N16Q_1(2); break;
+        default: N16Q_1(1); break;
+        }
+        return;
+    }
+#undef N16Q_1
 #define N16Q_T(NG) n16q_tile(q5, NG, NR, G, bs, P->nb, C, crb, pf ? pfb : 0, pend, yg, ldy, keep)
     switch (ng) { /* constant widths: the accumulators stay in registers */
     case 4: N16Q_T(4); break;
@@ -552,17 +610,21 @@ void kq_n16_u_mm(const kvt_packed *P, const void *act, int64_t n_rows, float *y,
 
 #define KQS_GEMV_NG 4
 #define KQS_GEMV_PF 4 /* blocks ahead of each group's stream */
-KQS_AI void s16_gemv_tile(const int NG, const uint8_t *G, size_t gs, int64_t nb, const uint8_t *C, __m512 *out) {
+KQS_AI void s16_gemv_tile(const int NG, const uint8_t *G, size_t gs, int64_t nb, const uint8_t *C, int nn, __m512 *out) {
     __m512 acc[KQS_GEMV_NG];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) acc[g] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *cb = C + (size_t)b * KQS_CA, *p = G + (size_t)b * KQS_GBB;
-        if (b + KQS_GEMV_PF < nb)
+        if (b + KQS_GEMV_PF < nb) {
 #pragma GCC unroll 4
             for (int g = 0; g < NG; g++)
                 for (int l = 0; l < KQS_GBB; l += 64)
                     _mm_prefetch((const char *)(p + (size_t)g * gs + KQS_GEMV_PF * KQS_GBB + l), _MM_HINT_T0);
+        } else if (b + KQS_GEMV_PF - nb < nb) /* the first blocks of the next tile's nn groups (it follows at G + NG·gs) */
+            for (int g = 0; g < nn; g++)
+                for (int l = 0; l < KQS_GBB; l += 64)
+                    _mm_prefetch((const char *)(G + (size_t)(NG + g) * gs + (size_t)(b + KQS_GEMV_PF - nb) * KQS_GBB + l), _MM_HINT_T0);
         __m512i is[KQS_GEMV_NG];
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) is[g] = _mm512_set1_epi32(*(const int32_t *)cb);
@@ -598,14 +660,19 @@ KQS_TGT void kq_s16_gemv(const kvt_packed *P, const void *act, float *y, int64_t
     s16_convert(act, arb, 0, 1, nb, C);
     const int64_t gend = (o1 + KQS_N - 1) / KQS_N;
     __m512 out[KQS_GEMV_NG];
+    for (int64_t g = o0 / KQS_N; g < gend && g < o0 / KQS_N + KQS_GEMV_NG; g++) /* the first tile's first blocks */
+        for (size_t l = 0; l < (size_t)(nb < KQS_GEMV_PF ? nb : KQS_GEMV_PF) * KQS_GBB; l += 64)
+            _mm_prefetch((const char *)(P->s16 + (size_t)g * gs + l), _MM_HINT_T0);
     for (int64_t g = o0 / KQS_N; g < gend;) {
         const int ng = gend - g >= KQS_GEMV_NG ? KQS_GEMV_NG : (int)(gend - g);
+        const int64_t left = gend - g - ng; /* groups of this call after the tile */
+        const int nn = left >= KQS_GEMV_NG ? KQS_GEMV_NG : (int)left;
         const uint8_t *G = P->s16 + (size_t)g * gs;
         switch (ng) { /* constant widths: the accumulators stay in registers */
-        case 4: s16_gemv_tile(4, G, gs, nb, C, out); break;
-        case 3: s16_gemv_tile(3, G, gs, nb, C, out); break;
-        case 2: s16_gemv_tile(2, G, gs, nb, C, out); break;
-        default: s16_gemv_tile(1, G, gs, nb, C, out); break;
+        case 4: s16_gemv_tile(4, G, gs, nb, C, nn, out); break;
+        case 3: s16_gemv_tile(3, G, gs, nb, C, nn, out); break;
+        case 2: s16_gemv_tile(2, G, gs, nb, C, nn, out); break;
+        default: s16_gemv_tile(1, G, gs, nb, C, nn, out); break;
         }
         for (int i = 0; i < ng; i++) {
             const int64_t base = (g + i) * KQS_N;
