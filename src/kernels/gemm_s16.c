@@ -27,7 +27,7 @@
  * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, 0.5 / 0.6 the
  * bytes of this one) with the same arithmetic: each lane starts from −8·Σx (Q5_0: −16·Σx) of the
  * block, vpdpbusd adds the low and high nibbles (Q5_0: with their fifth bits) against their
- * activation bytes (n16q_tile). Q4_1 and Q5_1 (kind KQP_SMALL_U, no GEMM layout here) read the same
+ * activation bytes (n16q_tile; one Q4_0 row n16q_tile1). Q4_1 and Q5_1 (kind KQP_SMALL_U, no GEMM layout here) read the same
  * nibble layout with their mins beside the scales, keeping the 8-lane arithmetic of their row-major
  * kernels (n16u_tile).
  *
