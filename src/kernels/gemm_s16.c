@@ -27,9 +27,9 @@
  * (kvt_packed.n16, kernels_internal.h: the file's bytes regrouped 16 rows at a time, 0.5 / 0.6 the
  * bytes of this one) with the same arithmetic: each lane starts from −8·Σx (Q5_0: −16·Σx) of the
  * block, vpdpbusd adds the low and high nibbles (Q5_0: with their fifth bits) against their
- * activation bytes (n16q_tile; one Q4_0 row n16q_tile1). Q4_1 and Q5_1 (kind KQP_SMALL_U, no GEMM layout here) read the same
- * nibble layout with their mins beside the scales, keeping the 8-lane arithmetic of their row-major
- * kernels (n16u_tile).
+ * activation bytes (n16q_tile; one Q4_0 row n16q_tile1). Q4_1 and Q5_1 (kind KQP_SMALL_U, no GEMM
+ * layout here) read the same nibble layout with their mins beside the scales, keeping the 8-lane
+ * arithmetic of their row-major kernels (n16u_tile).
  *
  * Ownership: the layout is owned by the kvt_packed (freed by kvt_packed_free); the kernel keeps its
  * converted activation rows in the calling thread's scratch (kq_tls_scratch).
@@ -411,7 +411,7 @@ KQS_AI void n16q_tile(const bool q5, const int NG, const int NR, const uint8_t *
 KQS_AI void n16q_tile1(const int NG, const uint8_t *G, size_t bs, int64_t nb, const uint8_t *C, size_t pf,
                        const uint8_t *pend, float *y, const __mmask16 *keep) {
     const size_t pfh = (pf / 2 + 63) & ~(size_t)63, pfq = (pfh / 4 + 63) & ~(size_t)63;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i zero = _mm512_setzero_si512(); /* no fifth bits */
     __m512 acc[N16_NG];
 #pragma GCC unroll 4
     for (int i = 0; i < NG; i++) acc[i] = _mm512_setzero_ps();
@@ -433,13 +433,14 @@ KQS_AI void n16q_tile1(const int NG, const uint8_t *G, size_t bs, int64_t nb, co
         }
 #pragma GCC unroll 4
         for (int i = 0; i < NG; i++) {
-            __m512i lo = c0, hi = _mm512_setzero_si512();
+            __m512i lo = c0, hi = zero;
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 if (pf && i == 0) kq_n16_prefetch(pfa + (size_t)k * pfq, pfq, pend);
-                const __m512i v = _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k));
-                lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), xl[k]);
-                hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), xh[k]);
+                __m512i wl, wh;
+                n16s_split(false, _mm512_load_si512((const void *)(p + (size_t)i * N16_GBB_Q40 + 64 * k)), zero, k, &wl, &wh);
+                lo = _mm512_dpbusd_epi32(lo, wl, xl[k]);
+                hi = _mm512_dpbusd_epi32(hi, wh, xh[k]);
             }
             const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(pd + (size_t)i * N16_GBB_Q40)));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(dw, vdx), acc[i]);
