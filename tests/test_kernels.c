@@ -292,6 +292,10 @@ static void test_act_quantize_dispatch(void **st) {
     for (int j = 0; j < 256; j++) x[256 + j] = (j == 3) ? -127.0f : (float)(j % 64 - 32) + 0.5f;
     for (int j = 0; j < 256; j++) x[512 + j] = 0.0f;
     x[600] = 2.0f, x[601] = -2.0f; /* magnitude tie: the first one sets the sign */
+    /* row 1 (values within ±20): the largest magnitude as a 256-block's last element, and a
+     * magnitude tie 16-element chunks apart (the SIMD Q8_K finds the first by vector compare) */
+    x[1024 + 255] = 99.0f;
+    x[1280 + 17] = -98.5f, x[1280 + 250] = 98.5f;
     /* row 2: 32-blocks from 2^-32 to 2^18 times the values, so the f16 scales (F16C conversion in
      * the SIMD paths) cover zero, subnormal, normal and overflow-to-inf */
     for (int64_t j = 2 * n; j < 3 * n; j++) x[j] *= ldexpf(1.0f, (int)((j - 2 * n) / 32 * 50 / 31) - 32);
