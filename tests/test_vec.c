@@ -27,6 +27,45 @@ static void fill(float *x, size_t n, uint64_t *s, bool specials) {
     for (size_t i = 0; i < n; i++) x[i] = specials ? special(s) : tu_randf(s);
 }
 
+/* argmax (greedy sampling) at every level against the scalar scan: lengths with tails, every
+ * special value mixed in (NaN must never win, except at index 0), ties of the maximum far apart
+ * and within one vector, +0/-0 ties, all -inf, all NaN. */
+static void test_argmax_equal_ref(void **st) {
+    (void)st;
+    kvt_isa isas[4];
+    const int ni = vec_isas(isas);
+    const kvt_vec_ops *ref = kvt_vec_ops_for(KVT_ISA_SCALAR);
+    enum { N = 300 };
+    static float x[N];
+    uint64_t s = 5;
+    assert_int_equal(ref->argmax(x, 0), 0);
+    for (int k = 0; k < ni; k++) {
+        const kvt_vec_ops *op = kvt_vec_ops_for(isas[k]);
+        for (int rep = 0; rep < 60; rep++)
+            for (uint32_t n = 0; n <= N; n += n < 40 ? 1 : 37) {
+                fill(x, N, &s, rep % 2 == 0);
+                if (rep % 5 == 1 && n > 3) x[tu_rand(&s) % n] = x[tu_rand(&s) % n] = 1e30f; /* a tie */
+                if (rep % 5 == 2 && n > 0) x[0] = NAN;
+                if (rep % 5 == 3)
+                    for (uint32_t i = 0; i < n; i++) x[i] = i % 3 ? -INFINITY : NAN;
+                if (rep % 5 == 4)
+                    for (uint32_t i = 0; i < n; i++) x[i] = i % 2 ? 0.0f : -0.0f;
+                assert_int_equal(op->argmax(x, n), ref->argmax(x, n));
+            }
+        for (uint32_t i = 0; i < N; i++) x[i] = -INFINITY;
+        assert_int_equal(op->argmax(x, N), 0);
+        for (uint32_t i = 0; i < N; i++) x[i] = NAN;
+        assert_int_equal(op->argmax(x, N), 0);
+        x[N - 1] = -1.0f; /* a NaN at index 0 stays the answer (the scan compares against it) */
+        assert_int_equal(op->argmax(x, N), 0);
+        x[0] = -7.0f; /* the largest number wins over every NaN */
+        assert_int_equal(op->argmax(x, N), N - 1);
+        x[5] = 2.0f, x[17] = 2.0f; /* first of equal maxima, in different vectors */
+        assert_int_equal(op->argmax(x, N), 5);
+    }
+    assert_int_equal(kvt_vec_argmax(x, N), 5);
+}
+
 /* The elementwise operations, exp_sum and lanes_reduce, on random values with every special value
  * mixed in. */
 static void test_elementwise_equal_ref(void **st) {
@@ -592,6 +631,7 @@ int main(void) {
     kvt_kernels_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise_equal_ref),
+        cmocka_unit_test(test_argmax_equal_ref),
         cmocka_unit_test(test_attention_products_equal_ref),
         cmocka_unit_test(test_enc_rows_equal_ref),
         cmocka_unit_test(test_exp_sweep_and_edges),

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "../kernels/membw.h"
+#include "../kernels/vec.h"
 #include "../model/model.h"
 #include "cmds.h"
 #include "engine_flags.h"
@@ -342,12 +343,6 @@ typedef struct quality_pass {
     double *kl;          /* [n] */
 } quality_pass;
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* log-softmax of logits into lp (double accumulation) */
 static void log_softmax(const float *x, uint32_t n, float *lp) {
@@ -361,7 +356,7 @@ static void log_softmax(const float *x, uint32_t n, float *lp) {
 
 static int32_t quality_step(void *vctx, uint32_t step, const float *logits) {
     quality_pass *q = vctx;
-    const uint32_t top = argmax(logits, q->nv);
+    const uint32_t top = kvt_vec_argmax(logits, q->nv);
     if (q->reference) {
         log_softmax(logits, q->nv, q->ref_lp + (size_t)step * q->nv);
         q->ref_top[step] = (int32_t)top;

@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../kernels/vec.h"
+
 #define KVT_CAND_RANGE 30.0f
 
 typedef struct cand {
@@ -159,12 +161,8 @@ int32_t kvt_sampler_sample_lp(kvt_sampler *s, float *logits, uint32_t n_top, kvt
 
 bool kvt_sampling_greedy(const kvt_sampling *p) { return !(p->temperature > 0.0f) || p->top_k == 1; }
 
-static uint32_t argmax(const float *logits, uint32_t nv) { /* lowest id wins ties */
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < nv; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
-}
+/* lowest id wins ties, NaN never wins (kernels/vec.h: vector max, then the first equal) */
+static uint32_t argmax(const float *logits, uint32_t nv) { return kvt_vec_argmax(logits, nv); }
 
 /* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n) most likely first, with
  * their probabilities after top-k, temperature softmax, top-p and min-p (not renormalised after

@@ -76,6 +76,7 @@ typedef struct kvt_vec_ops {
     void (*silu_mul)(float *y, const float *g, const float *u, uint32_t n);
     void (*gelu_mul)(float *y, const float *g, const float *u, uint32_t n);
     void (*sigmoid_mul)(float *y, const float *g, const float *u, uint32_t n);
+    uint32_t (*argmax)(const float *x, uint32_t n);
 } kvt_vec_ops;
 
 /* The table of an ISA (AMX: the AVX-512 one). The caller makes sure the CPU runs it
@@ -131,7 +132,9 @@ void kvt_vec_force_level(int level);
  * silu_mul: y[i] = g/(1 + exp_clamped(-g)) * u[i] (u NULL: the silu alone); y may alias g or u.
  * gelu_mul: y[i] = GELU(g[i]) * u[i], GELU's tanh form as g/(1 + exp_clamped(-z2)) with
  *   z2 = (g·2·sqrt(2/π))·(1 + 0.044715·g²) (= g·σ(2z), no 1 + tanh cancellation); y may alias g or u.
- * sigmoid_mul: y[i] = u[i] / (1 + exp_clamped(-g[i])); y may alias g or u. */
+ * sigmoid_mul: y[i] = u[i] / (1 + exp_clamped(-g[i])); y may alias g or u.
+ * argmax: the index the scan best = 0; for i: if (x[i] > x[best]) best = i gives (greedy sampling):
+ *   the first of the largest values, NaN never chosen unless x[0] is NaN (then 0); 0 for n == 0. */
 #define KVT_KT_MAX_DIM 1024
 #define KVT_VEC_QN 4
 
@@ -159,6 +162,7 @@ void kvt_vec_lanes_reduce(float *o, const float *acc, size_t ld, uint32_t n);
 void kvt_vec_round_f16(const float *src, float *dst, uint32_t n, float mul);
 void kvt_vec_silu_mul(float *y, const float *g, const float *u, uint32_t n);
 void kvt_vec_gelu_mul(float *y, const float *g, const float *u, uint32_t n);
+uint32_t kvt_vec_argmax(const float *x, uint32_t n);
 
 /* ---- exp: one polynomial (Cephes-style range reduction x = k·ln2 + r with a two-part ln2, a
  * degree-5 Horner polynomial in fmaf, e^r = fma(p, r·r, r) + 1, times 2^k), two edge rules:
@@ -187,5 +191,6 @@ void kvt_vec_axpy_enc_qn_ref(const kvt_vec_rowfmt *f, float *const *y, size_t ld
 float kvt_vec_exp_sum_ref(float *sc, uint32_t n, float m);
 void kvt_vec_lanes_reduce_ref(float *o, const float *acc, size_t ld, uint32_t n);
 void kvt_vec_round_f16_ref(const float *src, float *dst, uint32_t n, float mul);
+uint32_t kvt_vec_argmax_ref(const float *x, uint32_t n);
 
 #endif
