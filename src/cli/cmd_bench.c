@@ -343,7 +343,6 @@ typedef struct quality_pass {
     double *kl;          /* [n] */
 } quality_pass;
 
-
 /* log-softmax of logits into lp (double accumulation) */
 static void log_softmax(const float *x, uint32_t n, float *lp) {
     float m = x[0];
