@@ -1,10 +1,13 @@
 /* test_sampler.c — sampling: greedy argmax (lowest id on ties), seeded reproducibility, top-k,
  * top-p, min-p restrict the candidate set, penalties over the recent window, distribution sanity. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "testutil.h"
 
 #include "engine/sampler.h"
+#include "kernels/quant.h"
 
 enum { NV = 1000 };
 
@@ -120,6 +123,107 @@ static void test_top_k_top_p_min_p(void **st) {
     kvt_sampler_free(s);
 }
 
+/* The cuts without a sort (sampler.c selects in place) keep exactly the sets a sorted list's cuts
+ * keep: a reference here sorts (logit/T descending, lower id first on ties), cuts top-k, then
+ * top-p's shortest prefix reaching top_p of the mass, then min-p's prefix with p >= min_p·p(best),
+ * and kvt_sampler_probs must put mass on exactly those ids, in proportion to exp(l/T). Rows with
+ * ties across every cut (logits on a coarse grid) and a flat row over 152k ids. */
+typedef struct ref_c {
+    float l;
+    int32_t id;
+} ref_c;
+static int cmp_ref(const void *a, const void *b) {
+    const ref_c *x = a, *y = b;
+    if (x->l != y->l) return x->l > y->l ? -1 : 1;
+    return x->id < y->id ? -1 : (x->id > y->id);
+}
+static void check_cuts(const float *base, uint32_t nv, float temp, int top_k, float top_p, float min_p) {
+    kvt_sampler *s = kvt_sampler_create(nv);
+    assert_non_null(s);
+    kvt_sampling p;
+    kvt_sampling_default(&p);
+    p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p;
+    kvt_sampler_reset(s, &p);
+    float *l = malloc(sizeof(float) * nv), *probs = malloc(sizeof(float) * nv);
+    ref_c *r = malloc(sizeof(ref_c) * nv);
+    bool *in = calloc(nv, sizeof(bool));
+    assert_true(l && probs && r && in);
+    memcpy(l, base, sizeof(float) * nv);
+    kvt_sampler_probs(s, l, probs);
+    const float inv_t = 1.0f / temp;
+    uint32_t n = 0;
+    float maxl = -INFINITY;
+    for (uint32_t i = 0; i < nv; i++) maxl = fmaxf(maxl, base[i] * inv_t);
+    for (uint32_t i = 0; i < nv; i++)
+        if (base[i] * inv_t >= maxl - 30.0f) r[n].l = base[i] * inv_t, r[n].id = (int32_t)i, n++;
+    qsort(r, n, sizeof *r, cmp_ref);
+    if (top_k > 0 && (uint32_t)top_k < n) n = (uint32_t)top_k;
+    double sum = 0, cum = 0;
+    for (uint32_t i = 0; i < n; i++) sum += exp((double)r[i].l - maxl);
+    uint32_t keep = n;
+    if (top_p > 0.0f && top_p < 1.0f)
+        for (uint32_t i = 0; i < n; i++)
+            if ((cum += exp((double)r[i].l - maxl)) >= top_p * sum * (1 - 1e-12)) {
+                keep = i + 1;
+                break;
+            }
+    if (min_p > 0.0f) {
+        uint32_t k2 = 1;
+        while (k2 < keep && exp((double)r[k2].l - maxl) >= min_p * (1 - 1e-6)) k2++;
+        keep = k2;
+    }
+    double tot = 0;
+    for (uint32_t i = 0; i < keep; i++) in[r[i].id] = true, tot += exp((double)r[i].l - maxl);
+    for (uint32_t i = 0; i < nv; i++) {
+        if (!in[i]) {
+            if (probs[i] != 0.0f) fail_msg("T %.2f k %d p %.3f min-p %.3f: id %u outside the cut has p %g", temp, top_k, top_p, min_p, i, probs[i]);
+            continue;
+        }
+        const double want = exp((double)base[i] * inv_t - maxl) / tot;
+        if (!(fabs(probs[i] - want) <= 1e-5 * want + 1e-9))
+            fail_msg("T %.2f k %d p %.3f min-p %.3f: id %u p %g, want %g", temp, top_k, top_p, min_p, i, probs[i], want);
+    }
+    free(in), free(r), free(probs), free(l);
+    kvt_sampler_free(s);
+}
+
+static void test_cuts_match_sorted(void **st) {
+    float base[NV];
+    for (int seed = 0; seed < 6; seed++) {
+        make_logits(base, 40 + seed);
+        if (seed & 1) /* a coarse grid: ties inside and at every cut */
+            for (int i = 0; i < NV; i++) base[i] = roundf(base[i] * 2.0f) / 2.0f;
+        check_cuts(base, NV, 1.0f, 0, 0.9f, 0.0f);
+        check_cuts(base, NV, 0.7f, 40, 0.95f, 0.0f);
+        check_cuts(base, NV, 1.3f, 7, 1.0f, 0.0f);
+        check_cuts(base, NV, 1.0f, 0, 1.0f, 0.05f);
+        check_cuts(base, NV, 0.8f, 50, 0.5f, 0.1f);
+        check_cuts(base, NV, 2.0f, 0, 0.3f, 0.0f);
+        check_cuts(base, NV, 1.0f, NV - 1, 0.99f, 0.0f);
+    }
+    for (int k = 2; k < 200; k += 3) { /* every way a selection can end */
+        make_logits(base, 77);
+        check_cuts(base, NV, 1.0f, k, 1.0f, 0.0f);
+        check_cuts(base, NV, 1.0f, 0, (float)k / 200.0f, 0.0f);
+    }
+    /* all equal: the lowest ids win every cut */
+    for (int i = 0; i < NV; i++) base[i] = 1.0f;
+    check_cuts(base, NV, 1.0f, 10, 1.0f, 0.0f);
+    check_cuts(base, NV, 1.0f, 0, 0.25f, 0.0f);
+    /* 152k ids, nearly flat: top-p keeps most of them */
+    const uint32_t big = 151936;
+    float *b = malloc(sizeof(float) * big);
+    assert_non_null(b);
+    uint64_t x = 7;
+    for (uint32_t i = 0; i < big; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        b[i] = (float)((x >> 33) % 1000) / 500.0f;
+    }
+    check_cuts(b, big, 1.0f, 0, 0.95f, 0.0f);
+    check_cuts(b, big, 0.9f, 5000, 0.9f, 0.2f);
+    free(b);
+}
+
 static void test_penalties(void **st) {
     kvt_sampler *s = kvt_sampler_create(NV);
     kvt_sampling p;
@@ -227,6 +331,59 @@ static void test_logprobs(void **st) {
     kvt_sampler_free(s);
 }
 
+/* logprobs over a real vocabulary size at every vector level: the log-sum-exp on vectors (in
+ * chunks, summed in double) against a double reference over 151,936 logits spread over 60 nats,
+ * some masked (-inf), a length with a tail after the last whole chunk and vector; the top 20 in
+ * the scan's order (equal logits: the lower id first); a NaN as the first logit does not hide the
+ * finite maximum behind it (the row's log-sum-exp is NaN, as with any NaN logit). */
+static void test_logprobs_vocab(void **st) {
+    const uint32_t nv = 151936 + 7;
+    float *l = malloc(sizeof(float) * nv);
+    assert_non_null(l);
+    uint64_t x = 12345;
+    for (uint32_t i = 0; i < nv; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        l[i] = (float)((x >> 33) % 600001) / 10000.0f - 40.0f;
+        if (i % 97 == 5) l[i] = -INFINITY;
+    }
+    l[77777] = 31.0f, l[1234] = 31.0f, l[150000] = 30.5f; /* a tie at the top: id 1234 first */
+    double m = -INFINITY, sum = 0;
+    for (uint32_t i = 0; i < nv; i++) m = fmax(m, l[i]);
+    for (uint32_t i = 0; i < nv; i++) sum += exp((double)l[i] - m);
+    const double lse = m + log(sum);
+    const kvt_isa best = kvt_kernels_best_isa();
+    for (int isa = KVT_ISA_SCALAR; isa <= (int)best && isa <= KVT_ISA_AVX512; isa++) {
+        assert_true(kvt_kernels_force_isa((kvt_isa)isa));
+        kvt_token_logprobs lp;
+        kvt_logprobs_of(l, nv, 150000, 20, &lp);
+        assert_int_equal(lp.id, 150000);
+        assert_true(fabs(lp.logprob - (l[150000] - lse)) < 1e-5);
+        assert_int_equal(lp.n_top, 20);
+        assert_int_equal(lp.top_ids[0], 1234);
+        assert_int_equal(lp.top_ids[1], 77777);
+        assert_int_equal(lp.top_ids[2], 150000);
+        for (uint32_t k = 0; k < lp.n_top; k++) {
+            assert_true(fabs(lp.top_lps[k] - (l[lp.top_ids[k]] - lse)) < 1e-5);
+            if (k) assert_true(l[lp.top_ids[k]] <= l[lp.top_ids[k - 1]]);
+        }
+        /* the 20th best: no logit outside the list is larger */
+        const float floor = l[lp.top_ids[19]];
+        uint32_t above = 0;
+        for (uint32_t i = 0; i < nv; i++) above += l[i] > floor;
+        assert_true(above <= 19);
+        kvt_logprobs_of(l, nv, (int32_t)nv, 0, &lp); /* an id outside the vocabulary */
+        assert_true(isinf(lp.logprob) && lp.logprob < 0);
+        const float keep = l[0];
+        l[0] = NAN;
+        kvt_logprobs_of(l, nv, 1234, 3, &lp);
+        assert_true(isnan(lp.logprob));
+        assert_int_equal(lp.top_ids[0], 1234);
+        l[0] = keep;
+    }
+    assert_true(kvt_kernels_force_isa(best));
+    free(l);
+}
+
 /* logit_bias shifts the named ids after the penalties: +100 forces a token, -100 bans one; the
  * logprobs describe the biased distribution; out-of-range ids are ignored. */
 static void test_logit_bias(void **st) {
@@ -294,7 +451,8 @@ static void test_presence_frequency(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),     cmocka_unit_test(test_seeded_reproducible), cmocka_unit_test(test_top_k_top_p_min_p),
-        cmocka_unit_test(test_penalties),  cmocka_unit_test(test_distribution), cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_penalties),  cmocka_unit_test(test_distribution), cmocka_unit_test(test_logprobs), cmocka_unit_test(test_logprobs_vocab),
+        cmocka_unit_test(test_cuts_match_sorted),
         cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_presence_frequency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,13 +2,16 @@
  *
  * Order of operations (as llama.cpp's common sampler chain): penalties -> logit bias -> (greedy: argmax) ->
  * top-k -> temperature softmax -> top-p -> min-p -> draw. Candidates whose logit is more than
- * KVT_CAND_RANGE below the maximum (after temperature) are dropped before sorting: their
- * probability is below e^-30 relative to the best token, so they can never be drawn in practice,
- * and this keeps sorting cost proportional to the plausible set rather than the vocabulary. */
+ * KVT_CAND_RANGE below the maximum (after temperature) are dropped first: their probability is
+ * below e^-30 relative to the best token, so they can never be drawn in practice. Nothing sorts the
+ * candidates: top-k and top-p are selections in place (quickselect, O(n) expected) that keep the
+ * sets a sorted list's cuts keep, and the draw walks the kept ones in the order the selections
+ * leave them (the same distribution; a seed gives the same draws for the same logits). */
 #include "sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../kernels/vec.h"
 
@@ -112,29 +115,48 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
+/* The largest non-NaN logit (-inf when there is none): the vector argmax from the first non-NaN
+ * entry on (its contract: NaN is never chosen unless it is the first element). */
+static float max_logit(const float *logits, uint32_t nv) {
+    uint32_t i0 = 0;
+    while (i0 < nv && logits[i0] != logits[i0]) i0++;
+    return i0 < nv ? logits[i0 + kvt_vec_argmax(logits + i0, nv - i0)] : -INFINITY;
+}
+
+/* log Σ exp(logits[i] − m): kvt_vec_exp_sum over chunks copied to a stack buffer (the logits stay
+ * as they are), the chunk sums added in double. A NaN logit makes it NaN. */
+#define LSE_CHUNK 2048
+static double log_sum_exp_shifted(const float *logits, uint32_t nv, float m) {
+    float buf[LSE_CHUNK];
+    double sum = 0;
+    for (uint32_t i = 0; i < nv; i += LSE_CHUNK) {
+        const uint32_t n = nv - i < LSE_CHUNK ? nv - i : LSE_CHUNK;
+        memcpy(buf, logits + i, sizeof(float) * n);
+        sum += kvt_vec_exp_sum(buf, n, m);
+    }
+    return log(sum);
+}
+
 void kvt_logprobs_of(const float *logits, uint32_t nv, int32_t id, uint32_t n_top, kvt_token_logprobs *lp) {
     if (n_top > KVT_MAX_TOP_LOGPROBS) n_top = KVT_MAX_TOP_LOGPROBS;
-    float maxl = -INFINITY;
-    for (uint32_t i = 0; i < nv; i++)
-        if (logits[i] > maxl) maxl = logits[i];
-    double sum = 0;
-    if (isfinite(maxl))
-        for (uint32_t i = 0; i < nv; i++) sum += exp((double)logits[i] - maxl);
-    const double lse = isfinite(maxl) ? maxl + log(sum) : 0.0;
+    const float maxl = max_logit(logits, nv);
+    const double lse = isfinite(maxl) ? maxl + log_sum_exp_shifted(logits, nv, maxl) : 0.0;
     lp->id = id;
     lp->logprob = (id >= 0 && (uint32_t)id < nv) ? (float)(logits[id] - lse) : -INFINITY;
-    /* top n_top by insertion into a sorted list (n_top <= 20: one pass over the vocabulary) */
+    /* top n_top by insertion into a sorted list (n_top <= 20: one pass over the vocabulary; floor
+     * is the smallest kept logit once the list is full) */
     uint32_t k = 0;
+    float floor = -INFINITY;
     for (uint32_t i = 0; i < nv && n_top; i++) {
-        float l = logits[i];
-        if (!(l > -INFINITY)) continue;
-        if (k == n_top && !(l > logits[lp->top_ids[k - 1]])) continue;
+        const float l = logits[i];
+        if (!(l > floor)) continue;
         uint32_t at = k < n_top ? k++ : n_top - 1;
         while (at > 0 && l > logits[lp->top_ids[at - 1]]) {
             lp->top_ids[at] = lp->top_ids[at - 1];
             at--;
         }
         lp->top_ids[at] = (int32_t)i;
+        if (k == n_top) floor = logits[lp->top_ids[k - 1]];
     }
     lp->n_top = k;
     for (uint32_t j = 0; j < k; j++) lp->top_lps[j] = (float)(logits[lp->top_ids[j]] - lse);
@@ -164,9 +186,96 @@ bool kvt_sampling_greedy(const kvt_sampling *p) { return !(p->temperature > 0.0f
 /* lowest id wins ties, NaN never wins (kernels/vec.h: vector max, then the first equal) */
 static uint32_t argmax(const float *logits, uint32_t nv) { return kvt_vec_argmax(logits, nv); }
 
-/* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n) most likely first, with
- * their probabilities after top-k, temperature softmax, top-p and min-p (not renormalised after
- * the cuts); *tot gets their sum. */
+static void swap_cand(cand *c, uint32_t i, uint32_t j) {
+    const cand t = c[i];
+    c[i] = c[j];
+    c[j] = t;
+}
+
+/* Partitions c[lo..hi) (hi - lo >= 1) around a median-of-three pivot in cmp_cand order (a total
+ * order): returns st with the candidates ranked before the pivot in [lo, st), the pivot at st, the
+ * rest after it. *mass (when not NULL) gets Σ p over [lo, st). */
+static uint32_t partition(cand *c, uint32_t lo, uint32_t hi, double *mass) {
+    const uint32_t a = lo, b = lo + (hi - lo) / 2, z = hi - 1;
+    if (cmp_cand(&c[b], &c[a]) < 0) swap_cand(c, a, b);
+    if (cmp_cand(&c[z], &c[b]) < 0) {
+        swap_cand(c, b, z);
+        if (cmp_cand(&c[b], &c[a]) < 0) swap_cand(c, a, b);
+    }
+    swap_cand(c, b, z); /* the median is the pivot, at z */
+    uint32_t st = lo;
+    double m = 0;
+    for (uint32_t i = lo; i < z; i++)
+        if (cmp_cand(&c[i], &c[z]) < 0) {
+            if (mass) m += c[i].p;
+            swap_cand(c, i, st++);
+        }
+    swap_cand(c, st, z);
+    if (mass) *mass = m;
+    return st;
+}
+
+/* Rounds of partitioning a selection over n candidates takes before it sorts what is left instead
+ * (inputs built against the pivot rule): the time stays O(n log n). */
+static uint32_t select_rounds(uint32_t n) {
+    uint32_t lim = 2;
+    for (uint32_t m = n; m > 1; m >>= 1) lim += 2;
+    return lim;
+}
+
+/* Moves the k best of c[0..n) (1 <= k < n) to c[0..k), in no particular order (quickselect). */
+static void select_best(cand *c, uint32_t n, uint32_t k) {
+    uint32_t lo = 0, hi = n, rounds = 0;
+    const uint32_t lim = select_rounds(n);
+    while (hi - lo > 1) {
+        if (++rounds > lim) {
+            qsort(c + lo, hi - lo, sizeof(cand), cmp_cand);
+            return;
+        }
+        const uint32_t st = partition(c, lo, hi, NULL);
+        if (st == k || st + 1 == k) return;
+        if (st > k) hi = st;
+        else lo = st + 1;
+    }
+}
+
+/* Top-p's cut without sorting: moves to c[0..keep) the shortest run of best candidates (cmp_cand
+ * order) whose weights add up to at least want, in no particular order, and returns keep (n when
+ * all of them fall short). A quickselect on the weight above each pivot: O(n) expected. */
+static uint32_t select_mass(cand *c, uint32_t n, double want) {
+    uint32_t lo = 0, hi = n, rounds = 0;
+    const uint32_t lim = select_rounds(n);
+    double acc = 0; /* the weight of c[0..lo), all kept */
+    while (lo < hi) {
+        if (++rounds > lim) {
+            qsort(c + lo, hi - lo, sizeof(cand), cmp_cand);
+            for (uint32_t i = lo; i < hi; i++)
+                if ((acc += c[i].p) >= want) return i + 1;
+            return hi;
+        }
+        double m;
+        const uint32_t st = partition(c, lo, hi, &m);
+        if (acc + m >= want) hi = st; /* reached before the pivot */
+        else if (acc + m + c[st].p >= want) return st + 1;
+        else acc += m + c[st].p, lo = st + 1;
+    }
+    return lo ? lo : 1; /* the sums of a range's parts fell short of the range's sum by rounding */
+}
+
+/* Σ c[i].p in four double accumulators (candidate i into i mod 4, added in a fixed order): no
+ * serial chain of adds over a vocabulary of candidates. */
+static double sum_weights(const cand *c, uint32_t n) {
+    double acc[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) acc[i & 3] += c[i].p;
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n), in no particular order, with
+ * their weights exp(logit/T − max) after top-k, temperature softmax, top-p and min-p (never
+ * normalised: the cuts and the draw compare sums of the same weights); *tot gets their sum. The
+ * cuts keep the same sets as cutting a sorted list (the best is always kept, with weight 1); nothing
+ * sorts the vocabulary (a draw at a 152k vocabulary with a flat distribution spent 15-22 ms in
+ * qsort). */
 static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, double *tot) {
     const uint32_t nv = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
@@ -180,36 +289,22 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
             n++;
         }
     }
-    qsort(s->c, n, sizeof(cand), cmp_cand);
-    if (s->p.top_k > 0 && (uint32_t)s->p.top_k < n) n = (uint32_t)s->p.top_k;
-
-    double sum = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        s->c[i].p = expf(s->c[i].logit - maxl);
-        sum += s->c[i].p;
+    if (s->p.top_k > 0 && (uint32_t)s->p.top_k < n) {
+        select_best(s->c, n, (uint32_t)s->p.top_k);
+        n = (uint32_t)s->p.top_k;
     }
-    for (uint32_t i = 0; i < n; i++) s->c[i].p = (float)(s->c[i].p / sum);
-
-    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) {
-        double cum = 0;
-        uint32_t keep = n;
-        for (uint32_t i = 0; i < n; i++) {
-            cum += s->c[i].p;
-            if (cum >= s->p.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
+    for (uint32_t i = 0; i < n; i++) s->c[i].p = expf(s->c[i].logit - maxl);
+    const uint32_t n_all = n;
+    const double sum = sum_weights(s->c, n);
+    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) n = select_mass(s->c, n, (double)s->p.top_p * sum);
+    if (s->p.min_p > 0.0f) { /* relative to the best's weight, exp(0) = 1: a set, not a position */
+        const float thr = s->p.min_p < 1.0f ? s->p.min_p : 1.0f;
+        uint32_t keep = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (s->c[i].p >= thr) swap_cand(s->c, i, keep++);
         n = keep;
     }
-    if (s->p.min_p > 0.0f) {
-        float thr = s->c[0].p * s->p.min_p;
-        uint32_t keep = 1;
-        while (keep < n && s->c[keep].p >= thr) keep++;
-        n = keep;
-    }
-    *tot = 0;
-    for (uint32_t i = 0; i < n; i++) *tot += s->c[i].p;
+    *tot = n == n_all ? sum : sum_weights(s->c, n);
     return n;
 }
 
