@@ -34,10 +34,17 @@ typedef struct job {
     kvt_tier from;
     kvt_finish finish;
     int *order_slot; /* first-token order (admission test) */
+    bool gate;       /* at its first token, wait (up to 10 s) for g_gate_open (admission test) */
 } job;
 
 static pthread_mutex_t g_order_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_order_next;
+static int g_gate_open;
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 static bool on_tok(void *ctx, int32_t id, const char *t, size_t l) {
     (void)t, (void)l;
@@ -49,6 +56,8 @@ static bool on_tok(void *ctx, int32_t id, const char *t, size_t l) {
         *j->order_slot = g_order_next++;
         pthread_mutex_unlock(&g_order_mu);
     }
+    for (int ms = 0; seen == 1 && j->gate && !__atomic_load_n(&g_gate_open, __ATOMIC_SEQ_CST) && ms < 10000; ms++)
+        sleep_ms(1); /* keeps this row running (and its memory held) while the others are submitted */
     return !(j->cancel_after && seen >= j->cancel_after);
 }
 
@@ -120,11 +129,6 @@ static void check_pool_is_cache(kvt_engine *e) {
     else assert_true(s.pool_used_bytes <= s.pc_bytes);
     assert_int_equal(s.rows_active, 0);
     assert_int_equal(s.rows_queued, 0);
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* 12 concurrent requests over 4 rows: distinct prompts, a shared 64-token prefix, two cancelling. */
@@ -237,6 +241,8 @@ static void test_admission_small_pool(void **st) {
     kvt_engine *e = open_engine(4, one_row * 1.5 / 1e9, 0, 0);
     pthread_t th[N];
     g_order_next = 0;
+    __atomic_store_n(&g_gate_open, 0, __ATOMIC_SEQ_CST);
+    jobs[0].gate = true; /* the first row runs until every request is queued: the others wait for memory */
     for (uint32_t i = 0; i < N; i++) {
         jobs[i].e = e;
         jobs[i].order_slot = &order[i];
@@ -248,6 +254,7 @@ static void test_admission_small_pool(void **st) {
             sleep_ms(1);
         }
     }
+    __atomic_store_n(&g_gate_open, 1, __ATOMIC_SEQ_CST);
     for (uint32_t i = 0; i < N; i++) pthread_join(th[i], NULL);
     for (uint32_t i = 0; i < N; i++) {
         if (jobs[i].st) fail_msg("job %u: %s", i, jobs[i].err);
