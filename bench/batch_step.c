@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "gguf/gguf.h"
+#include "kernels/vec.h"
 #include "kv/kv.h"
 #include "model/model.h"
 
@@ -24,12 +25,6 @@ static double now_ms(void) {
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 int main(int argc, char **argv) {
@@ -88,7 +83,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "prefill failed\n");
                 return 1;
             }
-            tok[r] = (int32_t)argmax(lg, V);
+            tok[r] = (int32_t)kvt_vec_argmax(lg, V);
         }
         double *ms = calloc(steps, sizeof *ms);
         for (uint32_t s = 0; s < steps; s++) {
@@ -97,7 +92,7 @@ int main(int argc, char **argv) {
             double t0 = now_ms();
             kvt_model_forward_batch(c, items, (uint32_t)R, &lg);
             ms[s] = now_ms() - t0;
-            for (long r = 0; r < R; r++) tok[r] = (int32_t)argmax(lg + (size_t)r * V, V);
+            for (long r = 0; r < R; r++) tok[r] = (int32_t)kvt_vec_argmax(lg + (size_t)r * V, V);
         }
         qsort(ms, steps, sizeof *ms, cmp_d);
         double med = ms[steps / 2], tps = R * 1e3 / med;
