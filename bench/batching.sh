@@ -2,7 +2,8 @@
 # bench/batching.sh — continuous batching (docs/batching.md), side by side in one run: for each
 # --parallel value (BATCH_PAR, default "1 4 8") a fresh `kvtier serve` gets BATCH_CLIENTS (8)
 # simultaneous streaming /v1/completions requests with distinct ~BATCH_P-token (200) prompts and
-# BATCH_N (64) new tokens each, greedy. Reports aggregate generated tok/s (all tokens / wall time
+# BATCH_N (64) new tokens each, greedy (BATCH_TEMP: another temperature, e.g. 1, the server's
+# default, to time the sampled draw). Reports aggregate generated tok/s (all tokens / wall time
 # from the first request to the last [DONE], so the prompts' prefill is inside it), the decode-phase
 # aggregate (tokens after each stream's first token / time from the earliest first token to the
 # last [DONE]), median and max time to first token, and the server's
@@ -10,7 +11,8 @@
 # 100-token request sent while a BATCH_LONG_P-token (7000) prefill runs, vs the same request alone.
 # Writes $OUT_DIR/batching.json and prints a table.
 # Also: aggregate tok/s of BATCH_STREAMS ("1 4 8") concurrent streams on one --parallel 8 server.
-# Env: KVTIER, MODEL, THREADS, BATCH_PAR, BATCH_STREAMS, BATCH_CLIENTS, BATCH_P, BATCH_N, BATCH_LONG, BATCH_LONG_P, OUT_DIR.
+# Env: KVTIER, MODEL, THREADS, BATCH_PAR, BATCH_STREAMS, BATCH_CLIENTS, BATCH_P, BATCH_N, BATCH_TEMP, BATCH_LONG,
+# BATCH_LONG_P, OUT_DIR.
 set -euo pipefail
 KVTIER=${KVTIER:-build/kvtier}
 MODEL=${MODEL:-models/smol-q8_0.gguf}
@@ -19,6 +21,7 @@ BATCH_PAR=${BATCH_PAR:-"1 4 8"}
 BATCH_CLIENTS=${BATCH_CLIENTS:-8}
 BATCH_P=${BATCH_P:-200}
 BATCH_N=${BATCH_N:-64}
+export BATCH_TEMP=${BATCH_TEMP:-0}
 BATCH_LONG=${BATCH_LONG:-0}
 BATCH_LONG_P=${BATCH_LONG_P:-7000}
 OUT_DIR=${OUT_DIR:-bench/results}
@@ -45,13 +48,13 @@ start() { # start PAR CTX: a server on a free port (sets PORT, SRV)
 stop() { kill $SRV; wait $SRV 2>/dev/null || true; SRV=""; }
 
 cat >"$WORK/client.py" <<'PY'
-import json, sys, threading, time, http.client, statistics, urllib.request
+import json, os, sys, threading, time, http.client, statistics, urllib.request
 port, mode = int(sys.argv[1]), sys.argv[2]
 def words(seed, n):  # ~n tokens of distinct text (GPT-2 vocabulary: "w1234" ~ 3 tokens)
     return " ".join(f"w{(seed * 7919 + k * 104729) % 9973}" for k in range(n // 3))
 def stream(prompt, n, out, t_start):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    b = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    b = {"prompt": prompt, "max_tokens": n, "temperature": float(os.environ["BATCH_TEMP"]), "stream": True, "stream_options": {"include_usage": True}}
     c.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
     r = c.getresponse()
     ttft, usage = None, None

@@ -31,6 +31,7 @@ struct kvt_sampler {
     uint32_t hist_cap, hist_n, hist_pos;
     uint32_t *counts; /* per-id count within the window (maintained lazily per sample) */
     cand *c;
+    float *w; /* the candidates' logits/T, then their weights, beside c (candidates) */
 };
 
 static uint64_t rng_next(uint64_t *s) {
@@ -45,10 +46,11 @@ kvt_sampler *kvt_sampler_create(uint32_t n_vocab) {
     if (!s) return NULL;
     s->n_vocab = n_vocab;
     s->c = malloc(sizeof(cand) * n_vocab);
+    s->w = malloc(sizeof(float) * n_vocab);
     s->counts = calloc(n_vocab, sizeof(uint32_t));
     s->hist_cap = 4096;
     s->hist = malloc(sizeof(int32_t) * s->hist_cap);
-    if (!s->c || !s->counts || !s->hist) {
+    if (!s->c || !s->w || !s->counts || !s->hist) {
         kvt_sampler_free(s);
         return NULL;
     }
@@ -61,6 +63,7 @@ kvt_sampler *kvt_sampler_create(uint32_t n_vocab) {
 void kvt_sampler_free(kvt_sampler *s) {
     if (!s) return;
     free(s->c);
+    free(s->w);
     free(s->counts);
     free(s->hist);
     free(s);
@@ -270,8 +273,10 @@ static double sum_weights(const cand *c, uint32_t n) {
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+#define WEIGHT_CHUNK 2048 /* candidates a kvt_vec_exp_sum call weighs (a float sum's length) */
+
 /* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n), in no particular order, with
- * their weights exp(logit/T − max) after top-k, temperature softmax, top-p and min-p (never
+ * their weights exp(logit/T − max) (kvt_vec_exp) after top-k, temperature softmax, top-p and min-p (never
  * normalised: the cuts and the draw compare sums of the same weights); *tot gets their sum. The
  * cuts keep the same sets as cutting a sorted list (the best is always kept, with weight 1); nothing
  * sorts the vocabulary (a draw at a 152k vocabulary with a flat distribution spent 15-22 ms in
@@ -284,7 +289,7 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
     for (uint32_t i = 0; i < nv; i++) {
         float l = logits[i] * inv_t;
         if (l >= maxl - KVT_CAND_RANGE) {
-            s->c[n].logit = l;
+            s->c[n].logit = s->w[n] = l;
             s->c[n].id = (int32_t)i;
             n++;
         }
@@ -292,10 +297,14 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
     if (s->p.top_k > 0 && (uint32_t)s->p.top_k < n) {
         select_best(s->c, n, (uint32_t)s->p.top_k);
         n = (uint32_t)s->p.top_k;
+        for (uint32_t i = 0; i < n; i++) s->w[i] = s->c[i].logit;
     }
-    for (uint32_t i = 0; i < n; i++) s->c[i].p = expf(s->c[i].logit - maxl);
+    /* the weights on vectors (kvt_vec_exp_sum in chunks, their sums added in double) */
+    double sum = 0;
+    for (uint32_t i = 0; i < n; i += WEIGHT_CHUNK)
+        sum += kvt_vec_exp_sum(s->w + i, n - i < WEIGHT_CHUNK ? n - i : WEIGHT_CHUNK, maxl);
+    for (uint32_t i = 0; i < n; i++) s->c[i].p = s->w[i];
     const uint32_t n_all = n;
-    const double sum = sum_weights(s->c, n);
     if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) n = select_mass(s->c, n, (double)s->p.top_p * sum);
     if (s->p.min_p > 0.0f) { /* relative to the best's weight, exp(0) = 1: a set, not a position */
         const float thr = s->p.min_p < 1.0f ? s->p.min_p : 1.0f;
