@@ -221,6 +221,12 @@ static void test_cuts_match_sorted(void **st) {
     }
     check_cuts(b, big, 1.0f, 0, 0.95f, 0.0f);
     check_cuts(b, big, 0.9f, 5000, 0.9f, 0.2f);
+    /* a peaked row: top-p's mass within the best 256 (sampler.c's first try), and one just past them */
+    for (uint32_t h = 0; h < 300; h++) b[(h * 7919u) % big] = 14.0f - 0.01f * (float)h;
+    check_cuts(b, big, 0.7f, 0, 0.95f, 0.0f);
+    check_cuts(b, big, 1.0f, 0, 0.5f, 0.0f);
+    check_cuts(b, big, 1.0f, 0, 0.99f, 0.0f);
+    check_cuts(b, big, 1.0f, 1000, 0.9f, 0.01f);
     free(b);
 }
 

@@ -226,8 +226,37 @@ static uint32_t select_rounds(uint32_t n) {
     return lim;
 }
 
-/* Moves the k best of c[0..n) (1 <= k < n) to c[0..k), in no particular order (quickselect). */
+/* c[0..k) as a heap with the worst of them (cmp_cand) at c[0]: sift c[i] down. */
+static void heap_down(cand *c, uint32_t k, uint32_t i) {
+    for (;;) {
+        uint32_t w = i;
+        const uint32_t a = 2 * i + 1, b = a + 1;
+        if (a < k && cmp_cand(&c[a], &c[w]) > 0) w = a;
+        if (b < k && cmp_cand(&c[b], &c[w]) > 0) w = b;
+        if (w == i) return;
+        swap_cand(c, i, w);
+        i = w;
+    }
+}
+
+/* A few best of many (k·8 <= n): a heap of the k best so far, each later candidate compared with
+ * its worst (a branch that is almost always "not better", unlike a partition's). */
+static void select_best_heap(cand *c, uint32_t n, uint32_t k) {
+    for (uint32_t i = k / 2; i-- > 0;) heap_down(c, k, i);
+    for (uint32_t i = k; i < n; i++)
+        if (cmp_cand(&c[i], &c[0]) < 0) { /* a swap, not a copy: c stays a permutation */
+            swap_cand(c, 0, i);
+            heap_down(c, k, 0);
+        }
+}
+
+/* Moves the k best of c[0..n) (1 <= k < n) to c[0..k), in no particular order (a heap for a few of
+ * many, else quickselect). */
 static void select_best(cand *c, uint32_t n, uint32_t k) {
+    if ((uint64_t)k * 8 <= n) {
+        select_best_heap(c, n, k);
+        return;
+    }
     uint32_t lo = 0, hi = n, rounds = 0;
     const uint32_t lim = select_rounds(n);
     while (hi - lo > 1) {
@@ -244,8 +273,17 @@ static void select_best(cand *c, uint32_t n, uint32_t k) {
 
 /* Top-p's cut without sorting: moves to c[0..keep) the shortest run of best candidates (cmp_cand
  * order) whose weights add up to at least want, in no particular order, and returns keep (n when
- * all of them fall short). A quickselect on the weight above each pivot: O(n) expected. */
+ * all of them fall short). First the best TOP_P_FEW (a heap, then a sort of those): most rows reach
+ * top-p's mass within them. Otherwise a quickselect on the weight above each pivot: O(n) expected. */
+#define TOP_P_FEW 256
 static uint32_t select_mass(cand *c, uint32_t n, double want) {
+    if ((uint64_t)TOP_P_FEW * 8 <= n) {
+        select_best_heap(c, n, TOP_P_FEW);
+        qsort(c, TOP_P_FEW, sizeof(cand), cmp_cand);
+        double acc = 0;
+        for (uint32_t i = 0; i < TOP_P_FEW; i++)
+            if ((acc += c[i].p) >= want) return i + 1;
+    }
     uint32_t lo = 0, hi = n, rounds = 0;
     const uint32_t lim = select_rounds(n);
     double acc = 0; /* the weight of c[0..lo), all kept */
