@@ -1,6 +1,8 @@
 /* bench/vnni_peak.c — the issue rate of the instructions the nibble kernels (src/kernels/gemm_k16.c,
  * gemm_s16.c) are built from, on one core: 16 independent vpdpbusd zmm chains alone, and next to 16
- * vpandd, 16 vpbroadcastd from memory, or 4 vpmulld. It bounds what a batched decode step can cost:
+ * vpandd, 16 vpbroadcastd from memory, 16 vpaddd or 16 vcvtdq2ps (which pipes are free beside it), or
+ * 4 vpmulld, vpdpwssd or vfmadd231ps (which share its pipes: a K-quant kernel's per-sub-block scale
+ * multiply, its min sums and its float updates each take a vpdpbusd slot). It bounds what a batched decode step can cost:
  * an R-row step of a model with M weights needs R·M/64 vpdpbusd (docs/batching.md).
  *   make build/bench/vnni_peak && build/bench/vnni_peak
  * Prints G instructions/s (best of 5 runs of 50 M loop iterations); x86-64 with AVX-512 VNNI only. */
@@ -21,6 +23,15 @@ static double now_s(void) {
 #define A(r) "vpandd %%zmm30, %%zmm31, %%zmm" #r "\n\t"
 #define B(r) "vpbroadcastd %0, %%zmm" #r "\n\t"
 #define M(r) "vpmulld %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define W(r) "vpdpwssd %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define FM(r) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define AD(r) "vpaddd %%zmm30, %%zmm31, %%zmm" #r "\n\t"
+#define CV(r) "vcvtdq2ps %%zmm30, %%zmm" #r "\n\t"
+/* 16 vpdpbusd with 4 (X4) or 16 (X16) other instructions between them */
+#define X4(Z) D(0) Z(16) D(1) D(2) D(3) Z(17) D(4) D(5) D(6) D(7) Z(18) D(8) D(9) D(10) D(11) Z(19) D(12) D(13) D(14) D(15)
+#define X16(Z)                                                                                                      \
+    D(0) Z(16) D(1) Z(17) D(2) Z(18) D(3) Z(19) D(4) Z(20) D(5) Z(21) D(6) Z(22) D(7) Z(23) D(8) Z(16) D(9) Z(17) D(10) \
+        Z(18) D(11) Z(19) D(12) Z(20) D(13) Z(21) D(14) Z(22) D(15) Z(23)
 #define D16 D(0) D(1) D(2) D(3) D(4) D(5) D(6) D(7) D(8) D(9) D(10) D(11) D(12) D(13) D(14) D(15)
 
 static int g_mem[16] __attribute__((aligned(64)));
@@ -54,6 +65,14 @@ __attribute__((target("avx512f,avx512vnni"))) static void run(void) {
     t = BEST(__asm__ volatile(D(0) M(16) D(1) D(2) D(3) M(17) D(4) D(5) D(6) D(7) M(18) D(8) D(9) D(10) D(11) M(19) D(12)
                                   D(13) D(14) D(15) ::: CLOB24));
     printf("vpdpbusd next to 4 vpmulld:      %.2f G/s\n", N_ITER * 16 / t / 1e9);
+    t = BEST(__asm__ volatile(X4(W) ::: CLOB24));
+    printf("vpdpbusd next to 4 vpdpwssd:     %.2f G/s\n", N_ITER * 16 / t / 1e9);
+    t = BEST(__asm__ volatile(X4(FM) ::: CLOB24));
+    printf("vpdpbusd next to 4 vfmadd231ps:  %.2f G/s\n", N_ITER * 16 / t / 1e9);
+    t = BEST(__asm__ volatile(X16(AD) ::: CLOB24));
+    printf("vpdpbusd next to 16 vpaddd:      %.2f G/s\n", N_ITER * 16 / t / 1e9);
+    t = BEST(__asm__ volatile(X16(CV) ::: CLOB24));
+    printf("vpdpbusd next to 16 vcvtdq2ps:   %.2f G/s\n", N_ITER * 16 / t / 1e9);
 }
 
 int main(void) {

@@ -271,19 +271,10 @@ static void select_best(cand *c, uint32_t n, uint32_t k) {
     }
 }
 
-/* Top-p's cut without sorting: moves to c[0..keep) the shortest run of best candidates (cmp_cand
- * order) whose weights add up to at least want, in no particular order, and returns keep (n when
- * all of them fall short). First the best TOP_P_FEW (a heap, then a sort of those): most rows reach
- * top-p's mass within them. Otherwise a quickselect on the weight above each pivot: O(n) expected. */
-#define TOP_P_FEW 256
-static uint32_t select_mass(cand *c, uint32_t n, double want) {
-    if ((uint64_t)TOP_P_FEW * 8 <= n) {
-        select_best_heap(c, n, TOP_P_FEW);
-        qsort(c, TOP_P_FEW, sizeof(cand), cmp_cand);
-        double acc = 0;
-        for (uint32_t i = 0; i < TOP_P_FEW; i++)
-            if ((acc += c[i].p) >= want) return i + 1;
-    }
+/* The quickselect on mass: moves to c[0..keep) the shortest run of best candidates of c[0..n) (cmp_cand
+ * order) whose weights add up to at least want, in no particular order; keep is n when all of them
+ * fall short. O(n) expected. */
+static uint32_t select_mass_qs(cand *c, uint32_t n, double want) {
     uint32_t lo = 0, hi = n, rounds = 0;
     const uint32_t lim = select_rounds(n);
     double acc = 0; /* the weight of c[0..lo), all kept */
@@ -301,6 +292,53 @@ static uint32_t select_mass(cand *c, uint32_t n, double want) {
         else acc += m + c[st].p, lo = st + 1;
     }
     return lo ? lo : 1; /* the sums of a range's parts fell short of the range's sum by rounding */
+}
+
+/* Top-p's cut without sorting: select_mass_qs's result for the candidates of c[0..n), all within
+ * KVT_CAND_RANGE of maxl. Many candidates first try the best TOP_P_FEW (a heap, then a sort of
+ * them: most rows reach top-p's mass within them), then TOP_P_BUCKETS buckets of equal logit width
+ * (maxl − logit)·TOP_P_BUCKETS/KVT_CAND_RANGE: a bucket's index never decreases along cmp_cand
+ * order, so the buckets before the one where the mass reaches want are kept whole, and only that one
+ * is selected in; two predictable passes, where a quickselect over a nearly flat row partitions most
+ * of it several times. */
+#define TOP_P_FEW 256
+#define TOP_P_BUCKETS 1024
+static uint32_t bucket_of(float l, float maxl) {
+    const float x = (maxl - l) * ((float)TOP_P_BUCKETS / KVT_CAND_RANGE);
+    return x < (float)(TOP_P_BUCKETS - 1) ? (uint32_t)x : TOP_P_BUCKETS - 1;
+}
+static uint32_t select_mass(cand *c, uint32_t n, double want, float maxl) {
+    if ((uint64_t)TOP_P_FEW * 8 > n) return select_mass_qs(c, n, want);
+    select_best_heap(c, n, TOP_P_FEW);
+    qsort(c, TOP_P_FEW, sizeof(cand), cmp_cand);
+    double acc = 0;
+    for (uint32_t i = 0; i < TOP_P_FEW; i++)
+        if ((acc += c[i].p) >= want) return i + 1;
+    double mass[TOP_P_BUCKETS] = {0};
+    for (uint32_t i = 0; i < n; i++) mass[bucket_of(c[i].logit, maxl)] += c[i].p;
+    uint32_t bk = 0;
+    for (acc = 0; bk < TOP_P_BUCKETS && acc + mass[bk] < want; bk++) acc += mass[bk];
+    if (bk == TOP_P_BUCKETS) return n; /* short of want by rounding: all */
+    /* buckets before bk to c[0..k1), then bucket bk to c[k1..k2): branchless (every candidate swaps
+     * with c[k], k moves on when it belongs there; c[k..i) never does), as the outcome is about as
+     * random as the row's order */
+    uint32_t k1 = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const cand t = c[i];
+        const uint32_t in = bucket_of(t.logit, maxl) < bk;
+        c[i] = c[k1];
+        c[k1] = t;
+        k1 += in;
+    }
+    uint32_t k2 = k1;
+    for (uint32_t i = k1; i < n; i++) {
+        const cand t = c[i];
+        const uint32_t in = bucket_of(t.logit, maxl) == bk;
+        c[i] = c[k2];
+        c[k2] = t;
+        k2 += in;
+    }
+    return k1 + select_mass_qs(c + k1, k2 - k1, want - acc);
 }
 
 /* Σ c[i].p in four double accumulators (candidate i into i mod 4, added in a fixed order): no
@@ -323,14 +361,13 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
     const uint32_t nv = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
     const float maxl = logits[best] * inv_t;
+    const float floor_l = maxl - KVT_CAND_RANGE;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < nv; i++) {
-        float l = logits[i] * inv_t;
-        if (l >= maxl - KVT_CAND_RANGE) {
-            s->c[n].logit = s->w[n] = l;
-            s->c[n].id = (int32_t)i;
-            n++;
-        }
+    for (uint32_t i = 0; i < nv; i++) { /* branchless: whether a token is that close is often a coin flip */
+        const float l = logits[i] * inv_t;
+        s->c[n].logit = s->w[n] = l;
+        s->c[n].id = (int32_t)i;
+        n += l >= floor_l;
     }
     if (s->p.top_k > 0 && (uint32_t)s->p.top_k < n) {
         select_best(s->c, n, (uint32_t)s->p.top_k);
@@ -343,7 +380,7 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
         sum += kvt_vec_exp_sum(s->w + i, n - i < WEIGHT_CHUNK ? n - i : WEIGHT_CHUNK, maxl);
     for (uint32_t i = 0; i < n; i++) s->c[i].p = s->w[i];
     const uint32_t n_all = n;
-    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) n = select_mass(s->c, n, (double)s->p.top_p * sum);
+    if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) n = select_mass(s->c, n, (double)s->p.top_p * sum, maxl);
     if (s->p.min_p > 0.0f) { /* relative to the best's weight, exp(0) = 1: a set, not a position */
         const float thr = s->p.min_p < 1.0f ? s->p.min_p : 1.0f;
         uint32_t keep = 0;
