@@ -12,20 +12,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "gguf/gguf.h"
 #include "kernels/vec.h"
 #include "kv/kv.h"
 #include "model/model.h"
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
     if (argc < 2) {

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kernels/membw.h"
 #include "kernels/quant.h"
 #include "util/threadpool.h"
@@ -53,10 +54,6 @@ static double cpu_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static uint32_t type_of(const char *s) {
     if (!strcmp(s, "q4_k")) return KVT_TYPE_Q4_K;

@@ -17,13 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "cache/ssd_cache.h"
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static bool drop_caches(void) {
     sync();
@@ -33,10 +29,6 @@ static bool drop_caches(void) {
     return (fclose(f) == 0) && ok;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static uint64_t file_size_of(const char *dir, uint64_t chain, uint32_t kind) {
     char p[8192];
