@@ -18,7 +18,6 @@
 #include "kv/kv.h"
 #include "model/model.h"
 
-
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf [THREADS] [ROWS] [DEPTH] [STEPS]\n", argv[0]);

@@ -54,7 +54,6 @@ static double cpu_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-
 static uint32_t type_of(const char *s) {
     if (!strcmp(s, "q4_k")) return KVT_TYPE_Q4_K;
     if (!strcmp(s, "q5_k")) return KVT_TYPE_Q5_K;

@@ -16,7 +16,6 @@
 #include "engine/sampler.h"
 #include "kernels/quant.h"
 
-
 int main(int argc, char **argv) {
     const uint32_t nv = argc > 1 ? (uint32_t)atol(argv[1]) : 151936;
     const int reps = argc > 2 ? atoi(argv[2]) : 200;

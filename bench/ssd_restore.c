@@ -20,7 +20,6 @@
 #include "bench_util.h"
 #include "cache/ssd_cache.h"
 
-
 static bool drop_caches(void) {
     sync();
     FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
@@ -28,7 +27,6 @@ static bool drop_caches(void) {
     bool ok = fputs("3\n", f) >= 0;
     return (fclose(f) == 0) && ok;
 }
-
 
 static uint64_t file_size_of(const char *dir, uint64_t chain, uint32_t kind) {
     char p[8192];
