@@ -342,14 +342,14 @@ static uint32_t select_mass(cand *c, uint32_t n, double want, float maxl) {
 }
 
 /* Σ c[i].p in four double accumulators (candidate i into i mod 4, added in a fixed order): no
- * serial chain of adds over a vocabulary of candidates. */
+ * serial chain of adds over a vocabulary of candidates (candidates() sums all of them the same way). */
 static double sum_weights(const cand *c, uint32_t n) {
     double acc[4] = {0, 0, 0, 0};
     for (uint32_t i = 0; i < n; i++) acc[i & 3] += c[i].p;
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-#define WEIGHT_CHUNK 2048 /* candidates a kvt_vec_exp_sum call weighs (a float sum's length) */
+#define WEIGHT_CHUNK 2048 /* candidates a kvt_vec_exp_sum call weighs */
 
 /* The candidates a non-greedy draw keeps (best: the argmax): s->c[0..n), in no particular order, with
  * their weights exp(logit/T − max) (kvt_vec_exp) after top-k, temperature softmax, top-p and min-p (never
@@ -374,11 +374,16 @@ static uint32_t candidates(kvt_sampler *s, const float *logits, uint32_t best, d
         n = (uint32_t)s->p.top_k;
         for (uint32_t i = 0; i < n; i++) s->w[i] = s->c[i].logit;
     }
-    /* the weights on vectors (kvt_vec_exp_sum in chunks, their sums added in double) */
-    double sum = 0;
+    /* the weights on vectors (kvt_vec_exp_sum in chunks); their sum as sum_weights adds them, in
+     * double: a float sum's error (~1e-7) could leave the draw's walk short of r = U·tot */
     for (uint32_t i = 0; i < n; i += WEIGHT_CHUNK)
-        sum += kvt_vec_exp_sum(s->w + i, n - i < WEIGHT_CHUNK ? n - i : WEIGHT_CHUNK, maxl);
-    for (uint32_t i = 0; i < n; i++) s->c[i].p = s->w[i];
+        (void)kvt_vec_exp_sum(s->w + i, n - i < WEIGHT_CHUNK ? n - i : WEIGHT_CHUNK, maxl);
+    double acc[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        s->c[i].p = s->w[i];
+        acc[i & 3] += s->w[i];
+    }
+    const double sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     const uint32_t n_all = n;
     if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) n = select_mass(s->c, n, (double)s->p.top_p * sum, maxl);
     if (s->p.min_p > 0.0f) { /* relative to the best's weight, exp(0) = 1: a set, not a position */
