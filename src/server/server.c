@@ -48,6 +48,19 @@
 /* Parse-budget exemption, and the size from which a request's freed memory is trimmed back. */
 #define KVT_SRV_PARSE_SMALL_BYTES (64u * 1024u)
 #define KVT_SRV_TRIM_BYTES (1u << 20)
+/* Whether malloc_trim runs at all: not under ASan or TSan, whose allocators own the heap. glibc's
+ * arenas then stay unused, and concurrent malloc_trim calls race glibc's lazy set-up of them (the
+ * sanitize build's server_abuse e2e crashed reading an arena's unset bins). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVT_SRV_MALLOC_TRIM 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KVT_SRV_MALLOC_TRIM 0
+#endif
+#endif
+#ifndef KVT_SRV_MALLOC_TRIM
+#define KVT_SRV_MALLOC_TRIM 1
+#endif
 
 #if MHD_VERSION < 0x00097002
 typedef int MHD_Result_t;
@@ -1577,7 +1590,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     } else {
         KVT_INFO("%s %s %d %.1fms", x->method, x->path, x->status, ms);
     }
-    bool trim = x->trim || x->cap >= KVT_SRV_TRIM_BYTES;
+    bool trim = KVT_SRV_MALLOC_TRIM && (x->trim || x->cap >= KVT_SRV_TRIM_BYTES);
     free(x->body);
     free(x);
     /* glibc keeps freed heap (per-thread arenas) resident; a large body or tree is handed back */
