@@ -162,6 +162,10 @@ static void test_errors(void **s) {
     expect("{% if false %}{{ x|nosuchfilter }}{% endif %}ok", NULL, "ok"); /* jinja2: raises only when run */
     expect_err("{% extends 'x' %}", NULL, KVT_ERR_FORMAT, "extends");
     expect_err("{{ 'abc", NULL, KVT_ERR_FORMAT, "unterminated");
+    /* a slice inside a tuple subscript (the fuzzer's messages[messages, 1:] once read a slice node's
+     * missing parts) */
+    expect_err("{% set m = [1, 2] %}{{ m[m, 1:] }}", NULL, KVT_ERR_FORMAT, "slice inside a tuple");
+    expect_err("{{ x[1:2, 0] }}", NULL, KVT_ERR_FORMAT, "slice inside a tuple");
     expect_err("{{ raise_exception('Only user and assistant roles are supported!') }}", NULL, KVT_ERR_INVALID_ARG,
                "Only user and assistant roles are supported!");
     expect_err("{{ u.x }}", NULL, KVT_ERR_INVALID_ARG, "'u' is undefined");

@@ -295,12 +295,16 @@ static jnode *parse_postfix(ps *P, jnode *n) {
             x->a = n;
             jnode *sub = parse_subscript(P);
             if (is_op(cur(P), ",")) {
+                /* a tuple key (a dict's); a slice is only ever the whole subscript (a slice node is
+                 * evaluated as the subscript of x, never on its own) */
                 jnode *t = node(P, E_TUPLE, k);
                 nl_push(P, &t->args, sub);
                 while (skip_op(P, ",")) {
                     if (is_op(cur(P), "]")) break;
                     nl_push(P, &t->args, parse_subscript(P));
                 }
+                for (uint32_t i = 0; i < t->args.n; i++)
+                    if (t->args.v[i]->kind == E_SLICE) pfail(P, k, "a slice inside a tuple subscript is not supported");
                 sub = t;
             }
             leave(P);
