@@ -6,9 +6,10 @@
 // thread pool with each thread taking its 16-aligned output columns of every
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
-//   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"; also q5_0 q4_1 q5_1] [MIB=256] [PASSES=15]
+//   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"; also q5_0 q4_1 q5_1 f16x] [MIB=256] [PASSES=15]
 // Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate; GEMV_NIN / GEMV_NOUT set others) replicated to MIB of weights. bf16x = F16
-// weights packed for the bf16 pair dot (what the loader uses for F16/BF16 files on AVX-512 BF16).
+// weights packed for the bf16 pair dot (what the loader uses for F16/BF16 files on AVX-512 BF16); f16x = F16 weights in
+// 16-output groups (what it uses for the other F16 matrices on AVX-512).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,7 @@ static uint32_t type_of(const char *s) {
     if (!strcmp(s, "f16")) return KVT_TYPE_F16;
     if (!strcmp(s, "bf16")) return KVT_TYPE_BF16;
     if (!strcmp(s, "bf16x")) return KVT_TYPE_BF16X;
+    if (!strcmp(s, "f16x")) return KVT_TYPE_F16X;
     return UINT32_MAX;
 }
 
@@ -94,10 +96,10 @@ int main(int argc, char **argv) {
         uint8_t *one = NULL;
         size_t mb = 0;
         uint32_t wt = t;
-        if (t == KVT_TYPE_BF16X) {
+        if (t == KVT_TYPE_BF16X || t == KVT_TYPE_F16X) {
             uint16_t *h = malloc(2 * (size_t)n_in * n_out);
             kvt_quantize_ref(KVT_TYPE_F16, src, h, n_in * n_out);
-            one = kvt_bf16x_pack(KVT_TYPE_F16, h, n_in, n_out, false, &mb);
+            one = t == KVT_TYPE_F16X ? kvt_f16x_pack(h, n_in, n_out, &mb) : kvt_bf16x_pack(KVT_TYPE_F16, h, n_in, n_out, false, &mb);
             free(h);
             if (!one) continue;
         } else {
@@ -119,7 +121,7 @@ int main(int argc, char **argv) {
         kvt_act_quantize(wt, x, n_in, 0, 1, act);
         float *y = malloc(sizeof(float) * n_out * n_mat);
         /* the packed copies (the GEMV copy with the GEMM copies kvt_packed_create makes beside it) */
-        kvt_packed **P = t == KVT_TYPE_BF16X ? NULL : calloc((size_t)n_mat, sizeof *P);
+        kvt_packed **P = t == KVT_TYPE_BF16X || t == KVT_TYPE_F16X ? NULL : calloc((size_t)n_mat, sizeof *P);
         for (int m = 0; P && m < n_mat; m++)
             if (!(P[m] = kvt_packed_create(wt, w + (size_t)m * mb, n_in, n_out))) {
                 for (int k = 0; k <= m; k++) kvt_packed_free(P[k]);

@@ -375,12 +375,13 @@ static void test_model_loader(void **st) {
     tu_fx_open(&a, p16, 16);
     tu_fx_open(&b, pfull, 16);
     tu_fx_open(&q, pq8, 16);
-    /* bf16-valued F16 matrices are packed; full-precision F16 and Q8_0 ones are not */
+    /* bf16-valued F16 matrices are packed; full-precision F16 ones go to the f16 groups
+     * (test_f16x), Q8_0 ones stay */
     assert_int_equal(kvt_model_output(a.m)->type, KVT_TYPE_BF16X);
-    assert_int_equal(kvt_model_output(b.m)->type, KVT_TYPE_F16);
+    assert_int_equal(kvt_model_output(b.m)->type, KVT_TYPE_F16X);
     assert_int_equal(kvt_model_tok_embd(a.m)->type, KVT_TYPE_F16); /* the tied embedding is untouched */
     assert_string_equal(kvt_model_numerics_tag(a.m), "+bf16x");
-    assert_string_equal(kvt_model_numerics_tag(b.m), "");
+    assert_string_equal(kvt_model_numerics_tag(b.m), "+f16x");
     assert_string_equal(kvt_model_numerics_tag(q.m), "");
     /* the same file on the f32 path (an ISA without the kernel at load time) gives close logits */
     const kvt_isa best = kvt_kernels_best_isa();
@@ -414,12 +415,14 @@ static void test_model_loader(void **st) {
 }
 
 /* KVT_BF16X (read once at kernel init: checked in child processes): 0/off keeps the f32 path,
- * round also packs F16 matrices that are not bf16-valued, anything else keeps the default. */
+ * round also packs F16 matrices that are not bf16-valued, anything else keeps the default. The
+ * children run with KVT_F16X=0, so what the bf16 kernel does not take stays F16 (test_f16x checks
+ * the two together). */
 static char g_self[512];
 /* the child's "policy output-type tag" for env value `env` and model `path` */
 static void child_says(const char *env, const char *path, char *out, size_t len) {
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "KVT_BF16X='%s' '%s' --print-bf16x '%s' 2>/dev/null", env, g_self, path);
+    snprintf(cmd, sizeof cmd, "KVT_F16X=0 KVT_BF16X='%s' '%s' --print-bf16x '%s' 2>/dev/null", env, g_self, path);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     assert_non_null(fgets(out, (int)len, p));

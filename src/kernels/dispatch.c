@@ -19,6 +19,7 @@ static bool g_vnni = false; /* AVX-512 VNNI present (selects the VNNI AVX-512 ta
 static bool g_bf16 = false; /* AVX-512 BF16 present (the KVT_TYPE_BF16X kernel, gemm_bf16.c) */
 static bool g_vbmi = false; /* AVX-512 VBMI present (the KV cache's 8-bit TURBO codebook lookup) */
 static kvt_bf16x_mode g_bf16x_env = KVT_BF16X_LOSSLESS; /* KVT_BF16X: 0 | 1 (default) | round */
+static bool g_f16x_env = true;                            /* KVT_F16X: 0 | 1 (default) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
@@ -48,7 +49,10 @@ static void fill(kvt_isa isa) {
     memset(&g_tab, 0, sizeof g_tab);
 #if KVT_X86
     if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
-    if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) kq_fill_avx512(&g_tab, g_vnni);
+    if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) {
+        kq_fill_avx512(&g_tab, g_vnni);
+        g_tab.matmul[KVT_TYPE_F16X] = kq_f16x_mm;
+    }
     /* AMX and AVX-512 VNNI: Q8_0/Q4_0/Q5_0 products all take the exact-int32-per-block float order of
      * the AMX and 16-row VNNI GEMMs (decode == full recompute) */
     if (isa == KVT_ISA_AMX || (isa == KVT_ISA_AVX512 && g_vnni)) {
@@ -73,6 +77,11 @@ static void init_once(void) {
         if (!strcmp(bx, "0") || !strcasecmp(bx, "off")) g_bf16x_env = KVT_BF16X_OFF;
         else if (!strcasecmp(bx, "round")) g_bf16x_env = KVT_BF16X_ROUND;
         else if (strcmp(bx, "1") != 0) KVT_WARN("KVT_BF16X=%s not recognised (0|1|round); using 1", bx);
+    }
+    const char *fx = getenv("KVT_F16X");
+    if (fx && *fx) {
+        if (!strcmp(fx, "0") || !strcasecmp(fx, "off")) g_f16x_env = false;
+        else if (strcmp(fx, "1") != 0) KVT_WARN("KVT_F16X=%s not recognised (0|1); using 1", fx);
     }
     kvt_isa isa = g_best;
     const char *e = getenv("KVT_ISA");
@@ -114,6 +123,11 @@ bool kvt_kernels_has_vbmi(void) {
 kvt_bf16x_mode kvt_bf16x_policy(void) {
     kvt_kernels_init();
     return g_tab.matmul[KVT_TYPE_BF16X] != NULL ? g_bf16x_env : KVT_BF16X_OFF;
+}
+
+bool kvt_f16x_enabled(void) {
+    kvt_kernels_init();
+    return g_tab.matmul[KVT_TYPE_F16X] != NULL && g_f16x_env;
 }
 
 kvt_isa kvt_kernels_best_isa(void) {

@@ -54,17 +54,17 @@ static inline uint32_t f_bits(float f) {
     return u;
 }
 
-/* Pack groups [g0, g1): per group, each row's bf16 values go to a row-major scratch (F16: the
- * lossless check on the way), then pair p of the 16 rows becomes one 64-byte line. false when an
- * F16 value is not a bf16 (or another part already found one). */
-typedef struct bx_pack_job {
+/* Packing context: per group, each row's bf16 values go to a row-major scratch (F16: the lossless
+ * check on the way), then pair p of the 16 rows becomes one 64-byte line. bad: an F16 value that is
+ * not a bf16 (or out of memory) in some part; the others stop early. */
+typedef struct bx_pack_ctx {
     uint32_t wtype;
     bool round; /* F16: round to nearest bf16 instead of refusing inexact values */
     const uint16_t *W;
-    int64_t n_in, n_out, g0, g1;
+    int64_t n_in, n_out;
     uint8_t *L;
-    _Atomic bool *bad;
-} bx_pack_job;
+    _Atomic bool bad;
+} bx_pack_ctx;
 
 #if KVT_X86
 static bool bx_row_bf16_avx512(const uint16_t *src, uint16_t *dst, int64_t n, bool round);
@@ -100,21 +100,22 @@ static bool bx_row_bf16(uint32_t wtype, bool round, const uint16_t *src, uint16_
     return bx_row_bf16_scalar(src, dst, n, round);
 }
 
-static void *bx_pack_run(void *arg) {
-    bx_pack_job *j = arg;
+/* groups [g0, g1) */
+static bool bx_pack_part(void *arg, int64_t g0, int64_t g1) {
+    bx_pack_ctx *j = arg;
     const int64_t np = j->n_in / 2;
     uint32_t *rows = malloc((size_t)KBX_N * (size_t)j->n_in * 2); /* 16 bf16 rows = 16 x np dwords */
     if (!rows) {
-        *j->bad = true;
-        return NULL;
+        j->bad = true;
+        return false;
     }
-    for (int64_t g = j->g0; g < j->g1 && !*j->bad; g++) {
+    for (int64_t g = g0; g < g1 && !j->bad; g++) {
         for (int l = 0; l < KBX_N; l++) {
             const int64_t o = g * KBX_N + l;
             uint16_t *d = (uint16_t *)(rows + (size_t)l * (size_t)np);
             if (o >= j->n_out) memset(d, 0, (size_t)j->n_in * 2); /* padding rows are +0 */
             else if (!bx_row_bf16(j->wtype, j->round, j->W + (size_t)o * (size_t)j->n_in, d, j->n_in)) {
-                *j->bad = true;
+                j->bad = true;
                 break;
             }
         }
@@ -129,7 +130,55 @@ static void *bx_pack_run(void *arg) {
             for (int l = 0; l < KBX_N; l++) dst[p * KBX_N + l] = rows[(size_t)l * (size_t)np + (size_t)p];
     }
     free(rows);
+    return !j->bad;
+}
+
+void *kq_group_alloc(size_t bytes) {
+    /* not zeroed here: the packs write every byte (padding rows as +0), so the first touch of each
+     * page, and the kernel's clearing of it, happens in the parallel parts */
+    void *p = NULL;
+    if (posix_memalign(&p, bytes >= (1u << 21) ? (size_t)1 << 21 : 64, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= (1u << 21) && kq_hugepages()) (void)madvise(p, bytes, MADV_HUGEPAGE); /* fewer faults, TLB misses */
+#endif
+    return p;
+}
+
+typedef struct grp_job {
+    bool (*part)(void *, int64_t, int64_t);
+    void *ctx;
+    int64_t g0, g1;
+    bool ok;
+} grp_job;
+
+static void *grp_run(void *arg) {
+    grp_job *j = arg;
+    j->ok = j->part(j->ctx, j->g0, j->g1);
     return NULL;
+}
+
+bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int64_t g0, int64_t g1), void *ctx) {
+    /* large matrices in parallel (a 1B-parameter F16 model is ~2 GB to convert at load) */
+    int nt = n_all >= (1u << 22) ? kvt_n_cpus() : 1;
+    if (nt > 8) nt = 8;
+    if (nt > ng) nt = (int)ng;
+    if (nt < 1) nt = 1;
+    grp_job jobs[8];
+    pthread_t th[8];
+    bool started[8] = {false};
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (grp_job){part, ctx, ng * t / nt, ng * (t + 1) / nt, false};
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, grp_run, &jobs[t]) == 0;
+    }
+    for (int t = 1; t < nt; t++)
+        if (!started[t]) grp_run(&jobs[t]); /* no thread: do its part here */
+    grp_run(&jobs[0]);
+    bool ok = true;
+    for (int t = 0; t < nt; t++) {
+        if (t > 0 && started[t]) pthread_join(th[t], NULL);
+        ok = ok && jobs[t].ok;
+    }
+    return ok;
 }
 
 uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes_out) {
@@ -141,32 +190,11 @@ uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_o
     if (!kvt_mul_ok((uint64_t)ng * KBX_N, (uint64_t)np * 4, &bytes) || bytes > SIZE_MAX / 2 ||
         !kvt_mul_ok((uint64_t)n_in, (uint64_t)n_out, &n_all))
         return NULL;
-    /* not zeroed here: the parts write every byte (padding rows as +0), so the first touch of each
-     * page, and the kernel's clearing of it, happens in the parallel parts */
-    void *Lv = NULL;
-    if (posix_memalign(&Lv, bytes >= (1u << 21) ? (size_t)1 << 21 : 64, (size_t)bytes) != 0) return NULL;
-    uint8_t *L = Lv;
-#ifdef MADV_HUGEPAGE
-    if (bytes >= (1u << 21) && kq_hugepages()) (void)madvise(L, (size_t)bytes, MADV_HUGEPAGE); /* fewer faults, TLB misses */
-#endif
-    /* large matrices in parallel (a 1B-parameter F16 model is ~2 GB to convert at load) */
-    int nt = n_all >= (1u << 22) ? kvt_n_cpus() : 1;
-    if (nt > 8) nt = 8;
-    if (nt > ng) nt = (int)ng;
-    _Atomic bool bad = false;
-    bx_pack_job jobs[8];
-    pthread_t th[8];
-    bool started[8] = {false};
-    for (int t = 0; t < nt; t++) {
-        jobs[t] = (bx_pack_job){wtype, round_f16, W, n_in, n_out, ng * t / nt, ng * (t + 1) / nt, L, &bad};
-        if (t > 0) started[t] = pthread_create(&th[t], NULL, bx_pack_run, &jobs[t]) == 0;
-    }
-    for (int t = 1; t < nt; t++)
-        if (!started[t]) bx_pack_run(&jobs[t]); /* no thread: do its part here */
-    bx_pack_run(&jobs[0]);
-    for (int t = 1; t < nt; t++)
-        if (started[t]) pthread_join(th[t], NULL);
-    if (bad) { /* an F16 value that is not a bf16, or out of memory */
+    uint8_t *L = kq_group_alloc((size_t)bytes);
+    if (!L) return NULL;
+    bx_pack_ctx c = {.wtype = wtype, .round = round_f16, .W = W, .n_in = n_in, .n_out = n_out, .L = L};
+    atomic_init(&c.bad, false);
+    if (!kq_groups_parallel(ng, n_all, bx_pack_part, &c)) { /* an F16 value that is not a bf16, or out of memory */
         free(L);
         return NULL;
     }

@@ -292,7 +292,20 @@ void kq_bf16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, 
                   int64_t o1);
 /* One reference step: s + w2.hi·x2.hi, then + w2.lo·x2.lo (each an fma, DAZ inputs, FTZ result). */
 float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2);
+/* Load-time packs into output groups (gemm_bf16.c): a 64-byte aligned buffer (2 MiB aligned and
+ * advised MADV_HUGEPAGE from 2 MiB on), not zeroed, owned by the caller (free()); and part(ctx, g0,
+ * g1) over groups [0, ng) on up to 8 threads once the matrix has 2^22 elements (the calling thread
+ * takes the first part). false if any part returned false. */
+void *kq_group_alloc(size_t bytes);
+bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int64_t g0, int64_t g1), void *ctx);
+
+/* f16 weights in output groups (gemm_f16x.c): groups of KFX_N outputs, per input one 32-byte line. */
+#define KFX_N 16
+void kq_f16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                 int64_t o1);
 #if KVT_X86
+void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                int64_t o1);
 void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                  int64_t o1);
 void kq_bf16_act_avx512(const float *x, void *dst, int64_t n);

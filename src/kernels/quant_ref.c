@@ -41,11 +41,12 @@ static const type_info g_types[KVT_TYPE_COUNT] = {
     [29] = {"iq1_m", 256, 56},   [30] = {"bf16", 1, 2},       [34] = {"tq1_0", 256, 54},
     [35] = {"tq2_0", 256, 66},
     [KVT_TYPE_BF16X] = {"bf16x", 2, 4}, /* internal: a pair is the unit (gemm_bf16.c) */
+    [KVT_TYPE_F16X] = {"f16x", 1, 2},   /* internal: 16-output groups (gemm_f16x.c) */
 };
 
-/* has a table entry (ggml's ids and the internal BF16X) */
+/* has a table entry (ggml's ids and the internal BF16X, F16X) */
 static bool type_has_info(uint32_t t) { return t < KVT_TYPE_COUNT && g_types[t].name != NULL; }
-bool kvt_type_known(uint32_t t) { return type_has_info(t) && t != KVT_TYPE_BF16X; }
+bool kvt_type_known(uint32_t t) { return type_has_info(t) && t != KVT_TYPE_BF16X && t != KVT_TYPE_F16X; }
 
 bool kvt_type_supported(uint32_t t) {
     switch (t) {
@@ -519,7 +520,7 @@ uint32_t kvt_vec_dot_type(uint32_t wtype) {
     case KVT_TYPE_Q4_1: case KVT_TYPE_Q5_1: return KVT_TYPE_Q8_1;
     case KVT_TYPE_Q4_K: case KVT_TYPE_Q5_K: case KVT_TYPE_Q6_K: return KVT_TYPE_Q8_K;
     case KVT_TYPE_BF16X: return KVT_TYPE_BF16; /* activations rounded to bf16 (gemm_bf16.c) */
-    default: return KVT_TYPE_F32; /* F32, F16 (activations stay f32), BF16 */
+    default: return KVT_TYPE_F32; /* F32, F16 and F16X (activations stay f32), BF16 */
     }
 }
 
@@ -725,6 +726,10 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
     kvt_f16_table_init();
     if (wtype == KVT_TYPE_BF16X) { /* interleaved rows: not a per-row dot */
         kq_bf16x_ref(W, n_in, act, n_rows, y, ldy, o0, o1);
+        return;
+    }
+    if (wtype == KVT_TYPE_F16X) { /* 16-output groups: not a per-row dot */
+        kq_f16x_ref(W, n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
     const size_t wrb = (size_t)kvt_type_row_bytes(wtype, (uint64_t)n_in);

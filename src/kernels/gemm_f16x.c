@@ -1,0 +1,227 @@
+/*
+ * gemm_f16x.c — f16 weights in 16-output groups (KVT_TYPE_F16X): the load-time pack of the F16
+ * matrices the bf16 pair dot does not take (values that are not bf16 values: files made from f16
+ * checkpoints, f16 fine-tunes; or no AVX-512 BF16), the scalar reference of their arithmetic and the
+ * AVX-512 (F16C + FMA) GEMM/GEMV.
+ *
+ * Why: on the row-major path (kernels_x86_tmpl.h tile_f) a decode step reads four F16 rows a row
+ * apart, each with 16-lane partial sums; on an AVX-512 Zen 5 that streamed llama-1b's weights at
+ * 0.5–0.7 of the read bandwidth, and prefill ran at about a third of the f32 FMA peak (0.53×
+ * ik_llama.cpp's pp128 on qwen3-0.6b). Here the 16 outputs of a group share one 32-byte line per
+ * input, so a GEMV is one contiguous stream per group and a GEMM tile loads a line once for 12
+ * activation rows. The weights are never rounded and the activations stay f32: the same precision as
+ * the row-major path, another summation order (hence its own numerics tag, kvt_model_numerics_tag).
+ *
+ * Layout (n_in >= 1): outputs in groups of KFX_N = 16, the last group padded with +0 rows; group g
+ * holds, for each input k = 0 .. n_in - 1, one 32-byte line: u16 l = f16 w[16g + l][k]. Group stride
+ * n_in · 32 bytes. Activation rows are f32 (kvt_vec_dot_type(F16X) = F32).
+ *
+ * Arithmetic (per output element; the definition every path computes, bit for bit):
+ *   s = +0; for k ascending: s = fma(f32(w[k]), x[k], s)
+ * with round-to-nearest-even and no flushing (f16 → f32 is exact; kvtier never sets FTZ/DAZ). Each
+ * output is one sequential chain over the inputs, so results do not depend on n_rows, [o0, o1), tile
+ * shapes, the thread count or the ISA: decode (n_rows = 1) equals the prefill GEMM bit for bit.
+ *
+ * Ownership: kvt_f16x_pack returns a buffer the caller owns (free()); the kernels are stateless and
+ * read caller-owned buffers.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+typedef struct fx_pack_ctx {
+    const uint16_t *W;
+    int64_t n_in, n_out;
+    uint8_t *L;
+} fx_pack_ctx;
+
+#if KVT_X86
+static void fx_group_avx512(const uint16_t *Wg, int64_t n_in, int rows, uint16_t *dst);
+#endif
+
+/* group g's lines: line k = w[16g + l][k] for l = 0..15 (rows past n_out: +0) */
+static void fx_group_scalar(const uint16_t *Wg, int64_t n_in, int rows, uint16_t *dst) {
+    for (int64_t k = 0; k < n_in; k++)
+        for (int l = 0; l < KFX_N; l++) dst[k * KFX_N + l] = l < rows ? Wg[(size_t)l * (size_t)n_in + (size_t)k] : 0;
+}
+
+static bool fx_pack_part(void *arg, int64_t g0, int64_t g1) {
+    const fx_pack_ctx *c = arg;
+    for (int64_t g = g0; g < g1; g++) {
+        const int64_t left = c->n_out - g * KFX_N;
+        const int rows = left < KFX_N ? (int)left : KFX_N;
+        const uint16_t *Wg = c->W + (size_t)g * KFX_N * (size_t)c->n_in;
+        uint16_t *dst = (uint16_t *)(c->L + (size_t)g * (size_t)c->n_in * 2 * KFX_N);
+#if KVT_X86
+        if (kvt_kernels_best_isa() >= KVT_ISA_AVX512 && c->n_in % 2 == 0 && c->n_in / 2 <= INT32_MAX / KFX_N) {
+            fx_group_avx512(Wg, c->n_in, rows, dst);
+            continue;
+        }
+#endif
+        fx_group_scalar(Wg, c->n_in, rows, dst);
+    }
+    return true;
+}
+
+uint8_t *kvt_f16x_pack(const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
+    if (bytes_out) *bytes_out = 0;
+    if (!W || n_in < 1 || n_out < 1) return NULL;
+    const int64_t ng = (n_out + KFX_N - 1) / KFX_N;
+    uint64_t bytes, n_all;
+    if (!kvt_mul_ok((uint64_t)ng * KFX_N, (uint64_t)n_in * 2, &bytes) || bytes > SIZE_MAX / 2 ||
+        !kvt_mul_ok((uint64_t)n_in, (uint64_t)n_out, &n_all))
+        return NULL;
+    uint8_t *L = kq_group_alloc((size_t)bytes);
+    if (!L) return NULL;
+    fx_pack_ctx c = {W, n_in, n_out, L};
+    if (!kq_groups_parallel(ng, n_all, fx_pack_part, &c)) {
+        free(L);
+        return NULL;
+    }
+    if (bytes_out) *bytes_out = (size_t)bytes;
+    return L;
+}
+
+/* ---- the reference arithmetic ---- */
+
+void kq_f16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                 int64_t o1) {
+    if (n_in < 1) return;
+    const uint8_t *L = W;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *wb = L + (size_t)(o / KFX_N) * (size_t)n_in * 2 * KFX_N + 2 * (size_t)(o % KFX_N);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const float *x = (const float *)act + (size_t)r * (size_t)n_in;
+            float s = 0.0f;
+            for (int64_t k = 0; k < n_in; k++) s = fmaf(kq_h2f(kq_rd16(wb + (size_t)k * 2 * KFX_N)), x[k], s);
+            y[r * ldy + o] = s;
+        }
+    }
+}
+
+#if KVT_X86
+#include <immintrin.h>
+
+#define KFX_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KFX_AI static inline __attribute__((always_inline)) KFX_TGT
+
+/* Each group stream fetches the line KFX_PF bytes (64 inputs) ahead, one fetch per 64-byte line (the
+ * last lines' fetches reach into the next group, which the next tile reads). Measured on a 2-core Zen 5
+ * (bench/batch_step, llama-1b full-precision F16, 2 threads, alternated builds): 8-row steps 73–80 →
+ * 53–61 ms, 1-row steps 35–39 → 32–35 ms; 4096 and 8192 bytes ahead were slower again. */
+#define KFX_PF 2048
+
+/* One tile: NG groups of 16 outputs × NR activation rows over all inputs. acc[g][r] lane l is output
+ * 16·(g0+g)+l of row r: a single FMA chain over k (the reference order). */
+KFX_AI void fx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gs, const float *X, size_t ldx, int64_t n,
+                    float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
+    __m512 acc[4][12];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 12
+        for (int r = 0; r < NR; r++) acc[g][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        __m512 w[4];
+        if ((k & 1) == 0) /* each group's next lines: see KFX_PF */
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) _mm_prefetch((const char *)(Wg + (size_t)g * gs + (size_t)k * 32 + KFX_PF), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++)
+            w[g] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(Wg + (size_t)g * gs + (size_t)k * 32)));
+#pragma GCC unroll 12
+        for (int r = 0; r < NR; r++) {
+            const __m512 xb = _mm512_set1_ps(X[(size_t)r * ldx + (size_t)k]);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) acc[g][r] = _mm512_fmadd_ps(w[g], xb, acc[g][r]);
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const int64_t ob = obase + 16 * g; /* lanes outside [o0, o1) are not stored */
+        const int64_t lo = o0 > ob ? o0 - ob : 0, hi = o1 < ob + 16 ? o1 - ob : 16;
+        const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + ob, m, acc[g][r]);
+    }
+}
+
+#define KFX_ROWS_CASES(NG)                                                                             \
+    switch (nr) {                                                                                      \
+    case 1: fx_tile(NG, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 2: fx_tile(NG, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 3: fx_tile(NG, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 4: fx_tile(NG, 4, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 5: fx_tile(NG, 5, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 6: fx_tile(NG, 6, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 7: fx_tile(NG, 7, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 8: fx_tile(NG, 8, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 9: fx_tile(NG, 9, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
+    case 10: fx_tile(NG, 10, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
+    case 11: fx_tile(NG, 11, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
+    default: fx_tile(NG, 12, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
+    }
+
+static KFX_TGT void fx_tile_ng(int ng, int nr, const uint8_t *Wg, size_t gs, const float *X, size_t ldx, int64_t n,
+                               float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    if (ng == 4) {
+        switch (nr) { /* only few-row tiles use 4 groups */
+        case 1: fx_tile(4, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 2: fx_tile(4, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        default: fx_tile(4, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        }
+    } else if (ng == 2) {
+        KFX_ROWS_CASES(2)
+    } else {
+        KFX_ROWS_CASES(1)
+    }
+}
+
+/* Rows are taken in blocks of KFX_RB (their f32 activations stay in L2 while every group of this
+ * call's output range passes over them); within a block, tiles of 2 groups × 12 rows (24
+ * accumulators); up to 3 rows, 4 groups × the rows (4 independent chains a row). */
+#define KFX_RB 36
+
+KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                        int64_t o0, int64_t o1) {
+    if (n_in < 1) return;
+    const size_t gs = (size_t)n_in * 2 * KFX_N, ldx = (size_t)n_in;
+    const int64_t g0 = o0 / KFX_N, g1 = (o1 + KFX_N - 1) / KFX_N;
+    const float *A = act;
+    for (int64_t rb = 0; rb < n_rows; rb += KFX_RB) {
+        const int64_t re = rb + KFX_RB < n_rows ? rb + KFX_RB : n_rows;
+        const int gstep = re - rb <= 3 ? 4 : 2;
+        for (int64_t g = g0; g < g1; g += gstep) {
+            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
+            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
+            for (int64_t r = rb; r < re; r += 12) {
+                const int nr = (int)(re - r < 12 ? re - r : 12);
+                int done = 0;
+                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
+                    const int take = ng - done >= 4 && nr <= 3 ? 4 : ng - done >= 2 ? 2 : 1;
+                    fx_tile_ng(take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy, ldy,
+                               (g + done) * KFX_N, o0, o1);
+                    done += take;
+                }
+            }
+        }
+    }
+}
+
+/* The group's 16 rows two inputs at a time: one gather of their (k, k+1) dwords, then the low halves
+ * are line k and the high halves line k+1. Rows past `rows` read as +0 (masked gather). */
+static KFX_TGT void fx_group_avx512(const uint16_t *Wg, int64_t n_in, int rows, uint16_t *dst) {
+    const int64_t np = n_in / 2;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int32_t)np));
+    const __mmask16 m = (__mmask16)(rows >= 16 ? 0xFFFFu : (1u << rows) - 1u);
+    for (int64_t p = 0; p < np; p++) {
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, (const void *)(Wg + 2 * p), 4);
+        _mm256_store_si256((__m256i *)(dst + (2 * p) * KFX_N), _mm512_cvtepi32_epi16(v));
+        _mm256_store_si256((__m256i *)(dst + (2 * p + 1) * KFX_N), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+    }
+}
+#endif
