@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
         if (t == KVT_TYPE_BF16X || t == KVT_TYPE_F16X) {
             uint16_t *h = malloc(2 * (size_t)n_in * n_out);
             kvt_quantize_ref(KVT_TYPE_F16, src, h, n_in * n_out);
-            one = t == KVT_TYPE_F16X ? kvt_f16x_pack(h, n_in, n_out, &mb) : kvt_bf16x_pack(KVT_TYPE_F16, h, n_in, n_out, false, &mb);
+            one = t == KVT_TYPE_F16X ? kvt_f16x_pack(KVT_TYPE_F16, h, n_in, n_out, &mb) : kvt_bf16x_pack(KVT_TYPE_F16, h, n_in, n_out, false, &mb);
             free(h);
             if (!one) continue;
         } else {

@@ -4,9 +4,11 @@
  * top-k -> temperature softmax -> top-p -> min-p -> draw. Candidates whose logit is more than
  * KVT_CAND_RANGE below the maximum (after temperature) are dropped first: their probability is
  * below e^-30 relative to the best token, so they can never be drawn in practice. Nothing sorts the
- * candidates: top-k and top-p are selections in place (quickselect, O(n) expected) that keep the
- * sets a sorted list's cuts keep, and the draw walks the kept ones in the order the selections
- * leave them (the same distribution; a seed gives the same draws for the same logits). */
+ * candidates: top-k and top-p are selections in place that keep the sets a sorted list's cuts keep
+ * (top-k: a heap of the k best when k is a few of many, else a quickselect; top-p: the best 256 by
+ * a heap, else logit buckets and a quickselect on mass inside one; min-p: a filter; see
+ * `candidates`), and the draw walks the kept ones in the order the selections leave them (the same
+ * distribution; a seed gives the same draws for the same logits). */
 #include "sampler.h"
 
 #include <math.h>

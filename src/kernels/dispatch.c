@@ -52,6 +52,7 @@ static void fill(kvt_isa isa) {
     if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) {
         kq_fill_avx512(&g_tab, g_vnni);
         g_tab.matmul[KVT_TYPE_F16X] = kq_f16x_mm;
+        g_tab.matmul[KVT_TYPE_BF16G] = kq_bf16g_mm;
     }
     /* AMX and AVX-512 VNNI: Q8_0/Q4_0/Q5_0 products all take the exact-int32-per-block float order of
      * the AMX and 16-row VNNI GEMMs (decode == full recompute) */

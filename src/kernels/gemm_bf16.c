@@ -269,10 +269,12 @@ KBX_TGT void kq_bf16_act_avx512(const float *x, void *dst, int64_t n) {
     for (; i < n; i++) o[i] = kvt_f32_to_bf16(x[i]);
 }
 
-/* Each group stream fetches the line KBX_PF bytes (64 pairs) ahead (the last lines' fetches reach
- * into the next group, which the next tile reads). Measured on a 2-core Zen 5 (bench/batch_step,
- * llama-1b BF16, 2 threads, alternated builds, 3 rounds): 8-row steps 59–63 → 45–47 ms, 1-row steps
- * 39–42 → 37–40 ms; qwen3-0.6b pp256 421–451 → 462–477 t/s. 1024 and 2048 bytes ahead gained less. */
+/* Tiles of 4 rows and more fetch each group stream's line KBX_PF bytes (64 pairs) ahead (the last
+ * lines' fetches reach into the next group, which the next tile reads). Measured on a 2-core Zen 5
+ * (bench/batch_step, llama-1b BF16, 2 threads, alternated builds): 8-row steps 49–63 → 42–47 ms;
+ * qwen3-0.6b pp256 421–451 → 462–477 t/s (pp512 404–510 → 510–569). The GEMV tiles (1–3 rows) do
+ * not: there the fetches cost llama-1b / qwen3-0.6b decode 8–15 % (3 alternated rounds, 1 and 2
+ * threads), the hardware prefetchers following their four streams alone. */
 #define KBX_PF 4096
 
 /* One tile: NG groups of 16 outputs × NR activation rows over all pairs. acc[g][r] lane l is output
@@ -288,7 +290,7 @@ KBX_AI void bx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gstrid
         __m512bh w[4];
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) /* see KBX_PF */
-            _mm_prefetch((const char *)(Wg + (size_t)g * gstride + (size_t)p * 64 + KBX_PF), _MM_HINT_T0);
+            if (NR >= 4) _mm_prefetch((const char *)(Wg + (size_t)g * gstride + (size_t)p * 64 + KBX_PF), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++)
             w[g] = (__m512bh)_mm512_load_si512((const void *)(Wg + (size_t)g * gstride + (size_t)p * 64));

@@ -1,8 +1,9 @@
 /*
- * gemm_f16x.c — f16 weights in 16-output groups (KVT_TYPE_F16X): the load-time pack of the F16
- * matrices the bf16 pair dot does not take (values that are not bf16 values: files made from f16
- * checkpoints, f16 fine-tunes; or no AVX-512 BF16), the scalar reference of their arithmetic and the
- * AVX-512 (F16C + FMA) GEMM/GEMV.
+ * gemm_f16x.c — 16-bit float weights in 16-output groups (KVT_TYPE_F16X for f16 values,
+ * KVT_TYPE_BF16G for bf16 values): the load-time pack of the F16/BF16 matrices the bf16 pair dot does
+ * not take (F16 values that are not bf16 values: files made from f16 checkpoints, f16 fine-tunes;
+ * or, for both, a CPU without AVX-512 BF16, e.g. Ice Lake), the scalar reference of their arithmetic
+ * and the AVX-512 (F16C + FMA) GEMM/GEMV.
  *
  * Why: on the row-major path (kernels_x86_tmpl.h tile_f) a decode step reads four F16 rows a row
  * apart, each with 16-lane partial sums; on an AVX-512 Zen 5 that streamed llama-1b's weights at
@@ -13,14 +14,16 @@
  * the row-major path, another summation order (hence its own numerics tag, kvt_model_numerics_tag).
  *
  * Layout (n_in >= 1): outputs in groups of KFX_N = 16, the last group padded with +0 rows; group g
- * holds, for each input k = 0 .. n_in - 1, one 32-byte line: u16 l = f16 w[16g + l][k]. Group stride
- * n_in · 32 bytes. Activation rows are f32 (kvt_vec_dot_type(F16X) = F32).
+ * holds, for each input k = 0 .. n_in - 1, one 32-byte line: u16 l = w[16g + l][k] (the file's f16 or
+ * bf16 bits). Group stride n_in · 32 bytes. Activation rows are f32 (kvt_vec_dot_type = F32).
  *
  * Arithmetic (per output element; the definition every path computes, bit for bit):
  *   s = +0; for k ascending: s = fma(f32(w[k]), x[k], s)
- * with round-to-nearest-even and no flushing (f16 → f32 is exact; kvtier never sets FTZ/DAZ). Each
+ * with round-to-nearest-even and no flushing (f16 or bf16 → f32 is exact; kvtier never sets FTZ/DAZ). Each
  * output is one sequential chain over the inputs, so results do not depend on n_rows, [o0, o1), tile
  * shapes, the thread count or the ISA: decode (n_rows = 1) equals the prefill GEMM bit for bit.
+ *
+ * The two types differ only in that widening (F16C's vcvtph2ps, or a 16-bit shift).
  *
  * Ownership: kvt_f16x_pack returns a buffer the caller owns (free()); the kernels are stateless and
  * read caller-owned buffers.
@@ -69,9 +72,9 @@ static bool fx_pack_part(void *arg, int64_t g0, int64_t g1) {
     return true;
 }
 
-uint8_t *kvt_f16x_pack(const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
+uint8_t *kvt_f16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes_out) {
     if (bytes_out) *bytes_out = 0;
-    if (!W || n_in < 1 || n_out < 1) return NULL;
+    if (!W || (wtype != KVT_TYPE_F16 && wtype != KVT_TYPE_BF16) || n_in < 1 || n_out < 1) return NULL;
     const int64_t ng = (n_out + KFX_N - 1) / KFX_N;
     uint64_t bytes, n_all;
     if (!kvt_mul_ok((uint64_t)ng * KFX_N, (uint64_t)n_in * 2, &bytes) || bytes > SIZE_MAX / 2 ||
@@ -90,16 +93,20 @@ uint8_t *kvt_f16x_pack(const void *W, int64_t n_in, int64_t n_out, size_t *bytes
 
 /* ---- the reference arithmetic ---- */
 
-void kq_f16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
-                 int64_t o1) {
+void kq_f16x_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                 int64_t o0, int64_t o1) {
     if (n_in < 1) return;
+    const bool bf = wtype == KVT_TYPE_BF16G;
     const uint8_t *L = W;
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wb = L + (size_t)(o / KFX_N) * (size_t)n_in * 2 * KFX_N + 2 * (size_t)(o % KFX_N);
         for (int64_t r = 0; r < n_rows; r++) {
             const float *x = (const float *)act + (size_t)r * (size_t)n_in;
             float s = 0.0f;
-            for (int64_t k = 0; k < n_in; k++) s = fmaf(kq_h2f(kq_rd16(wb + (size_t)k * 2 * KFX_N)), x[k], s);
+            for (int64_t k = 0; k < n_in; k++) {
+                const uint16_t h = kq_rd16(wb + (size_t)k * 2 * KFX_N);
+                s = fmaf(bf ? kvt_bf16_to_f32(h) : kq_h2f(h), x[k], s);
+            }
             y[r * ldy + o] = s;
         }
     }
@@ -119,8 +126,14 @@ void kq_f16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, f
 
 /* One tile: NG groups of 16 outputs × NR activation rows over all inputs. acc[g][r] lane l is output
  * 16·(g0+g)+l of row r: a single FMA chain over k (the reference order). */
-KFX_AI void fx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gs, const float *X, size_t ldx, int64_t n,
-                    float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
+/* 16 weights widened to f32: f16 by F16C, bf16 by a shift (both exact) */
+KFX_AI __m512 fx_widen(const bool BF, const uint8_t *p) {
+    const __m256i h = _mm256_load_si256((const __m256i *)p);
+    return BF ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+KFX_AI void fx_tile(const bool BF, const int NG, const int NR, const uint8_t *Wg, size_t gs, const float *X, size_t ldx,
+                    int64_t n, float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
     __m512 acc[4][12];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++)
@@ -133,7 +146,7 @@ KFX_AI void fx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gs, co
             for (int g = 0; g < NG; g++) _mm_prefetch((const char *)(Wg + (size_t)g * gs + (size_t)k * 32 + KFX_PF), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++)
-            w[g] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(Wg + (size_t)g * gs + (size_t)k * 32)));
+            w[g] = fx_widen(BF, Wg + (size_t)g * gs + (size_t)k * 32);
 #pragma GCC unroll 12
         for (int r = 0; r < NR; r++) {
             const __m512 xb = _mm512_set1_ps(X[(size_t)r * ldx + (size_t)k]);
@@ -149,29 +162,29 @@ KFX_AI void fx_tile(const int NG, const int NR, const uint8_t *Wg, size_t gs, co
     }
 }
 
-#define KFX_ROWS_CASES(NG)                                                                             \
-    switch (nr) {                                                                                      \
-    case 1: fx_tile(NG, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 2: fx_tile(NG, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 3: fx_tile(NG, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 4: fx_tile(NG, 4, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 5: fx_tile(NG, 5, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 6: fx_tile(NG, 6, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 7: fx_tile(NG, 7, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 8: fx_tile(NG, 8, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 9: fx_tile(NG, 9, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                              \
-    case 10: fx_tile(NG, 10, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
-    case 11: fx_tile(NG, 11, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
-    default: fx_tile(NG, 12, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;                            \
+#define KFX_ROWS_CASES(NG)                                                       \
+    switch (nr) {                                                                \
+    case 1: fx_tile(BF, NG, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 2: fx_tile(BF, NG, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 3: fx_tile(BF, NG, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 4: fx_tile(BF, NG, 4, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 5: fx_tile(BF, NG, 5, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 6: fx_tile(BF, NG, 6, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 7: fx_tile(BF, NG, 7, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 8: fx_tile(BF, NG, 8, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 9: fx_tile(BF, NG, 9, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;    \
+    case 10: fx_tile(BF, NG, 10, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;  \
+    case 11: fx_tile(BF, NG, 11, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;  \
+    default: fx_tile(BF, NG, 12, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;  \
     }
 
-static KFX_TGT void fx_tile_ng(int ng, int nr, const uint8_t *Wg, size_t gs, const float *X, size_t ldx, int64_t n,
-                               float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+KFX_AI void fx_tile_ng(const bool BF, int ng, int nr, const uint8_t *Wg, size_t gs, const float *X, size_t ldx,
+                       int64_t n, float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
     if (ng == 4) {
         switch (nr) { /* only few-row tiles use 4 groups */
-        case 1: fx_tile(4, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
-        case 2: fx_tile(4, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
-        default: fx_tile(4, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 1: fx_tile(BF, 4, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 2: fx_tile(BF, 4, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        default: fx_tile(BF, 4, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
         }
     } else if (ng == 2) {
         KFX_ROWS_CASES(2)
@@ -185,8 +198,8 @@ static KFX_TGT void fx_tile_ng(int ng, int nr, const uint8_t *Wg, size_t gs, con
  * accumulators); up to 3 rows, 4 groups × the rows (4 independent chains a row). */
 #define KFX_RB 36
 
-KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
-                        int64_t o0, int64_t o1) {
+KFX_AI void fx_mm(const bool BF, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                  int64_t o0, int64_t o1) {
     if (n_in < 1) return;
     const size_t gs = (size_t)n_in * 2 * KFX_N, ldx = (size_t)n_in;
     const int64_t g0 = o0 / KFX_N, g1 = (o1 + KFX_N - 1) / KFX_N;
@@ -202,13 +215,22 @@ KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_
                 int done = 0;
                 while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
                     const int take = ng - done >= 4 && nr <= 3 ? 4 : ng - done >= 2 ? 2 : 1;
-                    fx_tile_ng(take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy, ldy,
+                    fx_tile_ng(BF, take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy, ldy,
                                (g + done) * KFX_N, o0, o1);
                     done += take;
                 }
             }
         }
     }
+}
+
+KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                        int64_t o0, int64_t o1) {
+    fx_mm(false, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+KFX_TGT void kq_bf16g_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                         int64_t o0, int64_t o1) {
+    fx_mm(true, W, n_in, act, n_rows, y, ldy, o0, o1);
 }
 
 /* The group's 16 rows two inputs at a time: one gather of their (k, k+1) dwords, then the low halves

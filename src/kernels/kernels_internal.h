@@ -299,13 +299,16 @@ float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2);
 void *kq_group_alloc(size_t bytes);
 bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int64_t g0, int64_t g1), void *ctx);
 
-/* f16 weights in output groups (gemm_f16x.c): groups of KFX_N outputs, per input one 32-byte line. */
+/* 16-bit weights in output groups (gemm_f16x.c): groups of KFX_N outputs, per input one 32-byte
+ * line; wtype KVT_TYPE_F16X or KVT_TYPE_BF16G. */
 #define KFX_N 16
-void kq_f16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
-                 int64_t o1);
+void kq_f16x_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                 int64_t o0, int64_t o1);
 #if KVT_X86
 void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                 int64_t o1);
+void kq_bf16g_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                 int64_t o1);
 void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                  int64_t o1);
 void kq_bf16_act_avx512(const float *x, void *dst, int64_t n);

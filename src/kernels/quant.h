@@ -34,15 +34,16 @@ typedef enum kvt_type {
     KVT_TYPE_BF16 = 30,
     /* Not a GGUF type: F16/BF16 weights packed at load for the bf16 pair dot (kvt_bf16x_pack). */
     KVT_TYPE_BF16X = 40,
-    /* Not a GGUF type: F16 weights packed at load in 16-output groups (kvt_f16x_pack). */
+    /* Not GGUF types: F16 / BF16 weights packed at load in 16-output groups (kvt_f16x_pack). */
     KVT_TYPE_F16X = 41,
-    KVT_TYPE_COUNT = 42,
+    KVT_TYPE_BF16G = 42,
+    KVT_TYPE_COUNT = 43,
 } kvt_type;
 
 /* true for the weight types we load: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K */
 bool kvt_type_supported(uint32_t t);
 /* true for any id ggml defines (for "unsupported type X" vs "invalid type id X" messages); false
- * for the internal KVT_TYPE_BF16X and KVT_TYPE_F16X */
+ * for the internal KVT_TYPE_BF16X, KVT_TYPE_F16X and KVT_TYPE_BF16G */
 bool kvt_type_known(uint32_t t);
 const char *kvt_type_name(uint32_t t);          /* "q4_K", "f16"; "?" if unknown */
 int kvt_type_from_name(const char *name);       /* -1 if unknown */
@@ -153,21 +154,23 @@ static inline bool kvt_bf16x_enabled(void) { return kvt_bf16x_policy() != KVT_BF
  * buffer of *bytes, owned by the caller (free()). Does not consult kvt_bf16x_policy. */
 uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes);
 
-/* ---- f16 weights in output groups (KVT_TYPE_F16X, gemm_f16x.c) ----
- * Where the ISA in use is AVX-512, the model loader packs the F16 matrices the bf16 pair dot does
- * not take (values that are not bf16 values, or no AVX-512 BF16) into KVT_TYPE_F16X: groups of 16
- * outputs, per input one 32-byte line of the 16 outputs' f16 weights. Weights are not rounded and
- * the activations stay f32 (kvt_vec_dot_type(F16X) = F32); each output is one sequential f32 FMA
- * chain over the inputs (gemm_f16x.c), so decode == prefill bit for bit, on every ISA. As with
- * BF16X, the packed buffer is the matrix's only storage: only whole matrices from kvt_f16x_pack are
- * valid W (kvt_type_row_bytes(F16X, n) = 2n), and o0/o1 may be any range. Without the AVX-512
- * kernel (another ISA forced after loading) the scalar reference computes the same bits, slowly. */
+/* ---- 16-bit weights in output groups (KVT_TYPE_F16X / KVT_TYPE_BF16G, gemm_f16x.c) ----
+ * Where the ISA in use is AVX-512, the model loader packs the F16 and BF16 matrices the bf16 pair
+ * dot does not take (F16 values that are not bf16 values; any, where the CPU lacks AVX-512 BF16 or
+ * KVT_BF16X=0) into KVT_TYPE_F16X (F16) or KVT_TYPE_BF16G (BF16): groups of 16 outputs, per input
+ * one 32-byte line of the 16 outputs' weights. Weights are not rounded and the activations stay f32
+ * (kvt_vec_dot_type = F32); each output is one sequential f32 FMA chain over the inputs
+ * (gemm_f16x.c), so decode == prefill bit for bit, on every ISA. As with BF16X, the packed buffer is
+ * the matrix's only storage: only whole matrices from kvt_f16x_pack are valid W
+ * (kvt_type_row_bytes(F16X, n) = 2n), and o0/o1 may be any range. Without the AVX-512 kernel
+ * (another ISA forced after loading) the scalar reference computes the same bits, slowly. */
 /* Whether loaders should pack: the ISA in use has the kernel and KVT_F16X is not 0/off (read once
  * at kernel init). */
 bool kvt_f16x_enabled(void);
-/* Pack W (n_out rows of n_in F16 values). NULL on a bad shape or out of memory. Returns a 64-byte
- * aligned buffer of *bytes, owned by the caller (free()). Does not consult kvt_f16x_enabled. */
-uint8_t *kvt_f16x_pack(const void *W, int64_t n_in, int64_t n_out, size_t *bytes);
+/* Pack W (n_out rows of n_in values of wtype F16 or BF16; the result is F16X or BF16G). NULL for
+ * another type, a bad shape or out of memory. Returns a 64-byte aligned buffer of *bytes, owned by
+ * the caller (free()). Does not consult kvt_f16x_enabled. */
+uint8_t *kvt_f16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, size_t *bytes);
 
 /* ---- dispatch ---- */
 /* KVT_ISA_AMX = the AVX-512 VNNI kernels plus the AMX int8 prefill GEMM (CPUID AMX-TILE/INT8 and
@@ -186,7 +189,7 @@ bool kvt_kernels_has_vbmi(void);
 /* Names the numerics of the kernels in use (after kvt_kernels_init): the ISA path and any kernel
  * variant that changes results ("scalar", "avx2", "int8-block" = AVX-512 VNNI or AMX). Paths are not
  * bit-identical, so persisted KV is keyed by this (kvt_ssd_compat_key). Static string. A model with
- * KVT_TYPE_BF16X or KVT_TYPE_F16X matrices adds its own tags (kvt_model_numerics_tag). */
+ * KVT_TYPE_BF16X or KVT_TYPE_F16X / BF16G matrices adds its own tags (kvt_model_numerics_tag). */
 const char *kvt_kernels_numerics_id(void);
 
 /* Small f32 helpers used by the forward pass (dispatched). */

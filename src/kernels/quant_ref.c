@@ -42,11 +42,14 @@ static const type_info g_types[KVT_TYPE_COUNT] = {
     [35] = {"tq2_0", 256, 66},
     [KVT_TYPE_BF16X] = {"bf16x", 2, 4}, /* internal: a pair is the unit (gemm_bf16.c) */
     [KVT_TYPE_F16X] = {"f16x", 1, 2},   /* internal: 16-output groups (gemm_f16x.c) */
+    [KVT_TYPE_BF16G] = {"bf16g", 1, 2}, /* internal: 16-output groups (gemm_f16x.c) */
 };
 
-/* has a table entry (ggml's ids and the internal BF16X, F16X) */
+/* has a table entry (ggml's ids and the internal BF16X, F16X, BF16G) */
 static bool type_has_info(uint32_t t) { return t < KVT_TYPE_COUNT && g_types[t].name != NULL; }
-bool kvt_type_known(uint32_t t) { return type_has_info(t) && t != KVT_TYPE_BF16X && t != KVT_TYPE_F16X; }
+bool kvt_type_known(uint32_t t) {
+    return type_has_info(t) && t != KVT_TYPE_BF16X && t != KVT_TYPE_F16X && t != KVT_TYPE_BF16G;
+}
 
 bool kvt_type_supported(uint32_t t) {
     switch (t) {
@@ -520,7 +523,7 @@ uint32_t kvt_vec_dot_type(uint32_t wtype) {
     case KVT_TYPE_Q4_1: case KVT_TYPE_Q5_1: return KVT_TYPE_Q8_1;
     case KVT_TYPE_Q4_K: case KVT_TYPE_Q5_K: case KVT_TYPE_Q6_K: return KVT_TYPE_Q8_K;
     case KVT_TYPE_BF16X: return KVT_TYPE_BF16; /* activations rounded to bf16 (gemm_bf16.c) */
-    default: return KVT_TYPE_F32; /* F32, F16 and F16X (activations stay f32), BF16 */
+    default: return KVT_TYPE_F32; /* F32, F16, BF16, F16X and BF16G (activations stay f32) */
     }
 }
 
@@ -728,8 +731,8 @@ void kvt_matmul_rows_ref(uint32_t wtype, const void *W, int64_t n_in, const void
         kq_bf16x_ref(W, n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
-    if (wtype == KVT_TYPE_F16X) { /* 16-output groups: not a per-row dot */
-        kq_f16x_ref(W, n_in, act, n_rows, y, ldy, o0, o1);
+    if (wtype == KVT_TYPE_F16X || wtype == KVT_TYPE_BF16G) { /* 16-output groups: not a per-row dot */
+        kq_f16x_ref(wtype, W, n_in, act, n_rows, y, ldy, o0, o1);
         return;
     }
     const size_t wrb = (size_t)kvt_type_row_bytes(wtype, (uint64_t)n_in);

@@ -49,7 +49,7 @@ struct kvt_model {
     uint64_t weight_bytes;
     void *arch_state;     /* ops->pass only: its state (pass->load), owned */
     uint32_t n_bf16x;     /* matrices packed as KVT_TYPE_BF16X (kvt_wmat_prepare) */
-    uint32_t n_f16x;      /* matrices packed as KVT_TYPE_F16X (kvt_wmat_prepare) */
+    uint32_t n_f16x;      /* matrices packed as KVT_TYPE_F16X or BF16G (kvt_wmat_prepare) */
     uint64_t copy_bytes;  /* bytes of the packed / bf16x copies kvt_wmat_prepare made */
 };
 
@@ -423,7 +423,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
         KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
                  m->n_bf16x);
     if (m->n_f16x)
-        KVT_INFO("f16 output groups: %u F16 matrices packed (f32 activations; KVT_F16X=0 keeps the row-major path)",
+        KVT_INFO("16-bit output groups: %u F16/BF16 matrices packed (f32 activations; KVT_F16X=0 keeps the row-major path)",
                  m->n_f16x);
     if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
     m->rope_freqs = rope_freqs;
@@ -452,15 +452,15 @@ void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w) {
             return;
         }
     }
-    if (w->type == KVT_TYPE_F16 && kvt_f16x_enabled()) {
+    if ((w->type == KVT_TYPE_F16 || w->type == KVT_TYPE_BF16) && kvt_f16x_enabled()) {
         size_t bytes;
-        uint8_t *b = kvt_f16x_pack(w->data, w->n_in, w->n_out, &bytes);
+        uint8_t *b = kvt_f16x_pack(w->type, w->data, w->n_in, w->n_out, &bytes);
         if (b) {
             m->copy_bytes += bytes;
             w->own = b;
             w->data = b;
-            w->type = KVT_TYPE_F16X;
-            w->row_bytes = kvt_type_row_bytes(KVT_TYPE_F16X, w->n_in);
+            w->type = w->type == KVT_TYPE_F16 ? KVT_TYPE_F16X : KVT_TYPE_BF16G;
+            w->row_bytes = kvt_type_row_bytes(w->type, w->n_in);
             m->n_f16x++;
             return;
         }

@@ -111,8 +111,8 @@ bool kvt_mla_prefill_expands(const kvt_hparams *hp, kvt_mla_prefill mode, uint32
  * so caches never mix KV computed under different modes. */
 const char *kvt_mla_prefill_numerics_tag(const kvt_hparams *hp, kvt_mla_prefill mode);
 /* "+bf16x" when the model multiplies some F16/BF16 matrices with the bf16 pair dot (bf16-rounded
- * activations, kernels/quant.h: KVT_TYPE_BF16X), "+f16x" when some F16 matrices are in 16-output
- * groups (KVT_TYPE_F16X: another summation order), both ("+bf16x+f16x"), else "": part of the cache
+ * activations, kernels/quant.h: KVT_TYPE_BF16X), "+f16x" when some F16/BF16 matrices are in
+ * 16-output groups (KVT_TYPE_F16X / BF16G: another summation order), both ("+bf16x+f16x"), else "": part of the cache
  * compatibility key, since the same file gives other numbers where those kernels are absent or
  * KVT_BF16X=0 / KVT_F16X=0. Static. */
 const char *kvt_model_numerics_tag(const kvt_model *m);

@@ -33,15 +33,15 @@ typedef struct kvt_wmat {
     uint32_t n_in, n_out;
     uint64_t row_bytes;
     kvt_packed *packed;     /* repacked copy for prefill GEMM (kernels/quant.h), owned; NULL if none */
-    void *own;              /* KVT_TYPE_BF16X / F16X: the packed matrix that data points to, owned; else NULL */
+    void *own;              /* BF16X / F16X / BF16G: the packed matrix that data points to, owned; else NULL */
 } kvt_wmat;
 
 /* Load-time preparation of a 2-D matrix for the GEMMs (kernels/quant.h), best effort: where the
  * bf16 kernel runs (kvt_bf16x_enabled) an F16/BF16 matrix becomes KVT_TYPE_BF16X, and where the
- * f16 group kernel runs (kvt_f16x_enabled) an F16 matrix the bf16 kernel did not take becomes
- * KVT_TYPE_F16X (data, type and row_bytes then describe the packed copy in w->own; the original
- * stays untouched, e.g. the token embedding a tied output was copied from); otherwise a repacked
- * copy beside the original (w->packed). Counts BF16X and F16X matrices in m
+ * 16-bit group kernel runs (kvt_f16x_enabled) an F16/BF16 matrix the bf16 kernel did not take
+ * becomes KVT_TYPE_F16X / BF16G (data, type and row_bytes then describe the packed copy in w->own;
+ * the original stays untouched, e.g. the token embedding a tied output was copied from); otherwise
+ * a repacked copy beside the original (w->packed). Counts BF16X and F16X / BF16G matrices in m
  * (kvt_model_numerics_tag). kvt_wmat_release frees what prepare allocated. */
 void kvt_wmat_prepare(kvt_model *m, kvt_wmat *w);
 void kvt_wmat_release(kvt_wmat *w);
