@@ -4,8 +4,9 @@
  * the AVX-512 GEMM/GEMV against the reference bit for bit (shapes, row counts, output ranges,
  * denormal/inf/NaN operands), batch, split and ISA invariance, the dot-product accuracy, and the
  * model loader's use of it (which matrices, numerics tag, decode == prefill, logits close to the
- * row-major path, KVT_F16X). Where the CPU lacks AVX-512 the dispatched product is the reference
- * (still checked); the loader tests then check that nothing is packed. */
+ * row-major path, KVT_F16X). The kernels are AVX-512 and AVX2; where the CPU has neither the
+ * dispatched product is the reference (still checked) and the loader tests check that nothing is
+ * packed. */
 #include "testutil.h"
 
 #include <math.h>
@@ -18,7 +19,7 @@
 
 static bool has_kernel(void) {
     kvt_kernels_init();
-    return kvt_kernels_best_isa() >= KVT_ISA_AVX512;
+    return kvt_kernels_best_isa() >= KVT_ISA_AVX2;
 }
 
 static uint32_t fbits(float f) {
@@ -190,8 +191,7 @@ static void mm_check(const mm_case *c, int64_t o0, int64_t o1) {
     free(ref), free(got);
 }
 
-static void test_matmul_vs_ref(void **st) {
-    (void)st;
+static void matmul_vs_ref_cases(void) {
     const int64_t ins[] = {1, 6, 64, 577};
     const int64_t outs[] = {1, 15, 16, 17, 33, 70};
     const int64_t rows[] = {1, 2, 3, 4, 5, 12, 13, 25, 37, 40};
@@ -209,10 +209,20 @@ static void test_matmul_vs_ref(void **st) {
                 mm_free(&c);
             }
 }
+static void test_matmul_vs_ref(void **st) {
+    (void)st;
+    const kvt_isa best = kvt_kernels_best_isa();
+    const kvt_isa isas[2] = {best, KVT_ISA_AVX2}; /* the best ISA's kernel, then (AVX-512 machines) AVX2's */
+    for (int i = 0; i < (best >= KVT_ISA_AVX512 ? 2 : 1); i++) {
+        assert_true(kvt_kernels_force_isa(isas[i]));
+        matmul_vs_ref_cases();
+    }
+    kvt_kernels_force_isa(best);
+}
 
 /* Each output is one sequential chain: a row computed alone, in any batch (row blocks of 36 and
- * tiles of 12 included), on any ISA (the others run the reference) and in any column split gives the
- * same bits. */
+ * tiles of 12 or, on AVX2, 6 included), on any ISA (AVX-512, AVX2, the scalar reference) and in any
+ * column split gives the same bits. */
 static void invariance_of(uint32_t ft) {
     mm_case c;
     mm_make(&c, ft, 576, 100, 75, 77, false);
@@ -317,14 +327,15 @@ static void test_model_loader(void **st) {
     assert_int_equal(kvt_model_tok_embd(a.m)->type, KVT_TYPE_F16); /* the tied embedding is untouched */
     assert_string_equal(kvt_model_numerics_tag(a.m), "+f16x");
     assert_string_equal(kvt_model_numerics_tag(q.m), "");
-    /* the same file on the row-major path (an ISA without the kernel at load time) */
-    assert_true(kvt_kernels_force_isa(KVT_ISA_AVX2));
-    assert_false(kvt_f16x_enabled());
+    /* the same file on the row-major path (the scalar kernels at load time: no groups kernel) */
+    assert_true(kvt_kernels_force_isa(KVT_ISA_SCALAR));
+    const bool scalar_packs = kvt_f16x_enabled();
     tu_fx c;
     tu_fx_open(&c, pfull, 16);
+    assert_true(kvt_kernels_force_isa(kvt_kernels_best_isa())); /* before asserting: later tests need it */
+    assert_false(scalar_packs);
     assert_int_equal(kvt_model_output(c.m)->type, KVT_TYPE_F16);
     assert_string_equal(kvt_model_numerics_tag(c.m), "");
-    assert_true(kvt_kernels_force_isa(kvt_kernels_best_isa()));
     const uint32_t V = kvt_model_hparams(a.m)->n_vocab;
     int32_t tok[24];
     uint64_t s = 3;

@@ -48,7 +48,11 @@ static void detect(void) {
 static void fill(kvt_isa isa) {
     memset(&g_tab, 0, sizeof g_tab);
 #if KVT_X86
-    if (isa == KVT_ISA_AVX2) kq_fill_avx2(&g_tab);
+    if (isa == KVT_ISA_AVX2) {
+        kq_fill_avx2(&g_tab);
+        g_tab.matmul[KVT_TYPE_F16X] = kq_f16x_mm_avx2;
+        g_tab.matmul[KVT_TYPE_BF16G] = kq_bf16g_mm_avx2;
+    }
     if (isa == KVT_ISA_AVX512 || isa == KVT_ISA_AMX) {
         kq_fill_avx512(&g_tab, g_vnni);
         g_tab.matmul[KVT_TYPE_F16X] = kq_f16x_mm;

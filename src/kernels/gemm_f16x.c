@@ -124,13 +124,14 @@ void kq_f16x_ref(uint32_t wtype, const void *W, int64_t n_in, const void *act, i
  * 53–61 ms, 1-row steps 35–39 → 32–35 ms; 4096 and 8192 bytes ahead were slower again. */
 #define KFX_PF 2048
 
-/* One tile: NG groups of 16 outputs × NR activation rows over all inputs. acc[g][r] lane l is output
- * 16·(g0+g)+l of row r: a single FMA chain over k (the reference order). */
 /* 16 weights widened to f32: f16 by F16C, bf16 by a shift (both exact) */
 KFX_AI __m512 fx_widen(const bool BF, const uint8_t *p) {
     const __m256i h = _mm256_load_si256((const __m256i *)p);
     return BF ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
+
+/* One tile: NG groups of 16 outputs × NR activation rows over all inputs. acc[g][r] lane l is output
+ * 16·(g0+g)+l of row r: a single FMA chain over k (the reference order). */
 
 KFX_AI void fx_tile(const bool BF, const int NG, const int NR, const uint8_t *Wg, size_t gs, const float *X, size_t ldx,
                     int64_t n, float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
@@ -231,6 +232,103 @@ KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_
 KFX_TGT void kq_bf16g_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                          int64_t o0, int64_t o1) {
     fx_mm(true, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+
+/* ---- AVX2 (F16C + FMA): a group's 16 lanes as two 8-lane halves, the same chains, the same bits ----
+ * 16 registers: the GEMM tile is 1 group × 6 rows (12 accumulators), the GEMV 4 groups × 1 row (8
+ * chains), 2 rows 2 groups. */
+#define KFX2_TGT __attribute__((target("avx2,fma,f16c")))
+#define KFX2_AI static inline __attribute__((always_inline)) KFX2_TGT
+
+KFX2_AI __m256 fx2_widen(const bool BF, const uint8_t *p) {
+    const __m128i h = _mm_load_si128((const __m128i *)p);
+    return BF ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+KFX2_AI void fx2_tile(const bool BF, const int NG, const int NR, const uint8_t *Wg, size_t gs, const float *X,
+                      size_t ldx, int64_t n, float *y, int64_t ldy, int64_t obase, int64_t o0, int64_t o1) {
+    __m256 acc[4][6][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) acc[g][r][0] = acc[g][r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        if ((k & 1) == 0) /* as the AVX-512 tiles: KFX_PF */
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) _mm_prefetch((const char *)(Wg + (size_t)g * gs + (size_t)k * 32 + KFX_PF), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            const uint8_t *p = Wg + (size_t)g * gs + (size_t)k * 32;
+            const __m256 wl = fx2_widen(BF, p), wh = fx2_widen(BF, p + 16);
+#pragma GCC unroll 6
+            for (int r = 0; r < NR; r++) {
+                const __m256 xb = _mm256_set1_ps(X[(size_t)r * ldx + (size_t)k]);
+                acc[g][r][0] = _mm256_fmadd_ps(wl, xb, acc[g][r][0]);
+                acc[g][r][1] = _mm256_fmadd_ps(wh, xb, acc[g][r][1]);
+            }
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const int64_t ob = obase + 16 * g; /* lanes outside [o0, o1) are not stored */
+        const int64_t lo = o0 > ob ? o0 - ob : 0, hi = o1 < ob + 16 ? o1 - ob : 16;
+        for (int r = 0; r < NR; r++) {
+            float t[16];
+            _mm256_storeu_ps(t, acc[g][r][0]);
+            _mm256_storeu_ps(t + 8, acc[g][r][1]);
+            memcpy(y + (int64_t)r * ldy + ob + lo, t + lo, (size_t)(hi - lo) * sizeof(float));
+        }
+    }
+}
+
+KFX2_AI void fx2_tile_ng(const bool BF, int ng, int nr, const uint8_t *Wg, size_t gs, const float *X, size_t ldx,
+                         int64_t n, float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    if (ng == 4) fx2_tile(BF, 4, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); /* one row only */
+    else if (ng == 2 && nr == 1) fx2_tile(BF, 2, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1);
+    else if (ng == 2) fx2_tile(BF, 2, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1);
+    else switch (nr) {
+        case 1: fx2_tile(BF, 1, 1, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 2: fx2_tile(BF, 1, 2, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 3: fx2_tile(BF, 1, 3, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 4: fx2_tile(BF, 1, 4, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        case 5: fx2_tile(BF, 1, 5, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        default: fx2_tile(BF, 1, 6, Wg, gs, X, ldx, n, y, ldy, ob, o0, o1); break;
+        }
+}
+
+/* Row blocks as fx_mm; within a block, 1 group × 6 rows, or for 1 (2) rows 4 (2) groups at once. */
+KFX2_AI void fx2_mm(const bool BF, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                    int64_t o0, int64_t o1) {
+    if (n_in < 1) return;
+    const size_t gs = (size_t)n_in * 2 * KFX_N, ldx = (size_t)n_in;
+    const int64_t g0 = o0 / KFX_N, g1 = (o1 + KFX_N - 1) / KFX_N;
+    const float *A = act;
+    for (int64_t rb = 0; rb < n_rows; rb += KFX_RB) {
+        const int64_t re = rb + KFX_RB < n_rows ? rb + KFX_RB : n_rows;
+        const int gstep = re - rb == 1 ? 4 : re - rb == 2 ? 2 : 1;
+        for (int64_t g = g0; g < g1; g += gstep) {
+            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
+            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
+            for (int64_t r = rb; r < re; r += 6) {
+                const int nr = (int)(re - r < 6 ? re - r : 6);
+                int done = 0;
+                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
+                    const int take = ng - done >= 4 ? 4 : ng - done >= 2 ? 2 : 1;
+                    fx2_tile_ng(BF, take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy,
+                                ldy, (g + done) * KFX_N, o0, o1);
+                    done += take;
+                }
+            }
+        }
+    }
+}
+
+KFX2_TGT void kq_f16x_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                              int64_t o0, int64_t o1) {
+    fx2_mm(false, W, n_in, act, n_rows, y, ldy, o0, o1);
+}
+KFX2_TGT void kq_bf16g_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
+                               int64_t o0, int64_t o1) {
+    fx2_mm(true, W, n_in, act, n_rows, y, ldy, o0, o1);
 }
 
 /* The group's 16 rows two inputs at a time: one gather of their (k, k+1) dwords, then the low halves

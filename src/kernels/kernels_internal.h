@@ -309,6 +309,10 @@ void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, fl
                 int64_t o1);
 void kq_bf16g_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                  int64_t o1);
+void kq_f16x_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                     int64_t o1);
+void kq_bf16g_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
+                      int64_t o1);
 void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0,
                  int64_t o1);
 void kq_bf16_act_avx512(const float *x, void *dst, int64_t n);
