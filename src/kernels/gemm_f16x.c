@@ -3,12 +3,12 @@
  * KVT_TYPE_BF16G for bf16 values): the load-time pack of the F16/BF16 matrices the bf16 pair dot does
  * not take (F16 values that are not bf16 values: files made from f16 checkpoints, f16 fine-tunes;
  * or, for both, a CPU without AVX-512 BF16, e.g. Ice Lake), the scalar reference of their arithmetic
- * and the AVX-512 (F16C + FMA) GEMM/GEMV.
+ * and the AVX-512 and AVX2 (F16C + FMA) GEMM/GEMV.
  *
  * Why: on the row-major path (kernels_x86_tmpl.h tile_f) a decode step reads four F16 rows a row
- * apart, each with 16-lane partial sums; on an AVX-512 Zen 5 that streamed llama-1b's weights at
- * 0.5–0.7 of the read bandwidth, and prefill ran at about a third of the f32 FMA peak (0.53×
- * ik_llama.cpp's pp128 on qwen3-0.6b). Here the 16 outputs of a group share one 32-byte line per
+ * apart, each with lane-parallel partial sums; on a Zen 5 that streamed llama-1b's and qwen3-0.6b's
+ * weights at 0.65–0.8 of the read bandwidth (AVX2: 0.5–0.9), and prefill ran at about half of the
+ * f32 FMA peak (0.53–0.7× ik_llama.cpp's pp128/pp512 on qwen3-0.6b). Here the 16 outputs of a group share one 32-byte line per
  * input, so a GEMV is one contiguous stream per group and a GEMM tile loads a line once for 12
  * activation rows. The weights are never rounded and the activations stay f32: the same precision as
  * the row-major path, another summation order (hence its own numerics tag, kvt_model_numerics_tag).

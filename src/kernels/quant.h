@@ -155,15 +155,15 @@ static inline bool kvt_bf16x_enabled(void) { return kvt_bf16x_policy() != KVT_BF
 uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes);
 
 /* ---- 16-bit weights in output groups (KVT_TYPE_F16X / KVT_TYPE_BF16G, gemm_f16x.c) ----
- * Where the ISA in use is AVX-512, the model loader packs the F16 and BF16 matrices the bf16 pair
+ * Where the ISA in use is AVX-512 or AVX2, the model loader packs the F16 and BF16 matrices the bf16 pair
  * dot does not take (F16 values that are not bf16 values; any, where the CPU lacks AVX-512 BF16 or
  * KVT_BF16X=0) into KVT_TYPE_F16X (F16) or KVT_TYPE_BF16G (BF16): groups of 16 outputs, per input
  * one 32-byte line of the 16 outputs' weights. Weights are not rounded and the activations stay f32
  * (kvt_vec_dot_type = F32); each output is one sequential f32 FMA chain over the inputs
  * (gemm_f16x.c), so decode == prefill bit for bit, on every ISA. As with BF16X, the packed buffer is
  * the matrix's only storage: only whole matrices from kvt_f16x_pack are valid W
- * (kvt_type_row_bytes(F16X, n) = 2n), and o0/o1 may be any range. Without the AVX-512 kernel
- * (another ISA forced after loading) the scalar reference computes the same bits, slowly. */
+ * (kvt_type_row_bytes(F16X, n) = 2n), and o0/o1 may be any range. Without an AVX-512 or AVX2 kernel
+ * (the scalar ISA forced after loading) the scalar reference computes the same bits, slowly. */
 /* Whether loaders should pack: the ISA in use has the kernel and KVT_F16X is not 0/off (read once
  * at kernel init). */
 bool kvt_f16x_enabled(void);
