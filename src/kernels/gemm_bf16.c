@@ -181,6 +181,32 @@ bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int6
     return ok;
 }
 
+void kq_groups_mm(const kq_grp_plan *pl, kq_grp_tile tile, const void *W, size_t gs, const void *act, size_t xrb,
+                  int64_t n, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1) {
+    const int64_t g0 = o0 / 16, g1 = (o1 + 15) / 16;
+    const uint8_t *A = act;
+    for (int64_t rb = 0; rb < n_rows; rb += pl->rows_block) {
+        const int64_t re = rb + pl->rows_block < n_rows ? rb + pl->rows_block : n_rows;
+        const int64_t rows = re - rb < pl->tile_rows ? re - rb : pl->tile_rows;
+        const int gstep = rows <= pl->g4_rows ? 4 : rows <= pl->g2_rows ? 2 : 1;
+        for (int64_t g = g0; g < g1; g += gstep) {
+            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
+            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
+            for (int64_t r = rb; r < re; r += pl->tile_rows) {
+                const int nr = (int)(re - r < pl->tile_rows ? re - r : pl->tile_rows);
+                const int most = nr <= pl->g4_rows ? 4 : nr <= pl->g2_rows ? 2 : 1;
+                for (int done = 0; done < ng;) { /* e.g. 3 leftover groups of a 4-group step: 2 + 1 */
+                    const int left = ng - done < most ? ng - done : most;
+                    const int take = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+                    tile(take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * xrb, xrb, n, y + r * ldy, ldy,
+                         (g + done) * 16, o0, o1);
+                    done += take;
+                }
+            }
+        }
+    }
+}
+
 uint8_t *kvt_bf16x_pack(uint32_t wtype, const void *W, int64_t n_in, int64_t n_out, bool round_f16, size_t *bytes_out) {
     if (bytes_out) *bytes_out = 0;
     if (!W || (wtype != KVT_TYPE_F16 && wtype != KVT_TYPE_BF16) || n_in < 2 || n_in % 2 || n_out < 1) return NULL;
@@ -344,35 +370,15 @@ static KBX_TGT void bx_tile_ng(int ng, int nr, const uint8_t *Wg, size_t gs, con
     }
 }
 
-/* Rows are taken in blocks of KBX_RB (their bf16 activations stay in L2 while every group of this
- * call's output range passes over them); within a block, tiles of 12 rows. */
-#define KBX_RB 60
+/* Rows in blocks of 60 (their bf16 activations stay in L2 while every group of this call's output
+ * range passes over them); within a block, tiles of 12 rows; up to 3 rows, 4 groups at once. */
+static const kq_grp_plan bx_plan = {.rows_block = 60, .tile_rows = 12, .g4_rows = 3, .g2_rows = 12};
 
 KBX_TGT void kq_bf16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                          int64_t o0, int64_t o1) {
     if (n_in < 2 || n_in % 2) return;
     const int64_t np = n_in / 2;
-    const size_t gs = (size_t)np * 64, xrb = (size_t)n_in * 2;
-    const int64_t g0 = o0 / KBX_N, g1 = (o1 + KBX_N - 1) / KBX_N;
-    const uint8_t *A = act;
-    for (int64_t rb = 0; rb < n_rows; rb += KBX_RB) {
-        const int64_t re = rb + KBX_RB < n_rows ? rb + KBX_RB : n_rows;
-        const int gstep = re - rb <= 3 ? 4 : 2;
-        for (int64_t g = g0; g < g1; g += gstep) {
-            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
-            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
-            for (int64_t r = rb; r < re; r += 12) {
-                const int nr = (int)(re - r < 12 ? re - r : 12);
-                int done = 0;
-                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
-                    const int take = ng - done >= 4 && nr <= 3 ? 4 : ng - done >= 2 ? 2 : 1;
-                    bx_tile_ng(take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * xrb, xrb, np, y + r * ldy, ldy,
-                               (g + done) * KBX_N, o0, o1);
-                    done += take;
-                }
-            }
-        }
-    }
+    kq_groups_mm(&bx_plan, bx_tile_ng, W, (size_t)np * 64, act, (size_t)n_in * 2, np, n_rows, y, ldy, o0, o1);
 }
 
 /* F16 row → bf16, 16 at a time with F16C: exact, so a value is a bf16 iff the low 16 bits of its

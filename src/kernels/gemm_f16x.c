@@ -194,44 +194,30 @@ KFX_AI void fx_tile_ng(const bool BF, int ng, int nr, const uint8_t *Wg, size_t 
     }
 }
 
-/* Rows are taken in blocks of KFX_RB (their f32 activations stay in L2 while every group of this
- * call's output range passes over them); within a block, tiles of 2 groups × 12 rows (24
- * accumulators); up to 3 rows, 4 groups × the rows (4 independent chains a row). */
-#define KFX_RB 36
-
-KFX_AI void fx_mm(const bool BF, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
-                  int64_t o0, int64_t o1) {
-    if (n_in < 1) return;
-    const size_t gs = (size_t)n_in * 2 * KFX_N, ldx = (size_t)n_in;
-    const int64_t g0 = o0 / KFX_N, g1 = (o1 + KFX_N - 1) / KFX_N;
-    const float *A = act;
-    for (int64_t rb = 0; rb < n_rows; rb += KFX_RB) {
-        const int64_t re = rb + KFX_RB < n_rows ? rb + KFX_RB : n_rows;
-        const int gstep = re - rb <= 3 ? 4 : 2;
-        for (int64_t g = g0; g < g1; g += gstep) {
-            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
-            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
-            for (int64_t r = rb; r < re; r += 12) {
-                const int nr = (int)(re - r < 12 ? re - r : 12);
-                int done = 0;
-                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
-                    const int take = ng - done >= 4 && nr <= 3 ? 4 : ng - done >= 2 ? 2 : 1;
-                    fx_tile_ng(BF, take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy, ldy,
-                               (g + done) * KFX_N, o0, o1);
-                    done += take;
-                }
-            }
-        }
-    }
+/* The tiles for kq_groups_mm (X: f32 rows xrb bytes apart) */
+static KFX_TGT void fx_tile_f16(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb, int64_t n,
+                                float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    fx_tile_ng(false, ng, nr, Wg, gs, (const float *)X, xrb / 4, n, y, ldy, ob, o0, o1);
 }
+static KFX_TGT void fx_tile_bf16(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb, int64_t n,
+                                 float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    fx_tile_ng(true, ng, nr, Wg, gs, (const float *)X, xrb / 4, n, y, ldy, ob, o0, o1);
+}
+
+/* Rows in blocks of 36 (their f32 activations stay in L2 while every group of the call's output
+ * range passes over them); within a block, tiles of 2 groups × 12 rows (24 accumulators); up to 3
+ * rows, 4 groups × the rows (4 independent chains a row). */
+static const kq_grp_plan fx_plan = {.rows_block = 36, .tile_rows = 12, .g4_rows = 3, .g2_rows = 12};
 
 KFX_TGT void kq_f16x_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                         int64_t o0, int64_t o1) {
-    fx_mm(false, W, n_in, act, n_rows, y, ldy, o0, o1);
+    if (n_in < 1) return;
+    kq_groups_mm(&fx_plan, fx_tile_f16, W, (size_t)n_in * 32, act, (size_t)n_in * 4, n_in, n_rows, y, ldy, o0, o1);
 }
 KFX_TGT void kq_bf16g_mm(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                          int64_t o0, int64_t o1) {
-    fx_mm(true, W, n_in, act, n_rows, y, ldy, o0, o1);
+    if (n_in < 1) return;
+    kq_groups_mm(&fx_plan, fx_tile_bf16, W, (size_t)n_in * 32, act, (size_t)n_in * 4, n_in, n_rows, y, ldy, o0, o1);
 }
 
 /* ---- AVX2 (F16C + FMA): a group's 16 lanes as two 8-lane halves, the same chains, the same bits ----
@@ -295,40 +281,27 @@ KFX2_AI void fx2_tile_ng(const bool BF, int ng, int nr, const uint8_t *Wg, size_
         }
 }
 
-/* Row blocks as fx_mm; within a block, 1 group × 6 rows, or for 1 (2) rows 4 (2) groups at once. */
-KFX2_AI void fx2_mm(const bool BF, const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
-                    int64_t o0, int64_t o1) {
-    if (n_in < 1) return;
-    const size_t gs = (size_t)n_in * 2 * KFX_N, ldx = (size_t)n_in;
-    const int64_t g0 = o0 / KFX_N, g1 = (o1 + KFX_N - 1) / KFX_N;
-    const float *A = act;
-    for (int64_t rb = 0; rb < n_rows; rb += KFX_RB) {
-        const int64_t re = rb + KFX_RB < n_rows ? rb + KFX_RB : n_rows;
-        const int gstep = re - rb == 1 ? 4 : re - rb == 2 ? 2 : 1;
-        for (int64_t g = g0; g < g1; g += gstep) {
-            const int ng = (int)(g1 - g < gstep ? g1 - g : gstep);
-            const uint8_t *Wg = (const uint8_t *)W + (size_t)g * gs;
-            for (int64_t r = rb; r < re; r += 6) {
-                const int nr = (int)(re - r < 6 ? re - r : 6);
-                int done = 0;
-                while (done < ng) { /* 3 leftover groups of a 4-group step: 2 + 1 */
-                    const int take = ng - done >= 4 ? 4 : ng - done >= 2 ? 2 : 1;
-                    fx2_tile_ng(BF, take, nr, Wg + (size_t)done * gs, gs, A + (size_t)r * ldx, ldx, n_in, y + r * ldy,
-                                ldy, (g + done) * KFX_N, o0, o1);
-                    done += take;
-                }
-            }
-        }
-    }
+static KFX2_TGT void fx2_tile_f16(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb,
+                                  int64_t n, float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    fx2_tile_ng(false, ng, nr, Wg, gs, (const float *)X, xrb / 4, n, y, ldy, ob, o0, o1);
 }
+static KFX2_TGT void fx2_tile_bf16(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb,
+                                   int64_t n, float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1) {
+    fx2_tile_ng(true, ng, nr, Wg, gs, (const float *)X, xrb / 4, n, y, ldy, ob, o0, o1);
+}
+
+/* Row blocks as on AVX-512; within a block, 1 group × 6 rows, or for 1 (2) rows 4 (2) groups at once. */
+static const kq_grp_plan fx2_plan = {.rows_block = 36, .tile_rows = 6, .g4_rows = 1, .g2_rows = 2};
 
 KFX2_TGT void kq_f16x_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                               int64_t o0, int64_t o1) {
-    fx2_mm(false, W, n_in, act, n_rows, y, ldy, o0, o1);
+    if (n_in < 1) return;
+    kq_groups_mm(&fx2_plan, fx2_tile_f16, W, (size_t)n_in * 32, act, (size_t)n_in * 4, n_in, n_rows, y, ldy, o0, o1);
 }
 KFX2_TGT void kq_bf16g_mm_avx2(const void *W, int64_t n_in, const void *act, int64_t n_rows, float *y, int64_t ldy,
                                int64_t o0, int64_t o1) {
-    fx2_mm(true, W, n_in, act, n_rows, y, ldy, o0, o1);
+    if (n_in < 1) return;
+    kq_groups_mm(&fx2_plan, fx2_tile_bf16, W, (size_t)n_in * 32, act, (size_t)n_in * 4, n_in, n_rows, y, ldy, o0, o1);
 }
 
 /* The group's 16 rows two inputs at a time: one gather of their (k, k+1) dwords, then the low halves

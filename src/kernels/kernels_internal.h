@@ -298,6 +298,20 @@ float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2);
  * takes the first part). false if any part returned false. */
 void *kq_group_alloc(size_t bytes);
 bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int64_t g0, int64_t g1), void *ctx);
+/* The products of those packs (gemm_bf16.c, gemm_f16x.c): tile(ng, nr, ...) multiplies ng groups of
+ * 16 outputs (the first at Wg, the next gs bytes on) with nr activation rows (X, xrb bytes apart,
+ * n steps of the type's unit) and stores lanes [o0, o1) of outputs ob.. into y. kq_groups_mm walks
+ * outputs [o0, o1) and rows [0, n_rows) of a product in rows_block-row blocks (their activations stay
+ * in L2 while every group passes over them), tiles of tile_rows rows, and tiles of 4 groups for up to
+ * g4_rows rows, 2 groups for up to g2_rows, else 1. Each output's arithmetic is the tile's, whatever
+ * the walk. */
+typedef void (*kq_grp_tile)(int ng, int nr, const uint8_t *Wg, size_t gs, const uint8_t *X, size_t xrb, int64_t n,
+                            float *y, int64_t ldy, int64_t ob, int64_t o0, int64_t o1);
+typedef struct kq_grp_plan {
+    int rows_block, tile_rows, g4_rows, g2_rows;
+} kq_grp_plan;
+void kq_groups_mm(const kq_grp_plan *pl, kq_grp_tile tile, const void *W, size_t gs, const void *act, size_t xrb,
+                  int64_t n, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 
 /* 16-bit weights in output groups (gemm_f16x.c): groups of KFX_N outputs, per input one 32-byte
  * line; wtype KVT_TYPE_F16X or KVT_TYPE_BF16G. */
