@@ -7,11 +7,12 @@
  *
  * Why: on the row-major path (kernels_x86_tmpl.h tile_f) a decode step reads four F16 rows a row
  * apart, each with lane-parallel partial sums; on a Zen 5 that streamed llama-1b's and qwen3-0.6b's
- * weights at 0.65–0.8 of the read bandwidth (AVX2: 0.5–0.9), and prefill ran at about half of the
- * f32 FMA peak (0.53–0.7× ik_llama.cpp's pp128/pp512 on qwen3-0.6b). Here the 16 outputs of a group share one 32-byte line per
- * input, so a GEMV is one contiguous stream per group and a GEMM tile loads a line once for 12
- * activation rows. The weights are never rounded and the activations stay f32: the same precision as
- * the row-major path, another summation order (hence its own numerics tag, kvt_model_numerics_tag).
+ * weights at 0.65–0.8 of the read bandwidth (AVX2 code: 0.5–0.9), and prefill ran at about half of
+ * the f32 FMA peak (0.53–0.7× ik_llama.cpp's pp128/pp512 on qwen3-0.6b). Here the 16 outputs of a
+ * group share one 32-byte line per input, so a GEMV is one contiguous stream per group and a GEMM
+ * tile loads a line once for 12 (AVX2: 6) activation rows. The weights are never rounded and the
+ * activations stay f32: the same precision as the row-major path, another summation order (hence
+ * its own numerics tag, kvt_model_numerics_tag).
  *
  * Layout (n_in >= 1): outputs in groups of KFX_N = 16, the last group padded with +0 rows; group g
  * holds, for each input k = 0 .. n_in - 1, one 32-byte line: u16 l = w[16g + l][k] (the file's f16 or
@@ -19,9 +20,10 @@
  *
  * Arithmetic (per output element; the definition every path computes, bit for bit):
  *   s = +0; for k ascending: s = fma(f32(w[k]), x[k], s)
- * with round-to-nearest-even and no flushing (f16 or bf16 → f32 is exact; kvtier never sets FTZ/DAZ). Each
- * output is one sequential chain over the inputs, so results do not depend on n_rows, [o0, o1), tile
- * shapes, the thread count or the ISA: decode (n_rows = 1) equals the prefill GEMM bit for bit.
+ * with round-to-nearest-even and no flushing (f16 or bf16 → f32 is exact; kvtier never sets
+ * FTZ/DAZ). Each output is one sequential chain over the inputs, so results do not depend on n_rows,
+ * [o0, o1), tile shapes, the thread count or the ISA: decode (n_rows = 1) equals the prefill GEMM
+ * bit for bit.
  *
  * The two types differ only in that widening (F16C's vcvtph2ps, or a 16-bit shift).
  *
@@ -31,7 +33,6 @@
 #include "kernels_internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #ifdef __clang__
