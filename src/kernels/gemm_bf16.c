@@ -297,10 +297,11 @@ KBX_TGT void kq_bf16_act_avx512(const float *x, void *dst, int64_t n) {
 
 /* Tiles of 4 rows and more fetch each group stream's line KBX_PF bytes (64 pairs) ahead (the last
  * lines' fetches reach into the next group, which the next tile reads). Measured on a 2-core Zen 5
- * (bench/batch_step, llama-1b BF16, 2 threads, alternated builds): 8-row steps 49–63 → 42–47 ms;
- * qwen3-0.6b pp256 421–451 → 462–477 t/s (pp512 404–510 → 510–569). The GEMV tiles (1–3 rows) do
- * not: there the fetches cost llama-1b / qwen3-0.6b decode 8–15 % (3 alternated rounds, 1 and 2
- * threads), the hardware prefetchers following their four streams alone. */
+ * (bench/batch_step, llama-1b BF16, 2 threads, alternated builds): 8-row steps 49–87 → 42–60 ms;
+ * prefill qwen3-0.6b pp256 421–451 → 462–477 t/s in one A/B, within noise in another (pp512 383–408
+ * → 383–396). The GEMV tiles (1–3 rows) do not: there the fetches cost llama-1b / qwen3-0.6b decode
+ * 7–19 % in 11 of 12 cells (3 alternated rounds, 1 and 2 threads); the hardware prefetchers follow
+ * their four streams alone. */
 #define KBX_PF 4096
 
 /* One tile: NG groups of 16 outputs × NR activation rows over all pairs. acc[g][r] lane l is output
