@@ -1,7 +1,8 @@
 /*
  * gemm_bf16.c — bf16 pair-dot weights (KVT_TYPE_BF16X): the load-time pack of F16/BF16 matrices,
  * the scalar reference of their arithmetic, the f32 → bf16 activation conversion and the AVX-512
- * BF16 (vdpbf16ps) GEMM/GEMV.
+ * BF16 (vdpbf16ps) GEMM/GEMV; and what this pack and gemm_f16x.c's share: the parallel pack loop
+ * (kq_groups_parallel) and the walk of a group product's rows and groups (kq_groups_mm).
  *
  * Why: an f32 FMA does 16 multiply-adds per instruction; vdpbf16ps does 32 (two bf16 products per
  * f32 lane). The f32 GEMM of F16/BF16 weights already runs near the FMA peak, so only the bf16 dot
@@ -42,7 +43,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -131,17 +131,6 @@ static bool bx_pack_part(void *arg, int64_t g0, int64_t g1) {
     }
     free(rows);
     return !j->bad;
-}
-
-void *kq_group_alloc(size_t bytes) {
-    /* not zeroed here: the packs write every byte (padding rows as +0), so the first touch of each
-     * page, and the kernel's clearing of it, happens in the parallel parts */
-    void *p = NULL;
-    if (posix_memalign(&p, bytes >= (1u << 21) ? (size_t)1 << 21 : 64, bytes) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (bytes >= (1u << 21) && kq_hugepages()) (void)madvise(p, bytes, MADV_HUGEPAGE); /* fewer faults, TLB misses */
-#endif
-    return p;
 }
 
 typedef struct grp_job {

@@ -127,10 +127,13 @@ void kq_s16_ref(const kvt_packed *P, const void *act, int64_t n_rows, float *y, 
 void kq_s16_pmm(const kvt_packed *P, const void *act, int64_t n_rows, float *y, int64_t ldy, int64_t o0, int64_t o1);
 /* One activation row (decode) on the s16 layout: y[o] for o in [o0, o1), the same bits as kq_s16_pmm. */
 void kq_s16_gemv(const kvt_packed *P, const void *act, float *y, int64_t o0, int64_t o1);
-/* Zeroed, 64-byte aligned storage for a packed weight copy (repack.c): from 2 MiB on it is 2 MiB
- * aligned and advised MADV_HUGEPAGE (transparent huge pages: fewer TLB misses and page faults while
- * the kernels stream it; advisory, 4 KiB pages otherwise). Freed with free(). */
+/* 64-byte aligned storage for a packed weight copy (repack.c): from 2 MiB on it is 2 MiB aligned and
+ * advised MADV_HUGEPAGE (transparent huge pages: fewer TLB misses and page faults while the kernels
+ * stream it; advisory, 4 KiB pages otherwise). Freed with free(). kq_packed_alloc zeroes it;
+ * kq_group_alloc does not (the group packs write every byte, so each page is first touched, and
+ * cleared by the kernel, in their parallel parts). */
 void *kq_packed_alloc(size_t bytes);
+void *kq_group_alloc(size_t bytes);
 /* Whether packed copies get MADV_HUGEPAGE (env KVT_HUGEPAGES=0 turns it off, for measuring its
  * effect; read once). */
 bool kq_hugepages(void);
@@ -292,11 +295,9 @@ void kq_bf16x_ref(const void *W, int64_t n_in, const void *act, int64_t n_rows, 
                   int64_t o1);
 /* One reference step: s + w2.hi·x2.hi, then + w2.lo·x2.lo (each an fma, DAZ inputs, FTZ result). */
 float kq_bf16x_step_ref(float s, uint32_t w2, uint32_t x2);
-/* Load-time packs into output groups (gemm_bf16.c): a 64-byte aligned buffer (2 MiB aligned and
- * advised MADV_HUGEPAGE from 2 MiB on), not zeroed, owned by the caller (free()); and part(ctx, g0,
- * g1) over groups [0, ng) on up to 8 threads once the matrix has 2^22 elements (the calling thread
- * takes the first part). false if any part returned false. */
-void *kq_group_alloc(size_t bytes);
+/* Load-time packs into output groups (gemm_bf16.c; their buffers from kq_group_alloc): part(ctx,
+ * g0, g1) over groups [0, ng) on up to 8 threads once the matrix has 2^22 elements (the calling
+ * thread takes the first part). false if any part returned false. */
 bool kq_groups_parallel(int64_t ng, uint64_t n_all, bool (*part)(void *ctx, int64_t g0, int64_t g1), void *ctx);
 /* The products of those packs (gemm_bf16.c, gemm_f16x.c): tile(ng, nr, ...) multiplies ng groups of
  * 16 outputs (the first at Wg, the next gs bytes on) with nr activation rows (X, xrb bytes apart,

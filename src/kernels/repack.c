@@ -130,15 +130,19 @@ bool kq_hugepages(void) {
     return v;
 }
 
-void *kq_packed_alloc(size_t bytes) {
+void *kq_group_alloc(size_t bytes) {
     const size_t huge = (size_t)1 << 21;
-    if (bytes < huge) return kvt_aligned_alloc(64, bytes);
     void *p = NULL;
-    if (posix_memalign(&p, huge, bytes) != 0) return NULL;
+    if (posix_memalign(&p, bytes >= huge ? huge : 64, bytes ? bytes : 64) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
-    if (kq_hugepages()) (void)madvise(p, bytes, MADV_HUGEPAGE); /* before the first touch: the faults take huge pages */
+    if (bytes >= huge && kq_hugepages()) (void)madvise(p, bytes, MADV_HUGEPAGE); /* before the first touch: the faults take huge pages */
 #endif
-    memset(p, 0, bytes);
+    return p;
+}
+
+void *kq_packed_alloc(size_t bytes) {
+    void *p = kq_group_alloc(bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
