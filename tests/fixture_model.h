@@ -1,11 +1,13 @@
 /* fixture_model.h — tests only: a reference-fixture GGUF (tests/fixtures/) opened as a model with an
- * all-f16 KV layout and a block pool, and a whole-file reader for the fixtures' .ref.json. Include
+ * all-f16 KV layout and a block pool, a whole-file reader for the fixtures' .ref.json, a tiny
+ * generated llama, its last position's logits, and the first line a child process prints. Include
  * after testutil.h. Everything opened by tu_fx_open is owned by the tu_fx until tu_fx_close. */
 #ifndef KVT_TEST_FIXTURE_MODEL_H
 #define KVT_TEST_FIXTURE_MODEL_H
 
 #include "gguf/gguf.h"
 #include "kv/kv.h"
+#include "model/gen_model.h"
 #include "model/model.h"
 
 typedef struct tu_fx {
@@ -55,6 +57,45 @@ static inline char *tu_read_file(const char *path) {
     b[n] = 0;
     fclose(fp);
     return b;
+}
+
+/* A tiny random-weight llama (byte vocabulary, seed 11) of weight type `type` written to dir/name;
+ * the path is malloc'd (caller frees). f16_full: F16 values that are not bf16 values. */
+static inline char *tu_gen_tiny(const char *dir, const char *name, const char *type, bool f16_full) {
+    char *path = malloc(512);
+    assert_non_null(path);
+    snprintf(path, 512, "%s/%s", dir, name);
+    kvt_gen_model_opts o = {.arch = "llama", .shape = "tiny", .type = type, .seed = 11, .f16_full = f16_full,
+                            .byte_vocab = true};
+    char err[256];
+    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model: %s", err);
+    return path;
+}
+
+/* The last position's logits (n_vocab floats into out) of tok[0..n) run through a fresh context and
+ * sequence in chunks of `chunk` tokens (1: decode steps; n: one prefill). */
+static inline void tu_last_logits(tu_fx *f, const int32_t *tok, uint32_t n, uint32_t chunk, float *out) {
+    kvt_ctx *c = NULL;
+    kvt_seq *q = NULL;
+    assert_int_equal(kvt_ctx_create(f->m, 2, n, &c), KVT_OK);
+    assert_int_equal(kvt_seq_create(f->pool, 1, &q), KVT_OK);
+    float *lg = NULL;
+    for (uint32_t i = 0; i < n; i += chunk) {
+        const uint32_t take = n - i < chunk ? n - i : chunk;
+        assert_int_equal(kvt_model_forward(c, q, tok + i, take, false, NULL, &lg), KVT_OK);
+    }
+    memcpy(out, lg, kvt_model_hparams(f->m)->n_vocab * sizeof(float));
+    kvt_seq_free(q);
+    kvt_ctx_free(c);
+}
+
+/* The first line (no newline) the shell command `cmd` prints; the command must exit 0. */
+static inline void tu_child_line(const char *cmd, char *out, size_t len) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(out, (int)len, p));
+    assert_int_equal(pclose(p), 0);
+    out[strcspn(out, "\n")] = 0;
 }
 
 #endif

@@ -10,7 +10,6 @@
 #include "fixture_model.h"
 #include "kernels/kernels_internal.h"
 #include "kernels/quant.h"
-#include "model/gen_model.h"
 #include "model/model_int.h"
 
 static bool has_bf16_kernel(void) {
@@ -343,33 +342,12 @@ static void test_act_convert(void **st) {
 
 /* ---------------- the model loader ---------------- */
 
-static char *gen_tiny(const char *dir, const char *name, const char *type, bool f16_full) {
-    char *path = malloc(512);
-    snprintf(path, 512, "%s/%s", dir, name);
-    kvt_gen_model_opts o = {.arch = "llama", .shape = "tiny", .type = type, .seed = 11, .f16_full = f16_full, .byte_vocab = true};
-    char err[256];
-    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model: %s", err);
-    return path;
-}
-
-static void logits_of(tu_fx *f, const int32_t *tok, uint32_t n, float *out) {
-    kvt_ctx *c = NULL;
-    kvt_seq *q = NULL;
-    assert_int_equal(kvt_ctx_create(f->m, 2, n, &c), KVT_OK);
-    assert_int_equal(kvt_seq_create(f->pool, 1, &q), KVT_OK);
-    float *lg;
-    assert_int_equal(kvt_model_forward(c, q, tok, n, false, NULL, &lg), KVT_OK);
-    memcpy(out, lg, kvt_model_hparams(f->m)->n_vocab * sizeof(float));
-    kvt_seq_free(q);
-    kvt_ctx_free(c);
-}
-
 static void test_model_loader(void **st) {
     (void)st;
     if (!has_bf16_kernel()) skip();
     char *dir = tu_tmpdir("bf16x");
-    char *p16 = gen_tiny(dir, "f16.gguf", "f16", false), *pfull = gen_tiny(dir, "full.gguf", "f16", true);
-    char *pq8 = gen_tiny(dir, "q8.gguf", "q8_0", false);
+    char *p16 = tu_gen_tiny(dir, "f16.gguf", "f16", false), *pfull = tu_gen_tiny(dir, "full.gguf", "f16", true);
+    char *pq8 = tu_gen_tiny(dir, "q8.gguf", "q8_0", false);
     assert_true(kvt_bf16x_enabled());
     tu_fx a, b, q;
     tu_fx_open(&a, p16, 16);
@@ -397,8 +375,8 @@ static void test_model_loader(void **st) {
     uint64_t s = 3;
     for (int i = 0; i < 24; i++) tok[i] = (int32_t)(tu_rand(&s) % V);
     float *la = malloc(V * 4), *lc = malloc(V * 4);
-    logits_of(&a, tok, 24, la);
-    logits_of(&c, tok, 24, lc);
+    tu_last_logits(&a, tok, 24, 24, la);
+    tu_last_logits(&c, tok, 24, 24, lc);
     double maxd = 0, maxa = 0;
     for (uint32_t i = 0; i < V; i++) {
         maxd = fmax(maxd, fabs((double)la[i] - lc[i]));
@@ -423,18 +401,14 @@ static char g_self[512];
 static void child_says(const char *env, const char *path, char *out, size_t len) {
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "KVT_F16X=0 KVT_BF16X='%s' '%s' --print-bf16x '%s' 2>/dev/null", env, g_self, path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    assert_non_null(fgets(out, (int)len, p));
-    assert_int_equal(pclose(p), 0);
-    out[strcspn(out, "\n")] = 0;
+    tu_child_line(cmd, out, len);
 }
 
 static void test_env(void **st) {
     (void)st;
     if (!has_bf16_kernel()) skip();
     char *dir = tu_tmpdir("bf16xenv");
-    char *p16 = gen_tiny(dir, "f16.gguf", "f16", false), *pfull = gen_tiny(dir, "full.gguf", "f16", true);
+    char *p16 = tu_gen_tiny(dir, "f16.gguf", "f16", false), *pfull = tu_gen_tiny(dir, "full.gguf", "f16", true);
     char out[128];
     child_says("0", p16, out, sizeof out);
     assert_string_equal(out, "0 f16 -");

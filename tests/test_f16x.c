@@ -14,7 +14,6 @@
 #include "fixture_model.h"
 #include "kernels/kernels_internal.h"
 #include "kernels/quant.h"
-#include "model/gen_model.h"
 #include "model/model_int.h"
 
 static bool has_kernel(void) {
@@ -280,35 +279,10 @@ static void test_matmul_is_the_dot(void **st) {
 
 /* ---------------- the model loader ---------------- */
 
-static char *gen_tiny(const char *dir, const char *name, const char *type, bool f16_full) {
-    char *path = malloc(512);
-    snprintf(path, 512, "%s/%s", dir, name);
-    kvt_gen_model_opts o = {.arch = "llama", .shape = "tiny", .type = type, .seed = 11, .f16_full = f16_full, .byte_vocab = true};
-    char err[256];
-    if (kvt_gen_model(&o, path, err, sizeof err) != KVT_OK) fail_msg("gen-model: %s", err);
-    return path;
-}
-
-/* the last position's logits of tok[0..n) prefilled in chunks of `chunk` tokens (1: decode steps) */
-static void logits_of(tu_fx *f, const int32_t *tok, uint32_t n, uint32_t chunk, float *out) {
-    kvt_ctx *c = NULL;
-    kvt_seq *q = NULL;
-    assert_int_equal(kvt_ctx_create(f->m, 2, n, &c), KVT_OK);
-    assert_int_equal(kvt_seq_create(f->pool, 1, &q), KVT_OK);
-    float *lg = NULL;
-    for (uint32_t i = 0; i < n; i += chunk) {
-        const uint32_t take = n - i < chunk ? n - i : chunk;
-        assert_int_equal(kvt_model_forward(c, q, tok + i, take, false, NULL, &lg), KVT_OK);
-    }
-    memcpy(out, lg, kvt_model_hparams(f->m)->n_vocab * sizeof(float));
-    kvt_seq_free(q);
-    kvt_ctx_free(c);
-}
-
 static void test_model_loader(void **st) {
     (void)st;
     char *dir = tu_tmpdir("f16x");
-    char *pfull = gen_tiny(dir, "full.gguf", "f16", true), *pq8 = gen_tiny(dir, "q8.gguf", "q8_0", false);
+    char *pfull = tu_gen_tiny(dir, "full.gguf", "f16", true), *pq8 = tu_gen_tiny(dir, "q8.gguf", "q8_0", false);
     tu_fx a, q;
     tu_fx_open(&a, pfull, 16);
     tu_fx_open(&q, pq8, 16);
@@ -341,12 +315,12 @@ static void test_model_loader(void **st) {
     uint64_t s = 3;
     for (int i = 0; i < 24; i++) tok[i] = (int32_t)(tu_rand(&s) % V);
     float *la = malloc(V * 4), *ld = malloc(V * 4), *l7 = malloc(V * 4), *lc = malloc(V * 4);
-    logits_of(&a, tok, 24, 24, la);
-    logits_of(&a, tok, 24, 1, ld);  /* decode steps */
-    logits_of(&a, tok, 24, 7, l7);  /* uneven chunks */
+    tu_last_logits(&a, tok, 24, 24, la);
+    tu_last_logits(&a, tok, 24, 1, ld);  /* decode steps */
+    tu_last_logits(&a, tok, 24, 7, l7);  /* uneven chunks */
     assert_memory_equal(la, ld, V * 4); /* decode == full recompute, bit for bit */
     assert_memory_equal(la, l7, V * 4);
-    logits_of(&c, tok, 24, 24, lc);
+    tu_last_logits(&c, tok, 24, 24, lc);
     double maxd = 0, maxa = 0;
     for (uint32_t i = 0; i < V; i++) {
         maxd = fmax(maxd, fabs((double)la[i] - lc[i]));
@@ -368,11 +342,7 @@ static char g_self[512];
 static void child_says(const char *env, const char *path, char *out, size_t len) {
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "env %s '%s' --print-f16x '%s' 2>/dev/null", env, g_self, path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    assert_non_null(fgets(out, (int)len, p));
-    assert_int_equal(pclose(p), 0);
-    out[strcspn(out, "\n")] = 0;
+    tu_child_line(cmd, out, len);
 }
 
 static void test_env(void **st) {
@@ -380,8 +350,8 @@ static void test_env(void **st) {
     if (!has_kernel()) skip();
     const bool bf16 = kvt_bf16x_enabled();
     char *dir = tu_tmpdir("f16xenv");
-    char *p16 = gen_tiny(dir, "f16.gguf", "f16", false), *pfull = gen_tiny(dir, "full.gguf", "f16", true);
-    char *pbf = gen_tiny(dir, "bf16.gguf", "bf16", false);
+    char *p16 = tu_gen_tiny(dir, "f16.gguf", "f16", false), *pfull = tu_gen_tiny(dir, "full.gguf", "f16", true);
+    char *pbf = tu_gen_tiny(dir, "bf16.gguf", "bf16", false);
     char out[128];
     child_says("KVT_F16X=0", pfull, out, sizeof out);
     assert_string_equal(out, "0 f16 - same");
@@ -420,8 +390,8 @@ int main(int argc, char **argv) {
         int32_t tok[12];
         for (int i = 0; i < 12; i++) tok[i] = (int32_t)((i * 37 + 5) % V);
         float *a = malloc(V * 4), *b = malloc(V * 4);
-        logits_of(&f, tok, 12, 12, a);
-        logits_of(&f, tok, 12, 1, b);
+        tu_last_logits(&f, tok, 12, 12, a);
+        tu_last_logits(&f, tok, 12, 1, b);
         printf("%d %s %s %s\n", (int)kvt_f16x_enabled(), kvt_type_name(kvt_model_output(f.m)->type), *tag ? tag : "-",
                memcmp(a, b, V * 4) ? "differ" : "same");
         free(a), free(b);
