@@ -8,11 +8,13 @@
 #include <math.h>
 
 #include "gguf/gguf.h"
+#include "kernels/quant.h"
 #include "kernels/vec.h"
 #include "kv/kv.h"
 #include "model/deltanet.h"
 #include "model/gen_model.h"
 #include "model/model.h"
+#include "model/model_int.h"
 
 #define FIX_GGUF "tests/fixtures/qwen35-tiny.gguf"
 #define FIX_REF "tests/fixtures/qwen35-tiny.ref.json"
@@ -318,7 +320,8 @@ static void test_dn_exp_and_gates(void **st) {
 
 /* ------------------------------------------------------------------ model invariances */
 
-/* Logits of every position: one prefill, token-by-token decode, odd ubatch, 1 vs 2 threads. */
+/* Logits of every position: one prefill, token-by-token decode, odd ubatch, 1, 2 and 3 threads;
+ * chunks of up to 16 rows on several threads run replicated (arch_qwen35.c), longer ones split. */
 static void check_decode_eq_full(const char *path) {
     tu_fx f;
     tu_fx_open(&f, path, 16);
@@ -336,7 +339,8 @@ static void check_decode_eq_full(const char *path) {
     memcpy(want, lg, (size_t)n * V * sizeof(float));
     kvt_seq_free(s);
     kvt_ctx_free(c);
-    const struct { int nth; uint32_t ub; uint32_t step; } runs[] = {{1, 256, 1}, {2, 37, 1}, {2, 37, 23}, {1, 64, 150}};
+    const struct { int nth; uint32_t ub; uint32_t step; } runs[] = {{1, 256, 1}, {2, 37, 1}, {2, 37, 23}, {1, 64, 150},
+                                                                   {2, 37, 5}, {3, 37, 1}, {3, 37, 16}};
     for (size_t ri = 0; ri < KVT_ARRAY_LEN(runs); ri++) {
         assert_int_equal(kvt_ctx_create(f.m, runs[ri].nth, runs[ri].ub, &c), KVT_OK);
         assert_int_equal(kvt_seq_create(f.pool, 1, &s), KVT_OK);
@@ -391,6 +395,14 @@ static void test_gen_model_qwen35(void **st) {
         assert_int_equal(kvt_model_hparams(f.m)->arch, KVT_ARCH_QWEN35);
         for (uint32_t il = 0; il < 4; il++)
             assert_int_equal(kvt_kv_layout_layer(f.layout, il)->kind, il == 3 ? KVT_KIND_FULL : KVT_KIND_RECURRENT);
+        /* the output matrix gets its load-time copy as the dense architectures' does (decode
+         * streams it from there): for Q8_0, wherever a copy can be made */
+        const kvt_wmat *ow = kvt_model_output(f.m);
+        if (ow->type == KVT_TYPE_Q8_0) {
+            kvt_packed *p = kvt_packed_create(ow->type, ow->data, ow->n_in, ow->n_out);
+            assert_true((p != NULL) == (ow->packed != NULL));
+            kvt_packed_free(p);
+        }
         tu_fx_close(&f);
         if (i == 0) check_decode_eq_full(path);
         unlink(path);

@@ -320,6 +320,20 @@ static kvt_status load_kinds(kvt_model *m, const kvt_gguf *g, char *err, size_t 
     return st;
 }
 
+/* After every layer's matrices: the output matrix's load-time copy (a batched decode step multiplies
+ * it with one row per sequence, docs/batching.md, and decode streams it from the copy as from any
+ * other), then what the loader packed. m->output may be a struct copy of tok_embd (tied); only output
+ * owns this copy (embedding lookups read the original rows). Best effort, as kvt_wmat_prepare. */
+static void prepare_output(kvt_model *m) {
+    kvt_wmat_prepare(m, &m->output);
+    if (m->n_bf16x)
+        KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
+                 m->n_bf16x);
+    if (m->n_f16x)
+        KVT_INFO("16-bit output groups: %u F16/BF16 matrices packed (f32 activations; KVT_F16X=0 keeps the row-major path)",
+                 m->n_f16x);
+}
+
 kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t errlen) {
     *out = NULL;
     if (err && errlen) err[0] = 0;
@@ -371,6 +385,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
     }
     if (o->pass) { /* its own layer tables and forward pass */
         if ((st = o->pass->load(m, g, &m->arch_state, err, errlen)) != KVT_OK) goto fail;
+        prepare_output(m);
         if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
         if ((st = make_inv_freq(m, NULL)) != KVT_OK) goto fail;
         *out = m;
@@ -415,16 +430,7 @@ kvt_status kvt_model_load(const kvt_gguf *g, kvt_model **out, char *err, size_t 
         kvt_wmat *pw[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down};
         for (int i = 0; i < 7; i++) kvt_wmat_prepare(m, pw[i]);
     }
-    /* The output matrix too: a batched decode step multiplies it with one row per sequence
-     * (docs/batching.md). m->output may be a struct copy of tok_embd (tied); only output owns
-     * this packed copy (embedding lookups read the original rows). */
-    kvt_wmat_prepare(m, &m->output);
-    if (m->n_bf16x)
-        KVT_INFO("bf16 pair dot: %u F16/BF16 matrices packed (activations rounded to bf16; KVT_BF16X=0 keeps f32)",
-                 m->n_bf16x);
-    if (m->n_f16x)
-        KVT_INFO("16-bit output groups: %u F16/BF16 matrices packed (f32 activations; KVT_F16X=0 keeps the row-major path)",
-                 m->n_f16x);
+    prepare_output(m);
     if ((st = load_kinds(m, g, err, errlen)) != KVT_OK) goto fail;
     m->rope_freqs = rope_freqs;
     if ((st = make_inv_freq(m, rope_freqs)) != KVT_OK) goto fail;
