@@ -11,8 +11,22 @@
  *
  * Threads: one kvt_threadpool_run per ubatch chunk, ops separated by barriers; row ops split rows,
  * matmuls split output columns, the DeltaNet core (conv, q/k norms, delta rule, gated norm) splits
- * v heads (channels/rows/heads in turn when H_v != H_k) and attention splits query heads. Every token's result depends only on its row and on state/KV of
- * earlier positions (deltanet.h), so any chunking or thread count gives the same bits.
+ * v heads (channels/rows/heads in turn when H_v != H_k) and attention splits query heads. Every
+ * token's result depends only on its row and on state/KV of earlier positions (deltanet.h), so any
+ * chunking or thread count gives the same bits.
+ *
+ * Two modes for the residual stream, the same per-row math (so the same bits), as model.c's dense
+ * pass:
+ *  - split (chunks of more than Q35_REPL_ROWS rows, or one thread): the shared x/xn, row ops on
+ *    each thread's rows, activations quantized into the shared buffers; a barrier before every
+ *    matmul.
+ *  - replicated (decode: up to Q35_REPL_ROWS rows, several threads): every thread keeps its own
+ *    x/xn and quantizes every row's activations into its own buffers, so a matmul starts with no
+ *    barrier before it, and the FFN's gated activation runs on each thread's own gate/up columns:
+ *    5 barriers a DeltaNet layer (H_v == H_k) instead of 12, 7 an attention layer instead of 14.
+ * A shared buffer written by a matmul or the DeltaNet core (big, z, bb, ba, o, tmp, ff_g/ff_u) is
+ * read by other threads only after the barrier that follows the write, and written again only
+ * after a later barrier.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +36,8 @@
 #include "deltanet.h"
 #include "model_int.h"
 
-#define Q35_MAX_MM 4 /* matrices sharing one input */
+#define Q35_MAX_MM 4    /* matrices sharing one input */
+#define Q35_REPL_ROWS 16 /* chunks up to this many rows run replicated (decode; see the top) */
 
 typedef struct q35_layer {
     bool attn;
@@ -53,6 +68,13 @@ typedef struct kvt_q35_ctx {
     uint32_t ubatch;
     float *x, *xn, *tmp, *big, *conv, *z, *ba, *bb, *o, *qa, *gt, *ff_g, *ff_u, *rope_cs;
     void *act[Q35_MAX_MM];
+    /* replicated mode: per thread (n_tb of them, NULL with one thread) its residual stream, normed
+     * rows and activations for Q35_REPL_ROWS rows */
+    struct q35_tbuf {
+        float *x, *xn;
+        void *act[Q35_MAX_MM];
+    } *tb;
+    int n_tb;
     /* per chunk */
     kvt_seq *seq;
     const int32_t *tokens;
@@ -286,15 +308,34 @@ static void q35_ctx_free(void *ctx_state) {
                      qc->o, qc->qa, qc->gt, qc->ff_g, qc->ff_u, qc->rope_cs};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < Q35_MAX_MM; i++) free(qc->act[i]);
+    if (qc->tb)
+        for (int t = 0; t < qc->n_tb; t++) {
+            free(qc->tb[t].x), free(qc->tb[t].xn);
+            for (int i = 0; i < Q35_MAX_MM; i++) free(qc->tb[t].act[i]);
+        }
+    free(qc->tb);
     free(qc);
 }
 
 static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
 
+/* The largest activation buffer any matmul input of the model needs for `rows` rows. */
+static size_t act_bytes(const kvt_model *m, const kvt_q35 *q, size_t rows) {
+    const kvt_hparams *hp = kvt_model_hparams(m);
+    size_t ab = kvt_act_bytes(kvt_model_output(m)->type, hp->n_embd, rows);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const q35_layer *w = &q->layers[il];
+        const kvt_wmat *ws[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo,
+                                &w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wout};
+        for (size_t i = 0; i < KVT_ARRAY_LEN(ws); i++)
+            if (ws[i]->data) ab = umax(ab, kvt_act_bytes(ws[i]->type, ws[i]->n_in, rows));
+    }
+    return ab;
+}
+
 static kvt_status q35_ctx_create(const kvt_model *m, const void *state, int n_threads, uint32_t ubatch,
                                  void **out) {
     const kvt_q35 *q = state;
-    (void)n_threads;
     *out = NULL;
     const kvt_hparams *hp = kvt_model_hparams(m);
     kvt_q35_ctx *qc = calloc(1, sizeof *qc);
@@ -320,17 +361,20 @@ static kvt_status q35_ctx_create(const kvt_model *m, const void *state, int n_th
     qc->ff_g = fbuf(U * hp->n_ff);
     qc->ff_u = fbuf(U * hp->n_ff);
     qc->rope_cs = fbuf(U * hp->n_rot);
-    size_t ab = kvt_act_bytes(kvt_model_output(m)->type, E, U);
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const q35_layer *w = &q->layers[il];
-        const kvt_wmat *ws[] = {&w->gate, &w->up, &w->down, &w->wq, &w->wk, &w->wv, &w->wo,
-                                &w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wout};
-        for (size_t i = 0; i < KVT_ARRAY_LEN(ws); i++)
-            if (ws[i]->data) ab = umax(ab, kvt_act_bytes(ws[i]->type, ws[i]->n_in, U));
-    }
+    const size_t ab = act_bytes(m, q, U);
     bool ok = qc->x && qc->xn && qc->tmp && qc->big && qc->conv && qc->z && qc->ba && qc->bb && qc->o && qc->qa &&
               qc->gt && qc->ff_g && qc->ff_u && qc->rope_cs;
     for (int i = 0; i < Q35_MAX_MM && ok; i++) ok = (qc->act[i] = kvt_aligned_alloc(64, ab + 64)) != NULL;
+    if (ok && n_threads > 1) {
+        const size_t R = Q35_REPL_ROWS, abr = act_bytes(m, q, R);
+        ok = (qc->tb = calloc((size_t)n_threads, sizeof *qc->tb)) != NULL;
+        if (ok) qc->n_tb = n_threads;
+        for (int t = 0; t < n_threads && ok; t++) {
+            struct q35_tbuf *tb = &qc->tb[t];
+            ok = (tb->x = fbuf(R * E)) && (tb->xn = fbuf(R * E));
+            for (int i = 0; i < Q35_MAX_MM && ok; i++) ok = (tb->act[i] = kvt_aligned_alloc(64, abr + 64)) != NULL;
+        }
+    }
     if (!ok) {
         q35_ctx_free(qc);
         return KVT_ERR_NOMEM;
@@ -353,73 +397,128 @@ static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); 
 
 /* (RMSNorm, NeoX RoPE and the row split are model.c's: kvt_rmsnorm, kvt_rope_apply, kvt_split_range.) */
 
-/* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): model.c's group helpers, as for
- * the dense layers (rows quantized in parallel once per activation format, then each thread's
- * output columns; repacked weights for chunks, bit-identical to the row-major decode GEMV). Ends
- * with a barrier. */
-_Static_assert(Q35_MAX_MM <= KVT_MAX_GROUP, "qwen35 groups must fit model.c's group helpers");
-static void mm(kvt_q35_ctx *c, const kvt_wmat *const *ws, float *const *ys, int nw, const float *x, uint32_t n,
-               int ith, int nth) {
+/* One thread's view of a chunk (see the top): replicated or split, the residual stream, normed rows
+ * and activation buffers it works on (its own or the shared ones), and the rows [r0, r1) of its
+ * row ops on them (all rows when replicated). */
+typedef struct q35_view {
+    int ith, nth;
+    bool repl;
+    float *x, *xn;
+    void *const *act;
     uint32_t r0, r1;
-    kvt_split_range(n, ith, nth, &r0, &r1);
-    kvt_quantize_rows(c->act, ws, nw, x, r0, r1);
-    kvt_threadpool_barrier(c->tp);
-    kvt_matmul_group(c->act, ws, ys, nw, n, ith, nth);
+} q35_view;
+
+/* y_i = W_i x for nw matrices sharing the input x (n rows of n_in): model.c's group helpers, as for
+ * the dense layers (rows quantized once per activation format, then each thread's output columns;
+ * repacked weights for chunks, bit-identical to the row-major decode GEMV). Split: the rows are
+ * quantized in parallel into the shared buffers, then a barrier; replicated: every thread quantizes
+ * every row into its own. No barrier after the products (mm adds it). */
+_Static_assert(Q35_MAX_MM <= KVT_MAX_GROUP, "qwen35 groups must fit model.c's group helpers");
+static void mm_open(kvt_q35_ctx *c, const q35_view *v, const kvt_wmat *const *ws, float *const *ys, int nw,
+                    const float *x, uint32_t n) {
+    uint32_t r0 = 0, r1 = n;
+    if (!v->repl) kvt_split_range(n, v->ith, v->nth, &r0, &r1);
+    kvt_quantize_rows(v->act, ws, nw, x, r0, r1);
+    if (!v->repl) kvt_threadpool_barrier(c->tp);
+    kvt_matmul_group(v->act, ws, ys, nw, n, v->ith, v->nth);
+}
+
+/* mm_open, then a barrier: every thread's columns of ys are written. */
+static void mm(kvt_q35_ctx *c, const q35_view *v, const kvt_wmat *const *ws, float *const *ys, int nw,
+               const float *x, uint32_t n) {
+    mm_open(c, v, ws, ys, nw, x, n);
     kvt_threadpool_barrier(c->tp);
 }
 
 
-static void attn_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith, int nth) {
+/* Query head h of row r: [q|gate] split into qa and gt, q's RMSNorm and rotation. */
+static void attn_q_head(kvt_q35_ctx *c, const q35_layer *w, uint32_t r, uint32_t h) {
     const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const uint32_t HD = hp->head_dim, QD = hp->n_head * HD;
+    const float *qg = c->big + (size_t)r * 2 * QD + (size_t)h * 2 * HD;
+    float *qh = c->qa + (size_t)r * QD + h * HD;
+    memcpy(qh, qg, HD * sizeof(float));
+    memcpy(c->gt + (size_t)r * QD + h * HD, qg + HD, HD * sizeof(float));
+    kvt_rmsnorm(qh, qh, w->q_norm, HD, hp->norm_eps);
+    kvt_rope_apply(qh, c->rope_cs + (size_t)r * hp->n_rot, hp->n_rot, true);
+}
+
+/* KV head h of row r's key: RMSNorm and rotation. */
+static void attn_k_head(kvt_q35_ctx *c, const q35_layer *w, float *kb, uint32_t r, uint32_t h) {
+    const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const uint32_t HD = hp->head_dim;
+    float *kh = kb + (size_t)r * hp->n_head_kv * HD + h * HD;
+    kvt_rmsnorm(kh, kh, w->k_norm, HD, hp->norm_eps);
+    kvt_rope_apply(kh, c->rope_cs + (size_t)r * hp->n_rot, hp->n_rot, true);
+}
+
+/* The gated attention mixer from the attention-normed rows in v->xn into c->tmp (ends on a barrier).
+ * Replicated, each thread runs its query heads from the projections to the gate and its KV heads'
+ * keys and writes (kv.h: distinct heads may be written concurrently): 4 barriers. Split: rows, then
+ * the writes on thread 0, then the query heads. Every element gets the same operations either way. */
+static void attn_layer(kvt_q35_ctx *c, const q35_view *v, uint32_t il, const q35_layer *w) {
+    const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const int ith = v->ith, nth = v->nth;
     const uint32_t n = c->n, HD = hp->head_dim, NH = hp->n_head, NKV = hp->n_head_kv;
     const uint32_t QD = NH * HD, KD = NKV * HD;
     float *kb = c->conv, *vb = c->conv + (size_t)c->ubatch * KD;
     const kvt_wmat *ws[3] = {&w->wq, &w->wk, &w->wv};
     float *ys[3] = {c->big, kb, vb};
-    mm(c, ws, ys, 3, c->xn, n, ith, nth);
+    mm(c, v, ws, ys, 3, v->xn, n);
+    uint32_t h0, h1; /* this thread's query heads (attention and, replicated, their rows' work) */
+    kvt_split_range(NH, ith, nth, &h0, &h1);
     uint32_t r0, r1;
     kvt_split_range(n, ith, nth, &r0, &r1);
-    for (uint32_t r = r0; r < r1; r++) {
-        const float *qg = c->big + (size_t)r * 2 * QD, *cs = c->rope_cs + (size_t)r * hp->n_rot;
-        float *qr = c->qa + (size_t)r * QD, *gr = c->gt + (size_t)r * QD, *kr = kb + (size_t)r * KD;
-        for (uint32_t h = 0; h < NH; h++) {
-            memcpy(qr + h * HD, qg + (size_t)h * 2 * HD, HD * sizeof(float));
-            memcpy(gr + h * HD, qg + (size_t)h * 2 * HD + HD, HD * sizeof(float));
-            kvt_rmsnorm(qr + h * HD, qr + h * HD, w->q_norm, HD, hp->norm_eps);
-            kvt_rope_apply(qr + h * HD, cs, hp->n_rot, true);
+    if (v->repl) {
+        uint32_t k0, k1;
+        kvt_split_range(NKV, ith, nth, &k0, &k1);
+        for (uint32_t r = 0; r < n; r++) {
+            for (uint32_t h = h0; h < h1; h++) attn_q_head(c, w, r, h);
+            for (uint32_t h = k0; h < k1; h++) attn_k_head(c, w, kb, r, h);
+            if (k0 < k1)
+                kvt_seq_write_kv_heads(c->seq, il, c->pos0 + r, kb + (size_t)r * KD, vb + (size_t)r * KD, k0, k1);
         }
-        for (uint32_t h = 0; h < NKV; h++) {
-            kvt_rmsnorm(kr + h * HD, kr + h * HD, w->k_norm, HD, hp->norm_eps);
-            kvt_rope_apply(kr + h * HD, cs, hp->n_rot, true);
+    } else {
+        for (uint32_t r = r0; r < r1; r++) {
+            for (uint32_t h = 0; h < NH; h++) attn_q_head(c, w, r, h);
+            for (uint32_t h = 0; h < NKV; h++) attn_k_head(c, w, kb, r, h);
         }
+        kvt_threadpool_barrier(c->tp);
+        if (ith == 0) /* one writer per sequence (kv.h) */
+            for (uint32_t r = 0; r < n; r++)
+                kvt_seq_write_kv(c->seq, il, c->pos0 + r, kb + (size_t)r * KD, vb + (size_t)r * KD);
     }
     kvt_threadpool_barrier(c->tp);
-    if (ith == 0) /* one writer per sequence (kv.h) */
-        for (uint32_t r = 0; r < n; r++)
-            kvt_seq_write_kv(c->seq, il, c->pos0 + r, kb + (size_t)r * KD, vb + (size_t)r * KD);
-    kvt_threadpool_barrier(c->tp);
-    uint32_t h0, h1;
-    kvt_split_range(NH, ith, nth, &h0, &h1);
     if (h0 < h1)
         kvt_attention(c->seq, il, c->qa, n, QD, c->pos0, NH, 1.0f / sqrtf((float)HD), h0, h1, c->o, QD,
                       c->att_scratch[ith]);
-    kvt_threadpool_barrier(c->tp);
-    for (uint32_t r = r0; r < r1; r++) kvt_dn_sigmoid_mul(c->impl, c->o + (size_t)r * QD, c->gt + (size_t)r * QD, c->o + (size_t)r * QD, QD);
+    if (v->repl) { /* the gate on this thread's own heads' outputs */
+        for (uint32_t r = 0; r < n && h0 < h1; r++) {
+            float *o = c->o + (size_t)r * QD + h0 * HD;
+            kvt_dn_sigmoid_mul(c->impl, o, c->gt + (size_t)r * QD + h0 * HD, o, (h1 - h0) * HD);
+        }
+    } else {
+        kvt_threadpool_barrier(c->tp);
+        for (uint32_t r = r0; r < r1; r++)
+            kvt_dn_sigmoid_mul(c->impl, c->o + (size_t)r * QD, c->gt + (size_t)r * QD, c->o + (size_t)r * QD, QD);
+    }
     const kvt_wmat *wo[1] = {&w->wo};
     float *to[1] = {c->tmp};
     kvt_threadpool_barrier(c->tp);
-    mm(c, wo, to, 1, c->o, n, ith, nth);
+    mm(c, v, wo, to, 1, c->o, n);
 }
 
-static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int ith, int nth) {
+/* The DeltaNet mixer from the attention-normed rows in v->xn into c->tmp (ends on a barrier). */
+static void deltanet_layer(kvt_q35_ctx *c, const q35_view *v, uint32_t il, const q35_layer *w) {
     const kvt_hparams *hp = kvt_model_hparams(c->m);
+    const int ith = v->ith, nth = v->nth;
     const kvt_dn_dims *dm = &c->q->dn;
     const uint32_t n = c->n, d = dm->d, HK = dm->n_k_heads, HV = dm->n_v_heads, CD = kvt_dn_conv_dim(dm);
     const uint32_t VD = HV * d;
     float *state = (float *)kvt_seq_state(c->seq, il);
     const kvt_wmat *ws[4] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha};
     float *ys[4] = {c->big, c->z, c->bb, c->ba};
-    mm(c, ws, ys, 4, c->xn, n, ith, nth);
+    mm(c, v, ws, ys, 4, v->xn, n);
     uint32_t h0, h1;
     kvt_split_range(HV, ith, nth, &h0, &h1);
     if (HV == HK) {
@@ -478,7 +577,7 @@ static void deltanet_layer(kvt_q35_ctx *c, uint32_t il, const q35_layer *w, int 
     }
     const kvt_wmat *wo[1] = {&w->wout};
     float *to[1] = {c->tmp};
-    mm(c, wo, to, 1, c->o, n, ith, nth);
+    mm(c, v, wo, to, 1, c->o, n);
 }
 
 static void chunk_fn(void *arg, int ith, int nth) {
@@ -488,11 +587,21 @@ static void chunk_fn(void *arg, int ith, int nth) {
     const kvt_q35 *q = c->q;
     const uint32_t n = c->n, E = hp->n_embd, F = hp->n_ff, half = hp->n_rot / 2;
     const kvt_wmat *emb = kvt_model_tok_embd(m);
-    uint32_t r0, r1;
-    kvt_split_range(n, ith, nth, &r0, &r1);
-    for (uint32_t r = r0; r < r1; r++) {
+    const bool repl = nth > 1 && n <= Q35_REPL_ROWS && ith < c->n_tb;
+    q35_view v = {.ith = ith, .nth = nth, .repl = repl, .x = c->x, .xn = c->xn, .act = c->act, .r0 = 0, .r1 = n};
+    if (repl) {
+        v.x = c->tb[ith].x, v.xn = c->tb[ith].xn, v.act = c->tb[ith].act;
+    } else {
+        kvt_split_range(n, ith, nth, &v.r0, &v.r1);
+    }
+    float *X = v.x, *XN = v.xn;
+    const uint32_t r0 = v.r0, r1 = v.r1;
+    uint32_t s0, s1; /* the RoPE tables are shared: each row's by one thread */
+    kvt_split_range(n, ith, nth, &s0, &s1);
+    for (uint32_t r = r0; r < r1; r++)
         kvt_dequant_row(emb->type, (const uint8_t *)emb->data + (uint64_t)c->tokens[r] * emb->row_bytes,
-                        c->x + (size_t)r * E, E);
+                        X + (size_t)r * E, E);
+    for (uint32_t r = s0; r < s1; r++) {
         float *cs = c->rope_cs + (size_t)r * hp->n_rot;
         for (uint32_t i = 0; i < half; i++) {
             const double th = (double)(c->pos0 + r) * q->inv_freq[i];
@@ -502,39 +611,51 @@ static void chunk_fn(void *arg, int ith, int nth) {
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const q35_layer *w = &q->layers[il];
-        for (uint32_t r = r0; r < r1; r++) kvt_rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, w->attn_norm, E, hp->norm_eps);
-        kvt_threadpool_barrier(c->tp);
-        if (w->attn) attn_layer(c, il, w, ith, nth);
-        else deltanet_layer(c, il, w, ith, nth);
+        for (uint32_t r = r0; r < r1; r++) kvt_rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, w->attn_norm, E, hp->norm_eps);
+        /* split: the normed rows are shared (the RoPE tables, written above by row, are read by
+         * other threads only after the barrier ending the first Q/K/V products) */
+        if (!repl) kvt_threadpool_barrier(c->tp);
+        if (w->attn) attn_layer(c, &v, il, w);
+        else deltanet_layer(c, &v, il, w);
         for (uint32_t r = r0; r < r1; r++) {
-            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
-            kvt_rmsnorm(c->xn + (size_t)r * E, xr, w->ffn_norm, E, hp->norm_eps);
+            kvt_rmsnorm(XN + (size_t)r * E, xr, w->ffn_norm, E, hp->norm_eps);
         }
-        kvt_threadpool_barrier(c->tp);
+        if (!repl) kvt_threadpool_barrier(c->tp);
         const kvt_wmat *gu[2] = {&w->gate, &w->up};
         float *gu_out[2] = {c->ff_g, c->ff_u};
-        mm(c, gu, gu_out, 2, c->xn, n, ith, nth);
-        for (uint32_t r = r0; r < r1; r++) {
-            float *g = c->ff_g + (size_t)r * F, *u = c->ff_u + (size_t)r * F;
-            kvt_dn_silu_mul(c->impl, g, g, u, F);
+        if (repl) { /* the gated activation on this thread's own gate/up columns */
+            mm_open(c, &v, gu, gu_out, 2, XN, n);
+            int64_t o0, o1;
+            kvt_col_range(F, ith, nth, &o0, &o1);
+            for (uint32_t r = 0; r < n && o0 < o1; r++) {
+                float *g = c->ff_g + (size_t)r * F + o0, *u = c->ff_u + (size_t)r * F + o0;
+                kvt_dn_silu_mul(c->impl, g, g, u, (uint32_t)(o1 - o0));
+            }
+        } else {
+            mm(c, &v, gu, gu_out, 2, XN, n);
+            for (uint32_t r = r0; r < r1; r++) {
+                float *g = c->ff_g + (size_t)r * F, *u = c->ff_u + (size_t)r * F;
+                kvt_dn_silu_mul(c->impl, g, g, u, F);
+            }
         }
         kvt_threadpool_barrier(c->tp);
         const kvt_wmat *dn[1] = {&w->down};
         float *dn_out[1] = {c->tmp};
-        mm(c, dn, dn_out, 1, c->ff_g, n, ith, nth);
+        mm(c, &v, dn, dn_out, 1, c->ff_g, n);
         for (uint32_t r = r0; r < r1; r++) {
-            float *xr = c->x + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
+            float *xr = X + (size_t)r * E, *tr = c->tmp + (size_t)r * E;
             for (uint32_t i = 0; i < E; i++) xr[i] += tr[i];
         }
     }
     const uint32_t first = c->all_logits ? 0 : n - 1;
     for (uint32_t r = r0; r < r1; r++)
-        if (r >= first) kvt_rmsnorm(c->xn + (size_t)r * E, c->x + (size_t)r * E, kvt_model_output_norm(m), E, hp->norm_eps);
-    kvt_threadpool_barrier(c->tp);
+        if (r >= first) kvt_rmsnorm(XN + (size_t)r * E, X + (size_t)r * E, kvt_model_output_norm(m), E, hp->norm_eps);
+    if (!repl) kvt_threadpool_barrier(c->tp);
     const kvt_wmat *ow[1] = {kvt_model_output(m)};
     float *lo[1] = {c->logits};
-    mm(c, ow, lo, 1, c->xn + (size_t)first * E, n - first, ith, nth);
+    mm(c, &v, ow, lo, 1, XN + (size_t)first * E, n - first);
 }
 
 static kvt_status q35_forward(void *ctx_state, kvt_threadpool *tp, float *const *att_scratch, kvt_seq *seq,
