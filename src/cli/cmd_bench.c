@@ -1,9 +1,9 @@
 /* cmd_bench.c — `kvtier bench`: the measurement modes behind bench/run-all and docs/benchmarks.md.
  *
  *   (default)        throughput: prefill pp and decode tg, median of -r runs, like llama-bench;
- *                    decode also as bytes read per token (weights + KV) and the fraction of the
- *                    machine's memory bandwidth they use (kernels/membw.h, measured after every
- *                    repetition with the same thread count; --membw-mib 0 skips it);
+ *                    decode also as bytes read per token (weights + KV + recurrent state) and the
+ *                    fraction of the machine's memory bandwidth they use (kernels/membw.h, measured
+ *                    after every repetition with the same thread count; --membw-mib 0 skips it);
  *   --membw          the memory bandwidth alone (read and triad, -t threads, median of -r runs);
  *   --cache          TTFT cold vs exact repeat vs shared prefix + new suffix (RAM tier), side by side;
  *   --decode-at N    prefill N tokens once, then decode -n tokens -r times at that depth (exact-repeat
@@ -105,14 +105,17 @@ static const char *tier_name(kvt_tier t) { return t == KVT_TIER_RAM ? "ram" : t 
 /* Steady-state KV bytes per token of the layout the engine builds for these options, computed from
  * the model's layer descriptions (the weights are mmapped, so loading a second kvt_model is cheap).
  * force_full turns every sliding-window layer into a full-attention one: the "same model with a
- * full cache" figure. --kv-quant config is not resolved here (returns 0). */
-static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, uint32_t *n_window_layers) {
+ * full cache" figure. state_bytes (optional): the recurrent state of one sequence (0 without
+ * recurrent layers). --kv-quant config is not resolved here (returns 0). */
+static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, uint32_t *n_window_layers,
+                                     double *state_bytes) {
     char err[256];
     kvt_gguf *g = NULL;
     kvt_model *m = NULL;
     kvt_kv_layout *l = NULL;
     double bpt = 0;
     if (n_window_layers) *n_window_layers = 0;
+    if (state_bytes) *state_bytes = 0;
     const char *q = o->kv_quant ? o->kv_quant : "off";
     if (!strcmp(q, "config")) return 0;
     if (kvt_gguf_open(o->model_path, &g, err, sizeof err) != KVT_OK) return 0;
@@ -136,7 +139,10 @@ static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, 
             }
         }
         if (kvt_kv_layout_create(descs, hp->n_layer, o->block_tokens ? o->block_tokens : 256, base, 0, &l, err, sizeof err) == KVT_OK)
+        {
             bpt = kvt_kv_layout_bytes_per_token(l);
+            if (state_bytes) *state_bytes = (double)kvt_kv_layout_state_bytes(l);
+        }
     }
     free(codecs);
     free(descs);
@@ -164,8 +170,10 @@ static kvt_engine *open_engine(const kvt_engine_opts *o) {
 
 /* ---- decode against the memory-bandwidth limit ------------------------------------------------
  *
- * A single-row decode step reads every weight once (kvt_model_decode_bytes) and the KV of every
- * cached position (layout bytes/token x depth); bytes/token x tok/s over the measured read bandwidth
+ * A single-row decode step reads every weight once (kvt_model_decode_bytes), the KV of every cached
+ * position (layout bytes/token x depth) and the recurrent layers' state, counted whole (an upper
+ * bound: a DeltaNet step reads its conv window and state matrices and on average about half of its
+ * chunk buffers; the writes back are not counted); bytes/token x tok/s over the measured read bandwidth
  * is the fraction of the physical limit decode reaches. The bandwidth is measured with the same
  * thread count right after each decode repetition (so load from other processes falls on both
  * alike); the fraction is the median of the per-repetition fractions. */
@@ -229,12 +237,13 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
     kvt_engine_opts o = *o_in;
     if (n_g < 2) n_g = 2;
     if (!o.n_ctx) o.n_ctx = depth + n_g + 16;
-    /* bytes one decode step reads: the weights, and the KV of depth + n_g / 2 positions on average
-     * (computed before the engine opens: the layout needs a loaded model, and two at once would
-     * double the peak memory) */
+    /* bytes one decode step reads: the weights, the KV of depth + n_g / 2 positions on average and
+     * the recurrent state (computed before the engine opens: the layout needs a loaded model, and
+     * two at once would double the peak memory) */
     uint32_t n_win = 0;
-    const double bpt = layout_bytes_per_token(&o, false, &n_win);
-    const double wbytes = decode_weight_bytes(&o), step_bytes = wbytes + bpt * (depth + n_g / 2.0);
+    double sbytes = 0;
+    const double bpt = layout_bytes_per_token(&o, false, &n_win, &sbytes);
+    const double wbytes = decode_weight_bytes(&o), step_bytes = wbytes + sbytes + bpt * (depth + n_g / 2.0);
     kvt_engine *e = open_engine(&o);
     if (!e) return 1;
     const bool cache_on = o.prompt_cache_gb > 0;
@@ -279,7 +288,7 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
     }
     kvt_engine_stats st;
     kvt_engine_stats_get(e, &st);
-    const double bpt_full = n_win ? layout_bytes_per_token(&o, true, NULL) : bpt;
+    const double bpt_full = n_win ? layout_bytes_per_token(&o, true, NULL, NULL) : bpt;
     const double toks = (double)depth + n_g - 1; /* the last sampled token is never forwarded */
     const double dmed = median(dec, reps);
     const double bw_med = n_bw ? median(bw, n_bw) : 0, frac_med = n_bw ? median(frac, n_bw) : 0;
@@ -296,9 +305,9 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
                o.n_threads, depth, n_g, reps, cold ? "true" : "false", cache_on ? "true" : "false", prefill_tps, ttft0,
                dec0, dmed, reused_last, bpt, (unsigned long long)peak0, peak0 / toks, n_win, bpt_full, bpt_full * toks,
                (unsigned long long)st.pool_peak_bytes, (unsigned long long)st.ssd_bytes);
-        printf(",\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,\"membw_read_gbs\":%.2f,"
-               "\"decode_bw_fraction\":%.4f}\n",
-               wbytes, bpt * (depth + n_g / 2.0), bw_med, frac_med);
+        printf(",\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,\"decode_state_bytes\":%.0f,"
+               "\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f}\n",
+               wbytes, bpt * (depth + n_g / 2.0), sbytes, bw_med, frac_med);
     } else {
         printf("decode at depth %u (%s, %d threads): prefill %.1f t/s, decode %.2f t/s (median of %u; first %.2f)\n", depth,
                st.scheme, o.n_threads, prefill_tps, dmed, reps, dec0);
@@ -307,10 +316,14 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
             printf("; %u sliding-window layers: a full cache would be %.1f bytes/token = %.2f MiB (computed)", n_win, bpt_full,
                    bpt_full * toks / 1048576.0);
         printf("\n");
-        if (n_bw)
-            printf("decode reads %.1f MB/token (weights %.1f + KV %.1f) = %.2f GB/s at the median, %.1f%% of the measured "
-                   "read bandwidth %.2f GB/s (median of per-repetition fractions)\n",
-                   step_bytes / 1e6, wbytes / 1e6, (step_bytes - wbytes) / 1e6, step_bytes * dmed / 1e9, 100 * frac_med, bw_med);
+        if (n_bw) {
+            printf("decode reads %.1f MB/token (weights %.1f + KV %.1f", step_bytes / 1e6, wbytes / 1e6,
+                   (step_bytes - wbytes - sbytes) / 1e6);
+            if (sbytes > 0) printf(" + recurrent state %.1f", sbytes / 1e6);
+            printf(") = %.2f GB/s at the median, %.1f%% of the measured read bandwidth %.2f GB/s (median of "
+                   "per-repetition fractions)\n",
+                   step_bytes * dmed / 1e9, 100 * frac_med, bw_med);
+        }
     }
 out:
     free(ids);
@@ -696,7 +709,7 @@ static void print_flush(kvt_engine *e, const kvt_engine_opts *o, double create_m
                "\"ssd_failed\":%llu,\"kv_bytes_per_token_layout\":%.1f,\"pool_peak_bytes\":%llu}\n",
                create_ms, flush_ms, fr.durable ? "true" : "false", (unsigned long long)st.ssd_entries,
                (unsigned long long)st.ssd_bytes, (unsigned long long)st.ssd_dropped, (unsigned long long)st.ssd_failed,
-               layout_bytes_per_token(o, false, NULL), (unsigned long long)st.pool_peak_bytes);
+               layout_bytes_per_token(o, false, NULL, NULL), (unsigned long long)st.pool_peak_bytes);
     else
         printf("engine create %.1f ms; flush %.1f ms (durable %s); SSD %llu entries, %.2f MiB\n", create_ms, flush_ms,
                fr.durable ? "yes" : "no", (unsigned long long)st.ssd_entries, st.ssd_bytes / 1048576.0);
@@ -725,7 +738,7 @@ static int bench_once(const kvt_engine_opts *o_in, uint32_t n_p, uint32_t n_g, u
         fprintf(stderr, "kvtier bench: %s\n", err);
         rc = 1;
     } else {
-        const double bpt = layout_bytes_per_token(&o, false, NULL);
+        const double bpt = layout_bytes_per_token(&o, false, NULL, NULL);
         const double mb = res.n_reused * bpt / 1e6;
         if (json)
             printf("{\"mode\":\"once\",\"n_prompt\":%u,\"n_gen\":%u,\"ttft_ms\":%.2f,\"n_reused\":%u,\"reused_from\":\"%s\","
@@ -805,7 +818,7 @@ static int bench_turns(const kvt_engine_opts *o_in, uint32_t turns, uint32_t n_p
         len += add;
     }
     if (rc == 0) {
-        const double bpt = layout_bytes_per_token(&o, false, NULL);
+        const double bpt = layout_bytes_per_token(&o, false, NULL, NULL);
         if (json)
             printf("],\"sum_prompt_tokens\":%llu,\"sum_reused_tokens\":%llu,\"sum_prompt_kv_bytes\":%.0f,\"final_tokens\":%u,"
                    "\"mean_decode_tps\":%.2f,\"mean_ttft_ms\":%.1f",
@@ -889,11 +902,14 @@ static int bench_cmd(int argc, char **argv) {
     if (once) return bench_once(&eo, n_p, n_g, pseed, json);
     if (turns) return bench_turns(&eo, turns, n_p, n_g, suffix, pseed, restart_after, json);
     if (!eo.n_ctx) eo.n_ctx = n_p + n_g + suffix + 16;
-    /* decode bytes per token: the weights, and the KV of n_p + n_g / 2 positions on average (the
-     * layout needs a loaded model: computed before the engine opens, so the two never coexist) */
+    /* decode bytes per token: the weights, the KV of n_p + n_g / 2 positions on average and the
+     * recurrent state (the layout needs a loaded model: computed before the engine opens, so the two
+     * never coexist) */
     const bool bw_on = !cache && n_g > 0 && bw_mib > 0;
-    const double wbytes = bw_on ? decode_weight_bytes(&eo) : 0, kv_bpt = bw_on ? layout_bytes_per_token(&eo, false, NULL) : 0;
-    const double kvb = kv_bpt * (n_p + n_g / 2.0), step_bytes = wbytes + kvb;
+    double sbytes = 0;
+    const double wbytes = bw_on ? decode_weight_bytes(&eo) : 0;
+    const double kv_bpt = bw_on ? layout_bytes_per_token(&eo, false, NULL, &sbytes) : 0;
+    const double kvb = kv_bpt * (n_p + n_g / 2.0), step_bytes = wbytes + kvb + sbytes;
     char err[512] = "";
     kvt_engine *e = NULL;
     if (kvt_engine_create(&eo, &e, err, sizeof err) != KVT_OK) {
@@ -946,8 +962,9 @@ static int bench_cmd(int argc, char **argv) {
         if (json) {
             printf("{\"model\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"reps\":%u,"
                    "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_bytes\":%.0f,\"decode_kv_bytes_per_token\":%.0f,"
-                   "\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f",
-                   kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, n_g, reps, mpp, mtg, wbytes, kvb, bw_med, frac_med);
+                   "\"decode_state_bytes\":%.0f,\"membw_read_gbs\":%.2f,\"decode_bw_fraction\":%.4f",
+                   kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, n_g, reps, mpp, mtg, wbytes, kvb, sbytes, bw_med,
+                   frac_med);
             if (st.spec_enabled)
                 printf(",\"draft_max\":%u,\"spec_proposed\":%llu,\"spec_accepted\":%llu,\"spec_acceptance_rate\":%.4f,"
                        "\"spec_draft_time_share\":%.4f",
@@ -958,11 +975,13 @@ static int bench_cmd(int argc, char **argv) {
             printf("| model | threads | kv | test | t/s (median of %u) |\n|---|---|---|---|---|\n", reps);
             printf("| %s | %d | %s | pp%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, mpp);
             printf("| %s | %d | %s | tg%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_g, mtg);
-            if (n_bw)
-                printf("decode reads %.1f MB/token (weights %.1f + KV %.1f) = %.2f GB/s at the median, %.1f%% of the measured "
-                       "read bandwidth %.2f GB/s (%d threads; median of per-repetition fractions)\n",
-                       step_bytes / 1e6, wbytes / 1e6, kvb / 1e6, step_bytes * mtg / 1e9, 100 * frac_med, bw_med,
-                       bench_threads(&eo));
+            if (n_bw) {
+                printf("decode reads %.1f MB/token (weights %.1f + KV %.1f", step_bytes / 1e6, wbytes / 1e6, kvb / 1e6);
+                if (sbytes > 0) printf(" + recurrent state %.1f", sbytes / 1e6);
+                printf(") = %.2f GB/s at the median, %.1f%% of the measured read bandwidth %.2f GB/s (%d threads; median "
+                       "of per-repetition fractions)\n",
+                       step_bytes * mtg / 1e9, 100 * frac_med, bw_med, bench_threads(&eo));
+            }
             if (st.spec_enabled)
                 printf("speculative (--draft-max %u): %llu of %llu draft tokens accepted (%.1f%%), %.1f%% of decode time in "
                        "the draft\n",

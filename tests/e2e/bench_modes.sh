@@ -8,7 +8,8 @@
 #   --turns: later turns reuse the previous turn's prefix;
 #   --cache: exact repeat reuses the prompt;
 #   --membw and the decode bandwidth fields: a positive bandwidth, weight bytes within the file, the
-#   KV read of a depth-40 decode, and a fraction consistent with bytes x tok/s / bandwidth.
+#   KV read of a depth-40 decode, a hybrid model's recurrent state (none for a dense one), and a
+#   fraction consistent with bytes x tok/s / bandwidth.
 set -u
 BUILD=${BUILD:-build}
 KV=$BUILD/kvtier
@@ -40,8 +41,17 @@ check "decode-at: weight and KV bytes read per token" jq -e --argjson fsz "$fsz"
 bw=$("$KV" bench --membw -t 1 -r 2 --membw-mib 64 --json 2>/dev/null)
 check "membw json" jq -e '.mode == "membw" and .threads == 1 and .read_gbs > 0 and .triad_gbs > 0 and .runs == 2' <<<"$bw"
 tg=$("${B[@]}" -p 8 -n 4 -r 2 --membw-mib 64 2>/dev/null)
-check "decode bandwidth fraction" jq -e '.membw_read_gbs > 0 and .decode_bw_fraction > 0 and
+check "decode bandwidth fraction" jq -e '.membw_read_gbs > 0 and .decode_bw_fraction > 0 and .decode_state_bytes == 0 and
   ((.decode_weight_bytes + .decode_kv_bytes_per_token) * .decode_tps / (.membw_read_gbs * 1e9) / .decode_bw_fraction | . > 0.2 and . < 5)' <<<"$tg"
+# a hybrid model reads its recurrent state every step: counted in the bytes and the fraction
+H=$T/tiny-qwen35.gguf
+"$KV" gen-model --arch qwen35 --shape tiny --type q8_0 -o "$H" >/dev/null 2>&1 || { echo "FAIL gen-model qwen35"; exit 1; }
+for mode in "-p 8" "--decode-at 8"; do
+  hs=$("$KV" bench -m "$H" -t 1 --block-tokens 16 --json $mode -n 4 -r 1 --membw-mib 64 2>/dev/null)
+  check "recurrent state bytes ($mode)" jq -e '.decode_state_bytes > 0 and .decode_bw_fraction > 0 and
+    ((.decode_weight_bytes + .decode_kv_bytes_per_token + .decode_state_bytes) * .decode_tps / (.membw_read_gbs * 1e9)
+     / .decode_bw_fraction | . > 0.2 and . < 5)' <<<"$hs"
+done
 t0=$("${B[@]}" -p 8 -n 4 -r 1 --membw-mib 0 2>/dev/null)
 check "membw-mib 0 skips the probe" jq -e '.membw_read_gbs == 0 and .decode_bw_fraction == 0' <<<"$t0"
 sw=$("${BG[@]}" --decode-at 400 -n 4 -r 1 --ubatch 16 --prompt-cache 0 2>/dev/null)
