@@ -23,7 +23,7 @@
  *  - replicated (decode: up to Q35_REPL_ROWS rows, several threads): every thread keeps its own
  *    x/xn and quantizes every row's activations into its own buffers, so a matmul starts with no
  *    barrier before it, and the FFN's gated activation runs on each thread's own gate/up columns:
- *    5 barriers a DeltaNet layer (H_v == H_k) instead of 12, 7 an attention layer instead of 14.
+ *    5 barriers a DeltaNet layer (H_v == H_k) instead of 12, 6 an attention layer instead of 15.
  * A shared buffer written by a matmul or the DeltaNet core (big, z, bb, ba, o, tmp, ff_g/ff_u) is
  * read by other threads only after the barrier that follows the write, and written again only
  * after a later barrier.
