@@ -587,7 +587,7 @@ static void chunk_fn(void *arg, int ith, int nth) {
     const kvt_q35 *q = c->q;
     const uint32_t n = c->n, E = hp->n_embd, F = hp->n_ff, half = hp->n_rot / 2;
     const kvt_wmat *emb = kvt_model_tok_embd(m);
-    const bool repl = nth > 1 && n <= Q35_REPL_ROWS && ith < c->n_tb;
+    const bool repl = nth > 1 && n <= Q35_REPL_ROWS && nth <= c->n_tb; /* the same on every thread */
     q35_view v = {.ith = ith, .nth = nth, .repl = repl, .x = c->x, .xn = c->xn, .act = c->act, .r0 = 0, .r1 = n};
     if (repl) {
         v.x = c->tb[ith].x, v.xn = c->tb[ith].xn, v.act = c->tb[ith].act;
