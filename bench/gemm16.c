@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench_util.h"
 #include "kernels/quant.h"
 
 int main(int argc, char **argv) {
@@ -28,14 +29,8 @@ int main(int argc, char **argv) {
     for (int t = 0; t < 2; t++) {
         const uint32_t ty = t ? KVT_TYPE_F16X : KVT_TYPE_F16;
         const void *M = t ? (const void *)W : (const void *)w;
-        double best = 1e30;
-        const double end = kvt_now_ms() + 600;
-        while (kvt_now_ms() < end) {
-            const double a = kvt_now_ms();
-            kvt_matmul_rows(ty, M, n_in, x, n_rows, y, n_out, 0, n_out);
-            const double d = kvt_now_ms() - a;
-            if (d < best) best = d;
-        }
+        double best;
+        BENCH_BEST_MS(best, 600, kvt_matmul_rows(ty, M, n_in, x, n_rows, y, n_out, 0, n_out));
         printf("%-5s %lld x %lld, %lld rows: %.1f GFLOP/s\n", t ? "f16x" : "f16", (long long)n_in, (long long)n_out,
                (long long)n_rows, 2.0 * (double)n_in * (double)n_out * (double)n_rows / (best * 1e6));
     }

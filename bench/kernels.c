@@ -12,20 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench_util.h"
 #include "kernels/quant.h"
 
-/* best-of timing of f over about 300 ms, GFLOP/s */
+/* best-of timing of CALL over about 300 ms (after one warm-up call), GFLOP/s */
 #define BEST_GFLOPS(CALL, OUT)                                                                        \
     do {                                                                                              \
-        double best_ = 1e30;                                                                          \
+        double ms_;                                                                                   \
         CALL;                                                                                         \
-        const double end_ = kvt_now_ms() + 300;                                                       \
-        while (kvt_now_ms() < end_) {                                                                 \
-            const double a0_ = kvt_now_ms();                                                          \
-            CALL;                                                                                     \
-            if (kvt_now_ms() - a0_ < best_) best_ = kvt_now_ms() - a0_;                               \
-        }                                                                                             \
-        OUT = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (best_ * 1e6);                   \
+        BENCH_BEST_MS(ms_, 300, CALL);                                                                \
+        OUT = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (ms_ * 1e6);                     \
     } while (0)
 
 static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows, double *act_us, double *packed) {
@@ -37,35 +33,17 @@ static double bench_one(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_rows,
     void *wq = malloc(kvt_type_row_bytes(t, n_in) * n_out);
     kvt_quantize_ref(t, w, wq, n_in * n_out);
     void *a = malloc(kvt_act_bytes(t, n_in, n_rows));
-    double t0 = kvt_now_ms();
-    *act_us = 1e30;
-    while (kvt_now_ms() - t0 < 50) {
-        const double a0 = kvt_now_ms();
-        kvt_act_quantize(t, x, n_in, 0, n_rows, a);
-        if ((kvt_now_ms() - a0) * 1000.0 < *act_us) *act_us = (kvt_now_ms() - a0) * 1000.0;
-    }
+    BENCH_BEST_MS(*act_us, 50, kvt_act_quantize(t, x, n_in, 0, n_rows, a));
+    *act_us *= 1000.0;
     kvt_matmul_rows(t, wq, n_in, a, n_rows, y, n_out, 0, n_out); /* warm */
-    /* best of many short timings: the build machine is shared, the minimum is the stable number */
-    double ms = 1e30;
-    const double tend = kvt_now_ms() + 300;
-    while (kvt_now_ms() < tend) {
-        const double a0 = kvt_now_ms();
-        kvt_matmul_rows(t, wq, n_in, a, n_rows, y, n_out, 0, n_out);
-        const double el = kvt_now_ms() - a0;
-        if (el < ms) ms = el;
-    }
+    double ms;
+    BENCH_BEST_MS(ms, 300, kvt_matmul_rows(t, wq, n_in, a, n_rows, y, n_out, 0, n_out));
     *packed = 0;
     kvt_packed *P = kvt_packed_create(t, wq, n_in, n_out);
     if (P) {
-        double pms = 1e30;
+        double pms;
         kvt_matmul_packed(P, a, n_rows, y, n_out, 0, n_out);
-        const double pend = kvt_now_ms() + 300;
-        while (kvt_now_ms() < pend) {
-            const double a0 = kvt_now_ms();
-            kvt_matmul_packed(P, a, n_rows, y, n_out, 0, n_out);
-            const double el = kvt_now_ms() - a0;
-            if (el < pms) pms = el;
-        }
+        BENCH_BEST_MS(pms, 300, kvt_matmul_packed(P, a, n_rows, y, n_out, 0, n_out));
         *packed = 2.0 * (double)n_in * (double)n_out * (double)n_rows / (pms * 1e6);
         kvt_packed_free(P);
     }
