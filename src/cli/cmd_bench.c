@@ -138,8 +138,8 @@ static double layout_bytes_per_token(const kvt_engine_opts *o, bool force_full, 
                 descs[i].window = 0;
             }
         }
-        if (kvt_kv_layout_create(descs, hp->n_layer, o->block_tokens ? o->block_tokens : 256, base, 0, &l, err, sizeof err) == KVT_OK)
-        {
+        if (kvt_kv_layout_create(descs, hp->n_layer, o->block_tokens ? o->block_tokens : 256, base, 0, &l, err, sizeof err) ==
+            KVT_OK) {
             bpt = kvt_kv_layout_bytes_per_token(l);
             if (state_bytes) *state_bytes = (double)kvt_kv_layout_state_bytes(l);
         }
@@ -230,6 +230,19 @@ static int bench_membw(const kvt_engine_opts *o, uint32_t mib, uint32_t reps, bo
     return 0;
 }
 
+/* The text line of a decode's bytes per step (weights, KV, recurrent state when there is any) at tps
+ * steps a second, against the measured read bandwidth bw_gbs (threads > 0: named in the line). */
+static void print_decode_bytes(double wbytes, double kvbytes, double sbytes, double tps, double frac, double bw_gbs,
+                               int threads) {
+    const double step = wbytes + kvbytes + sbytes;
+    printf("decode reads %.1f MB/token (weights %.1f + KV %.1f", step / 1e6, wbytes / 1e6, kvbytes / 1e6);
+    if (sbytes > 0) printf(" + recurrent state %.1f", sbytes / 1e6);
+    printf(") = %.2f GB/s at the median, %.1f%% of the measured read bandwidth %.2f GB/s (", step * tps / 1e9,
+           100 * frac, bw_gbs);
+    if (threads > 0) printf("%d threads; ", threads);
+    printf("median of per-repetition fractions)\n");
+}
+
 /* ---- --decode-at: decode speed and KV footprint at a given depth -------------------------------- */
 
 static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t n_g, uint32_t reps, bool cold, uint32_t bw_mib,
@@ -316,14 +329,7 @@ static int bench_decode_at(const kvt_engine_opts *o_in, uint32_t depth, uint32_t
             printf("; %u sliding-window layers: a full cache would be %.1f bytes/token = %.2f MiB (computed)", n_win, bpt_full,
                    bpt_full * toks / 1048576.0);
         printf("\n");
-        if (n_bw) {
-            printf("decode reads %.1f MB/token (weights %.1f + KV %.1f", step_bytes / 1e6, wbytes / 1e6,
-                   (step_bytes - wbytes - sbytes) / 1e6);
-            if (sbytes > 0) printf(" + recurrent state %.1f", sbytes / 1e6);
-            printf(") = %.2f GB/s at the median, %.1f%% of the measured read bandwidth %.2f GB/s (median of "
-                   "per-repetition fractions)\n",
-                   step_bytes * dmed / 1e9, 100 * frac_med, bw_med);
-        }
+        if (n_bw) print_decode_bytes(wbytes, step_bytes - wbytes - sbytes, sbytes, dmed, frac_med, bw_med, 0);
     }
 out:
     free(ids);
@@ -975,13 +981,7 @@ static int bench_cmd(int argc, char **argv) {
             printf("| model | threads | kv | test | t/s (median of %u) |\n|---|---|---|---|---|\n", reps);
             printf("| %s | %d | %s | pp%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_p, mpp);
             printf("| %s | %d | %s | tg%u | %.2f |\n", kvt_engine_model_name(e), eo.n_threads, st.scheme, n_g, mtg);
-            if (n_bw) {
-                printf("decode reads %.1f MB/token (weights %.1f + KV %.1f", step_bytes / 1e6, wbytes / 1e6, kvb / 1e6);
-                if (sbytes > 0) printf(" + recurrent state %.1f", sbytes / 1e6);
-                printf(") = %.2f GB/s at the median, %.1f%% of the measured read bandwidth %.2f GB/s (%d threads; median "
-                       "of per-repetition fractions)\n",
-                       step_bytes * mtg / 1e9, 100 * frac_med, bw_med, bench_threads(&eo));
-            }
+            if (n_bw) print_decode_bytes(wbytes, kvb, sbytes, mtg, frac_med, bw_med, bench_threads(&eo));
             if (st.spec_enabled)
                 printf("speculative (--draft-max %u): %llu of %llu draft tokens accepted (%.1f%%), %.1f%% of decode time in "
                        "the draft\n",
