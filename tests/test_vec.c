@@ -209,7 +209,7 @@ static float enc_elem(const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
  * rows, rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and
  * zeros included) in rows and scales, and with a continuation (run_end / run_next: where the fetches
  * ahead go past the rows, never what is read) inside the rows, at their end and pointing at an
- * unrelated buffer. A table without them (NULL) runs the references through kvt_vec_*. */
+ * unrelated buffer, or marked cached (no fetches ahead). A table without them (NULL) runs the references through kvt_vec_*. */
 #define RF(k, b, g, d) {.kind = (k), .scale_bf16 = (b), .group = (g), .dim = (d)}
 static void test_enc_rows_equal_ref(void **st) {
     (void)st;
@@ -241,11 +241,12 @@ static void test_enc_rows_equal_ref(void **st) {
         if (!op->dot_enc_qn) continue;
         fused_seen = true;
         assert_non_null(op->axpy_enc_qn);
-        for (size_t fi = 0; fi < 3 * (sizeof fmts / sizeof fmts[0]); fi++) {
-            kvt_vec_rowfmt fc = fmts[fi / 3];
+        for (size_t fi = 0; fi < 4 * (sizeof fmts / sizeof fmts[0]); fi++) {
+            kvt_vec_rowfmt fc = fmts[fi / 4];
             static uint8_t other[4096];
-            if (fi % 3 == 1) fc.run_end = k16 + 3 * RB, fc.run_next = other; /* inside the rows */
-            if (fi % 3 == 2) fc.run_end = k16 + sizeof k16, fc.run_next = k16; /* at their end: wraps */
+            if (fi % 4 == 1) fc.run_end = k16 + 3 * RB, fc.run_next = other; /* inside the rows */
+            if (fi % 4 == 2) fc.run_end = k16 + sizeof k16, fc.run_next = k16; /* at their end: wraps */
+            if (fi % 4 == 3) fc.cached = 1;                                      /* no fetches ahead */
             const kvt_vec_rowfmt *f = &fc;
             const uint32_t n = f->dim;
             const size_t nat = f->kind == KVT_ROWS_F16 ? 2 * (size_t)n

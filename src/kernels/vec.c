@@ -962,6 +962,7 @@ T2I const char *enc_pf_addr(const kvt_vec_rowfmt *f, uintptr_t a) {
 /* f16 rows: the lines of the n bytes at byte address a (a row, or its steps' part), one address
  * test for them all (a row never straddles a run's end). */
 T2I void enc_prefetch_lines(const kvt_vec_rowfmt *f, uintptr_t a, size_t n) {
+    if (f->cached) return;
     const char *pf = enc_pf_addr(f, a);
 #pragma GCC unroll 8
     for (size_t o = 0; o < n; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
@@ -970,6 +971,7 @@ T2I void enc_prefetch_lines(const kvt_vec_rowfmt *f, uintptr_t a, size_t n) {
 /* Fetch dist bytes ahead of the line holding element i's code when that code starts a line of
  * the step sequence, and of an affine row's scales with its first step (d0). */
 T2I void enc_prefetch(int K, const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i, uint32_t d0, size_t dist) {
+    if (f->cached) return;
     const size_t o = enc_off(K, i);
     if ((o & 63) < enc_off(K, 16)) _mm_prefetch(enc_pf_addr(f, (uintptr_t)row + o + dist), _MM_HINT_T0);
     if (K != KVT_ROWS_F16 && i == d0)

@@ -43,6 +43,10 @@ typedef struct kvt_vec_rowfmt {
      * elsewhere; without this the fetches past a block's run land on rows read much later (the next
      * head's). run_end NULL: no continuation. Both borrowed for the call. */
     const uint8_t *run_end, *run_next;
+    /* Nonzero: the rows are already in cache (an earlier pass over them just read them), so the
+     * kernels skip their fetches ahead, whose instructions cost more than they save there. Results
+     * never depend on it. */
+    uint8_t cached;
 } kvt_vec_rowfmt;
 
 /* One ISA's implementations. Argument meaning is that of the kvt_vec_* functions below. */

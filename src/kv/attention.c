@@ -84,6 +84,13 @@
  * 1170 q/s; smol-135m (64) about 5% faster; 256 keys was slower for decode at head dim 64
  * (bench/attn, AVX2 Zen 3). Chunking never changes results. */
 #define ATT_VKC 128
+/* Keys per V chunk read in place for a call with several queries (prefill): the groups of pairs
+ * after a chunk's first read its rows from cache (kvt_vec_rowfmt cached: no fetches ahead), so a
+ * longer chunk lengthens the lane calls (16 rows each) and costs no stream. With the skipped
+ * fetches and lanes_group's common runs, 512-query attention 8-11% faster than 128-key chunks
+ * with fetches and equal-range groups, for smol-135m's and qwen3-0.6b's shapes (one thread, AVX-512
+ * Zen 5; bench/results/zen5-2026-12-07d.md). Chunking never changes results. */
+#define ATT_VKC_MULTI 256
 #define ATT_DUMMY 512 /* max head_dim for the padded 4-output V kernel */
 /* Pass 1 transposes a K chunk (AVX-512, kvt_vec_dot_kt_q4) only when at least this many pairs score
  * it: the transpose costs about as much as four groups of four pairs save (decode steps keep the
@@ -298,6 +305,35 @@ static void lanes_weighted(const float *const *wsc, float *const *acc, uint32_t 
     kvt_vec_axpy_enc_qn(fm, acc, ld, ATT_VL, a % ATT_VL, ww, nq, rows + (size_t)(a - p0) * rb, rb, e - a + 1, d0, w);
 }
 
+/* The V product of a group of up to KVT_VEC_QN pairs over one chunk read in place (src: key p0's
+ * row), pair t seeing keys [a[t], e[t]]: their common run [A, E] in one pass, each pair's keys
+ * before A first and after E last (pairs with equal tails together), so every lane of every pair
+ * still takes its keys in ascending order. A causal prefill's diagonal chunk, where each query sees
+ * a different last key, thus runs four pairs a pass too. rd: the keys earlier calls over this chunk
+ * read (rd[0] > rd[1]: none), widened here; a call within it skips the fetches ahead. */
+static void lanes_group(const float *const *wsc, float *const *acc, const uint32_t *a, const uint32_t *e, uint32_t ng,
+                        uint32_t ulo, size_t ld, kvt_vec_rowfmt *fm, const uint8_t *src, uint32_t p0, size_t rb,
+                        uint32_t w, uint32_t *rd) {
+    uint32_t A = 0, E = UINT32_MAX;
+    for (uint32_t t = 0; t < ng; t++) A = KVT_MAX(A, a[t]), E = KVT_MIN(E, e[t]);
+    if (A > E) A = E + 1; /* no common keys: each pair's run is its keys up to E, then the rest */
+#define LANES_RUN(T, N, X, Y)                                                                              \
+    do {                                                                                                   \
+        fm->cached = (X) >= rd[0] && (Y) <= rd[1];                                                         \
+        lanes_weighted(wsc + (T), acc + (T), (N), (X), (Y), ulo, ld, fm, src, p0, rb, 0, w);              \
+        rd[0] = KVT_MIN(rd[0], (X)), rd[1] = KVT_MAX(rd[1], (Y));                                          \
+    } while (0)
+    for (uint32_t t = 0; t < ng; t++)
+        if (a[t] < A) LANES_RUN(t, 1, a[t], KVT_MIN(e[t], A - 1));
+    if (A <= E) LANES_RUN(0, ng, A, E);
+    for (uint32_t t = 0, n; t < ng; t += n) {
+        const uint32_t f = KVT_MAX(E + 1, a[t]);
+        for (n = 1; t + n < ng && e[t + n] == e[t] && KVT_MAX(E + 1, a[t + n]) == f; n++) {}
+        if (f <= e[t]) LANES_RUN(t, n, f, e[t]);
+    }
+#undef LANES_RUN
+}
+
 typedef struct att_pair {
     const float *q;
     float *o;
@@ -505,7 +541,7 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                     rows_continue(&fm, l, li, slots, bi, uhi, kvh, vs,
                                   nk <= (h1 - 1) / rep ? run_at(l, li, slots, ulo, nk, 0) : NULL);
                 }
-                const uint32_t vkc = fv ? ATT_VKC : kc;
+                const uint32_t vkc = fv ? (n_q > 1 ? ATT_VKC_MULTI : ATT_VKC) : kc;
                 for (uint32_t p0 = pa; p0 <= pb; p0 += vkc) {
                     const uint32_t p1 = KVT_MIN(pb, p0 + vkc - 1);
                     uint32_t act[ATT_TILE], na = 0;
@@ -513,18 +549,20 @@ void kvt_attention(const kvt_seq *s, uint32_t layer, const float *q, uint32_t n_
                         if (pr[j].inv != 0.0f && KVT_MAX(p0, pr[j].lo) <= KVT_MIN(p1, pr[j].hi)) act[na++] = j;
                     if (na == 0) continue;
                     const uint8_t *src = base + (size_t)(p0 - bi * bt) * rb;
-                    if (fv) { /* rows in place: pairs seeing the same keys share a pass */
-                        for (uint32_t g = 0, ng; g < na; g += ng) {
-                            const uint32_t a = KVT_MAX(p0, pr[act[g]].lo), e = KVT_MIN(p1, pr[act[g]].hi);
-                            for (ng = 1; g + ng < na && ng < KVT_VEC_QN; ng++)
-                                if (KVT_MAX(p0, pr[act[g + ng]].lo) != a || KVT_MIN(p1, pr[act[g + ng]].hi) != e) break;
+                    if (fv) { /* rows in place: groups of up to KVT_VEC_QN pairs share a pass */
+                        uint32_t rd[2] = {p1 + 1, 0}; /* keys an earlier call read (rd[0] > rd[1]: none) */
+                        for (uint32_t g = 0; g < na; g += KVT_VEC_QN) {
+                            const uint32_t ng = KVT_MIN((uint32_t)KVT_VEC_QN, na - g);
                             const float *wsc[KVT_VEC_QN];
                             float *acc[KVT_VEC_QN];
+                            uint32_t a[KVT_VEC_QN], e[KVT_VEC_QN];
                             for (uint32_t t = 0; t < ng; t++) {
+                                const att_pair *pj = &pr[act[g + t]];
                                 wsc[t] = sc_base + act[g + t] * span;
                                 acc[t] = lane_base + (size_t)((rotv ? ATT_TILE : 0) + act[g + t]) * ATT_VL * hdp;
+                                a[t] = KVT_MAX(p0, pj->lo), e[t] = KVT_MIN(p1, pj->hi);
                             }
-                            lanes_weighted(wsc, acc, ng, a, e, ulo, hdp, &fm, src, p0, rb, 0, hd_v);
+                            lanes_group(wsc, acc, a, e, ng, ulo, hdp, &fm, src, p0, rb, hd_v, rd);
                         }
                         continue;
                     }
