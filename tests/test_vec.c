@@ -209,7 +209,8 @@ static float enc_elem(const kvt_vec_rowfmt *f, const uint8_t *row, uint32_t i) {
  * rows, rows every 16th (the attention's lanes), f16 values of every exponent (subnormals and
  * zeros included) in rows and scales, and with a continuation (run_end / run_next: where the fetches
  * ahead go past the rows, never what is read) inside the rows, at their end and pointing at an
- * unrelated buffer, or marked cached (no fetches ahead). A table without them (NULL) runs the references through kvt_vec_*. */
+ * unrelated buffer, or marked cached (no fetches ahead). A table without them (NULL) runs the
+ * references through kvt_vec_*. */
 #define RF(k, b, g, d) {.kind = (k), .scale_bf16 = (b), .group = (g), .dim = (d)}
 static void test_enc_rows_equal_ref(void **st) {
     (void)st;
