@@ -7,7 +7,8 @@
 // matrix in one parallel region (the forward pass's split), then the read bandwidth of the same
 // thread count (kernels/membw.h). Prints GB/s of weights streamed and the fraction of bandwidth.
 //   make build/bench/gemv && [GEMV_HUGE=1] build/bench/gemv [THREADS=1] [TYPES="q4_k q5_k q6_k q8_0 q4_0 f16 bf16x"; also q5_0 q4_1 q5_1 f16x] [MIB=256] [PASSES=15]
-// Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate; GEMV_NIN / GEMV_NOUT set others) replicated to MIB of weights. bf16x = F16
+// Shape: n_in 2048 x n_out 8192 (llama-1b ffn_gate; GEMV_NIN / GEMV_NOUT set others) replicated to MIB of weights.
+// GEMV_ROWS=R (1-64, default 1): R activation rows a product (a batched decode step's), GB/s still the weights'. bf16x = F16
 // weights packed for the bf16 pair dot (what the loader uses for F16/BF16 files on AVX-512 BF16); f16x = F16 weights in
 // 16-output groups (what it uses for the other F16 matrices on AVX-512).
 #include <stdio.h>
@@ -24,7 +25,7 @@
 typedef struct job {
     uint32_t type;
     int64_t n_in, n_out;
-    int n_mat;
+    int n_mat, n_rows;
     const uint8_t *w;
     size_t mat_bytes;
     const void *act;
@@ -41,10 +42,10 @@ static void run(void *arg, int ith, int nth) {
     if (o0 >= o1) return;
     for (int m = 0; m < j->n_mat; m++)
         if (j->P)
-            kvt_matmul_packed(j->P[m], j->act, 1, j->y + (size_t)m * j->n_out, j->n_out, o0, o1);
+            kvt_matmul_packed(j->P[m], j->act, j->n_rows, j->y + (size_t)m * j->n_out * j->n_rows, j->n_out, o0, o1);
         else
-            kvt_matmul_rows(j->type, j->w + (size_t)m * j->mat_bytes, j->n_in, j->act, 1, j->y + (size_t)m * j->n_out, j->n_out,
-                        o0, o1);
+            kvt_matmul_rows(j->type, j->w + (size_t)m * j->mat_bytes, j->n_in, j->act, j->n_rows,
+                            j->y + (size_t)m * j->n_out * j->n_rows, j->n_out, o0, o1);
 }
 
 /* process CPU time (all threads), ms: on a machine shared with other work, bytes per CPU-second
@@ -80,13 +81,18 @@ int main(int argc, char **argv) {
     kvt_threadpool *tp = kvt_threadpool_create(nth);
     const int64_t n_in = getenv("GEMV_NIN") ? atoll(getenv("GEMV_NIN")) : 2048,
                   n_out = getenv("GEMV_NOUT") ? atoll(getenv("GEMV_NOUT")) : 8192;
-    float *src = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in);
+    const int n_rows = getenv("GEMV_ROWS") ? atoi(getenv("GEMV_ROWS")) : 1;
+    if (n_rows < 1 || n_rows > 64) {
+        fprintf(stderr, "GEMV_ROWS: 1..64\n");
+        return 2;
+    }
+    float *src = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * n_rows);
     uint64_t s = 88172645463325252ull;
     for (int64_t i = 0; i < n_in * n_out; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         src[i] = kvt_bf16_to_f32((uint16_t)(kvt_f32_to_bf16((float)((int64_t)(s % 2001) - 1000) / 1000.0f)));
     }
-    for (int64_t i = 0; i < n_in; i++) x[i] = (float)((int64_t)(i * 7919 % 201) - 100) / 100.0f;
+    for (int64_t i = 0; i < n_in * n_rows; i++) x[i] = (float)((int64_t)(i * 7919 % 201) - 100) / 100.0f;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", types);
     printf("| type | layout | threads | GB/s weights (median) | best | read bandwidth GB/s | fraction | GB/s per CPU-s x threads (median) |\n|---|---|---|---|---|---|---|---|\n");
@@ -117,9 +123,9 @@ int main(int argc, char **argv) {
         if (hp && !strcmp(hp, "1")) madvise(w, (size_t)n_mat * mb, MADV_HUGEPAGE);
         for (int m = 0; m < n_mat; m++) memcpy(w + (size_t)m * mb, one, mb);
         free(one);
-        void *act = malloc(kvt_act_bytes(wt, n_in, 1));
-        kvt_act_quantize(wt, x, n_in, 0, 1, act);
-        float *y = malloc(sizeof(float) * n_out * n_mat);
+        void *act = malloc(kvt_act_bytes(wt, n_in, n_rows));
+        kvt_act_quantize(wt, x, n_in, 0, n_rows, act);
+        float *y = malloc(sizeof(float) * n_out * n_mat * n_rows);
         /* the packed copies (the GEMV copy with the GEMM copies kvt_packed_create makes beside it) */
         kvt_packed **P = t == KVT_TYPE_BF16X || t == KVT_TYPE_F16X ? NULL : calloc((size_t)n_mat, sizeof *P);
         for (int m = 0; P && m < n_mat; m++)
@@ -129,7 +135,7 @@ int main(int argc, char **argv) {
                 P = NULL;
             }
         for (int layout = 0; layout < (P ? 2 : 1); layout++) {
-            job j = {wt, n_in, n_out, n_mat, w, mb, act, y, layout ? P : NULL};
+            job j = {wt, n_in, n_out, n_mat, n_rows, w, mb, act, y, layout ? P : NULL};
             double *gbs = malloc(sizeof(double) * passes), *cgbs = malloc(sizeof(double) * passes);
             kvt_threadpool_run(tp, run, &j); /* warm-up (page faults) */
             for (int p = 0; p < passes; p++) {
